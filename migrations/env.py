@@ -1,0 +1,43 @@
+"""Alembic environment: thin revisions that execute the SQL files under sql/.
+
+The URL comes from kb_rerank (KB_DATABASE_URL or the embedded server), or from
+``config.attributes['kb_url']`` when called through ``kb_rerank.db.migrate``.
+"""
+
+from __future__ import annotations
+
+import psycopg
+from alembic import context
+from sqlalchemy import create_engine, pool
+
+config = context.config
+
+
+def _settings_and_url():
+    from kb_rerank.db import owner_url
+    from kb_rerank.settings import Settings
+
+    settings = Settings.from_env()
+    url = config.attributes.get("kb_url") or owner_url(settings)
+    dim = config.attributes.get("kb_embedding_dim") or settings.embedding_dim
+    return url, dim
+
+
+def run_migrations_online() -> None:
+    url, dim = _settings_and_url()
+    engine = create_engine("postgresql+psycopg://", creator=lambda: psycopg.connect(url), poolclass=pool.NullPool)
+    with engine.connect() as connection:
+        context.configure(
+            connection=connection,
+            version_table="kb_alembic_version",
+            transactional_ddl=True,
+            transaction_per_migration=False,
+        )
+        context.config.attributes["kb_embedding_dim"] = dim
+        with context.begin_transaction():
+            context.run_migrations()
+
+
+if context.is_offline_mode():
+    raise SystemExit("offline (--sql) mode is not supported: the migrations execute sql/*.sql files")
+run_migrations_online()

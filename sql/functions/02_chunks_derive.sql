@@ -1,0 +1,19 @@
+-- BEFORE trigger: derive the lexical columns of a chunk from its content.
+create or replace function kb.chunks_derive()
+returns trigger
+language plpgsql
+security invoker
+set search_path = pg_catalog, kb, public
+as $$
+begin
+  new.tsv := kb.to_tsv(new.content);
+  new.doc_len := (select coalesce(sum(coalesce(array_length(u.positions, 1), 1)), 0)
+                  from unnest(new.tsv) as u);
+  return new;
+end
+$$;
+
+drop trigger if exists chunks_derive on kb.chunks;
+create trigger chunks_derive
+  before insert or update of content on kb.chunks
+  for each row execute function kb.chunks_derive();

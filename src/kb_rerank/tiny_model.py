@@ -1,0 +1,246 @@
+"""Offline builders for cross-encoder checkpoints used by tests and benchmarks.
+
+Nothing here touches a model hub: the tokenizer is a WordPiece tokenizer whose
+vocabulary is written from built-in word lists, and the model weights are
+randomly initialised.  Both builders write a folder laid out like a Hugging Face
+checkpoint (``config.json``, ``model.safetensors``, ``tokenizer.json``,
+``tokenizer_config.json``, ``special_tokens_map.json``) so that
+``FlagReranker(str(path))``, ``AutoTokenizer.from_pretrained(path)`` and
+``AutoModelForSequenceClassification.from_pretrained(path)`` all load it, and so
+that :class:`kb_rerank.rerank.Reranker` loads it through the same code path the
+application uses for ``BAAI/bge-reranker-v2-m3``.
+
+The checkpoints use the XLM-RoBERTa architecture (like bge-reranker-v2-m3) and
+an ``XLMRobertaTokenizerFast`` wrapper, so pairs are encoded exactly as the
+real model encodes them: ``<s> query </s></s> passage </s>``, pad id 1, no
+token type ids.
+
+torch / transformers / tokenizers are imported inside the functions so that
+importing this module is cheap.
+"""
+
+from __future__ import annotations
+
+import unicodedata
+from pathlib import Path
+
+__all__ = [
+    "SPECIAL_TOKENS",
+    "build_tiny_cross_encoder",
+    "build_random_bge_reranker_v2_m3",
+    "build_vocab",
+    "sample_words",
+]
+
+# Same ids as XLM-RoBERTa for the first four (bos=0, pad=1, eos=2, unk=3).
+SPECIAL_TOKENS: tuple[str, ...] = ("<s>", "<pad>", "</s>", "<unk>", "<mask>")
+
+_ASCII = "abcdefghijklmnopqrstuvwxyz0123456789"
+_PUNCT = "!\"#$%&'()*+,-./:;<=>?@[\\]^_`{|}~"
+# Lowercase Vietnamese letters with diacritics (NFC), so any Vietnamese word
+# can at worst be split into single characters instead of becoming <unk>.
+_VI_LETTERS = (
+    "àáảãạăằắẳẵặâầấẩẫậđèéẻẽẹêềếểễệìíỉĩịòóỏõọôồốổỗộơờớởỡợùúủũụưừứửữựỳýỷỹỵ"
+)
+
+_EN_WORDS = """
+the of and to a in is it you that he was for on are with as i his they be at one
+have this from or had by not word but what some we can out other were all there
+when up use your how said an each she which do their time if will way about many
+then them write would like so these her long make thing see him two has look more
+day could go come did number sound no most people my over know water than call
+first who may down side been now find any new work part take get place made live
+where after back little only round man year came show every good me give our under
+name very through just form sentence great think say help low line differ turn
+cause much mean before move right boy old too same tell does set three want air
+well also play small end put home read hand port large spell add even land here
+must big high such follow act why ask men change went light kind off need house
+picture try us again animal point mother world near build self earth father head
+stand own page should country found answer school grow study still learn plant
+cover food sun four between state keep eye never last let thought city tree cross
+farm hard start might story saw far sea draw left late run while press close night
+real life few north open seem together next white children begin got walk example
+ease paper group always music those both mark often letter until mile river car
+feet care second book carry took science eat room friend began idea fish mountain
+stop once base hear horse cut sure watch color face wood main enough plain girl
+usual young ready above ever red list though feel talk bird soon body dog family
+direct pose leave song measure door product black short numeral class wind question
+happen complete ship area half rock order fire south problem piece told knew pass
+since top whole king space heard best hour better true during hundred five remember
+step early hold west ground interest reach fast verb sing listen six table travel
+less morning ten simple several vowel toward war lay against pattern slow center
+love person money serve appear road map rain rule govern pull cold notice voice
+unit power town fine certain fly fall lead cry dark machine note wait plan figure
+star box noun field rest correct able pound done beauty drive stood contain front
+teach week final gave green oh quick develop ocean warm free minute strong special
+mind behind clear tail produce fact street inch multiply nothing course stay wheel
+full force blue object decide surface deep moon island foot system busy test record
+boat common gold possible plane stead dry wonder laugh thousand ago ran check game
+shape equate hot miss brought heat snow tire bring yes distant fill east paint
+language among database search query index vector document passage tenant account
+invoice payment refund policy password reset login error server request response
+customer support ticket order shipping delivery price product warranty return
+postgres rerank model score token embedding retrieval hybrid ranking relevant
+""".split()
+
+_VI_SYLLABLES = """
+xin chào tôi bạn anh chị em ông bà cô chú họ chúng ta mình của và là có không được những các
+một hai ba bốn năm sáu bảy tám chín mười trăm nghìn triệu người nhà nước việt nam
+hà nội sài gòn thành phố đường số điện thoại tiền thanh toán hóa đơn tài khoản mật
+khẩu đăng nhập lỗi hệ thống máy chủ dữ liệu tìm kiếm câu hỏi trả lời hỗ trợ khách
+hàng đơn giao nhận hoàn sản phẩm giá bảo hành chính sách công ty dịch vụ ngày tháng
+giờ phút tuần sáng chiều tối hôm nay mai qua đi đến về ra vào lên xuống làm học ăn
+uống ngủ nói viết đọc nghe xem biết hiểu muốn cần phải nên sẽ đã đang rất nhiều ít
+lớn nhỏ mới cũ tốt xấu đẹp nhanh chậm cao thấp dài ngắn trong ngoài trên dưới trước
+sau với cho từ theo như khi nếu thì mà vì nên để bằng cùng cũng chỉ còn đều lại nữa
+gì ai đâu nào sao bao thế này kia đó ấy đây vậy ạ nhé chưa xin cảm ơn vui lòng
+quý kính gửi thông tin chi tiết yêu cầu xử lý kết quả vấn đề giải pháp hướng dẫn
+cách sử dụng cài đặt cập nhật phiên bản ứng dụng trang web điện tử thư liên hệ
+""".split()
+
+
+def _dedupe(items):
+    seen: set[str] = set()
+    out: list[str] = []
+    for item in items:
+        if item not in seen:
+            seen.add(item)
+            out.append(item)
+    return out
+
+
+def build_vocab() -> list[str]:
+    """The WordPiece vocabulary, in id order (deterministic)."""
+    chars = list(_ASCII) + list(_PUNCT) + list(_VI_LETTERS)
+    words = [unicodedata.normalize("NFC", w) for w in _EN_WORDS + _VI_SYLLABLES]
+    return _dedupe(
+        list(SPECIAL_TOKENS)
+        + chars
+        + ["##" + c for c in list(_ASCII) + list(_VI_LETTERS)]
+        + words
+    )
+
+
+def sample_words() -> list[str]:
+    """Words that the builders' tokenizer encodes as exactly one token each."""
+    vocab = set(build_vocab())
+    words = [unicodedata.normalize("NFC", w) for w in _EN_WORDS + _VI_SYLLABLES]
+    return [w for w in _dedupe(words) if w in vocab]
+
+
+def _build_tokenizer(model_max_length: int):
+    from tokenizers import Tokenizer, decoders, normalizers, pre_tokenizers, processors
+    from tokenizers.models import WordPiece
+    from transformers import XLMRobertaTokenizerFast
+
+    vocab = {tok: i for i, tok in enumerate(build_vocab())}
+    tok = Tokenizer(WordPiece(vocab, unk_token="<unk>", continuing_subword_prefix="##",
+                              max_input_chars_per_word=100))
+    tok.normalizer = normalizers.Sequence([normalizers.NFC(), normalizers.Lowercase()])
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tok.post_processor = processors.TemplateProcessing(
+        single="<s> $A </s>",
+        pair="<s> $A </s> </s> $B </s>",
+        special_tokens=[("<s>", vocab["<s>"]), ("</s>", vocab["</s>"])],
+    )
+    tok.decoder = decoders.WordPiece(prefix="##")
+    return XLMRobertaTokenizerFast(
+        tokenizer_object=tok,
+        bos_token="<s>",
+        eos_token="</s>",
+        sep_token="</s>",
+        cls_token="<s>",
+        unk_token="<unk>",
+        pad_token="<pad>",
+        mask_token="<mask>",
+        model_max_length=model_max_length,
+    )
+
+
+def _write(path: Path, config, seed: int) -> Path:
+    import torch
+    from transformers import XLMRobertaForSequenceClassification
+
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = XLMRobertaForSequenceClassification(config)
+    model.eval()
+    model.save_pretrained(path, safe_serialization=True)
+    tokenizer = _build_tokenizer(model_max_length=config.max_position_embeddings - 2)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+def build_tiny_cross_encoder(path: Path, *, seed: int = 0) -> Path:
+    """Write a tiny random XLM-R cross-encoder (num_labels=1) + tokenizer to ``path``.
+
+    hidden 32, 2 layers, 2 heads, intermediate 64, ~1k-token WordPiece vocab,
+    max 514 positions (512 tokens).  Entirely offline and deterministic for a
+    given ``seed`` (weights are initialised under a forked torch RNG, so the
+    caller's global RNG state is left untouched).  ``initializer_range`` is
+    larger than usual so that different passages get clearly different scores.
+    Returns ``path``.
+    """
+    from transformers import XLMRobertaConfig
+
+    config = XLMRobertaConfig(
+        vocab_size=len(build_vocab()),
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=514,
+        type_vocab_size=1,
+        pad_token_id=1,
+        bos_token_id=0,
+        eos_token_id=2,
+        layer_norm_eps=1e-5,
+        initializer_range=0.5,
+        num_labels=1,
+    )
+    return _write(path, config, seed)
+
+
+def build_random_bge_reranker_v2_m3(path: Path, *, seed: int = 0) -> Path:
+    """Write a randomly initialised model with bge-reranker-v2-m3's architecture.
+
+    XLMRobertaForSequenceClassification: 24 layers, hidden 1024, 16 heads,
+    intermediate 4096, vocab 250002, max_position_embeddings 8194, num_labels 1
+    (~568M parameters, ~2.3 GB as fp32 safetensors).  Its scores are
+    meaningless, but the compute cost of a forward pass depends only on the
+    architecture and the (padded) sequence lengths, not on the weight values,
+    so it is a faithful stand-in for latency/throughput measurements when the
+    real checkpoint cannot be downloaded.
+
+    The tokenizer is the offline WordPiece one of the tiny model (ids all fall
+    inside the 250002-row embedding).  Words from :func:`sample_words` are one
+    token each, other words split into sub-words/characters, so text built from
+    those words produces realistic, controllable sequence lengths; the real
+    SentencePiece tokenizer would give somewhat different lengths for the same
+    text, which is why benchmarks should report measured token counts.
+    Takes tens of seconds and ~2.3 GB of disk; don't call it from unit tests.
+    """
+    from transformers import XLMRobertaConfig
+
+    config = XLMRobertaConfig(
+        vocab_size=250002,
+        hidden_size=1024,
+        num_hidden_layers=24,
+        num_attention_heads=16,
+        intermediate_size=4096,
+        hidden_act="gelu",
+        hidden_dropout_prob=0.1,
+        attention_probs_dropout_prob=0.1,
+        max_position_embeddings=8194,
+        type_vocab_size=1,
+        pad_token_id=1,
+        bos_token_id=0,
+        eos_token_id=2,
+        layer_norm_eps=1e-5,
+        initializer_range=0.02,
+        position_embedding_type="absolute",
+        num_labels=1,
+    )
+    return _write(path, config, seed)

@@ -1,0 +1,38 @@
+"""Small helpers shared by tests (plain functions, no fixtures)."""
+
+from __future__ import annotations
+
+import hashlib
+import uuid
+
+import numpy as np
+
+from kb_rerank.db import tenant_transaction
+
+
+def insert_doc(conn, tenant, title: str, chunks: list[str], vectors, *, source_uri: str | None = None) -> uuid.UUID:
+    """Insert a document and its chunks for ``tenant`` as the connected role (RLS applies)."""
+    with tenant_transaction(conn, tenant):
+        doc_id = conn.execute(
+            "insert into kb.documents (tenant_id, source_uri, title, content_hash)"
+            " values (kb.current_tenant(), %s, %s, %s) returning doc_id",
+            [source_uri or f"test:{uuid.uuid4()}", title, hashlib.sha256(title.encode()).hexdigest()],
+        ).fetchone()[0]
+        for pos, (text, vec) in enumerate(zip(chunks, vectors)):
+            conn.execute(
+                "insert into kb.chunks (tenant_id, doc_id, position, content, content_hash, embedding)"
+                " values (kb.current_tenant(), %s, %s, %s, %s, %s)",
+                [doc_id, pos, text, hashlib.sha256(text.encode()).hexdigest(), np.asarray(vec, dtype=np.float32)],
+            )
+    return doc_id
+
+
+def unit(v) -> np.ndarray:
+    v = np.asarray(v, dtype=np.float32)
+    return v / np.linalg.norm(v)
+
+
+def basis(i: int, dim: int = 384) -> np.ndarray:
+    v = np.zeros(dim, dtype=np.float32)
+    v[i] = 1.0
+    return v

@@ -1,0 +1,335 @@
+"""Tests for kb_rerank.auth (bearer JWT -> tenant UUID)."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import json
+import time
+import uuid
+
+import jwt
+import pytest
+
+from kb_rerank.auth import AuthError, JwtConfig, mint_token, tenant_from_authorization, verify_token
+
+SECRET = "s3cret-for-tests-only-0123456789abcdef"  # >= 32 bytes
+TENANT = uuid.UUID("0b6f4c1e-6d0a-4c1b-9a55-1f2e3d4c5b6a")
+
+
+def _b64(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode("ascii")
+
+
+def _segment(obj: dict) -> str:
+    return _b64(json.dumps(obj, separators=(",", ":")).encode("utf-8"))
+
+
+def _claims(**overrides) -> dict:
+    now = int(time.time())
+    claims = {"sub": "t", "tenant_id": str(TENANT), "iat": now, "exp": now + 600}
+    claims.update(overrides)
+    return {k: v for k, v in claims.items() if v is not None}
+
+
+def _hs(claims: dict, secret: str = SECRET) -> str:
+    return jwt.encode(claims, secret, algorithm="HS256")
+
+
+def _reason(header: str | None, cfg: JwtConfig) -> str:
+    with pytest.raises(AuthError) as ei:
+        tenant_from_authorization(header, cfg)
+    return ei.value.reason
+
+
+@pytest.fixture
+def hs_cfg() -> JwtConfig:
+    return JwtConfig(secret=SECRET)
+
+
+@pytest.fixture(scope="module")
+def rsa_keys() -> tuple[str, str]:
+    """(private_pem, public_pem) for a fresh 2048-bit RSA key."""
+    pytest.importorskip("cryptography", reason="RS256 needs cryptography (pyjwt[crypto])")
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import rsa
+
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    private_pem = key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption(),
+    ).decode()
+    public_pem = (
+        key.public_key()
+        .public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+        .decode()
+    )
+    return private_pem, public_pem
+
+
+@pytest.fixture
+def rs_cfg(rsa_keys) -> JwtConfig:
+    return JwtConfig(public_key=rsa_keys[1])
+
+
+# --------------------------------------------------------------------------- config
+
+
+def test_config_needs_exactly_one_key():
+    with pytest.raises(ValueError):
+        JwtConfig()
+    with pytest.raises(ValueError):
+        JwtConfig(secret=SECRET, public_key="-----BEGIN PUBLIC KEY-----")
+
+
+def test_config_rejects_short_secret_and_bad_leeway():
+    with pytest.raises(ValueError):
+        JwtConfig(secret="short")
+    with pytest.raises(ValueError):
+        JwtConfig(secret=SECRET, leeway_s=-1)
+
+
+def test_config_rejects_bad_public_key(rsa_keys):
+    with pytest.raises(ValueError):
+        JwtConfig(public_key="not a pem")
+    with pytest.raises(ValueError):  # a private key is not a public key
+        JwtConfig(public_key=rsa_keys[0])
+
+
+def test_config_algorithm(hs_cfg, rs_cfg):
+    assert hs_cfg.algorithm == "HS256"
+    assert rs_cfg.algorithm == "RS256"
+
+
+# --------------------------------------------------------------------------- round trips
+
+
+def test_hs256_round_trip(hs_cfg):
+    token = mint_token(TENANT, hs_cfg)
+    assert jwt.get_unverified_header(token)["alg"] == "HS256"
+    assert tenant_from_authorization(f"Bearer {token}", hs_cfg) == TENANT
+
+
+def test_hs256_round_trip_str_tenant_and_issuer_audience():
+    cfg = JwtConfig(secret=SECRET, issuer="https://idp.example", audience="kb-rerank")
+    token = mint_token(str(TENANT), cfg, subject="alice")
+    claims = verify_token(token, cfg)
+    assert claims["iss"] == "https://idp.example" and claims["aud"] == "kb-rerank"
+    assert claims["sub"] == "alice"
+    assert tenant_from_authorization(f"Bearer {token}", cfg) == TENANT
+
+
+def test_rs256_round_trip(rsa_keys, rs_cfg):
+    token = mint_token(TENANT, rs_cfg, private_key=rsa_keys[0])
+    assert jwt.get_unverified_header(token)["alg"] == "RS256"
+    assert tenant_from_authorization(f"Bearer {token}", rs_cfg) == TENANT
+
+
+def test_custom_tenant_claim():
+    cfg = JwtConfig(secret=SECRET, tenant_claim="org")
+    token = mint_token(TENANT, cfg)
+    assert "org" in jwt.decode(token, options={"verify_signature": False})
+    assert tenant_from_authorization(f"Bearer {token}", cfg) == TENANT
+
+
+def test_mint_token_rs256_needs_private_key(hs_cfg, rs_cfg, rsa_keys):
+    with pytest.raises(ValueError):
+        mint_token(TENANT, rs_cfg)
+    with pytest.raises(ValueError):
+        mint_token(TENANT, hs_cfg, private_key=rsa_keys[0])
+
+
+def test_mint_token_argument_checks(hs_cfg):
+    with pytest.raises(ValueError):
+        mint_token("not-a-uuid", hs_cfg)
+    with pytest.raises(ValueError):
+        mint_token(TENANT, hs_cfg, ttl_s=0)
+
+
+# --------------------------------------------------------------------------- header parsing
+
+
+@pytest.mark.parametrize("scheme", ["Bearer", "bearer", "BEARER", "bEaReR"])
+def test_scheme_is_case_insensitive(hs_cfg, scheme):
+    token = mint_token(TENANT, hs_cfg)
+    assert tenant_from_authorization(f"{scheme} {token}", hs_cfg) == TENANT
+    assert tenant_from_authorization(f"  {scheme}   {token}  ", hs_cfg) == TENANT
+
+
+@pytest.mark.parametrize("header", [None, "", "   ", "Bearer", "Bearer   "])
+def test_missing_token(hs_cfg, header):
+    assert _reason(header, hs_cfg) == "missing_token"
+
+
+def test_garbled_headers(hs_cfg):
+    token = mint_token(TENANT, hs_cfg)
+    assert _reason(f"Basic {token}", hs_cfg) == "malformed"
+    assert _reason(token, hs_cfg) == "malformed"  # no scheme at all
+    assert _reason(f"Bearer {token} extra", hs_cfg) == "malformed"
+    assert _reason("Bearer not.a.jwt", hs_cfg) == "malformed"
+    assert _reason("Bearer abc", hs_cfg) == "malformed"
+    assert _reason("Bearer " + "a" * 20000, hs_cfg) == "malformed"
+
+
+# --------------------------------------------------------------------------- signature / algorithm
+
+
+def test_wrong_secret(hs_cfg):
+    token = _hs(_claims(), secret="another-secret-also-32-bytes-long!!")
+    assert _reason(f"Bearer {token}", hs_cfg) == "invalid_signature"
+
+
+def test_tampered_payload(hs_cfg):
+    header, _payload, sig = mint_token(TENANT, hs_cfg).split(".")
+    forged = _segment(_claims(tenant_id=str(uuid.uuid4())))
+    assert _reason(f"Bearer {header}.{forged}.{sig}", hs_cfg) == "invalid_signature"
+
+
+def test_tampered_payload_rs256(rsa_keys, rs_cfg):
+    header, _payload, sig = mint_token(TENANT, rs_cfg, private_key=rsa_keys[0]).split(".")
+    forged = _segment(_claims(tenant_id=str(uuid.uuid4())))
+    assert _reason(f"Bearer {header}.{forged}.{sig}", rs_cfg) == "invalid_signature"
+
+
+@pytest.mark.parametrize("alg", ["none", "None", "NONE"])
+def test_alg_none_rejected(hs_cfg, alg):
+    unsigned = f"{_segment({'alg': alg, 'typ': 'JWT'})}.{_segment(_claims())}."
+    assert _reason(f"Bearer {unsigned}", hs_cfg) == "invalid_signature"
+
+
+def test_alg_none_rejected_rs256(rs_cfg):
+    unsigned = f"{_segment({'alg': 'none', 'typ': 'JWT'})}.{_segment(_claims())}."
+    assert _reason(f"Bearer {unsigned}", rs_cfg) == "invalid_signature"
+
+
+def test_hs256_token_with_public_key_as_secret_rejected(rsa_keys, rs_cfg):
+    """Classic HS/RS confusion: HMAC-sign with the (public) RSA key bytes.
+
+    Crafted by hand because PyJWT itself refuses to use a PEM as an HMAC key.
+    """
+    public_pem = rsa_keys[1]
+    signing_input = f"{_segment({'alg': 'HS256', 'typ': 'JWT'})}.{_segment(_claims())}"
+    sig = hmac.new(public_pem.encode(), signing_input.encode(), hashlib.sha256).digest()
+    forged = f"{signing_input}.{_b64(sig)}"
+    assert _reason(f"Bearer {forged}", rs_cfg) == "invalid_signature"
+
+
+def test_hs256_token_rejected_by_rs256_config(rs_cfg):
+    assert _reason(f"Bearer {_hs(_claims())}", rs_cfg) == "invalid_signature"
+
+
+def test_rs256_token_rejected_by_hs256_config(rsa_keys, hs_cfg):
+    token = jwt.encode(_claims(), rsa_keys[0], algorithm="RS256")
+    assert _reason(f"Bearer {token}", hs_cfg) == "invalid_signature"
+
+
+def test_other_rsa_key_rejected(rs_cfg):
+    from cryptography.hazmat.primitives.asymmetric import rsa
+
+    other = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    token = jwt.encode(_claims(), other, algorithm="RS256")
+    assert _reason(f"Bearer {token}", rs_cfg) == "invalid_signature"
+
+
+# --------------------------------------------------------------------------- time claims / leeway
+
+
+def test_expired(hs_cfg):
+    now = int(time.time())
+    token = _hs(_claims(iat=now - 7200, exp=now - 3600))
+    assert _reason(f"Bearer {token}", hs_cfg) == "expired"
+
+
+def test_exp_required(hs_cfg):
+    token = _hs(_claims(exp=None))
+    assert _reason(f"Bearer {token}", hs_cfg) == "missing_exp"
+
+
+def test_non_numeric_exp_is_malformed(hs_cfg):
+    token = _hs(_claims(exp="tomorrow"))
+    assert _reason(f"Bearer {token}", hs_cfg) == "malformed"
+
+
+def test_leeway_on_exp():
+    now = int(time.time())
+    token = _hs(_claims(iat=now - 100, exp=now - 10))  # expired 10 s ago
+    assert tenant_from_authorization(f"Bearer {token}", JwtConfig(secret=SECRET, leeway_s=30)) == TENANT
+    assert _reason(f"Bearer {token}", JwtConfig(secret=SECRET, leeway_s=0)) == "expired"
+    assert _reason(f"Bearer {token}", JwtConfig(secret=SECRET, leeway_s=5)) == "expired"
+
+
+def test_nbf_and_leeway():
+    now = int(time.time())
+    soon = _hs(_claims(nbf=now + 10))  # valid in 10 s: inside a 30 s leeway
+    assert tenant_from_authorization(f"Bearer {soon}", JwtConfig(secret=SECRET, leeway_s=30)) == TENANT
+    assert _reason(f"Bearer {soon}", JwtConfig(secret=SECRET, leeway_s=0)) == "not_yet_valid"
+    later = _hs(_claims(nbf=now + 120))
+    assert _reason(f"Bearer {later}", JwtConfig(secret=SECRET, leeway_s=30)) == "not_yet_valid"
+    past = _hs(_claims(nbf=now - 60))
+    assert tenant_from_authorization(f"Bearer {past}", JwtConfig(secret=SECRET, leeway_s=0)) == TENANT
+
+
+def test_iat_in_future(hs_cfg):
+    now = int(time.time())
+    token = _hs(_claims(iat=now + 3600, exp=now + 7200))
+    assert _reason(f"Bearer {token}", hs_cfg) == "not_yet_valid"
+    ok = _hs(_claims(iat=now + 10))  # within the default 30 s leeway (clock skew)
+    assert tenant_from_authorization(f"Bearer {ok}", hs_cfg) == TENANT
+
+
+def test_iat_optional(hs_cfg):
+    token = _hs(_claims(iat=None))
+    assert tenant_from_authorization(f"Bearer {token}", hs_cfg) == TENANT
+
+
+# --------------------------------------------------------------------------- iss / aud
+
+
+def test_issuer_checked_when_configured():
+    cfg = JwtConfig(secret=SECRET, issuer="https://idp.example")
+    assert _reason(f"Bearer {_hs(_claims(iss='https://evil.example'))}", cfg) == "bad_issuer"
+    assert _reason(f"Bearer {_hs(_claims())}", cfg) == "bad_issuer"  # missing iss
+    ok = _hs(_claims(iss="https://idp.example"))
+    assert tenant_from_authorization(f"Bearer {ok}", cfg) == TENANT
+    # not configured: any issuer is accepted
+    assert tenant_from_authorization(f"Bearer {_hs(_claims(iss='x'))}", JwtConfig(secret=SECRET)) == TENANT
+
+
+def test_audience_checked_when_configured():
+    cfg = JwtConfig(secret=SECRET, audience="kb-rerank")
+    assert _reason(f"Bearer {_hs(_claims(aud='other-api'))}", cfg) == "bad_audience"
+    assert _reason(f"Bearer {_hs(_claims())}", cfg) == "bad_audience"  # missing aud
+    ok = _hs(_claims(aud=["other-api", "kb-rerank"]))
+    assert tenant_from_authorization(f"Bearer {ok}", cfg) == TENANT
+
+
+def test_token_with_aud_rejected_when_no_audience_configured(hs_cfg):
+    # RFC 7519 section 4.1.3 / PyJWT default: we do not identify with any audience.
+    assert _reason(f"Bearer {_hs(_claims(aud='kb-rerank'))}", hs_cfg) == "bad_audience"
+
+
+# --------------------------------------------------------------------------- tenant claim
+
+
+def test_missing_tenant(hs_cfg):
+    assert _reason(f"Bearer {_hs(_claims(tenant_id=None))}", hs_cfg) == "missing_tenant"
+
+
+@pytest.mark.parametrize("value", ["acme", "", "1234", 42, ["0b6f4c1e-6d0a-4c1b-9a55-1f2e3d4c5b6a"], {"id": 1}])
+def test_non_uuid_tenant(hs_cfg, value):
+    assert _reason(f"Bearer {_hs(_claims(tenant_id=value))}", hs_cfg) == "bad_tenant"
+
+
+def test_tenant_uuid_normalised(hs_cfg):
+    token = _hs(_claims(tenant_id=str(TENANT).upper()))
+    got = tenant_from_authorization(f"Bearer {token}", hs_cfg)
+    assert isinstance(got, uuid.UUID) and got == TENANT
+
+
+def test_auth_error_reason_and_message(hs_cfg):
+    with pytest.raises(AuthError) as ei:
+        tenant_from_authorization(None, hs_cfg)
+    assert ei.value.reason == "missing_token"
+    assert "missing_token" in str(ei.value)

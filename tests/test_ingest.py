@@ -1,0 +1,84 @@
+"""Ingestion: idempotence, replacement of changed documents, bad files, exact BM25 statistics."""
+
+from __future__ import annotations
+
+import shutil
+from collections import Counter
+
+from kb_rerank.db import tenant_transaction
+from kb_rerank.ingest import delete_document, ingest_paths
+
+from .conftest import EXAMPLES
+
+
+def _stats_are_exact(conn, tenant):
+    """kb.term_stats / kb.corpus_stats equal what the chunks say, for this tenant."""
+    with tenant_transaction(conn, tenant):
+        df = Counter()
+        total = 0
+        rows = conn.execute("select tsvector_to_array(tsv), doc_len from kb.chunks").fetchall()
+        for lexemes, n in rows:
+            df.update(lexemes)
+            total += n
+        stored = dict(conn.execute("select term, df from kb.term_stats").fetchall())
+        corpus = conn.execute("select n_chunks, total_len from kb.corpus_stats").fetchone()
+    assert stored == dict(df)
+    assert (corpus or (0, 0)) == (len(rows), total)
+
+
+def test_ingest_is_idempotent_and_replaces_changed_documents(app_conn, tenant, embedder, settings, tmp_path):
+    kb = tmp_path / "kb"
+    shutil.copytree(EXAMPLES, kb)
+    (kb / "binary.md").write_bytes(b"\x00\x01\x02 not text")
+    (kb / "latin1.txt").write_bytes("caf\xe9".encode("latin-1"))
+    (kb / "empty.md").write_text("   \n")
+
+    first = ingest_paths(app_conn, tenant, [kb], embedder, settings)
+    n_docs = len(list(EXAMPLES.glob("*.md")))
+    assert first.added == n_docs and first.updated == first.unchanged == 0
+    assert {b.path.rsplit("/", 1)[-1] for b in first.bad_files} == {"binary.md", "latin1.txt", "empty.md"}
+    assert first.embeddings_computed == first.chunks_written > n_docs
+    _stats_are_exact(app_conn, tenant)
+
+    again = ingest_paths(app_conn, tenant, [kb], embedder, settings)
+    assert (again.added, again.updated, again.unchanged, again.chunks_written, again.embeddings_computed) == (
+        0, 0, n_docs, 0, 0)
+
+    # change one paragraph of the long, multi-chunk document
+    page = kb / "webhooks.md"
+    text = page.read_text()
+    page.write_text(text + "\n\n## Changelog\n\nWebhook payload version 7 added the field `ledger_id`.\n")
+    with tenant_transaction(app_conn, tenant):
+        before = app_conn.execute(
+            "select count(*) from kb.chunks c join kb.documents d using (doc_id) where d.source_uri = 'webhooks.md'"
+        ).fetchone()[0]
+    third = ingest_paths(app_conn, tenant, [kb], embedder, settings)
+    assert (third.added, third.updated, third.unchanged) == (0, 1, n_docs - 1)
+    assert third.embeddings_reused >= before - 1  # unchanged chunks kept their embeddings
+    assert third.embeddings_computed >= 1
+    with tenant_transaction(app_conn, tenant):
+        chunks = [r[0] for r in app_conn.execute(
+            "select content from kb.chunks c join kb.documents d using (doc_id)"
+            " where d.source_uri = 'webhooks.md' order by position")]
+        assert any("ledger_id" in c for c in chunks)
+        assert app_conn.execute("select count(*) from kb.documents").fetchone()[0] == n_docs
+    _stats_are_exact(app_conn, tenant)
+
+    assert delete_document(app_conn, tenant, "webhooks.md")
+    _stats_are_exact(app_conn, tenant)
+    with tenant_transaction(app_conn, tenant):
+        assert app_conn.execute("select count(*) from kb.term_stats where term = 'ledger_id'").fetchone()[0] == 0
+
+
+def test_beir_corpus_jsonl(app_conn, tenant, embedder, settings, tmp_path):
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text(
+        '{"_id": "d1", "title": "Boundary layer", "text": "Laminar boundary layer on a flat plate."}\n'
+        "{not json}\n"
+        '{"_id": "d2", "title": "Shock waves", "text": "Oblique shock waves at hypersonic speed."}\n'
+    )
+    report = ingest_paths(app_conn, tenant, [corpus], embedder, settings)
+    assert report.added == 2 and len(report.bad_files) == 1
+    with tenant_transaction(app_conn, tenant):
+        uris = {r[0] for r in app_conn.execute("select source_uri from kb.documents")}
+    assert uris == {"beir:d1", "beir:d2"}

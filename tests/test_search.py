@@ -1,0 +1,317 @@
+"""Lexical (BM25), semantic and hybrid search against the real database."""
+
+from __future__ import annotations
+
+import math
+import re
+import uuid
+from collections import Counter
+
+import numpy as np
+import psycopg
+import pytest
+from hypothesis import HealthCheck, given, settings as hsettings, strategies as st
+
+from kb_rerank import search
+from kb_rerank.db import tenant_transaction
+
+from .helpers import basis, insert_doc, unit
+
+
+def _titles(rows):
+    return [r.doc_title for r in rows]
+
+
+def _rank_of(rows, needle):
+    for i, r in enumerate(rows, 1):
+        if needle.lower() in r.doc_title.lower():
+            return i
+    return None
+
+
+def _err_title(app_conn, tenant):
+    with tenant_transaction(app_conn, tenant):
+        return app_conn.execute(
+            "select title from kb.documents where source_uri = 'err-402.md'"
+        ).fetchone()[0]
+
+
+ERROR_PAGES = {
+    "Subscription lapsed": "Your plan renewal did not go through, so the account is read-only. The dashboard "
+                           "shows ERR_402 in the banner. Renew from Billing > Plan to restore access.",
+    "Error ERR_401": "ERR_401 means the API key is missing or invalid. Create a new key in Settings > API.",
+    "Error ERR_403": "ERR_403 means your role lacks permission for this action. Ask an administrator.",
+    "Error ERR_404": "ERR_404: the invoice or customer you asked for does not exist.",
+    "Error ERR_409": "ERR_409: a conflicting edit happened; reload the invoice and try again.",
+    "Error ERR_429": "ERR_429: too many requests; slow down and retry after the Retry-After delay.",
+    "Error ERR_422": "ERR_422: a field in your request is invalid; the response names the field.",
+}
+
+
+def test_error_code_found_by_lexical_and_hybrid_but_missed_by_semantic(app_conn, tenant, embedder):
+    """Sibling error pages look alike to an embedding; the exact token decides."""
+    for title, text in ERROR_PAGES.items():
+        insert_doc(app_conn, tenant, title, [text], embedder.embed_passages([f"{title}\n{text}"]))
+    q = "ERR_402"
+    emb = embedder.embed_query(q)
+    with tenant_transaction(app_conn, tenant):
+        lex = search.lexical(app_conn, q, 20)
+        sem = search.semantic(app_conn, emb, 20)
+        hyb = search.hybrid(app_conn, q, emb, 20)
+    assert _titles(lex)[0] == "Subscription lapsed"
+    assert _titles(hyb)[0] == "Subscription lapsed"
+    assert _titles(sem)[0] != "Subscription lapsed"  # semantic alone misses it
+
+
+def test_error_code_in_sample_knowledge_base(app_conn, sample_tenant, embedder):
+    title = _err_title(app_conn, sample_tenant)
+    with tenant_transaction(app_conn, sample_tenant):
+        lex = search.lexical(app_conn, "ERR_402", 20)
+        hyb = search.hybrid(app_conn, "what does ERR_402 mean", embedder.embed_query("what does ERR_402 mean"), 20)
+    assert _titles(lex)[0] == title
+    assert _titles(hyb)[0] == title
+
+
+def test_paraphrase_found_by_semantic_when_lexical_misses(app_conn, sample_tenant, embedder):
+    q = "transfer ownership of my workspace to a colleague"
+    with tenant_transaction(app_conn, sample_tenant):
+        target = app_conn.execute(
+            "select title from kb.documents where source_uri = 'change-account-owner.md'"
+        ).fetchone()[0]
+        sem = search.semantic(app_conn, embedder.embed_query(q), 20)
+        lex = search.lexical(app_conn, q, 20)
+    assert _titles(sem)[0] == target
+    assert target not in _titles(lex)[:1]
+
+
+@pytest.mark.parametrize("query", ["hoa don dien tu", "xuat hoa don", "HÓA ĐƠN điện tử"])
+def test_vietnamese_without_diacritics_finds_documents_with_them(app_conn, sample_tenant, query):
+    with tenant_transaction(app_conn, sample_tenant):
+        lex = search.lexical(app_conn, query, 5)
+        langs = app_conn.execute(
+            "select d.language from kb.documents d where d.doc_id = %s", [lex[0].doc_id]
+        ).fetchone()[0]
+    assert lex, query
+    assert "hóa đơn" in lex[0].content.lower()
+    assert langs == "vi"
+
+
+@pytest.mark.parametrize("token,source", [("SKU-1234", "sku-codes.md"), ("v2.3.1", "release-notes-v2-3-1.md"),
+                                          ("ERR_402", "err-402.md")])
+def test_code_tokens_match_whole(app_conn, sample_tenant, token, source):
+    with tenant_transaction(app_conn, sample_tenant):
+        lex = search.lexical(app_conn, token, 5)
+        doc = app_conn.execute("select doc_id from kb.documents where source_uri = %s", [source]).fetchone()[0]
+        terms = app_conn.execute("select kb.query_terms(%s)", [token]).fetchone()[0]
+    assert token.lower() in terms  # kept whole, besides its parts
+    assert lex[0].doc_id == doc
+
+
+
+@pytest.fixture(scope="module")
+def rrf_tenant(app_url):
+    """Three documents whose lexical and semantic ranks are known by construction:
+    lexical('apple banana', k=2) = [A, B]   (A has both words twice, B has one once)
+    semantic(e0, k=2)            = [B, C]   (B = e0, C close to e0, A orthogonal)"""
+    t = uuid.uuid4()
+    with psycopg.connect(app_url) as conn:
+        from kb_rerank.db import configure_connection
+
+        configure_connection(conn)
+        a = insert_doc(conn, t, "A", ["apple banana apple banana"], [basis(1)])
+        b = insert_doc(conn, t, "B", ["banana split dessert"], [basis(0)])
+        c = insert_doc(conn, t, "C", ["cherry tart dessert"], [unit(basis(0) + 0.3 * basis(2))])
+    return t, {"A": a, "B": b, "C": c}
+
+
+def test_rrf_matches_hand_computed_values(app_conn, rrf_tenant):
+    t, ids = rrf_tenant
+    with tenant_transaction(app_conn, t):
+        rows = search.hybrid(app_conn, "apple banana", basis(0), k=2)
+    # A: lexical 1              -> 1/61             = 0.0163934
+    # B: lexical 2, semantic 1  -> 1/62 + 1/61      = 0.0325225
+    # C: semantic 2             -> 1/62             = 0.0161290
+    got = {r.doc_title: (r.lexical_rank, r.semantic_rank, round(r.score, 7)) for r in rows}
+    assert got == {"A": (1, None, 0.0163934), "B": (2, 1, 0.0325225), "C": (None, 2, 0.016129)}
+    assert _titles(rows) == ["B", "A", "C"]
+    with tenant_transaction(app_conn, t):
+        rows = search.hybrid(app_conn, "apple banana", basis(0), k=2, rrf_k=0)
+    # rrf_k = 0: B = 1/2 + 1/1 = 1.5, A = 1, C = 1/2
+    assert [(r.doc_title, round(r.score, 6)) for r in rows] == [("B", 1.5), ("A", 1.0), ("C", 0.5)]
+
+
+def test_weights_shift_fusion(app_conn, rrf_tenant):
+    t, _ = rrf_tenant
+    with tenant_transaction(app_conn, t):
+        rows = search.hybrid(app_conn, "apple banana", basis(0), k=2, lexical_weight=3.0, semantic_weight=1.0)
+    # A = 3/61 = 0.04918, B = 3/62 + 1/61 = 0.06478, C = 1/62 = 0.01613
+    assert [(r.doc_title, round(r.score, 5)) for r in rows] == [("B", 0.06478), ("A", 0.04918), ("C", 0.01613)]
+
+
+def test_interleave_is_round_robin_without_duplicates(app_conn, rrf_tenant):
+    t, _ = rrf_tenant
+    with tenant_transaction(app_conn, t):
+        rows = search.hybrid(app_conn, "apple banana", basis(0), k=2, fusion="interleave")
+    # lexical[1]=A, semantic[1]=B, lexical[2]=B (taken), semantic[2]=C
+    assert [(r.doc_title, round(r.score, 6)) for r in rows] == [("A", 1.0), ("B", 0.5), ("C", round(1 / 3, 6))]
+
+
+@pytest.mark.parametrize("args,message", [
+    ({"k": 0}, "k must be between 1 and 1000"),
+    ({"fusion": "max"}, "fusion must be"),
+    ({"rrf_k": -1}, "rrf_k must be >= 0"),
+])
+def test_hybrid_rejects_bad_arguments(app_conn, rrf_tenant, args, message):
+    t, _ = rrf_tenant
+    with pytest.raises(psycopg.errors.InvalidParameterValue, match=message):
+        with tenant_transaction(app_conn, t):
+            search.hybrid(app_conn, "apple", basis(0), **{"k": 2, **args})
+
+
+def test_bm25_matches_hand_computation(app_conn, rrf_tenant):
+    """kb.search_lexical against BM25 computed here from the same tokens."""
+    t, _ = rrf_tenant
+    docs = {"A": "apple banana apple banana", "B": "banana split dessert", "C": "cherry tart dessert"}
+    toks = {k: v.split() for k, v in docs.items()}
+    n = len(docs)
+    avg = sum(len(v) for v in toks.values()) / n
+    k1, b = 1.2, 0.75
+
+    def bm25(query_terms, d):
+        s = 0.0
+        for term in query_terms:
+            df = sum(term in v for v in toks.values())
+            tf = toks[d].count(term)
+            if tf:
+                idf = math.log(1 + (n - df + 0.5) / (df + 0.5))
+                s += idf * tf * (k1 + 1) / (tf + k1 * (1 - b + b * len(toks[d]) / avg))
+        return s
+
+    # e.g. A: df(apple)=1 -> idf = ln(1 + 2.5/1.5) = 0.98083; tf=2, |A|=4, avg=10/3
+    #      apple: 0.98083 * 2*2.2 / (2 + 1.2*(0.25 + 0.75*4/(10/3))) = 0.98083*4.4/3.38 = 1.27683
+    assert math.isclose(bm25(["apple"], "A"), 1.27683, rel_tol=1e-4)
+    with tenant_transaction(app_conn, t):
+        rows = search.lexical(app_conn, "apple banana dessert", 10)
+    got = {r.doc_title: r.score for r in rows}
+    expected = {d: bm25(["apple", "banana", "dessert"], d) for d in docs}
+    assert set(got) == {d for d, s in expected.items() if s > 0}
+    for d, s in got.items():
+        assert math.isclose(s, expected[d], rel_tol=1e-9), (d, s, expected[d])
+    assert [r.lexical_rank for r in rows] == list(range(1, len(rows) + 1))
+
+
+def test_lexical_dedups_by_document_and_hybrid_by_chunk(app_conn, tenant):
+    insert_doc(app_conn, tenant, "Long", ["walrus one", "walrus two walrus", "walrus three"],
+               [basis(3), basis(4), basis(5)])
+    insert_doc(app_conn, tenant, "Short", ["walrus here"], [basis(6)])
+    with tenant_transaction(app_conn, tenant):
+        lex = search.lexical(app_conn, "walrus", 20)
+        sem = search.semantic(app_conn, basis(4), 20)
+        hyb = search.hybrid(app_conn, "walrus", basis(4), 20)
+    assert Counter(r.doc_id for r in lex).most_common(1)[0][1] == 1  # one chunk per document
+    assert len(lex) == 2
+    assert lex[0].content == "walrus two walrus"  # the document's best chunk
+    assert len(sem) == 4  # semantic is per chunk
+    ids = [r.chunk_id for r in hyb]
+    assert len(ids) == len(set(ids)) == 4  # the chunk in both lists appears once
+    both = {r.content for r in hyb if r.lexical_rank and r.semantic_rank}
+    assert both == {"walrus two walrus", "walrus here"}  # found by both lists, listed once
+    assert hyb[0].content == "walrus two walrus"
+
+
+@hsettings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.text(max_size=300))
+def test_any_query_text_is_accepted(app_conn, rrf_tenant, text):
+    t, _ = rrf_tenant
+    text = text.replace("\x00", "")  # NUL cannot be sent to PostgreSQL at all; the API refuses it
+    with tenant_transaction(app_conn, t):
+        rows = search.lexical(app_conn, text, 5)
+        assert all(r.score > 0 for r in rows)
+
+
+@pytest.mark.parametrize("query", ["'", "\\", "a & | ! ( ) <-> :* b", "x" * 5000, "''::tsquery", "!!!", "   "])
+def test_operator_like_queries_never_raise(app_conn, rrf_tenant, query):
+    t, _ = rrf_tenant
+    with tenant_transaction(app_conn, t):
+        search.lexical(app_conn, query, 5)
+        search.hybrid(app_conn, query, basis(0), 5)
+
+
+def test_hnsw_with_tenant_filter_equals_exact_top20(app_conn, owner_conn):
+    """Many tenants in one HNSW index: each tenant's top-20 through the index (iterative scan)
+    equals its exact top-20."""
+    rng = np.random.default_rng(7)
+    dim = 384
+    tenants = [uuid.uuid4() for _ in range(6)]
+    centers = rng.normal(size=(12, dim))
+    vectors: dict[uuid.UUID, tuple[list, np.ndarray]] = {}
+    for t in tenants:
+        vecs = np.stack([unit(centers[rng.integers(12)] + 0.6 * rng.normal(size=dim)) for _ in range(500)])
+        ids = []
+        with tenant_transaction(app_conn, t):
+            doc = app_conn.execute(
+                "insert into kb.documents (tenant_id, source_uri, title, content_hash)"
+                " values (kb.current_tenant(), 'bulk', 'bulk', %s) returning doc_id", ["0" * 64]
+            ).fetchone()[0]
+            with app_conn.cursor() as cur:
+                cur.executemany(
+                    "insert into kb.chunks (tenant_id, doc_id, position, content, content_hash, embedding)"
+                    " values (kb.current_tenant(), %s, %s, %s, %s, %s)",
+                    [(doc, i, f"row {i}", "0" * 64, v) for i, v in enumerate(vecs)],
+                )
+            ids = [r[0] for r in app_conn.execute(
+                "select chunk_id from kb.chunks where doc_id = %s order by position", [doc])]
+        vectors[t] = (ids, vecs)
+    owner_conn.execute("analyze kb.chunks")
+    total = owner_conn.execute("select count(*) from kb.chunks").fetchone()[0]
+    assert total >= 3000
+    recalls = []
+    for t in tenants:
+        ids, vecs = vectors[t]
+        for _ in range(5):
+            q = unit(centers[rng.integers(12)] + 0.6 * rng.normal(size=dim))
+            exact = [ids[i] for i in np.argsort(-(vecs @ q), kind="stable")[:20]]
+            with tenant_transaction(app_conn, t):
+                got = [r.chunk_id for r in search.semantic(app_conn, q, 20)]
+            recalls.append(len(set(got) & set(exact)) / 20)
+            assert len(got) == 20
+    assert min(recalls) == 1.0, recalls
+
+
+def test_indexes_are_used_inside_search_functions_as_app_role(owner_url, app_conn, tenant):
+    """EXPLAIN (via auto_explain of nested statements) of the search functions called as
+    cyberos_app: the (tenant_id, tsv) GIN index and the HNSW index serve them."""
+    t = tenant
+    rng = np.random.default_rng(3)
+    words = ["apple", "banana", "cherry", "dessert", "pear", "plum", "fig", "kiwi"]
+    texts = [" ".join(rng.choice(words, 6)) for _ in range(2000)]
+    vecs = [unit(rng.normal(size=384)) for _ in texts]
+    with tenant_transaction(app_conn, t):
+        doc = app_conn.execute(
+            "insert into kb.documents (tenant_id, source_uri, title, content_hash)"
+            " values (kb.current_tenant(), 'bulk', 'bulk', %s) returning doc_id", ["0" * 64]).fetchone()[0]
+        with app_conn.cursor() as cur:
+            cur.executemany(
+                "insert into kb.chunks (tenant_id, doc_id, position, content, content_hash, embedding)"
+                " values (kb.current_tenant(), %s, %s, %s, %s, %s)",
+                [(doc, i, x, "0" * 64, v) for i, (x, v) in enumerate(zip(texts, vecs))])
+    plans: list[str] = []
+    with psycopg.connect(owner_url, autocommit=True) as conn:
+        from kb_rerank.db import configure_connection
+
+        configure_connection(conn)
+        conn.add_notice_handler(lambda d: plans.append(d.message_primary or ""))
+        conn.execute("analyze kb.chunks")
+        conn.execute("load 'auto_explain'")
+        for s in ("auto_explain.log_min_duration = 0", "auto_explain.log_nested_statements = on",
+                  "auto_explain.log_level = notice", "client_min_messages = notice"):
+            conn.execute("set " + s)
+        conn.execute("set role cyberos_app")
+        assert conn.execute("select current_user").fetchone()[0] == "cyberos_app"
+        with conn.transaction():
+            conn.execute("select set_config('auth.tenant_id', %s, true)", [str(t)])
+            conn.execute("select * from kb.search_lexical('apple banana', 5)").fetchall()
+            conn.execute("select * from kb.search_semantic(%s, 5)", [basis(0)]).fetchall()
+    text = "\n".join(plans)
+    assert "chunks_tenant_tsv_idx" in text
+    assert "chunks_embedding_hnsw_idx" in text

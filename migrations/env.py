@@ -26,16 +26,27 @@ def _settings_and_url():
 def run_migrations_online() -> None:
     url, dim = _settings_and_url()
     engine = create_engine("postgresql+psycopg://", creator=lambda: psycopg.connect(url), poolclass=pool.NullPool)
+    upgrades: list[bool] = []
     with engine.connect() as connection:
         context.configure(
             connection=connection,
             version_table="kb_alembic_version",
             transactional_ddl=True,
             transaction_per_migration=False,
+            on_version_apply=lambda **kw: upgrades.append(kw["step"].is_upgrade),
         )
         context.config.attributes["kb_embedding_dim"] = dim
         with context.begin_transaction():
             context.run_migrations()
+            # Functions, policies, grants and views (sql/functions, sql/policies, sql/views) are
+            # idempotent and written for the head schema: re-applied once, after the last
+            # revision of an upgrade that reaches head, in the same transaction. An upgrade to
+            # an intermediate revision gets that revision's tables only.
+            at_head = context.get_context().get_current_revision() == context.script.get_current_head()
+            if upgrades and all(upgrades) and at_head:
+                from kb_rerank import sqlfiles
+
+                sqlfiles.apply_idempotent(connection.connection.driver_connection, embedding_dim=dim)
 
 
 if context.is_offline_mode():

@@ -20,8 +20,7 @@ def _raw():
 
 def upgrade() -> None:
     dim = context.config.attributes["kb_embedding_dim"]
-    # sqlfiles.apply_versioned(_raw(), "NNNN_name.sql", embedding_dim=dim)
-    sqlfiles.apply_idempotent(_raw(), embedding_dim=dim)
+    sqlfiles.apply_versioned(_raw(), "NNNN_name.sql", embedding_dim=dim)
 
 
 def downgrade() -> None:

@@ -20,7 +20,6 @@ def _raw():
 def upgrade() -> None:
     dim = context.config.attributes["kb_embedding_dim"]
     sqlfiles.apply_versioned(_raw(), "0001_foundation.sql", embedding_dim=dim)
-    sqlfiles.apply_idempotent(_raw(), embedding_dim=dim)
 
 
 def downgrade() -> None:

@@ -2,7 +2,7 @@
 
 sql/schema/NNNN_*.sql are versioned (each run once by its Alembic revision);
 sql/functions, sql/policies and sql/views are idempotent and re-applied, in that order
-and by file name, at the end of every upgrade.
+and by file name, once at the end of every upgrade run (migrations/env.py).
 """
 
 from __future__ import annotations

@@ -1,0 +1,48 @@
+-- kb.evict_expired_cache(batch): delete up to `batch` expired cache rows
+-- (expires_at <= now()) of all tenants, oldest expiry first; returns how many.
+--
+-- Why SECURITY DEFINER (owned by kb_maint, which has BYPASSRLS): eviction is cross-tenant
+-- by nature (a periodic job, not a tenant's request), and under RLS cyberos_app can only
+-- delete its own tenant's rows. The function takes no tenant input, deletes only rows
+-- whose expires_at has passed, and returns only a count: no row data, no tenant ids.
+-- kb_maint owns nothing else and holds only SELECT, DELETE on kb.kb_rerank_cache.
+-- search_path is pinned. Call it repeatedly until it returns less than `batch`.
+
+
+grant usage on schema kb to kb_maint;
+grant select, delete on kb.kb_rerank_cache to kb_maint;
+
+create or replace function kb.evict_expired_cache(batch integer default 10000)
+returns bigint
+language plpgsql
+volatile
+security definer
+set search_path = pg_catalog, kb
+as $$
+declare
+  n bigint;
+begin
+  if batch is null or batch < 1 or batch > 1000000 then
+    raise exception 'batch must be between 1 and 1000000, got %', batch using errcode = '22023';
+  end if;
+  with doomed as (
+    select c.cache_id
+    from kb.kb_rerank_cache c
+    where c.expires_at <= now()
+    order by c.expires_at
+    limit batch
+  )
+  delete from kb.kb_rerank_cache c
+  using doomed d
+  where c.cache_id = d.cache_id
+    and c.expires_at <= now();
+  get diagnostics n = row_count;
+  return n;
+end
+$$;
+alter function kb.evict_expired_cache(integer) owner to kb_maint;
+revoke all on function kb.evict_expired_cache(integer) from public;
+grant execute on function kb.evict_expired_cache(integer) to cyberos_app;
+comment on function kb.evict_expired_cache(integer) is
+  'Delete up to batch expired rerank cache rows of all tenants; returns the count (SECURITY DEFINER, owner kb_maint)';
+

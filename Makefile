@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 export OPENBLAS_NUM_THREADS ?= 1
 export HF_HUB_OFFLINE ?= 1
 
-.PHONY: install demo test test-fast serve bench bench-quick clean db-stop
+.PHONY: install demo test test-fast serve clean db-stop
 
 install: $(STAMP)
 
@@ -18,6 +18,10 @@ $(STAMP): pyproject.toml constraints.txt
 
 demo: install
 	$(BIN)/kb-rerank demo
+
+serve: install
+	$(BIN)/kb-rerank migrate
+	$(BIN)/kb-rerank serve --dev
 
 test: install
 	$(BIN)/python -m pytest -q

@@ -10,3 +10,11 @@ grant execute on function kb.search_lexical(text, integer, double precision, dou
                           kb.search_semantic(vector, integer),
                           kb.search_hybrid(text, vector, integer, integer, text, double precision, double precision)
   to cyberos_app;
+-- /readyz compares the applied migration with the code's head revision.
+do $$
+begin
+  if to_regclass('public.kb_alembic_version') is not null then
+    grant select on public.kb_alembic_version to cyberos_app;
+  end if;
+end
+$$;

@@ -14,6 +14,8 @@ from .settings import Settings
 
 DEMO_TENANT = UUID("00000000-0000-4000-8000-000000000001")
 EXAMPLES_DIR = Path(__file__).resolve().parents[2] / "examples" / "kb"
+# `kb-rerank serve --dev` only: a fixed, public secret (>= 32 bytes, as HS256 wants).
+DEV_JWT_SECRET = "kb-rerank-dev-secret-do-not-use-in-production"
 DEMO_QUERIES = [
     "ERR_402",
     "how do I emit hóa đơn",
@@ -139,7 +141,185 @@ def cmd_demo(args, settings: Settings) -> int:
             rows = run_search(conn, settings, embedder, DEMO_TENANT, q, "hybrid", settings.candidates)
             print(f"\nhybrid search {q!r}: {len(rows)} candidates, top 5")
             _print_results(rows[:5], "hybrid")
+    if not args.no_http:
+        _demo_http(settings)
     print(f"\ndemo done in {time.perf_counter() - t0:.1f}s")
+    return 0
+
+
+def _demo_http(settings: Settings) -> None:
+    """Start `kb-rerank serve --dev` on a free loopback port, wait until it is ready (and the
+    cross-encoder has loaded or failed to), make one curl-equivalent call, stop the server."""
+    import json
+    import shlex
+    import socket
+    import subprocess
+    import urllib.error
+    import urllib.request
+
+    from .auth import JwtConfig, mint_token
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    base = f"http://127.0.0.1:{port}"
+    env = {**os.environ, "KB_JWT_SECRET": settings.jwt_secret or DEV_JWT_SECRET}
+    server = subprocess.Popen([sys.executable, "-m", "kb_rerank.cli", "serve", "--dev", "--host", "127.0.0.1",
+                               "--port", str(port)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        ready = None
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and server.poll() is None:
+            try:
+                with urllib.request.urlopen(base + "/readyz", timeout=2) as r:
+                    ready = json.loads(r.read())
+                if ready.get("model", {}).get("state") not in ("loading", "not_loaded"):
+                    break
+            except (urllib.error.URLError, OSError, ValueError):
+                pass
+            time.sleep(0.5)
+        if ready is None:
+            err = server.stderr.read().decode(errors="replace") if server.poll() is not None else ""
+            print(f"\nHTTP server did not become ready: {err[-2000:]}")
+            return
+        model = ready.get("model", {})
+        print(f"\nHTTP API on {base} (docs: {base}/schema); cross-encoder {model.get('name')}: {model.get('state')}"
+              + (f" ({model.get('last_error')})" if model.get("last_error") else ""))
+        token = mint_token(DEMO_TENANT, JwtConfig(secret=env["KB_JWT_SECRET"]), ttl_s=600)
+        body = json.dumps({"query": "what does ERR_402 mean", "source": "hybrid_lexical_semantic"})
+        print("$ curl -s -X POST " + base + "/v1/kb/search/rerank \\\n"
+              "    -H 'Authorization: Bearer '\"$(kb-rerank token --tenant " + str(DEMO_TENANT) + ")\" \\\n"
+              "    -H 'Content-Type: application/json' -d " + shlex.quote(body))
+        req = urllib.request.Request(base + "/v1/kb/search/rerank", data=body.encode(), method="POST",
+                                     headers={"Authorization": "Bearer " + token,
+                                              "Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=300) as r:
+            answer = json.loads(r.read())
+        shown = {**answer, "results": answer["results"][:3]}
+        print(json.dumps(shown, ensure_ascii=False, indent=2))
+        if answer.get("fallback"):
+            print(f"(fallback: {answer.get('fallback_reason')}: the cross-encoder is not available here, so the "
+                  "fused order is returned; set KB_RERANKER_MODEL to a local model folder or allow the hub download)")
+        print(f"... {len(answer['results'])} results. Run `make serve` to keep a server running.")
+    finally:
+        server.terminate()
+        try:
+            server.wait(10)
+        except subprocess.TimeoutExpired:
+            server.kill()
+
+def cmd_serve(args, settings: Settings) -> int:
+    import uvicorn
+
+    if not (settings.jwt_secret or settings.jwt_public_key):
+        if not args.dev:
+            print("kb-rerank: error: set KB_JWT_SECRET (HS256) or KB_JWT_PUBLIC_KEY (RS256), "
+                  "or pass --dev to use the fixed development secret", file=sys.stderr)
+            return 2
+        os.environ["KB_JWT_SECRET"] = DEV_JWT_SECRET  # inherited by uvicorn workers
+        print(f"WARNING: --dev: tokens are verified with the fixed development secret {DEV_JWT_SECRET!r}; "
+              "anyone can mint tokens for any tenant. Never use --dev in production.", file=sys.stderr)
+    host = args.host or settings.host
+    port = args.port or settings.port
+    uvicorn.run("kb_rerank.api:app_from_env", factory=True, host=host, port=port,
+                workers=max(1, settings.workers), log_level="info")
+    return 0
+
+
+def cmd_token(args, settings: Settings) -> int:
+    from .auth import JwtConfig, mint_token
+
+    secret = settings.jwt_secret
+    if not secret:
+        secret = DEV_JWT_SECRET
+        print("WARNING: KB_JWT_SECRET is not set: minting with the development secret "
+              "(accepted only by `kb-rerank serve --dev`)", file=sys.stderr)
+    cfg = JwtConfig(secret=secret, issuer=settings.jwt_issuer, audience=settings.jwt_audience)
+    print(mint_token(args.tenant, cfg, ttl_s=args.ttl))
+    return 0
+
+
+def cmd_evict(args, settings: Settings) -> int:
+    """Delete expired cache rows of all tenants (cron: `*/15 * * * * kb-rerank evict`)."""
+    import psycopg
+
+    from . import db
+
+    total = 0
+    with psycopg.connect(db.app_url(settings), autocommit=True) as conn:
+        while True:
+            n = conn.execute("select kb.evict_expired_cache(%s)", [args.batch]).fetchone()[0] or 0
+            total += n
+            if n < args.batch:
+                break
+    print(total)
+    return 0
+
+
+def cmd_audit(args, settings: Settings) -> int:
+    import psycopg
+
+    from . import audit, db
+
+    if args.tenant is None:
+        with psycopg.connect(db.owner_url(settings), autocommit=True) as conn:
+            rows = audit.verify(conn)
+    else:
+        with psycopg.connect(db.app_url(settings)) as conn:
+            with db.tenant_transaction(conn, args.tenant):
+                rows = audit.verify(conn)
+    broken = [r for r in rows if not r.ok]
+    checked = sum(r.rows_checked or 0 for r in rows)
+    if not broken:
+        print(f"OK: {checked} audit rows of {len(rows)} tenant(s) verified")
+        return 0
+    for r in broken:
+        print(f"BROKEN: tenant {r.tenant_id}: first broken seq {r.first_broken_seq} "
+              f"(audit_id {r.first_broken_audit_id}): {r.reason}")
+    return 1
+
+
+def cmd_curate(args, settings: Settings) -> int:
+    import psycopg
+
+    from . import cache, db
+    from .service import normalize_query, query_hash
+
+    qh = query_hash(normalize_query(args.query))
+    with psycopg.connect(db.app_url(settings)) as conn:
+        with db.tenant_transaction(conn, args.tenant):
+            if args.action == "add":
+                if not args.chunk:
+                    print("kb-rerank: error: curate add needs --chunk UUID [UUID ...]", file=sys.stderr)
+                    return 2
+                start = conn.execute(
+                    "select coalesce(max(position) + 1, 0) from kb.kb_rerank_curation"
+                    " where tenant_id = kb.current_tenant() and query_hash = %s", [qh]
+                ).fetchone()[0]
+                for i, chunk in enumerate(args.chunk):
+                    conn.execute(
+                        "insert into kb.kb_rerank_curation (tenant_id, query_hash, position, chunk_id, note)"
+                        " values (kb.current_tenant(), %s, %s, %s, %s)",
+                        [qh, start + i, chunk, args.note],
+                    )
+                cache.invalidate(conn, qh, "manual_curation")
+                print(f"added {len(args.chunk)} chunk(s) at positions {start}..{start + len(args.chunk) - 1}"
+                      f" for query_hash {qh}")
+            elif args.action == "list":
+                rows = conn.execute(
+                    "select position, chunk_id, note from kb.kb_rerank_curation"
+                    " where tenant_id = kb.current_tenant() and query_hash = %s order by position", [qh]
+                ).fetchall()
+                print(f"query_hash {qh}: {len(rows)} curated chunk(s)")
+                for pos, chunk, note in rows:
+                    print(f"  {pos:3d}  {chunk}" + (f"  {note}" if note else ""))
+            else:
+                n = conn.execute(
+                    "delete from kb.kb_rerank_curation where tenant_id = kb.current_tenant() and query_hash = %s",
+                    [qh],
+                ).rowcount
+                cache.invalidate(conn, qh, "manual_curation")
+                print(f"cleared {n} curated chunk(s) for query_hash {qh}")
     return 0
 
 
@@ -175,8 +355,45 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--limit", type=int, default=10, help="rows to print")
     s.set_defaults(func=cmd_search)
 
-    dm = sub.add_parser("demo", help="migrate, ingest the sample knowledge base, run example searches")
+    dm = sub.add_parser("demo", help="migrate, ingest the sample knowledge base, run example searches, "
+                                     "then one HTTP call to the rerank API")
+    dm.add_argument("--no-http", action="store_true", help="skip starting the HTTP server")
     dm.set_defaults(func=cmd_demo)
+
+    sv = sub.add_parser("serve", help="run the HTTP API (uvicorn)")
+    sv.add_argument("--host", default=None, help="default KB_HOST (127.0.0.1)")
+    sv.add_argument("--port", type=int, default=None, help="default KB_PORT (8000)")
+    sv.add_argument("--dev", action="store_true",
+                    help="without KB_JWT_SECRET/KB_JWT_PUBLIC_KEY: use a fixed development secret (printed)")
+    sv.set_defaults(func=cmd_serve)
+
+    tk = sub.add_parser("token", help="mint a Bearer token for a tenant (KB_JWT_SECRET, else the dev secret)")
+    tk.add_argument("--tenant", type=_uuid, required=True)
+    tk.add_argument("--ttl", type=int, default=3600, help="seconds (default 3600)")
+    tk.set_defaults(func=cmd_token)
+
+    ev = sub.add_parser("evict", help="delete expired cache rows (cron: */15 * * * * kb-rerank evict)")
+    ev.add_argument("--batch", type=int, default=10000)
+    ev.set_defaults(func=cmd_evict)
+
+    au = sub.add_parser("audit", help="audit log tools")
+    au_sub = au.add_subparsers(dest="audit_action", required=True)
+    av = au_sub.add_parser("verify", help="verify the audit hash chains (exit 1 when broken)")
+    av.add_argument("--tenant", type=_uuid, default=None,
+                    help="check one tenant as the app role; default: all tenants as the owner")
+    av.set_defaults(func=cmd_audit)
+
+    cu = sub.add_parser("curate", help="manual curation lists (source manual_curation)")
+    cu.add_argument("action", choices=["add", "list", "clear"])
+    cu.add_argument("--tenant", type=_uuid, required=True)
+    cu.add_argument("--query", required=True)
+    cu.add_argument("--chunk", type=_uuid, nargs="+", default=[], help="chunk ids, in result order (add)")
+    cu.add_argument("--note", default=None)
+    cu.set_defaults(func=cmd_curate)
+
+    from .cli_eval import add_eval_parser
+
+    add_eval_parser(sub)
     return p
 
 

@@ -1,0 +1,500 @@
+"""HTTP API (Litestar): ``POST /v1/kb/search/rerank`` and the operational endpoints.
+
+``create_app(settings, reranker=None, embedder=None)`` builds a new app; nothing lives at
+module level (no pool, model or settings). The lifespan opens ONE AsyncConnectionPool as
+``cyberos_app`` (autocommit connections, ``statement_timeout`` from settings, pgvector
+registered), checks the database's embedding dimension, builds the embedder and the
+reranker when not given (the model loads in the background: until it is ready requests are
+served with the fallback ordering), starts the periodic cache eviction, and closes all of
+it on shutdown. A reranker or embedder passed in belongs to the caller and is not closed.
+
+Endpoints
+---------
+* ``POST /v1/kb/search/rerank`` -- Bearer JWT (tenant claim), body
+  ``{"query": str, "source": "hybrid_lexical_semantic"|"lexical_only"|"semantic_only"|"manual_curation"}``.
+* ``GET /healthz`` -- 200 while the process runs.
+* ``GET /readyz`` -- 200 when the database answers and its schema is at the migrations'
+  head (the model state is reported; a model still loading is not a 503 because
+  requests are served with the fallback); 503 otherwise.
+* ``GET /metrics`` -- Prometheus text, from a registry owned by the app.
+* ``GET /schema/openapi.json`` and ``/schema`` (docs page).
+
+Errors are JSON: ``{"error": ..., ...}``. 401 ``unauthorized`` with ``reason``; 400
+``invalid_json``; 422 ``invalid_request`` with ``field`` and ``detail`` (and ``allowed``
+for an unknown source); 413 ``payload_too_large`` (refused before parsing, from the
+Content-Length or while streaming); 503 ``database_unavailable``. A rejected request
+writes nothing (no cache row, no audit row); it is counted in the metrics only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import re
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+import msgspec
+import psycopg
+from litestar import Litestar, MediaType, Request, Response, Router, get, post
+from litestar.connection import ASGIConnection
+from litestar.datastructures import State
+from litestar.exceptions import HTTPException
+from litestar.exceptions.http_exceptions import RequestEntityTooLarge
+from litestar.handlers import BaseRouteHandler
+from litestar.openapi import OpenAPIConfig
+from litestar.openapi.plugins import SwaggerRenderPlugin
+from litestar.openapi.spec import OpenAPIMediaType, OpenAPIType, Operation, RequestBody, Schema
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from . import __version__ as _version
+from . import db
+from .auth import AuthError, JwtConfig, tenant_from_authorization
+from .service import (
+    TRACE_ID,
+    PipelineMetrics,
+    RerankRequest,
+    RerankResponse,
+    RerankService,
+    install_trace_log_records,
+    trace_id_from_headers,
+)
+from .settings import SOURCES, Settings
+
+log = logging.getLogger("kb_rerank.api")
+
+RERANK_PATH = "/v1/kb/search/rerank"
+
+
+# --------------------------------------------------------------------------- errors
+
+
+class ApiError(Exception):
+    """An error answered as JSON ``payload`` with ``status_code``."""
+
+    def __init__(self, status_code: int, payload: dict[str, Any], headers: dict[str, str] | None = None) -> None:
+        super().__init__(payload.get("error"))
+        self.status_code = status_code
+        self.payload = payload
+        self.headers = headers or {}
+
+
+def _trace_headers(request: Request) -> dict[str, str]:
+    tid = request.scope.get("state", {}).get("trace_id")
+    return {"X-Trace-Id": tid} if tid else {}
+
+
+def _api_error_handler(request: Request, exc: ApiError) -> Response:
+    return Response(exc.payload, status_code=exc.status_code, headers={**_trace_headers(request), **exc.headers},
+                    media_type=MediaType.JSON)
+
+
+def _too_large_handler(request: Request, exc: RequestEntityTooLarge) -> Response:
+    limit = request.app.state.settings.max_body_bytes
+    return Response({"error": "payload_too_large", "field": None, "detail": f"request body over {limit} bytes"},
+                    status_code=413, headers=_trace_headers(request), media_type=MediaType.JSON)
+
+
+def _db_error_handler(request: Request, exc: Exception) -> Response:
+    log.warning("database unavailable: %s", type(exc).__name__)
+    return Response({"error": "database_unavailable"}, status_code=503,
+                    headers={"Retry-After": "5", **_trace_headers(request)}, media_type=MediaType.JSON)
+
+
+def _status_of(exc: BaseException) -> int:
+    if isinstance(exc, (ApiError, HTTPException)):
+        return int(exc.status_code)
+    if isinstance(exc, psycopg.OperationalError):
+        return 503
+    return 500
+
+
+# --------------------------------------------------------------------------- request body
+
+
+_FIELD_AT = re.compile(r"at `\$\.([^`\[]+)")
+_UNKNOWN = re.compile(r"unknown field `([^`]+)`")
+_MISSING = re.compile(r"missing required field `([^`]+)`")
+
+
+def _invalid(field: str | None, detail: str, **extra: Any) -> ApiError:
+    return ApiError(422, {"error": "invalid_request", "field": field, "detail": detail, **extra})
+
+
+def parse_request(raw: bytes, settings: Settings) -> RerankRequest:
+    """Decode and validate the body; raise ApiError naming the field."""
+    try:
+        obj = msgspec.json.decode(raw)
+    except msgspec.DecodeError as exc:
+        raise ApiError(400, {"error": "invalid_json", "field": None, "detail": str(exc)}) from None
+    if not isinstance(obj, dict):
+        raise _invalid(None, "the body must be a JSON object {\"query\": ..., \"source\": ...}")
+    source = obj.get("source", None)
+    if "source" in obj and (not isinstance(source, str) or source not in SOURCES):
+        raise _invalid("source", "source must be one of: " + ", ".join(SOURCES), allowed=list(SOURCES))
+    try:
+        req = msgspec.convert(obj, RerankRequest)
+    except msgspec.ValidationError as exc:
+        msg = str(exc)
+        m = _UNKNOWN.search(msg) or _MISSING.search(msg) or _FIELD_AT.search(msg)
+        raise _invalid(m.group(1) if m else None, msg) from None
+    q = req.query
+    if "\x00" in q:
+        raise _invalid("query", "query must not contain NUL characters")
+    if not q.strip():
+        raise _invalid("query", "query must not be empty or whitespace only")
+    if len(q) > settings.max_query_chars:
+        raise _invalid("query", f"query is longer than {settings.max_query_chars} characters")
+    return req
+
+
+@dataclass
+class RerankOperation(Operation):
+    """Documents the JSON body (the handler decodes it itself to control the errors)."""
+
+    def __post_init__(self) -> None:
+        self.request_body = RequestBody(
+            required=True,
+            content={
+                "application/json": OpenAPIMediaType(
+                    schema=Schema(
+                        type=OpenAPIType.OBJECT,
+                        required=["query"],
+                        additional_properties=False,
+                        properties={
+                            "query": Schema(type=OpenAPIType.STRING, min_length=1,
+                                            description="search text; NFC, trimmed, whitespace collapsed"),
+                            "source": Schema(type=OpenAPIType.STRING, enum=list(SOURCES),
+                                             default="hybrid_lexical_semantic"),
+                        },
+                    )
+                )
+            },
+        )
+
+
+# --------------------------------------------------------------------------- metrics
+
+
+class ApiMetrics(PipelineMetrics):
+    """Prometheus metrics in a registry of their own (one per app)."""
+
+    def __init__(self) -> None:
+        self.registry = r = CollectorRegistry(auto_describe=True)
+        self.requests = Counter("kb_rerank_http_requests_total", "HTTP requests", ["route", "method", "status"],
+                                registry=r)
+        self.http_latency = Histogram("kb_rerank_http_request_duration_seconds", "HTTP request latency",
+                                      ["route"], registry=r)
+        self.latency = Histogram("kb_rerank_rerank_duration_seconds", "rerank request latency per source",
+                                 ["source"], registry=r)
+        self.hits = Counter("kb_rerank_cache_hits_total", "cache hits", ["source"], registry=r)
+        self.misses = Counter("kb_rerank_cache_misses_total", "cache misses", ["source"], registry=r)
+        self.fallbacks = Counter("kb_rerank_fallbacks_total", "fallback responses", ["source", "reason"], registry=r)
+        self.rejected = Counter("kb_rerank_rejected_total", "rejected requests", ["reason"], registry=r)
+        self.model_seconds = Histogram("kb_rerank_model_batch_seconds", "cross-encoder scoring time per request",
+                                       registry=r, buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30))
+        self.model_pairs = Counter("kb_rerank_model_pairs_total", "pairs sent to the cross-encoder", registry=r)
+        self.model_ready = Gauge("kb_rerank_model_ready", "1 when the cross-encoder is loaded", registry=r)
+        self.evicted = Counter("kb_rerank_cache_evicted_total", "expired cache rows evicted", registry=r)
+
+    def cache_hit(self, source: str) -> None:
+        self.hits.labels(source).inc()
+
+    def cache_miss(self, source: str) -> None:
+        self.misses.labels(source).inc()
+
+    def fallback(self, source: str, reason: str) -> None:
+        self.fallbacks.labels(source, reason).inc()
+
+    def model_call(self, seconds: float, pairs: int) -> None:
+        self.model_seconds.observe(seconds)
+        self.model_pairs.inc(pairs)
+
+
+def _metrics_middleware(metrics: ApiMetrics):
+    def factory(app):
+        async def middleware(scope, receive, send):
+            if scope["type"] != "http":
+                await app(scope, receive, send)
+                return
+            status = {"code": 500}
+
+            async def send_wrapper(message):
+                if message["type"] == "http.response.start":
+                    status["code"] = message["status"]
+                await send(message)
+
+            t0 = time.perf_counter()
+            try:
+                await app(scope, receive, send_wrapper)
+            except BaseException as exc:
+                status["code"] = _status_of(exc)
+                raise
+            finally:
+                handler = scope.get("route_handler")
+                paths = sorted(getattr(handler, "paths", None) or []) if handler is not None else []
+                route = paths[0] if paths else "other"
+                metrics.requests.labels(route, scope.get("method", ""), str(status["code"])).inc()
+                metrics.http_latency.labels(route).observe(time.perf_counter() - t0)
+
+        return middleware
+
+    return factory
+
+
+# --------------------------------------------------------------------------- auth
+
+
+def _auth_guard(connection: ASGIConnection, _: BaseRouteHandler) -> None:
+    state = connection.app.state
+    headers = connection.headers
+    tid = trace_id_from_headers(headers.get("traceparent"), headers.get("x-trace-id"))
+    connection.scope.setdefault("state", {})["trace_id"] = tid
+    try:
+        tenant = tenant_from_authorization(headers.get("authorization"), state.jwt)
+    except AuthError as exc:
+        state.metrics.rejected.labels("unauthorized").inc()
+        raise ApiError(401, {"error": "unauthorized", "reason": exc.reason},
+                       headers={"WWW-Authenticate": 'Bearer realm="kb-rerank"', "X-Trace-Id": tid}) from None
+    connection.scope["state"]["tenant"] = tenant
+
+
+# --------------------------------------------------------------------------- handlers
+
+
+@post(RERANK_PATH, status_code=200, operation_class=RerankOperation, summary="Rerank search results",
+      description="Hybrid/lexical/semantic retrieval, cross-encoder rerank, per-tenant cache and audit.")
+async def rerank_handler(request: Request, state: State) -> Response[RerankResponse]:
+    scope_state = request.scope["state"]
+    trace_id: str = scope_state["trace_id"]
+    tenant: uuid.UUID = scope_state["tenant"]
+    token = TRACE_ID.set(trace_id)
+    try:
+        settings: Settings = state.settings
+        try:
+            req = parse_request(await request.body(), settings)
+        except ApiError as exc:
+            state.metrics.rejected.labels(exc.payload.get("error", "invalid")).inc()
+            log.info("rerank rejected tenant=%s status=%d field=%s", tenant, exc.status_code,
+                     exc.payload.get("field"))
+            raise
+        t0 = time.perf_counter()
+        result = await state.service.rerank(tenant, req.query, req.source, trace_id)
+        state.metrics.latency.labels(req.source).observe(time.perf_counter() - t0)
+        return Response(result, headers={"X-Trace-Id": trace_id})
+    finally:
+        TRACE_ID.reset(token)
+
+
+@get("/healthz", include_in_schema=True, sync_to_thread=False)
+def healthz() -> dict[str, str]:
+    return {"status": "ok"}
+
+
+async def _db_revision(pool, timeout: float) -> str | None:
+    async with pool.connection(timeout=timeout) as conn:
+        cur = await conn.execute("select to_regclass('public.kb_alembic_version') is not null")
+        if not (await cur.fetchone())[0]:
+            return None
+        cur = await conn.execute("select version_num from public.kb_alembic_version")
+        row = await cur.fetchone()
+        return row[0] if row else None
+
+
+@get("/readyz")
+async def readyz(state: State) -> Response[dict[str, Any]]:
+    info: dict[str, Any] = {"head_revision": state.head_revision}
+    rr = state.reranker
+    model_state = getattr(rr, "state", "ready" if getattr(rr, "ready", True) else "not_loaded")
+    info["model"] = {"name": state.service.model_name, "state": model_state,
+                     "ready": bool(getattr(rr, "ready", True)), "last_error": getattr(rr, "last_error", None)}
+    status = 200
+    try:
+        rev = await asyncio.wait_for(_db_revision(state.pool, state.db_timeout_s), state.db_timeout_s + 1)
+        info["database"] = "ok"
+        info["revision"] = rev
+        if rev != state.head_revision:
+            info["schema"] = "behind"
+            status = 503
+        else:
+            info["schema"] = "ok"
+    except psycopg.errors.InsufficientPrivilege:
+        info["database"] = "ok"
+        info["schema"] = "unknown"
+    except (psycopg.Error, asyncio.TimeoutError, TimeoutError, OSError) as exc:
+        info["database"] = "unavailable"
+        info["error"] = type(exc).__name__
+        status = 503
+    info["status"] = "ready" if status == 200 else "not_ready"
+    return Response(info, status_code=status)
+
+
+@get("/metrics", media_type=CONTENT_TYPE_LATEST, include_in_schema=False)
+async def metrics_handler(state: State) -> Response[bytes]:
+    m: ApiMetrics = state.metrics
+    m.model_ready.set(1 if getattr(state.reranker, "ready", False) else 0)
+    return Response(generate_latest(m.registry), media_type=CONTENT_TYPE_LATEST)
+
+
+# --------------------------------------------------------------------------- lifespan
+
+
+@dataclass
+class _Startup:
+    head_revision: str
+
+
+def _startup_checks(settings: Settings, url: str, timeout_s: float) -> _Startup:
+    """Sync checks run once on a thread: the embedding dimension and the migration head."""
+    with psycopg.connect(url, connect_timeout=max(1, int(timeout_s))) as conn:
+        db.check_embedding_dim(conn, settings)
+    return _Startup(head_revision=db.head_revision())
+
+
+async def _evict_loop(app: Litestar) -> None:
+    st = app.state
+    interval = max(1.0, float(st.settings.evict_interval_s))
+    while True:
+        await asyncio.sleep(interval)
+        try:
+            async with st.pool.connection() as conn:
+                cur = await conn.execute("select kb.evict_expired_cache()")
+                n = (await cur.fetchone())[0] or 0
+            st.metrics.evicted.inc(n)
+            log.info("evicted %d expired cache rows", n)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - eviction retries next interval
+            log.warning("cache eviction failed: %s", type(exc).__name__)
+
+
+@contextlib.asynccontextmanager
+async def _lifespan(app: Litestar):
+    from psycopg_pool import AsyncConnectionPool
+
+    st = app.state
+    settings: Settings = st.settings
+    url = db.app_url(settings)
+    timeout_s: float = st.db_timeout_s
+
+    async def configure(conn: psycopg.AsyncConnection) -> None:
+        await db.aconfigure_connection(conn)
+
+    pool = AsyncConnectionPool(
+        url,
+        min_size=settings.pool_min,
+        max_size=settings.pool_max,
+        open=False,
+        configure=configure,
+        check=AsyncConnectionPool.check_connection,
+        kwargs={
+            "autocommit": True,
+            "options": f"-c statement_timeout={int(settings.statement_timeout_ms)}",
+            "connect_timeout": max(1, int(timeout_s)),
+        },
+        timeout=timeout_s,
+        name="kb-rerank",
+    )
+    embed_executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kb-embed")
+    owned_reranker = None
+    tasks: list[asyncio.Task] = []
+    try:
+        startup = await anyio.to_thread.run_sync(_startup_checks, settings, url, timeout_s)
+        st.head_revision = startup.head_revision
+        await pool.open(wait=True, timeout=max(timeout_s, 10.0))
+        st.pool = pool
+        if st.embedder is None:
+            from .embed import get_embedder
+
+            st.embedder = await anyio.to_thread.run_sync(get_embedder, settings)
+        if st.reranker is None:
+            from .rerank import Reranker
+
+            owned_reranker = st.reranker = Reranker(
+                settings.reranker_model,
+                max_length=settings.rerank_max_length,
+                batch_size=settings.rerank_batch_size,
+                timeout_s=settings.rerank_timeout_s,
+            )
+        st.service = RerankService(settings, pool, st.embedder, st.reranker, embed_executor=embed_executor,
+                                   metrics=st.metrics)
+        ensure = getattr(st.reranker, "ensure_loaded_async", None)
+        if ensure is not None and not getattr(st.reranker, "ready", False):
+            tasks.append(asyncio.create_task(ensure(), name="kb-rerank-model-load"))
+        if settings.evict_interval_s and settings.evict_interval_s > 0:
+            tasks.append(asyncio.create_task(_evict_loop(app), name="kb-rerank-evict"))
+        log.info("kb-rerank api ready (model %s loading in background)" if tasks else "kb-rerank api ready",
+                 st.service.model_name)
+        yield
+    finally:
+        for t in tasks:
+            t.cancel()
+        for t in tasks:
+            with contextlib.suppress(BaseException):
+                await t
+        await pool.close()
+        embed_executor.shutdown(wait=False, cancel_futures=True)
+        if owned_reranker is not None:
+            await anyio.to_thread.run_sync(owned_reranker.close)
+
+
+# --------------------------------------------------------------------------- factory
+
+
+def jwt_config(settings: Settings) -> JwtConfig:
+    if not settings.jwt_secret and not settings.jwt_public_key:
+        raise ValueError("set KB_JWT_SECRET (HS256) or KB_JWT_PUBLIC_KEY (RS256): the API verifies Bearer tokens")
+    return JwtConfig(
+        secret=settings.jwt_secret or None,
+        public_key=None if settings.jwt_secret else settings.jwt_public_key,
+        issuer=settings.jwt_issuer,
+        audience=settings.jwt_audience,
+    )
+
+
+def create_app(settings: Settings, *, reranker=None, embedder=None) -> Litestar:
+    """A new app for ``settings``. ``reranker`` / ``embedder`` given here are used as they
+    are (and not closed at shutdown); when None they are built by the lifespan."""
+    install_trace_log_records()
+    metrics = ApiMetrics()
+    state = State({
+        "settings": settings,
+        "jwt": jwt_config(settings),
+        "metrics": metrics,
+        "reranker": reranker,
+        "embedder": embedder,
+        "db_timeout_s": max(1.0, settings.statement_timeout_ms / 1000.0),
+        "head_revision": None,
+        "pool": None,
+        "service": None,
+    })
+    v1 = Router(path="/", route_handlers=[rerank_handler], guards=[_auth_guard])
+    return Litestar(
+        route_handlers=[v1, healthz, readyz, metrics_handler],
+        state=state,
+        lifespan=[_lifespan],
+        middleware=[_metrics_middleware(metrics)],
+        exception_handlers={
+            ApiError: _api_error_handler,
+            RequestEntityTooLarge: _too_large_handler,
+            psycopg.OperationalError: _db_error_handler,
+        },
+        request_max_body_size=settings.max_body_bytes,
+        openapi_config=OpenAPIConfig(
+            title="kb-rerank",
+            version=_version,
+            description="Multi-tenant hybrid search with cross-encoder reranking.",
+            path="/schema",
+            render_plugins=[SwaggerRenderPlugin()],
+        ),
+    )
+
+
+def app_from_env() -> Litestar:
+    """uvicorn factory (``kb-rerank serve``): settings from ``KB_*``."""
+    return create_app(Settings.from_env())

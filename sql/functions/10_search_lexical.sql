@@ -42,44 +42,132 @@ as $$
     from kb.corpus_stats cs
     where cs.tenant_id = (select id from tenant)
   ),
-  terms as (
-    select ts.term, ln(1 + (corpus.n - ts.df + 0.5) / (ts.df + 0.5)) as idf
+  terms as materialized (
+    select ts.term, ts.df, ln(1 + (corpus.n - ts.df + 0.5) / (ts.df + 0.5)) as idf,
+           kb.terms_tsquery(array[ts.term]) as tq,
+           -- only kb.code_tokens lexemes (which always contain one of _ . / : # -) can be
+           -- stored without positions; every parser lexeme has positions
+           ts.term ~ '[_./:#-]' as may_lack_positions
     from unnest(kb.query_terms(query)) as q(term)
     join kb.term_stats ts on ts.tenant_id = (select id from tenant) and ts.term = q.term
     cross join corpus
     where ts.df > 0
   ),
-  tsq as (
-    select kb.terms_tsquery(array(select term from terms)) as q
+  -- Top-k pruning (MaxScore), exact: the rarest terms, while their postings add up to
+  -- fewer than 1000, are "essential"; the others are common. A chunk that matches common
+  -- terms only scores at most sum(idf * (k1 + 1)) over the common terms (each BM25 term is
+  -- below idf * (k1 + 1) when k1 >= 0 and 0 <= b <= 1). When the chunks that match an
+  -- essential term already give k documents scoring above that bound, the full ranking's
+  -- top k is exactly theirs, so the common terms' postings are never read. Otherwise every
+  -- candidate is scored (the `full` branch below).
+  split as (
+    select t.term, (sum(t.df) over (order by t.df, t.term rows between unbounded preceding and 1 preceding)) is null
+                   or sum(t.df) over (order by t.df, t.term rows between unbounded preceding and 1 preceding) < 1000
+             as essential
+    from terms t
   ),
-  candidates as (
-    -- (tenant_id, tsv) GIN index: both conditions are index conditions
-    select c.chunk_id, c.doc_id, c.tsv, c.doc_len
+  tsq as (
+    select kb.terms_tsquery(array(select term from terms)) as q,
+           kb.terms_tsquery(array(select term from split where essential)) as q_essential,
+           array(select term from terms) as lexemes,
+           (select coalesce(sum(t.idf * (k1 + 1)), 0) from terms t join split s using (term) where not s.essential)
+             as common_bound
+  ),
+  essential_candidates as materialized (
+    select c.chunk_id, c.doc_id, c.tsv, c.doc_len,
+           ts_filter(setweight(c.tsv, 'A', (select lexemes from tsq)), '{a}') as qtsv
+    from kb.chunks c
+    where c.tenant_id = (select id from tenant)
+      and c.tsv @@ (select q_essential from tsq)
+  ),
+  essential_top as materialized (
+    select * from (
+    with matched as (
+      -- tf = number of positions (1 for a lexeme stored without positions), as unnest gives
+      select cand.chunk_id, cand.doc_id, cand.doc_len, u.lexeme,
+             coalesce(array_length(u.positions, 1), 1)::float8 as tf
+      from essential_candidates cand
+      cross join lateral unnest(cand.qtsv) as u
+      union all
+      -- query lexemes present without positions (code tokens): ts_filter drops them, tf = 1
+      select cand.chunk_id, cand.doc_id, cand.doc_len, t.term, 1::float8
+      from terms t
+      join essential_candidates cand on cand.tsv @@ t.tq and not (cand.qtsv @@ t.tq)
+      where t.may_lack_positions
+    ),
+    scored as (
+      select m.chunk_id, m.doc_id,
+             sum(t.idf * (m.tf * (k1 + 1))
+                 / (m.tf + k1 * (1 - b + b * m.doc_len / (select avglen from corpus)))) as score
+      from matched m
+      join terms t on t.term = m.lexeme
+      group by m.chunk_id, m.doc_id
+    ),
+    best_per_doc as (
+      select distinct on (s.doc_id) s.chunk_id, s.doc_id, s.score
+      from scored s
+      order by s.doc_id, s.score desc, s.chunk_id
+    )
+    select * from best_per_doc
+    order by score desc, chunk_id
+    limit greatest(least(k, 1000), 0)
+  ) as x
+  ),
+  pruned_ok as (
+    select k1 >= 0 and b >= 0 and b <= 1
+           and count(*) = greatest(least(k, 1000), 0) and count(*) > 0
+           and min(e.score) > (select common_bound from tsq) as ok
+    from essential_top e
+  ),
+  candidates as materialized (
+    -- (tenant_id, tsv) GIN index: both conditions are index conditions.
+    -- qtsv: the candidate's query lexemes only, with their positions. setweight marks them
+    -- and ts_filter keeps them, both in one C pass over the tsvector; unnesting every
+    -- lexeme of every candidate instead cost ~50 us per candidate (seconds for a common
+    -- word at 100k chunks).
+    select c.chunk_id, c.doc_id, c.tsv, c.doc_len,
+           ts_filter(setweight(c.tsv, 'A', (select lexemes from tsq)), '{a}') as qtsv
     from kb.chunks c
     where c.tenant_id = (select id from tenant)
       and c.tsv @@ (select q from tsq)
   ),
-  scored as (
-    select cand.chunk_id, cand.doc_id,
-           sum(t.idf * (x.tf * (k1 + 1))
-               / (x.tf + k1 * (1 - b + b * cand.doc_len / (select avglen from corpus)))) as score
-    from candidates cand
-    cross join lateral (
-      select u.lexeme, coalesce(array_length(u.positions, 1), 1)::float8 as tf
-      from unnest(cand.tsv) as u
-    ) as x
-    join terms t on t.term = x.lexeme
-    group by cand.chunk_id, cand.doc_id
-  ),
-  best_per_doc as (
-    select distinct on (s.doc_id) s.chunk_id, s.doc_id, s.score
-    from scored s
-    order by s.doc_id, s.score desc, s.chunk_id
-  ),
-  top as (
+  full_top as (
+    select * from (
+    with matched as (
+      -- tf = number of positions (1 for a lexeme stored without positions), as unnest gives
+      select cand.chunk_id, cand.doc_id, cand.doc_len, u.lexeme,
+             coalesce(array_length(u.positions, 1), 1)::float8 as tf
+      from candidates cand
+      cross join lateral unnest(cand.qtsv) as u
+      union all
+      -- query lexemes present without positions (code tokens): ts_filter drops them, tf = 1
+      select cand.chunk_id, cand.doc_id, cand.doc_len, t.term, 1::float8
+      from terms t
+      join candidates cand on cand.tsv @@ t.tq and not (cand.qtsv @@ t.tq)
+      where t.may_lack_positions
+    ),
+    scored as (
+      select m.chunk_id, m.doc_id,
+             sum(t.idf * (m.tf * (k1 + 1))
+                 / (m.tf + k1 * (1 - b + b * m.doc_len / (select avglen from corpus)))) as score
+      from matched m
+      join terms t on t.term = m.lexeme
+      group by m.chunk_id, m.doc_id
+    ),
+    best_per_doc as (
+      select distinct on (s.doc_id) s.chunk_id, s.doc_id, s.score
+      from scored s
+      order by s.doc_id, s.score desc, s.chunk_id
+    )
     select * from best_per_doc
     order by score desc, chunk_id
     limit greatest(least(k, 1000), 0)
+  ) as x
+  ),
+  top as (
+    select * from essential_top where (select coalesce(ok, false) from pruned_ok)
+    union all
+    select * from full_top where not (select coalesce(ok, false) from pruned_ok)
   )
   select top.chunk_id, top.doc_id, d.title, left(c.content, 300), c.content, top.score,
          (row_number() over (order by top.score desc, top.chunk_id))::integer

@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 export OPENBLAS_NUM_THREADS ?= 1
 export HF_HUB_OFFLINE ?= 1
 
-.PHONY: install demo test test-fast serve clean db-stop
+.PHONY: install demo test test-fast serve soak bench bench-quick clean db-stop
 
 install: $(STAMP)
 
@@ -28,6 +28,24 @@ test: install
 
 test-fast: install
 	$(BIN)/python -m pytest -q -m "not slow"
+
+# 32 clients for 60 s against a real server process (loopback), then the invariants
+soak: install
+	KB_LOAD_SECONDS=60 $(BIN)/python -m pytest -q -s tests/test_load.py
+
+# SQL-level latency and recall (10k chunks), service overhead, model cost, guard detector
+bench-quick: install
+	$(BIN)/python bench/search_bench.py --quick
+	$(BIN)/python bench/service_bench.py --db kb_bench_10000_1
+	$(BIN)/python bench/model_cost.py --quick
+	$(BIN)/python bench/guard_eval.py
+
+# the full suite: 10k and 100k chunks over 1/10/100 tenants (hours on 2 cores)
+bench: install
+	$(BIN)/python bench/search_bench.py --sizes 10000,100000 --tenants 1,10,100
+	$(BIN)/python bench/service_bench.py --db kb_bench_10000_1 --db kb_bench_100000_10
+	$(BIN)/python bench/model_cost.py
+	$(BIN)/python bench/guard_eval.py
 
 db-stop: install
 	$(BIN)/kb-rerank db stop

@@ -7,8 +7,7 @@ set search_path = pg_catalog, kb, public
 as $$
 begin
   new.tsv := kb.to_tsv(new.content);
-  new.doc_len := (select coalesce(sum(coalesce(array_length(u.positions, 1), 1)), 0)
-                  from unnest(new.tsv) as u);
+  new.doc_len := kb.doc_length(new.content);
   return new;
 end
 $$;

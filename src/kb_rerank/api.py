@@ -22,15 +22,20 @@ Endpoints
 Errors are JSON: ``{"error": ..., ...}``. 401 ``unauthorized`` with ``reason``; 400
 ``invalid_json``; 422 ``invalid_request`` with ``field`` and ``detail`` (and ``allowed``
 for an unknown source); 413 ``payload_too_large`` (refused before parsing, from the
-Content-Length or while streaming); 503 ``database_unavailable``. A rejected request
+Content-Length or while streaming); 429 ``rate_limited`` with ``Retry-After`` (per-tenant
+token bucket: ``rate_limit_per_minute`` refill, ``rate_limit_burst`` size; 0 disables);
+503 ``database_unavailable`` with ``Retry-After`` when no database connection is had
+within ``db_timeout_s``. A rejected request
 writes nothing (no cache row, no audit row); it is counted in the metrics only.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
+import math
 import re
 import time
 import uuid
@@ -114,6 +119,55 @@ def _status_of(exc: BaseException) -> int:
     return 500
 
 
+# --------------------------------------------------------------------------- rate limit
+
+
+class RateLimiter:
+    """Per-tenant token buckets in process memory: ``per_minute`` tokens per minute refill a
+    bucket of ``burst`` tokens (at least 1); a request takes one. ``per_minute <= 0`` disables.
+    At most ``max_tenants`` buckets are kept: full ones are dropped first (a full bucket is
+    the same as none), then the least recently used."""
+
+    def __init__(self, per_minute: int, burst: int, *, max_tenants: int = 100_000, clock=time.monotonic) -> None:
+        self.rate = max(0.0, float(per_minute)) / 60.0
+        self.capacity = float(max(1, int(burst)))
+        self.max_tenants = max_tenants
+        self.clock = clock
+        self._buckets: collections.OrderedDict[Any, tuple[float, float]] = collections.OrderedDict()
+
+    @property
+    def enabled(self) -> bool:
+        return self.rate > 0
+
+    def _level(self, tokens: float, stamp: float, now: float) -> float:
+        return min(self.capacity, tokens + (now - stamp) * self.rate)
+
+    def acquire(self, key: Any) -> float:
+        """Take a token for ``key``: 0.0 when allowed, else the seconds until one is available."""
+        if not self.enabled:
+            return 0.0
+        now = self.clock()
+        tokens, stamp = self._buckets.pop(key, (self.capacity, now))
+        tokens = self._level(tokens, stamp, now)
+        if tokens >= 1.0:
+            self._buckets[key] = (tokens - 1.0, now)
+            self._prune(now)
+            return 0.0
+        self._buckets[key] = (tokens, now)
+        return (1.0 - tokens) / self.rate
+
+    def _prune(self, now: float) -> None:
+        if len(self._buckets) <= self.max_tenants:
+            return
+        for k in [k for k, (t, st) in self._buckets.items() if self._level(t, st, now) >= self.capacity]:
+            del self._buckets[k]
+        while len(self._buckets) > self.max_tenants:
+            self._buckets.popitem(last=False)
+
+    def __len__(self) -> int:
+        return len(self._buckets)
+
+
 # --------------------------------------------------------------------------- request body
 
 
@@ -130,7 +184,7 @@ def parse_request(raw: bytes, settings: Settings) -> RerankRequest:
     """Decode and validate the body; raise ApiError naming the field."""
     try:
         obj = msgspec.json.decode(raw)
-    except msgspec.DecodeError as exc:
+    except (msgspec.DecodeError, RecursionError) as exc:  # RecursionError: nesting too deep
         raise ApiError(400, {"error": "invalid_json", "field": None, "detail": str(exc)}) from None
     if not isinstance(obj, dict):
         raise _invalid(None, "the body must be a JSON object {\"query\": ..., \"source\": ...}")
@@ -201,6 +255,10 @@ class ApiMetrics(PipelineMetrics):
         self.model_pairs = Counter("kb_rerank_model_pairs_total", "pairs sent to the cross-encoder", registry=r)
         self.model_ready = Gauge("kb_rerank_model_ready", "1 when the cross-encoder is loaded", registry=r)
         self.evicted = Counter("kb_rerank_cache_evicted_total", "expired cache rows evicted", registry=r)
+        self.pool_size = Gauge("kb_rerank_db_pool_size", "connections held by the pool (busy + idle)", registry=r)
+        self.pool_available = Gauge("kb_rerank_db_pool_available", "idle connections in the pool", registry=r)
+        self.pool_waiting = Gauge("kb_rerank_db_pool_waiting", "requests waiting for a connection", registry=r)
+        self.inflight = Gauge("kb_rerank_inflight_keys", "cache keys being computed (single flight)", registry=r)
 
     def cache_hit(self, source: str) -> None:
         self.hits.labels(source).inc()
@@ -262,6 +320,12 @@ def _auth_guard(connection: ASGIConnection, _: BaseRouteHandler) -> None:
         raise ApiError(401, {"error": "unauthorized", "reason": exc.reason},
                        headers={"WWW-Authenticate": 'Bearer realm="kb-rerank"', "X-Trace-Id": tid}) from None
     connection.scope["state"]["tenant"] = tenant
+    wait_s = state.rate_limiter.acquire(tenant)
+    if wait_s > 0:
+        state.metrics.rejected.labels("rate_limited").inc()
+        retry = max(1, math.ceil(wait_s))
+        raise ApiError(429, {"error": "rate_limited", "retry_after_s": retry},
+                       headers={"Retry-After": str(retry), "X-Trace-Id": tid})
 
 
 # --------------------------------------------------------------------------- handlers
@@ -338,6 +402,13 @@ async def readyz(state: State) -> Response[dict[str, Any]]:
 async def metrics_handler(state: State) -> Response[bytes]:
     m: ApiMetrics = state.metrics
     m.model_ready.set(1 if getattr(state.reranker, "ready", False) else 0)
+    if state.pool is not None:
+        stats = state.pool.get_stats()
+        m.pool_size.set(stats.get("pool_size", 0))
+        m.pool_available.set(stats.get("pool_available", 0))
+        m.pool_waiting.set(stats.get("requests_waiting", 0))
+    if state.service is not None:
+        m.inflight.set(len(state.service._inflight))
     return Response(generate_latest(m.registry), media_type=CONTENT_TYPE_LATEST)
 
 
@@ -351,7 +422,7 @@ class _Startup:
 
 def _startup_checks(settings: Settings, url: str, timeout_s: float) -> _Startup:
     """Sync checks run once on a thread: the embedding dimension and the migration head."""
-    with psycopg.connect(url, connect_timeout=max(1, int(timeout_s))) as conn:
+    with psycopg.connect(url, connect_timeout=max(1, math.ceil(timeout_s))) as conn:
         db.check_embedding_dim(conn, settings)
     return _Startup(head_revision=db.head_revision())
 
@@ -395,9 +466,10 @@ async def _lifespan(app: Litestar):
         kwargs={
             "autocommit": True,
             "options": f"-c statement_timeout={int(settings.statement_timeout_ms)}",
-            "connect_timeout": max(1, int(timeout_s)),
+            "connect_timeout": max(1, math.ceil(timeout_s)),
         },
         timeout=timeout_s,
+        reconnect_timeout=max(0.0, float(settings.db_reconnect_timeout_s)),
         name="kb-rerank",
     )
     embed_executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kb-embed")
@@ -468,12 +540,16 @@ def create_app(settings: Settings, *, reranker=None, embedder=None) -> Litestar:
         "metrics": metrics,
         "reranker": reranker,
         "embedder": embedder,
-        "db_timeout_s": max(1.0, settings.statement_timeout_ms / 1000.0),
+        "db_timeout_s": max(0.1, float(settings.db_timeout_s)),
+        "rate_limiter": RateLimiter(settings.rate_limit_per_minute, settings.rate_limit_burst),
         "head_revision": None,
         "pool": None,
         "service": None,
     })
     v1 = Router(path="/", route_handlers=[rerank_handler], guards=[_auth_guard])
+    from .v2 import routes as v2_routes  # imported here: kb_rerank.v2 imports this module
+
+    v1.register(v2_routes())  # POST /v1/kb/context, POST /v2/rerank
     return Litestar(
         route_handlers=[v1, healthz, readyz, metrics_handler],
         state=state,

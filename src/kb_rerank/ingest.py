@@ -21,6 +21,7 @@ import psycopg
 from .chunking import BadFile, SourceDoc, chunk_text, iter_documents
 from .db import configure_connection, tenant_transaction
 from .embed import Embedder
+from .guard import detect_injection, detect_stuffing
 from .settings import Settings
 
 log = logging.getLogger("kb_rerank.ingest")
@@ -142,13 +143,41 @@ def _passage_text(doc: SourceDoc, piece: str) -> str:
     return piece
 
 
+@dataclass(frozen=True)
+class ChunkFlags:
+    """Guard verdicts stored with a chunk (kb.chunks injection_* and spam_flag columns)."""
+
+    injection_flag: bool
+    injection_score: float
+    injection_reasons: list[str]
+    spam_flag: bool
+
+
+def chunk_flags(piece: str) -> ChunkFlags:
+    """Run the ingestion-time detectors of kb_rerank.guard on one chunk's text (cheap,
+    deterministic: recomputed on every write, also for chunks whose embedding is reused)."""
+    inj = detect_injection(piece)
+    spam = detect_stuffing(piece)
+    score = min(1.0, max(0.0, float(inj.score)))
+    return ChunkFlags(bool(inj.flagged), score, list(inj.reasons), bool(spam.flagged))
+
+
 def _write_chunks(conn, doc_id, pieces: Sequence[str], hashes: Sequence[str], vectors) -> None:
     # COPY is not allowed under row-level security; executemany pipelines the inserts.
+    rows = []
+    for pos, (piece, ch, vec) in enumerate(zip(pieces, hashes, vectors)):
+        f = chunk_flags(piece)
+        if f.injection_flag or f.spam_flag:
+            log.info("chunk %d of doc %s flagged: injection=%s (%.2f %s) spam=%s", pos, doc_id,
+                     f.injection_flag, f.injection_score, ",".join(f.injection_reasons), f.spam_flag)
+        rows.append((doc_id, pos, piece, ch, vec, f.injection_flag, f.injection_score, f.injection_reasons,
+                     f.spam_flag))
     with conn.cursor() as cur:
         cur.executemany(
-            "insert into kb.chunks (tenant_id, doc_id, position, content, content_hash, embedding)"
-            " values (kb.current_tenant(), %s, %s, %s, %s, %s)",
-            [(doc_id, pos, piece, ch, vec) for pos, (piece, ch, vec) in enumerate(zip(pieces, hashes, vectors))],
+            "insert into kb.chunks (tenant_id, doc_id, position, content, content_hash, embedding,"
+            " injection_flag, injection_score, injection_reasons, spam_flag)"
+            " values (kb.current_tenant(), %s, %s, %s, %s, %s, %s, %s, %s, %s)",
+            rows,
         )
 
 

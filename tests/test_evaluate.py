@@ -1,0 +1,181 @@
+"""kb_rerank.evaluate: a tiny BEIR collection through the real database and ingestion."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import psycopg
+import pytest
+
+from kb_rerank import db
+from kb_rerank.evaluate import (
+    CachedEmbedder,
+    EvaluationError,
+    RerankUnavailable,
+    collection_tenant,
+    document_text,
+    evaluate_collection,
+)
+
+DOCS = {
+    "photo": ("Photosynthesis in plants",
+              "Photosynthesis converts sunlight, water and carbon dioxide into glucose and oxygen inside chloroplasts."),
+    "volcano": ("Volcano eruptions", "Magma rises through the crust and erupts as lava, ash and volcanic gases."),
+    "bread": ("Baking sourdough bread",
+              "Sourdough bread uses a fermented starter of flour and water; the dough rises slowly before baking."),
+    "chess": ("Chess openings", "The Sicilian Defence and the Queen's Gambit are popular chess openings."),
+    "tides": ("Tides", "Ocean tides are caused by the gravitational pull of the moon and the sun."),
+    "bees": ("Honey bees", "Honey bees collect nectar from flowers and pollinate crops."),
+    "pho": ("Phở", "Phở là món súp truyền thống của Việt Nam với bánh phở và nước dùng bò."),
+    "solar": ("Solar panels", ""),  # title only: indexed through document_text
+}
+QUERIES = {
+    "q1": "chloroplasts glucose photosynthesis",
+    "q2": "Sicilian chess openings",
+    "q3": "what causes ocean tides",
+    "q4": "pho nuoc dung bo",
+    "q5": "an unjudged query",
+}
+QRELS = [("q1", "photo", 2), ("q1", "solar", 1), ("q2", "chess", 1), ("q3", "tides", 1), ("q4", "pho", 1)]
+
+
+class CountingEmbedder:
+    def __init__(self, inner):
+        self.inner, self.name, self.dim = inner, inner.name, inner.dim
+        self.passages = 0
+        self.queries = 0
+
+    def embed_passages(self, texts):
+        self.passages += len(texts)
+        return self.inner.embed_passages(texts)
+
+    def embed_query(self, text):
+        self.queries += 1
+        return self.inner.embed_query(text)
+
+
+@pytest.fixture(scope="module")
+def beir_dir(tmp_path_factory):
+    d = tmp_path_factory.mktemp("beir") / "tiny"
+    (d / "qrels").mkdir(parents=True)
+    with (d / "corpus.jsonl").open("w", encoding="utf-8") as fh:
+        for did, (title, text) in DOCS.items():
+            fh.write(json.dumps({"_id": did, "title": title, "text": text}, ensure_ascii=False) + "\n")
+    with (d / "queries.jsonl").open("w", encoding="utf-8") as fh:
+        for qid, text in QUERIES.items():
+            fh.write(json.dumps({"_id": qid, "text": text}) + "\n")
+    (d / "qrels" / "test.tsv").write_text(
+        "query-id\tcorpus-id\tscore\n" + "".join(f"{q}\t{c}\t{s}\n" for q, c, s in QRELS), encoding="utf-8")
+    return d
+
+
+@pytest.fixture(scope="module")
+def eval_settings(settings, tmp_path_factory):
+    return settings.with_(data_dir=tmp_path_factory.mktemp("evaldata"))
+
+
+@pytest.fixture(scope="module")
+def counting(embedder):
+    return CountingEmbedder(embedder)
+
+
+@pytest.fixture(scope="module")
+def factory(app_url):
+    def make():
+        conn = psycopg.connect(app_url)
+        db.configure_connection(conn)
+        return conn
+
+    return make
+
+
+@pytest.fixture(scope="module")
+def lexical_result(eval_settings, beir_dir, counting, factory):
+    return evaluate_collection(eval_settings, beir_dir, "lexical", embedder=counting, conn_factory=factory)
+
+
+def test_document_text_rule():
+    assert document_text("T", "body") == "T\n\nbody"
+    assert document_text("Wing flow .", "wing flow . more") == "wing flow . more"
+    assert document_text("Only title", "") == "Only title"
+    assert document_text("", "only text") == "only text"
+
+
+def test_lexical_exact_values(lexical_result, counting):
+    res = lexical_result
+    assert res["num_queries"] == 4  # q5 has no judgment
+    assert res["load"]["documents"] == len(DOCS)
+    assert counting.passages == len(DOCS)  # one chunk per short document, embedded once
+    assert counting.queries == 0  # lexical needs no query embedding
+    pq = res["per_query"]
+    # q1: photo (gain 2) first by BM25, solar (gain 1) shares no query term -> not retrieved.
+    assert res["run"]["q1"][0] == "photo" and "solar" not in res["run"]["q1"]
+    assert pq["q1"]["mrr@10"] == 1.0
+    assert pq["q1"]["ndcg@10"] == pytest.approx(2 / (2 + 1 / math.log2(3)))
+    assert pq["q1"]["recall@100"] == 0.5
+    for q in ("q2", "q3", "q4"):  # q4 matches only through accent folding
+        assert pq[q] == {"ndcg@10": 1.0, "mrr@10": 1.0, "recall@100": 1.0}, q
+    assert res["mrr@10"] == 1.0
+    assert res["recall@100"] == pytest.approx((0.5 + 3) / 4)
+    assert set(res["timing"]) >= {"load_s", "search_s", "per_query_ms", "total_s"}
+
+
+def test_semantic_and_hybrid_reuse_tenant(lexical_result, eval_settings, beir_dir, counting, factory):
+    before = counting.passages
+    sem = evaluate_collection(eval_settings, beir_dir, "semantic", embedder=counting, conn_factory=factory)
+    hyb = evaluate_collection(eval_settings, beir_dir, "hybrid", embedder=counting, conn_factory=factory)
+    assert counting.passages == before  # no new passage embedding: tenant reused
+    assert sem["load"]["already_loaded"] and hyb["load"]["already_loaded"]
+    assert sem["tenant"] == hyb["tenant"] == lexical_result["tenant"]
+    assert sem["tenant"] == str(collection_tenant(beir_dir, eval_settings))
+    assert counting.queries == 4  # query embeddings cached: the hybrid run embedded nothing
+    for res in (sem, hyb):
+        assert res["num_queries"] == 4
+        assert 0.0 <= res["ndcg@10"] <= 1.0
+        assert res["ndcg@10"] > 0.75, res["per_query"]
+        assert res["recall@100"] == 1.0  # 8 docs: every list reaches them all
+        for qid, m in res["per_query"].items():
+            assert m["mrr@10"] >= 0.5, (res["mode"], qid, res["run"][qid])
+    # hybrid keeps the lexical winners on top where both lists agree
+    assert hyb["per_query"]["q2"]["mrr@10"] == 1.0
+    assert hyb["config"]["candidates"] == eval_settings.candidates
+
+
+def test_second_run_without_cache_embeds_nothing(lexical_result, eval_settings, beir_dir, embedder, factory):
+    fresh = CountingEmbedder(embedder)
+    res = evaluate_collection(eval_settings, beir_dir, "lexical", embedder=fresh, conn_factory=factory,
+                              cache=False, limit_queries=2)
+    assert res["load"]["already_loaded"] and res["load"]["embeddings_computed"] == 0
+    assert fresh.passages == 0 and fresh.queries == 0
+    assert res["num_queries"] == 2
+    assert res["per_query"] == {q: lexical_result["per_query"][q] for q in ("q1", "q2")}
+
+
+def test_cached_embedder_returns_identical_vectors(tmp_path, embedder):
+    texts = ["passage one about tides", "passage two about bees"]
+    first = CountingEmbedder(embedder)
+    c1 = CachedEmbedder(first, tmp_path / "cache")
+    a = c1.embed_passages(texts)
+    qa = c1.embed_query("tides")
+    assert first.passages == 2 and first.queries == 1 and c1.misses == 3
+    c1.close()
+    second = CountingEmbedder(embedder)
+    c2 = CachedEmbedder(second, tmp_path / "cache")
+    b = c2.embed_passages(texts[::-1] + texts)
+    qb = c2.embed_query("tides")
+    assert second.passages == 0 and second.queries == 0 and c2.hits == 5
+    assert np.array_equal(b[:2], a[::-1]) and np.array_equal(b[2:], a)
+    assert np.array_equal(qa, qb) and b.dtype == np.float32
+    assert np.array_equal(a, embedder.embed_passages(texts))
+    # query and passage of the same text are different entries
+    assert c2.key("query", "x") != c2.key("passage", "x")
+
+
+def test_bad_mode_and_missing_reranker(eval_settings, beir_dir, counting, factory):
+    with pytest.raises(EvaluationError, match="mode"):
+        evaluate_collection(eval_settings, beir_dir, "bm42", embedder=counting, conn_factory=factory)
+    with pytest.raises(RerankUnavailable, match="cannot be loaded"):
+        evaluate_collection(eval_settings.with_(reranker_model="/nonexistent/model"), beir_dir, "rerank",
+                            embedder=counting, conn_factory=factory)

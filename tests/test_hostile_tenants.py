@@ -1,0 +1,258 @@
+"""Hostile tenants: tenant B (as cyberos_app) against tenant A's rows, for EVERY table, view
+and function in schema kb, enumerated from the catalog: a new object without a rule here
+fails the suite (test_catalog_is_fully_covered)."""
+
+from __future__ import annotations
+
+import re
+import uuid
+
+import psycopg
+import pytest
+from litestar.testing import TestClient
+
+from kb_rerank.api import create_app
+from kb_rerank.db import tenant_transaction
+
+from .helpers import basis, insert_doc
+from .live_server import SECRET, URL, FakeReranker, bearer
+
+# table -> insert statement for a row of tenant %(t)s (the app role's point of view), or
+# None where the app has no INSERT privilege at all.
+TABLES = {
+    "documents": "insert into kb.documents (tenant_id, source_uri, title, content_hash)"
+                 " values (%(t)s, 'hostile:x', 'x', repeat('0', 64))",
+    "chunks": "insert into kb.chunks (tenant_id, doc_id, position, content, content_hash, embedding)"
+              " values (%(t)s, %(doc)s, 99, 'x', repeat('0', 64),"
+              " (select array_fill(0.1::real, array[dim])::vector from kb.embedding_config))",
+    "term_stats": None,
+    "corpus_stats": None,
+    "embedding_config": None,  # no tenant_id: global configuration, read-only for the app
+    "kb_rerank_cache": "insert into kb.kb_rerank_cache (cache_id, tenant_id, query_hash, source, results_jsonb,"
+                       " expires_at) values (gen_random_uuid(), %(t)s, repeat('a', 64), 'lexical_only', '[]',"
+                       " now() + interval '1 hour')",
+    "kb_rerank_audit": "insert into kb.kb_rerank_audit (tenant_id, seq, kind, severity, source, query_hash,"
+                       " trace_id, prev_hash, row_hash) values (%(t)s, 999, 'served', 0, 'lexical_only',"
+                       " repeat('a', 64), 'x', repeat('0', 64), repeat('0', 64))",
+    "kb_rerank_curation": "insert into kb.kb_rerank_curation (tenant_id, query_hash, position, chunk_id)"
+                          " values (%(t)s, repeat('a', 64), 0, %(chunk)s)",
+    "tenant_policy": "insert into kb.tenant_policy (tenant_id, injection_policy) values (%(t)s, 'allow')",
+}
+VIEWS = {"cache_stats", "audit_summary", "cache_hit_ratio"}
+# function name -> how it is kept inside the tenant (checked by test_functions_as_b_return_nothing_of_a)
+FUNCTIONS = {
+    "current_tenant": "returns the transaction's tenant",
+    "code_tokens": "pure text function", "to_tsv": "pure text function", "query_terms": "pure text function",
+    "terms_tsquery": "pure text function", "doc_length": "pure text function", "audit_row_hash": "pure: hashes the row it is given",
+    "chunks_derive": "trigger", "chunks_maintain_stats": "trigger",
+    "apply_stats_delta": "not executable by the app",
+    "search_lexical": "filters kb.current_tenant()", "search_semantic": "filters kb.current_tenant()",
+    "search_hybrid": "filters kb.current_tenant()",
+    "audit_append": "writes the current tenant's chain only", "audit_verify": "RLS: the current tenant's chain",
+    "evict_expired_cache": "deletes expired rows only, returns a count",
+}
+HOSTILE = [
+    "x'); set role postgres; --", "reset role", "'; select set_config('auth.tenant_id', '{a}', false); --",
+    "set session authorization default", "{a}", "$$; drop table kb.chunks; $$", "\\'; reset all; --",
+]
+
+
+@pytest.fixture(scope="module")
+def ab(app_url):
+    """Tenants A and B, each with a document, a chunk, a cache row, an audit row and a curation."""
+    a, b = uuid.uuid4(), uuid.uuid4()
+    ids = {}
+    with psycopg.connect(app_url) as conn:
+        from kb_rerank import db
+        db.configure_connection(conn)
+        for t, word in ((a, "alphasecret"), (b, "betapublic")):
+            doc = insert_doc(conn, t, f"{word} title", [f"{word} zebra invoice"], [basis(3)])
+            with tenant_transaction(conn, t):
+                chunk = conn.execute("select chunk_id from kb.chunks where doc_id = %s", [doc]).fetchone()[0]
+                conn.execute("insert into kb.kb_rerank_cache (cache_id, tenant_id, query_hash, source, results_jsonb,"
+                             " expires_at) values (gen_random_uuid(), kb.current_tenant(), repeat('b', 64),"
+                             " 'lexical_only', '[]', now() + interval '1 hour')")
+                conn.execute("select kb.audit_append('served', 0::smallint, 'lexical_only', repeat('c', 64), 't')")
+                conn.execute("insert into kb.kb_rerank_curation (tenant_id, query_hash, position, chunk_id)"
+                             " values (kb.current_tenant(), repeat('c', 64), 0, %s)", [chunk])
+                if t == a:  # B has no policy row, so B's own insert (rolled back) can be tried
+                    conn.execute("insert into kb.tenant_policy (tenant_id) values (kb.current_tenant())")
+            ids[t] = {"doc": doc, "chunk": chunk, "word": word}
+    return a, b, ids
+
+
+def _snapshot(owner_conn, a):
+    out = {}
+    for table in TABLES:
+        if table == "embedding_config":
+            out[table] = owner_conn.execute("select md5(string_agg(x::text, ',' order by x::text))"
+                                            " from kb.embedding_config x").fetchone()[0]
+            continue
+        out[table] = owner_conn.execute(
+            f"select count(*), md5(coalesce(string_agg(x::text, ',' order by x::text), '')) from kb.{table} x"
+            " where tenant_id = %s", [a]).fetchone()
+    return out
+
+
+def test_catalog_is_fully_covered(owner_conn):
+    """Every table, view and (non-extension) function in kb has a rule in this file."""
+    rels = dict(owner_conn.execute(
+        "select c.relname, c.relkind from pg_class c join pg_namespace n on n.oid = c.relnamespace"
+        " where n.nspname = 'kb' and c.relkind in ('r', 'p', 'v', 'm', 'f')").fetchall())
+    assert {k for k, v in rels.items() if v in ("r", "p", "f")} == set(TABLES)
+    assert {k for k, v in rels.items() if v in ("v", "m")} == VIEWS
+    funcs = {r[0] for r in owner_conn.execute(
+        "select p.proname from pg_proc p join pg_namespace n on n.oid = p.pronamespace where n.nspname = 'kb'"
+        " and not exists (select 1 from pg_depend d where d.objid = p.oid and d.deptype = 'e')")}
+    assert funcs == set(FUNCTIONS)
+
+
+def test_views_are_security_invoker(owner_conn):
+    for (name, opts) in owner_conn.execute(
+            "select c.relname, c.reloptions from pg_class c join pg_namespace n on n.oid = c.relnamespace"
+            " where n.nspname = 'kb' and c.relkind = 'v'"):
+        assert "security_invoker=true" in (opts or []), name
+
+
+@pytest.mark.parametrize("table", sorted(TABLES))
+def test_table_b_cannot_see_count_change_or_forge_a(table, app_conn, owner_conn, ab):
+    a, b, ids = ab
+    before = _snapshot(owner_conn, a)
+    has_tenant = table != "embedding_config"
+    with tenant_transaction(app_conn, b):
+        if has_tenant:
+            assert app_conn.execute(f"select count(*) from kb.{table} where tenant_id = %s", [a]).fetchone()[0] == 0
+            assert app_conn.execute(f"select count(*) from kb.{table} where tenant_id <> %s", [b]).fetchone()[0] == 0
+            assert app_conn.execute(f"select count(distinct tenant_id) from kb.{table}").fetchone()[0] <= 1
+    for stmt in ([f"update kb.{table} set tenant_id = tenant_id where tenant_id = %s",
+                  f"delete from kb.{table} where tenant_id = %s"] if has_tenant else
+                 ["update kb.embedding_config set dim = dim where %s is not null",
+                  "delete from kb.embedding_config where %s is not null"]):
+        try:
+            with tenant_transaction(app_conn, b):
+                assert app_conn.execute(stmt, [a]).rowcount == 0, stmt
+        except psycopg.errors.InsufficientPrivilege:
+            pass  # no such privilege at all: also refused
+    if TABLES[table]:
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            with tenant_transaction(app_conn, b):
+                app_conn.execute(TABLES[table], {"t": a, **ids[a]})
+        with tenant_transaction(app_conn, b):  # the same insert for B itself works: the refusal is the tenant
+            with app_conn.transaction():
+                app_conn.execute(TABLES[table], {"t": b, **ids[b]})
+                raise psycopg.Rollback()
+    elif has_tenant:
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            with tenant_transaction(app_conn, b):
+                app_conn.execute(f"insert into kb.{table} (tenant_id) values (%s)", [a])
+    assert _snapshot(owner_conn, a) == before
+
+
+@pytest.mark.parametrize("setting", [None, ""])
+def test_no_tenant_sees_nothing_in_any_table_or_view(setting, app_conn, ab):
+    with app_conn.transaction():
+        if setting is not None:
+            app_conn.execute("select set_config('auth.tenant_id', %s, true)", [setting])
+        for rel in sorted(set(TABLES) - {"embedding_config"} | VIEWS):
+            assert app_conn.execute(f"select count(*) from kb.{rel}").fetchone()[0] == 0, rel
+
+
+@pytest.mark.parametrize("view", sorted(VIEWS))
+def test_views_as_b_show_nothing_of_a(view, app_conn, ab):
+    a, b, _ = ab
+    with tenant_transaction(app_conn, b):
+        tenants = {r[0] for r in app_conn.execute(f"select tenant_id from kb.{view}")}
+    assert a not in tenants and tenants <= {b}
+
+
+def _norm(msg: str, *ids) -> str:
+    for i in ids:
+        msg = msg.replace(str(i), "<id>")
+    return re.sub(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}", "<uuid>", msg)
+
+
+# chunk_doc: unique (doc_id, position) used to be checked across tenants, so B inserting a
+# chunk into A's doc_id got a unique violation instead of the foreign-key error a random
+# doc_id gets; migration 0005 scopes the key by tenant.
+@pytest.mark.parametrize("target", ["curation_chunk", "chunk_doc"])
+def test_errors_do_not_reveal_that_a_row_of_a_exists(target, app_conn, ab):
+    a, b, ids = ab
+    stmt = {
+        "curation_chunk": "insert into kb.kb_rerank_curation (tenant_id, query_hash, position, chunk_id)"
+                          " values (kb.current_tenant(), repeat('d', 64), 0, %s)",
+        "chunk_doc": "insert into kb.chunks (tenant_id, doc_id, position, content, content_hash, embedding)"
+                     " values (kb.current_tenant(), %s, 0, 'x', repeat('0', 64),"
+                     " (select array_fill(0.1::real, array[dim])::vector from kb.embedding_config))",
+    }[target]
+    real = ids[a]["chunk" if target == "curation_chunk" else "doc"]
+    errors = []
+    for value in (real, uuid.uuid4()):
+        with pytest.raises(psycopg.Error) as exc:
+            with tenant_transaction(app_conn, b):
+                app_conn.execute(stmt, [value])
+        e = exc.value
+        errors.append((type(e), e.sqlstate, _norm(str(e), value, b), _norm(e.diag.message_detail or "", value, b)))
+    assert errors[0] == errors[1]
+
+
+def test_functions_as_b_return_nothing_of_a(app_conn, owner_conn, ab):
+    a, b, ids = ab
+    word = ids[a]["word"]
+    with tenant_transaction(app_conn, b):
+        assert app_conn.execute("select kb.current_tenant()").fetchone()[0] == b
+        for sql, params in (("select chunk_id from kb.search_lexical(%s, 50)", [f"{word} zebra"]),
+                            ("select chunk_id from kb.search_semantic(%s, 50)", [basis(3)]),
+                            ("select chunk_id from kb.search_hybrid(%s, %s, 50)", [f"{word} zebra", basis(3)])):
+            got = {r[0] for r in app_conn.execute(sql, params)}
+            assert ids[a]["chunk"] not in got and got <= {ids[b]["chunk"]}, sql
+        assert [r[0] for r in app_conn.execute("select tenant_id from kb.audit_verify()")] == [b]
+        row = app_conn.execute("select tenant_id from kb.audit_append('served', 0::smallint, 'lexical_only',"
+                               " repeat('e', 64), 'hostile')").fetchone()
+        assert row[0] == b
+        # eviction deletes expired rows only and tells nothing but a count
+        live_a = owner_conn.execute("select count(*) from kb.kb_rerank_cache where tenant_id = %s", [a]).fetchone()[0]
+        n = app_conn.execute("select kb.evict_expired_cache()").fetchone()
+        assert len(n) == 1 and isinstance(n[0], int)
+        # pure functions touch no table: they are immutable or stable with no table in their body
+        for name in [f for f, rule in FUNCTIONS.items() if rule.startswith("pure")]:
+            vol = owner_conn.execute("select provolatile from pg_proc p join pg_namespace n on n.oid = p.pronamespace"
+                                     " where n.nspname = 'kb' and proname = %s", [name]).fetchone()[0]
+            assert vol == "i", name
+    assert owner_conn.execute("select count(*) from kb.kb_rerank_cache where tenant_id = %s", [a]).fetchone()[0] == live_a
+    for fn in ("kb.apply_stats_delta(kb.chunks[], integer)", "kb.chunks_derive()", "kb.chunks_maintain_stats()"):
+        assert owner_conn.execute("select has_function_privilege('cyberos_app', %s, 'EXECUTE')", [fn]).fetchone()[0] is False, fn
+
+
+def test_app_cannot_become_another_role(app_conn, owner_conn):
+    owner = owner_conn.execute("select current_user").fetchone()[0]
+    for role in ("kb_search", "kb_maint", owner):
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            with app_conn.transaction():
+                app_conn.execute(f'set role "{role}"')
+
+
+@pytest.mark.parametrize("text", HOSTILE)
+def test_sql_in_query_strings_is_only_text(text, app_conn, ab):
+    a, b, ids = ab
+    q = text.format(a=a) + f" {ids[a]['word']} zebra"
+    with tenant_transaction(app_conn, b):
+        for sql, params in (("select chunk_id from kb.search_lexical(%s, 50)", [q]),
+                            ("select chunk_id from kb.search_hybrid(%s, %s, 50)", [q, basis(3)])):
+            assert ids[a]["chunk"] not in {r[0] for r in app_conn.execute(sql, params)}
+        assert app_conn.execute("select current_user, kb.current_tenant()").fetchone() == ("cyberos_app", b)
+
+
+def test_sql_in_query_strings_through_the_api(settings, embedder, ab):
+    a, b, ids = ab
+    app = create_app(settings.with_(jwt_secret=SECRET, rate_limit_per_minute=0), reranker=FakeReranker(),
+                     embedder=embedder)
+    a_ids = {str(ids[a]["chunk"]), str(ids[a]["doc"])}
+    with TestClient(app) as client:
+        for text in HOSTILE:
+            for source in ("hybrid_lexical_semantic", "lexical_only", "semantic_only", "manual_curation"):
+                r = client.post(URL, json={"query": text.format(a=a) + f" {ids[a]['word']} zebra", "source": source},
+                                headers=bearer(b))
+                assert r.status_code == 200, r.text
+                got = {x["chunk_id"] for x in r.json()["results"]} | {x["doc_id"] for x in r.json()["results"]}
+                assert not (got & a_ids)
+                assert ids[a]["word"] not in r.text.replace(text.format(a=a), "")

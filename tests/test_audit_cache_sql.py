@@ -326,6 +326,9 @@ def test_evict_deletes_only_expired_rows_of_all_tenants(app_conn, owner_conn):
     expired_before = owner_conn.execute(
         "select count(*) from kb.kb_rerank_cache where expires_at <= now()").fetchone()[0]
     assert expired_before >= 4
+    # the function also evicts expired pair scores (kb.kb_rerank_pair_scores), after the cache rows
+    expired_before += owner_conn.execute(
+        "select count(*) from kb.kb_rerank_pair_scores where expires_at <= now()").fetchone()[0]
     # called by the app role with tenant a set: it still evicts every tenant's expired rows
     with tenant_transaction(app_conn, a):
         assert app_conn.execute("select kb.evict_expired_cache(1)").fetchone()[0] == 1

@@ -37,6 +37,9 @@ TABLES = {
     "kb_rerank_curation": "insert into kb.kb_rerank_curation (tenant_id, query_hash, position, chunk_id)"
                           " values (%(t)s, repeat('a', 64), 0, %(chunk)s)",
     "tenant_policy": "insert into kb.tenant_policy (tenant_id, injection_policy) values (%(t)s, 'allow')",
+    "kb_rerank_pair_scores": "insert into kb.kb_rerank_pair_scores (tenant_id, model, query_hash, chunk_id,"
+                             " content_hash, score, expires_at) values (%(t)s, 'hostile', repeat('a', 64),"
+                             " %(chunk)s, repeat('0', 64), 0.5, now() + interval '1 hour')",
 }
 VIEWS = {"cache_stats", "audit_summary", "cache_hit_ratio"}
 # function name -> how it is kept inside the tenant (checked by test_functions_as_b_return_nothing_of_a)
@@ -59,7 +62,8 @@ HOSTILE = [
 
 @pytest.fixture(scope="module")
 def ab(app_url):
-    """Tenants A and B, each with a document, a chunk, a cache row, an audit row and a curation."""
+    """Tenants A and B, each with a document, a chunk, a cache row, an audit row, a curation
+    and a pair score."""
     a, b = uuid.uuid4(), uuid.uuid4()
     ids = {}
     with psycopg.connect(app_url) as conn:
@@ -75,6 +79,9 @@ def ab(app_url):
                 conn.execute("select kb.audit_append('served', 0::smallint, 'lexical_only', repeat('c', 64), 't')")
                 conn.execute("insert into kb.kb_rerank_curation (tenant_id, query_hash, position, chunk_id)"
                              " values (kb.current_tenant(), repeat('c', 64), 0, %s)", [chunk])
+                conn.execute("insert into kb.kb_rerank_pair_scores (tenant_id, model, query_hash, chunk_id,"
+                             " content_hash, score, expires_at) values (kb.current_tenant(), 'm', repeat('c', 64),"
+                             " %s, repeat('d', 64), 0.25, now() + interval '1 hour')", [chunk])
                 if t == a:  # B has no policy row, so B's own insert (rolled back) can be tried
                     conn.execute("insert into kb.tenant_policy (tenant_id) values (kb.current_tenant())")
             ids[t] = {"doc": doc, "chunk": chunk, "word": word}

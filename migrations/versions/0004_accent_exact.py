@@ -20,8 +20,10 @@ def _raw():
 def upgrade() -> None:
     dim = context.config.attributes["kb_embedding_dim"]
     sqlfiles.apply_versioned(_raw(), "0004_accent_exact.sql", embedding_dim=dim)
-    # the new analysis functions must exist before the chunks are re-analysed
-    sqlfiles.apply_idempotent(_raw(), embedding_dim=dim)
+    # the new analysis functions must exist before the chunks are re-analysed (the rest of
+    # the idempotent layer is applied when the upgrade reaches head)
+    sqlfiles.apply_idempotent(_raw(), embedding_dim=dim,
+                              only=("functions/01_text_analysis.sql", "functions/02_chunks_derive.sql"))
     # the update trigger re-derives tsv and doc_len; the statistics triggers keep BM25 exact
     sqlfiles.execute_script(_raw(), "update kb.chunks set content = content;")
 

@@ -253,6 +253,10 @@ class ApiMetrics(PipelineMetrics):
         self.model_seconds = Histogram("kb_rerank_model_batch_seconds", "cross-encoder scoring time per request",
                                        registry=r, buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30))
         self.model_pairs = Counter("kb_rerank_model_pairs_total", "pairs sent to the cross-encoder", registry=r)
+        self.pair_hits = Counter("kb_rerank_pair_cache_hits_total",
+                                 "pair scores served from the pair-score cache (non-fallback responses)", registry=r)
+        self.pair_misses = Counter("kb_rerank_pair_cache_misses_total",
+                                   "pair scores computed by the cross-encoder (non-fallback responses)", registry=r)
         self.model_ready = Gauge("kb_rerank_model_ready", "1 when the cross-encoder is loaded", registry=r)
         self.evicted = Counter("kb_rerank_cache_evicted_total", "expired cache rows evicted", registry=r)
         self.pool_size = Gauge("kb_rerank_db_pool_size", "connections held by the pool (busy + idle)", registry=r)
@@ -272,6 +276,10 @@ class ApiMetrics(PipelineMetrics):
     def model_call(self, seconds: float, pairs: int) -> None:
         self.model_seconds.observe(seconds)
         self.model_pairs.inc(pairs)
+
+    def pair_scores(self, cached: int, scored: int) -> None:
+        self.pair_hits.inc(cached)
+        self.pair_misses.inc(scored)
 
 
 def _metrics_middleware(metrics: ApiMetrics):
@@ -421,10 +429,19 @@ class _Startup:
 
 
 def _startup_checks(settings: Settings, url: str, timeout_s: float) -> _Startup:
-    """Sync checks run once on a thread: the embedding dimension and the migration head."""
+    """Sync checks run once on a thread: the migration head and the embedding dimension.
+    A database behind the code refuses the start with what to run, rather than failing
+    every request on a missing column."""
+    head = db.head_revision()
     with psycopg.connect(url, connect_timeout=max(1, math.ceil(timeout_s))) as conn:
+        current = db.current_revision(conn)
+        if current != head:
+            raise db.DatabaseSetupError(
+                f"the database is at migration {current or '(none)'} but this code needs {head}: "
+                "run `kb-rerank migrate` first"
+            )
         db.check_embedding_dim(conn, settings)
-    return _Startup(head_revision=db.head_revision())
+    return _Startup(head_revision=head)
 
 
 async def _evict_loop(app: Litestar) -> None:

@@ -111,7 +111,7 @@ def run_search(conn, settings: Settings, embedder, tenant: UUID, query: str, mod
         emb = embedder.embed_query(query)
         if mode == "semantic":
             return search.semantic(conn, emb, k)
-        return search.hybrid(conn, query, emb, k, rrf_k=settings.rrf_k)
+        return search.hybrid(conn, query, emb, k, **settings.fusion)
 
 
 def cmd_search(args, settings: Settings) -> int:

@@ -370,8 +370,8 @@ def evaluate_collection(
                 elif mode == "semantic":
                     rows = search.semantic(conn, qembs[qid], depth)
                 else:
-                    rows = search.hybrid(conn, q, qembs[qid], cand, rrf_k=settings.rrf_k)
-                    deep = search.hybrid(conn, q, qembs[qid], max(cand, recall_k), rrf_k=settings.rrf_k)
+                    rows = search.hybrid(conn, q, qembs[qid], cand, **settings.fusion)
+                    deep = search.hybrid(conn, q, qembs[qid], max(cand, recall_k), **settings.fusion)
                     recall_run[qid] = _dedup(docmap[r.doc_id] for r in deep)
             if mode == "rerank" and rows:
                 t1 = time.perf_counter()
@@ -410,7 +410,7 @@ def evaluate_collection(
             "embedder": embedder.name,
             "candidates": cand if mode in ("hybrid", "rerank") else None,
             "depth": depth,
-            "rrf_k": settings.rrf_k,
+            **settings.fusion,
             "bm25_k1": settings.bm25_k1,
             "bm25_b": settings.bm25_b,
             "chunk_max_chars": settings.chunk_max_chars,

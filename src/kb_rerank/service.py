@@ -26,7 +26,13 @@ Steps of a request (tenant ``t``, key ``(t, query_hash, source)``)
    2 x ``candidates``, deduplicated in SQL), kb.search_lexical, kb.search_semantic, or
    reads the curated list (``manual_curation``: curated order, no model call, score
    ``1 - i/(n+1)`` for the i-th (from 0) of n curated chunks: 1.0 down to above 0).
-4. Rerank outside any transaction (no connection held): ``reranker.ascore``; top
+   With ``pair_cache`` on, the same transaction reads the live pair scores of the
+   candidates (kb.kb_rerank_pair_scores, key ``(model, query_hash, chunk_id,
+   content_hash)``, content_hash = sha256 of the chunk text; :mod:`kb_rerank.pair_cache`).
+4. Rerank outside any transaction (no connection held): ``reranker.ascore`` on the pairs
+   the pair cache does not hold (none at all when it holds every pair: no model call, not
+   even when the model is not ready); model scores are taken at ``real`` precision
+   (``pair_cache.as_real``) so cached and fresh scores are bit-identical; top
    ``rerank_top_n`` by score desc then chunk_id; scores are the model's sigmoid in 0..1
    rounded to 6 decimals. When the model is not ready, raises, times out or returns a
    non-finite / out-of-range score: *fallback* -- the candidates' own order (fused order
@@ -35,13 +41,15 @@ Steps of a request (tenant ``t``, key ``(t, query_hash, source)``)
    ``fallback_reason``, a severity-2 ``fallback`` audit row, and a background
    ``ensure_loaded_async`` so the model is (re)loaded for later requests.
 5. Tenant transaction: cache write (delete the key's expired row, insert ... on conflict
-   do nothing, ``expires_at = now() + cache_ttl_s``) and the ``served``/``fallback``
-   audit row, together. Fallback results are NOT cached, so the next request retries
-   the model. Empty results (no candidates) are cached like any other served result.
+   do nothing, ``expires_at = now() + cache_ttl_s``), the pairs the model scored for this
+   request (same append-only write into kb.kb_rerank_pair_scores, same TTL) and the
+   ``served``/``fallback`` audit row, together. Fallback results are NOT cached and write
+   no pair scores, so the next request retries the model. Empty results (no candidates)
+   are cached like any other served result.
 
 Response fields: ``rerank_duration_ms`` is the time spent in the model call of this
 request (0 when the model was not called: cache hit, curation, no candidates, model not
-ready); ``candidate_count`` is the number of candidates retrieved by this request (0 on
+ready, every pair from the pair cache); ``candidate_count`` is the number of candidates retrieved by this request (0 on
 a cache hit); ``model`` is the reranker's model name (the cached row's model on a hit,
 ``manual_curation`` for curated lists).
 """
@@ -62,7 +70,7 @@ from typing import Any, Literal
 
 import msgspec
 
-from . import audit, cache, search
+from . import audit, cache, pair_cache, search
 from .db import atenant_transaction
 from .rerank import RerankerTimeout, RerankerUnavailable
 from .settings import SOURCES, Settings
@@ -169,6 +177,10 @@ class PipelineMetrics:
 
     def model_call(self, seconds: float, pairs: int) -> None: ...
 
+    def pair_scores(self, cached: int, scored: int) -> None:
+        """A served (non-fallback) rerank: ``cached`` pair scores came from the pair cache,
+        ``scored`` were computed by the model."""
+
 
 # --------------------------------------------------------------------------- the pipeline
 
@@ -183,6 +195,8 @@ class Outcome:
     cached: bool = False
     kind: str = audit.SERVED
     extra: dict[str, Any] = field(default_factory=dict)
+    # pair scores the model computed for this outcome, to write into the pair cache
+    new_pairs: dict[pair_cache.PairKey, float] = field(default_factory=dict)
 
 
 CURATION_SQL = (
@@ -329,14 +343,18 @@ class RerankService:
         if source != "lexical_only":
             loop = asyncio.get_running_loop()
             embedding = await loop.run_in_executor(self.embed_executor, self.embedder.embed_query, normalized)
+        cached: dict[pair_cache.PairKey, float] | None = None
         async with self.pool.connection() as conn:
             async with atenant_transaction(conn, tenant):
                 if source == "hybrid_lexical_semantic":
-                    cands = await search.ahybrid(conn, normalized, embedding, s.candidates, rrf_k=s.rrf_k)
+                    cands = await search.ahybrid(conn, normalized, embedding, s.candidates, **s.fusion)
                 elif source == "lexical_only":
                     cands = await search.alexical(conn, normalized, s.candidates, k1=s.bm25_k1, b=s.bm25_b)
                 else:
                     cands = await search.asemantic(conn, embedding, s.candidates)
+                if s.pair_cache and cands:
+                    cached = await pair_cache.get_live(
+                        conn, self.model_name, qh, [pair_cache.content_key(c.chunk_id, c.content) for c in cands])
         seen: set = set()
         unique = []
         for c in cands:
@@ -345,21 +363,35 @@ class RerankService:
                 unique.append(c)
         if not unique:
             return Outcome(results=[], candidate_count=0, model=self.model_name)
-        return await self._rerank_candidates(normalized, unique, source)
+        return await self._rerank_candidates(normalized, unique, source, cached=cached)
 
-    async def _rerank_candidates(self, normalized: str, cands: list[search.Candidate], source: str) -> Outcome:
+    async def _rerank_candidates(self, normalized: str, cands: list[search.Candidate], source: str, *,
+                                 cached: dict[pair_cache.PairKey, float] | None = None) -> Outcome:
+        """Scores ``cands``: pairs found in ``cached`` (the live pair scores read in the
+        candidates' transaction; None when the pair cache is off) are not sent to the model."""
         s = self.settings
         rr = self.reranker
         reason: str | None = None
         scores: list[float] | None = None
         rerank_ms = 0
-        if not getattr(rr, "ready", True):
+        keys = [pair_cache.content_key(c.chunk_id, c.content) for c in cands]
+        known = cached or {}
+        missing: list[int] = []  # first index of each key the pair cache does not hold
+        seen: set = set()
+        for i, k in enumerate(keys):
+            if k not in known and k not in seen:
+                seen.add(k)
+                missing.append(i)
+        new: dict[pair_cache.PairKey, float] = {}
+        if not missing:
+            scores = [known[k] for k in keys]
+        elif not getattr(rr, "ready", True):
             reason = "model_not_ready"
         else:
             t = time.perf_counter()
             try:
                 scores = await asyncio.wait_for(
-                    rr.ascore(normalized, [c.content for c in cands]),
+                    rr.ascore(normalized, [cands[i].content for i in missing]),
                     s.rerank_timeout_s if s.rerank_timeout_s and s.rerank_timeout_s > 0 else None,
                 )
             except (TimeoutError, asyncio.TimeoutError):
@@ -374,24 +406,29 @@ class RerankService:
             finally:
                 elapsed = time.perf_counter() - t
                 rerank_ms = int(round(elapsed * 1000))
-                self.metrics.model_call(elapsed, len(cands))
+                self.metrics.model_call(elapsed, len(missing))
             if reason is None:
                 try:
                     scores = [float(x) for x in scores]  # type: ignore[union-attr]
                 except (TypeError, ValueError):
                     scores = None
-                if (scores is None or len(scores) != len(cands)
+                if (scores is None or len(scores) != len(missing)
                         or not all(math.isfinite(x) and 0.0 <= x <= 1.0 for x in scores)):
                     reason = "invalid_scores"
+                else:
+                    new = {keys[i]: pair_cache.as_real(x) for i, x in zip(missing, scores)}
+                    scores = [known[k] if k in known else new[k] for k in keys]
         if reason is not None:
             self.metrics.fallback(source, reason)
             self._reload_model_later()
             return Outcome(results=fallback_results(cands, s.rerank_top_n, source),
                            candidate_count=len(cands), model=self.model_name,
                            fallback_reason=reason, rerank_ms=rerank_ms, kind=audit.FALLBACK)
+        self.metrics.pair_scores(len(cands) - len(missing), len(missing))
         order = sorted(range(len(cands)), key=lambda i: (-scores[i], str(cands[i].chunk_id)))  # type: ignore[index]
         results = [_result(cands[i], _round(scores[i]), source) for i in order[: s.rerank_top_n]]  # type: ignore[index]
-        return Outcome(results=results, candidate_count=len(cands), model=self.model_name, rerank_ms=rerank_ms)
+        return Outcome(results=results, candidate_count=len(cands), model=self.model_name, rerank_ms=rerank_ms,
+                       new_pairs=new if s.pair_cache else {})
 
     def _reload_model_later(self) -> None:
         ensure = getattr(self.reranker, "ensure_loaded_async", None)
@@ -412,6 +449,9 @@ class RerankService:
                 if write_cache:
                     await cache.put(conn, qh, source, outcome.results, ttl_s=self.settings.cache_ttl_s,
                                     trace_id=trace_id, model=outcome.model)
+                if write_cache and outcome.fallback_reason is None and outcome.new_pairs:
+                    await pair_cache.put(conn, outcome.model, qh, outcome.new_pairs,
+                                         ttl_s=self.settings.cache_ttl_s)
                 await audit.append(conn, audit.AuditRecord(
                     kind=audit.FALLBACK if outcome.fallback_reason else audit.SERVED,
                     source=source, query_hash=qh, trace_id=trace_id, model=outcome.model,

@@ -39,7 +39,9 @@ class Settings:
     chunk_overlap: int = 150
     # Retrieval
     candidates: int = 20  # top-k of each list before fusion
-    rrf_k: int = 60
+    rrf_k: int = 60  # KB_RRF_K
+    lexical_weight: float = 1.0  # KB_LEXICAL_WEIGHT: RRF weight of the lexical list
+    semantic_weight: float = 1.0  # KB_SEMANTIC_WEIGHT: RRF weight of the semantic list
     bm25_k1: float = 1.2
     bm25_b: float = 0.75
     # Rerank
@@ -51,6 +53,7 @@ class Settings:
     # Cache
     cache_ttl_s: int = 300
     evict_interval_s: int = 3600
+    pair_cache: bool = True  # KB_PAIR_CACHE: keep cross-encoder pair scores for cache_ttl_s (kb.kb_rerank_pair_scores)
     # API
     host: str = "127.0.0.1"
     port: int = 8000
@@ -96,6 +99,11 @@ class Settings:
         return replace(self, **changes)
 
     @property
+    def fusion(self) -> dict[str, Any]:
+        """Keyword arguments of kb_rerank.search.hybrid / ahybrid for the configured fusion."""
+        return {"rrf_k": self.rrf_k, "lexical_weight": self.lexical_weight, "semantic_weight": self.semantic_weight}
+
+    @property
     def embedding_dim(self) -> int:
         try:
             return EMBEDDER_DIMS[self.embedder]
@@ -108,6 +116,13 @@ class Settings:
 def _convert(name: str, type_: Any, raw: str) -> Any:
     t = str(type_)
     try:
+        if t.startswith("bool"):
+            v = raw.strip().lower()
+            if v in ("1", "true", "yes", "on"):
+                return True
+            if v in ("0", "false", "no", "off"):
+                return False
+            raise ValueError(raw)
         if t.startswith("int"):
             return int(raw)
         if t.startswith("float"):

@@ -44,8 +44,12 @@ def apply_versioned(dbapi_conn, name: str, *, embedding_dim: int) -> None:
     execute_script(dbapi_conn, render(versioned_file(name), embedding_dim=embedding_dim))
 
 
-def apply_idempotent(dbapi_conn, *, embedding_dim: int) -> None:
+def apply_idempotent(dbapi_conn, *, embedding_dim: int, only: tuple[str, ...] | None = None) -> None:
+    """Apply the idempotent files (all, or those whose path relative to sql/ is in ``only``,
+    for a revision whose data step needs a function before the end of the upgrade)."""
     for path in idempotent_files():
+        if only is not None and path.relative_to(SQL_DIR).as_posix() not in only:
+            continue
         try:
             execute_script(dbapi_conn, render(path, embedding_dim=embedding_dim))
         except Exception as exc:

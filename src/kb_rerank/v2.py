@@ -30,6 +30,11 @@ Body ``{"query": str, "top_n"?: int, "lambda"?: 0..1, "recency_weight"?: >=0,
 5. Cut-off: at most ``rerank_max_candidates`` by fused score (desc, chunk_id) go to the
    cross-encoder. Model failure -> fallback scores (fused score / best), as the rerank
    endpoint does; a fallback result is not cached.
+   Pair cache (``pair_cache``, :mod:`kb_rerank.pair_cache`): the live pair scores of the
+   candidates are read in step 2's transaction (key: model, ``service.query_hash`` of the
+   normalised query -- shared with ``/v1/kb/search/rerank`` --, chunk id, sha256 of the
+   chunk text); only the other pairs go to the model, and their scores are written in
+   step 7's transaction (not on fallback).
 6. MMR + composite (:mod:`kb_rerank.ranking`) over the reranked candidates, tiers from
    ``tier_high`` / ``tier_medium``, top ``top_n`` assembled by :mod:`kb_rerank.context`.
 7. Tenant transaction: cache write (not on fallback) and the audit row.
@@ -51,7 +56,10 @@ and cosine ranks when given, else input order) are scored and the rest are dropp
 (``meta.cut_off``). MMR uses ``embedder.embed_passages`` of the scored documents. Guard
 detectors run on each document (injection -> tenant policy, stuffing -> demoted;
 ``meta.filtered``). Cached under source ``caller_documents`` keyed on the whole
-normalised request.
+normalised request. Pair cache: each scored (truncated) document is keyed by the zero
+uuid (``pair_cache.NO_CHUNK``) and the sha256 of its text, with ``service.query_hash`` of
+the normalised query; the live pairs are read in a tenant transaction of their own before
+scoring and the new ones written with the audit row (not on fallback).
 """
 
 from __future__ import annotations
@@ -73,7 +81,7 @@ import numpy as np
 from litestar import Request, Response, Router, post
 from litestar.datastructures import State
 
-from . import audit, cache, context, guard, ranking, search
+from . import audit, cache, context, guard, pair_cache, ranking, search
 from .api import ApiError, _auth_guard  # noqa: PLC2701 - the app's own auth guard and error type
 from .db import atenant_transaction
 from .rerank import RerankerTimeout, RerankerUnavailable
@@ -267,17 +275,37 @@ class Scored:
     scores: list[float] | None
     reason: str | None
     ms: int
+    # pair scores the model computed (to write into the pair cache; empty on fallback)
+    new_pairs: dict[pair_cache.PairKey, float] = field(default_factory=dict)
 
 
-async def score_with_fallback(state: State, query: str, texts: list[str]) -> Scored:
+async def score_with_fallback(state: State, query: str, texts: list[str], *,
+                              keys: list[pair_cache.PairKey] | None = None,
+                              cached: dict[pair_cache.PairKey, float] | None = None) -> Scored:
     """``reranker.ascore`` bounded by ``rerank_timeout_s``; on any failure the reason
     (``model_not_ready`` / ``model_timeout`` / ``model_error`` / ``invalid_scores``) and
-    a background reload, as the rerank endpoint does."""
+    a background reload, as the rerank endpoint does.
+
+    With ``keys`` (the pair-cache key of each text) only the texts whose key is not in
+    ``cached`` are sent to the model (each distinct key once); the new scores come back in
+    ``new_pairs``. Model scores are taken at ``real`` precision (``pair_cache.as_real``)."""
     s: Settings = state.settings
     rr = state.reranker
     metrics = state.metrics
     if not texts:
         return Scored([], None, 0)
+    known = cached or {}
+    if keys is None:
+        missing = list(range(len(texts)))
+    else:
+        missing, seen = [], set()
+        for i, k in enumerate(keys):
+            if k not in known and k not in seen:
+                seen.add(k)
+                missing.append(i)
+        if not missing:
+            metrics.pair_scores(len(texts), 0)
+            return Scored([known[k] for k in keys], None, 0)
     if rr is None or not getattr(rr, "ready", True):
         reason = "model_not_ready"
         metrics.fallback(CONTEXT_SOURCE, reason)
@@ -288,7 +316,7 @@ async def score_with_fallback(state: State, query: str, texts: list[str]) -> Sco
     t = time.perf_counter()
     try:
         scores = await asyncio.wait_for(
-            rr.ascore(query, texts),
+            rr.ascore(query, [texts[i] for i in missing]),
             s.rerank_timeout_s if s.rerank_timeout_s and s.rerank_timeout_s > 0 else None,
         )
     except (TimeoutError, asyncio.TimeoutError, RerankerTimeout):
@@ -299,18 +327,31 @@ async def score_with_fallback(state: State, query: str, texts: list[str]) -> Sco
         reason = "model_error"
         log.warning("reranker failed (%s): %s", reason, type(exc).__name__)
     elapsed = time.perf_counter() - t
-    metrics.model_call(elapsed, len(texts))
+    metrics.model_call(elapsed, len(missing))
     if reason is None:
         try:
             scores = [float(x) for x in scores]  # type: ignore[union-attr]
         except (TypeError, ValueError):
             scores = None
-        if scores is None or len(scores) != len(texts) or not all(math.isfinite(x) and 0 <= x <= 1 for x in scores):
+        if scores is None or len(scores) != len(missing) or not all(math.isfinite(x) and 0 <= x <= 1 for x in scores):
             reason, scores = "invalid_scores", None
     if reason is not None:
         metrics.fallback(CONTEXT_SOURCE, reason)
         _reload_later(state)
-    return Scored(scores, reason, int(round(elapsed * 1000)))
+        return Scored(None, reason, int(round(elapsed * 1000)))
+    real = [pair_cache.as_real(x) for x in scores]  # type: ignore[union-attr]
+    new: dict[pair_cache.PairKey, float] = {}
+    if keys is not None:
+        new = {keys[i]: x for i, x in zip(missing, real)}
+        real = [known[k] if k in known else new[k] for k in keys]
+    metrics.pair_scores(len(texts) - len(missing), len(missing))
+    return Scored(real, None, int(round(elapsed * 1000)), new_pairs=new if s.pair_cache else {})
+
+
+async def write_pairs(conn, state: State, model: str, pair_qh: str, scored: Scored) -> None:
+    """The pairs the model scored for this request, into the pair cache (not on fallback)."""
+    if scored.reason is None and scored.new_pairs and state.settings.pair_cache:
+        await pair_cache.put(conn, model, pair_qh, scored.new_pairs, ttl_s=state.settings.cache_ttl_s)
 
 
 def _reload_later(state: State) -> None:
@@ -373,7 +414,7 @@ def _context_params(req: ContextRequest, settings: Settings, policy: str, model:
         "explain": req.explain,
         "injection_policy": policy,
         "candidates": settings.candidates,
-        "rrf_k": settings.rrf_k,
+        **settings.fusion,
         "rerank_max_candidates": settings.rerank_max_candidates,
         "gate_min_similarity": settings.gate_min_similarity,
         "tiers": [settings.tier_high, settings.tier_medium],
@@ -404,9 +445,11 @@ async def build_context(state: State, tenant: uuid.UUID, req: ContextRequest, tr
         return {**hit, "from_cache": True, "trace_id": trace_id, "rerank_duration_ms": 0, "candidate_count": 0}
     state.metrics.cache_miss(CONTEXT_SOURCE)
 
-    body, fallback_reason = await _compute_context(state, tenant, normalized, req, params, policy)
+    body, fallback_reason, scored = await _compute_context(state, tenant, normalized, req, params, policy)
     async with state.pool.connection() as conn:
         async with atenant_transaction(conn, tenant):
+            if scored is not None:
+                await write_pairs(conn, state, model, query_hash(normalized), scored)
             if fallback_reason is None:
                 cached = {k: v for k, v in body.items() if k not in ("trace_id", "from_cache")}
                 await cache.put(conn, qh, CONTEXT_SOURCE, {"kind": CACHE_KIND_CONTEXT, "response": cached},  # type: ignore[arg-type]
@@ -428,7 +471,7 @@ async def build_context(state: State, tenant: uuid.UUID, req: ContextRequest, tr
 
 
 async def _compute_context(state: State, tenant, normalized: str, req: ContextRequest, params: dict[str, Any],
-                           policy: str) -> tuple[dict[str, Any], str | None]:
+                           policy: str) -> tuple[dict[str, Any], str | None, Scored | None]:
     settings: Settings = state.settings
     svc = state.service
     loop = asyncio.get_running_loop()
@@ -436,7 +479,7 @@ async def _compute_context(state: State, tenant, normalized: str, req: ContextRe
                                            normalized)
     async with state.pool.connection() as conn:
         async with atenant_transaction(conn, tenant):
-            rows = await search.ahybrid(conn, normalized, embedding, settings.candidates, rrf_k=settings.rrf_k)
+            rows = await search.ahybrid(conn, normalized, embedding, settings.candidates, **settings.fusion)
             seen: set = set()
             cands: list[search.Candidate] = []
             for c in rows:
@@ -444,9 +487,14 @@ async def _compute_context(state: State, tenant, normalized: str, req: ContextRe
                     seen.add(c.chunk_id)
                     cands.append(c)
             meta: dict[Any, tuple] = {}
+            cached: dict[pair_cache.PairKey, float] | None = None
             if cands:
                 cur = await conn.execute(CANDIDATE_META_SQL, [[c.chunk_id for c in cands]])
                 meta = {r[0]: r for r in await cur.fetchall()}
+                if settings.pair_cache:
+                    cached = await pair_cache.get_live(
+                        conn, str(params["model"]), query_hash(normalized),
+                        [pair_cache.content_key(c.chunk_id, c.content) for c in cands])
     top_n = int(params["top_n"])
     lam = float(params["lambda"])
     best_sim = max((c.semantic_score for c in cands if c.semantic_score is not None), default=None)
@@ -464,7 +512,7 @@ async def _compute_context(state: State, tenant, normalized: str, req: ContextRe
     if req.explain:
         body["stages"] = []
     if not cands or gate_closed:
-        return body, None
+        return body, None, None
 
     # guard policy
     filtered: list[dict[str, Any]] = []
@@ -501,8 +549,10 @@ async def _compute_context(state: State, tenant, normalized: str, req: ContextRe
     dropped_ids = {x.c.chunk_id for x in kept[len(cut):]}
     body["reranked_count"] = len(cut)
     if not cut:
-        return body, None
-    scored = await score_with_fallback(state, normalized, [x.c.content for x in cut])
+        return body, None, None
+    scored = await score_with_fallback(state, normalized, [x.c.content for x in cut],
+                                       keys=[pair_cache.content_key(x.c.chunk_id, x.c.content) for x in cut],
+                                       cached=cached)
     body["rerank_duration_ms"] = scored.ms
     rel = scored.scores if scored.scores is not None else fallback_relevance([x.c.score for x in cut])
     if scored.reason:
@@ -576,7 +626,7 @@ async def _compute_context(state: State, tenant, normalized: str, req: ContextRe
                     "excluded": f["reason"],
                 })
         body["stages"] = stages
-    return body, scored.reason
+    return body, scored.reason, scored
 
 
 @post(CONTEXT_PATH, status_code=200, summary="Ranked, guarded context for a language model",
@@ -687,7 +737,16 @@ async def rerank_v2(state: State, tenant: uuid.UUID, req: V2Request, trace_id: s
         demote[p] = d
         keep.append(p)
 
-    scored = await score_with_fallback(state, normalized, [texts[p] for p in keep])
+    # Pair cache for caller documents: chunk id NO_CHUNK (the zero uuid), content hash the
+    # sha256 of the (truncated) text that is scored.
+    pair_qh = query_hash(normalized)
+    keys = [pair_cache.content_key(None, texts[p]) for p in keep]
+    cached: dict[pair_cache.PairKey, float] | None = None
+    if settings.pair_cache and keep:
+        async with state.pool.connection() as conn:
+            async with atenant_transaction(conn, tenant):
+                cached = await pair_cache.get_live(conn, model, pair_qh, keys)
+    scored = await score_with_fallback(state, normalized, [texts[p] for p in keep], keys=keys, cached=cached)
     if scored.scores is not None:
         rel = scored.scores
     else:
@@ -747,6 +806,7 @@ async def rerank_v2(state: State, tenant: uuid.UUID, req: V2Request, trace_id: s
     body = {"id": trace_id, "results": results, "meta": meta}
     async with state.pool.connection() as conn:
         async with atenant_transaction(conn, tenant):
+            await write_pairs(conn, state, model, pair_qh, scored)
             if scored.reason is None:
                 await cache.put(conn, qh, V2_SOURCE, {"kind": CACHE_KIND_V2, "response": body},  # type: ignore[arg-type]
                                 ttl_s=settings.cache_ttl_s, trace_id=trace_id, model=model)

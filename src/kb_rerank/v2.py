@@ -423,27 +423,40 @@ def _context_params(req: ContextRequest, settings: Settings, policy: str, model:
     }
 
 
+async def _cached_lookup(state: State, tenant: uuid.UUID, normalized: str, make_params, source: str, kind: str,
+                         model: str, trace_id: str, t0: float, detail: str):
+    """One tenant transaction: the tenant's injection policy, the request's parameters and
+    their cache key, and the cache read; a hit is audited in the same transaction.
+    Returns (policy, params, query_hash, hit or None)."""
+    async with state.pool.connection() as conn:
+        async with atenant_transaction(conn, tenant):
+            policy = await _tenant_policy(conn)
+            params = make_params(policy)
+            qh = keyed_hash(normalized, params)
+            hit = await _cache_read(conn, qh, source, kind)
+            if hit is not None:
+                await audit.append(conn, audit.AuditRecord(
+                    kind=audit.CACHE_HIT, source=source, query_hash=qh, trace_id=trace_id, model=model,
+                    candidate_count=0, returned_count=len(hit.get("results", [])),
+                    duration_ms=(time.perf_counter() - t0) * 1000.0, detail=detail,
+                ))
+    if hit is not None:
+        state.metrics.cache_hit(source)
+    else:
+        state.metrics.cache_miss(source)
+    return policy, params, qh, hit
+
+
 async def build_context(state: State, tenant: uuid.UUID, req: ContextRequest, trace_id: str) -> dict[str, Any]:
     settings: Settings = state.settings
     t0 = time.perf_counter()
     normalized = normalize_query(req.query)
     model = _model_name_for(settings, state.reranker)
-    async with state.pool.connection() as conn:
-        async with atenant_transaction(conn, tenant):
-            policy = await _tenant_policy(conn)
-            params = _context_params(req, settings, policy, model)
-            qh = keyed_hash(normalized, params)
-            hit = await _cache_read(conn, qh, CONTEXT_SOURCE, CACHE_KIND_CONTEXT)
-            if hit is not None:
-                await audit.append(conn, audit.AuditRecord(
-                    kind=audit.CACHE_HIT, source=CONTEXT_SOURCE, query_hash=qh, trace_id=trace_id, model=model,
-                    candidate_count=0, returned_count=len(hit.get("results", [])),
-                    duration_ms=(time.perf_counter() - t0) * 1000.0, detail="context",
-                ))
+    policy, params, qh, hit = await _cached_lookup(
+        state, tenant, normalized, lambda policy: _context_params(req, settings, policy, model),
+        CONTEXT_SOURCE, CACHE_KIND_CONTEXT, model, trace_id, t0, "context")
     if hit is not None:
-        state.metrics.cache_hit(CONTEXT_SOURCE)
         return {**hit, "from_cache": True, "trace_id": trace_id, "rerank_duration_ms": 0, "candidate_count": 0}
-    state.metrics.cache_miss(CONTEXT_SOURCE)
 
     body, fallback_reason, scored = await _compute_context(state, tenant, normalized, req, params, policy)
     async with state.pool.connection() as conn:
@@ -692,23 +705,12 @@ async def rerank_v2(state: State, tenant: uuid.UUID, req: V2Request, trace_id: s
     t0 = time.perf_counter()
     normalized = normalize_query(req.query)
     model = _model_name_for(settings, state.reranker)
-    async with state.pool.connection() as conn:
-        async with atenant_transaction(conn, tenant):
-            policy = await _tenant_policy(conn)
-            params = _v2_params(req, settings, policy, model)
-            qh = keyed_hash(normalized, params)
-            hit = await _cache_read(conn, qh, V2_SOURCE, CACHE_KIND_V2)
-            if hit is not None:
-                await audit.append(conn, audit.AuditRecord(
-                    kind=audit.CACHE_HIT, source=V2_SOURCE, query_hash=qh, trace_id=trace_id, model=model,
-                    candidate_count=0, returned_count=len(hit.get("results", [])),
-                    duration_ms=(time.perf_counter() - t0) * 1000.0, detail="v2_rerank",
-                ))
+    policy, params, qh, hit = await _cached_lookup(
+        state, tenant, normalized, lambda policy: _v2_params(req, settings, policy, model),
+        V2_SOURCE, CACHE_KIND_V2, model, trace_id, t0, "v2_rerank")
     if hit is not None:
-        state.metrics.cache_hit(V2_SOURCE)
         meta = {**hit.get("meta", {}), "from_cache": True, "trace_id": trace_id, "rerank_duration_ms": 0}
         return {**hit, "id": trace_id, "meta": meta}
-    state.metrics.cache_miss(V2_SOURCE)
 
     docs = [V2Document(text=d) if isinstance(d, str) else d for d in req.documents]
     n = len(docs)

@@ -1,0 +1,313 @@
+"""Sweep the hybrid fusion parameters of kb.search_hybrid over BEIR collections.
+
+For every collection (loaded into its scratch tenant by ``kb_rerank.evaluate.load_collection``,
+so nothing is re-embedded when ``bench/quality.py`` / ``kb-rerank eval`` ran before), each query's
+two lists are fetched **once** at depth 100 (``kb.search_lexical`` and ``kb.search_semantic``,
+the functions ``kb.search_hybrid`` calls) and fused in Python exactly as
+``sql/functions/12_search_hybrid.sql`` does for ``fusion='rrf'``:
+
+    top-k of each list (rank = position), full outer join on chunk_id,
+    score = lexical_weight / (rrf_k + lexical_rank) + semantic_weight / (rrf_k + semantic_rank)
+            (a missing rank contributes 0), order by score desc, chunk_id (uuid byte order),
+
+then mapped to document ids (first occurrence) and scored with ``kb_rerank.metrics.evaluate_run``
+(nDCG@10). Taking the top-k of a depth-100 list is the depth-k list because both functions are
+deterministic top-k with the same tie-break (and HNSW runs with ef_search = 100 >= k); this is
+checked: ``--verify N`` queries per collection (default 8) are also sent through
+``kb.search_hybrid`` for several configurations and the chunk order must be identical (scores
+equal to 1e-12); the script exits non-zero otherwise. A full-collection check comes free: the
+(c=20, rrf_k=60, 1/1) and (c=100, rrf_k=60, 1/1) rows equal ``hybrid c=20`` / ``hybrid c=100``
+of ``bench/results/quality-<dataset>.json`` when those were produced by the same SQL.
+
+Grid: candidates k in {20, 40, 60, 100}, rrf_k in {10, 30, 60},
+(lexical_weight, semantic_weight) in {(1,1), (1,1.5), (1,2), (1.5,1), (0.7,1.3)}: 60 configurations.
+
+Selection criterion (never on one collection): margin(c, config) = hybrid nDCG@10 - max(lexical,
+semantic nDCG@10) on collection c; choose the configuration with the largest *minimum* margin over
+the collections (ties: larger mean nDCG@10, then fewer candidates, then the grid order). Also
+leave-one-collection-out: choose on all but one, report the held-out one.
+
+Writes ``bench/results/fusion-sweep.json`` and prints Markdown tables on stdout.
+
+    KB_DATA_DIR=/tmp/kb-eval OPENBLAS_NUM_THREADS=1 python bench/fusion_sweep.py \\
+        --datasets ../shared/datasets/{xquad-vi,cranfield,cisi,cacm}
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+
+from kb_rerank import search  # noqa: E402
+from kb_rerank.evaluate import (  # noqa: E402
+    CachedEmbedder,
+    _default_conn_factory,
+    _doc_map,
+    embed_cache_dir,
+    load_collection,
+)
+from kb_rerank.metrics import evaluate_run, load_beir  # noqa: E402
+from kb_rerank.settings import Settings  # noqa: E402
+
+RESULTS = ROOT / "bench" / "results"
+DEPTH = 100
+CANDIDATES = (20, 40, 60, 100)
+RRF_KS = (10, 30, 60)
+WEIGHTS = ((1.0, 1.0), (1.0, 1.5), (1.0, 2.0), (1.5, 1.0), (0.7, 1.3))
+GRID = [(c, r, lw, sw) for c in CANDIDATES for r in RRF_KS for (lw, sw) in WEIGHTS]
+PRODUCTION = (20, 60, 1.0, 1.0)
+# SQL defaults of kb.search_lexical, which kb.search_hybrid calls without k1/b
+SQL_K1, SQL_B = 1.2, 0.75
+
+
+def fuse(lex, sem, k: int, rrf_k: int, lw: float, sw: float):
+    """Python twin of kb.search_hybrid(fusion='rrf'): [(chunk_id, doc_id, score)] in SQL order.
+
+    ``lex`` / ``sem``: [(chunk_id, doc_id, rank)] at depth >= k, rank = 1-based position.
+    """
+    joined: dict = {}
+    for cid, did, rank in lex[:k]:
+        joined[cid] = [did, rank, None]
+    for cid, did, rank in sem[:k]:
+        if cid in joined:
+            joined[cid][2] = rank
+        else:
+            joined[cid] = [did, None, rank]
+    out = []
+    for cid, (did, lr, sr) in joined.items():
+        # same float8 arithmetic as SQL: weight / (integer rrf_k + integer rank), coalesce(.., 0)
+        score = (lw / (rrf_k + lr) if lr is not None else 0.0) + (sw / (rrf_k + sr) if sr is not None else 0.0)
+        out.append((cid, did, score))
+    out.sort(key=lambda t: (-t[2], t[0]))  # uuid: Python int order == PostgreSQL byte order
+    return out
+
+
+def dedup_docs(rows, docmap) -> list[str]:
+    seen, out = set(), []
+    for _cid, did, *_ in rows:
+        d = docmap[did]
+        if d not in seen:
+            seen.add(d)
+            out.append(d)
+    return out
+
+
+def fetch_lists(settings: Settings, path: Path, embedder, conn_factory, verify: int, verify_configs):
+    """Load (idempotent) and fetch both lists per query at DEPTH; check fusion against the SQL."""
+    from kb_rerank.db import tenant_transaction
+
+    coll = load_beir(path)
+    qids = sorted(q for q in coll.queries if q in coll.qrels)
+    info: dict = {"dataset": coll.name, "path": str(path.resolve()), "num_queries": len(qids)}
+    lists: dict[str, tuple[list, list]] = {}
+    mismatches: list[dict] = []
+    checked = 0
+    lists_moved = 0
+    with conn_factory() as conn:
+        t0 = time.perf_counter()
+        load = load_collection(conn, path, settings, embedder, coll=coll)
+        info["load"] = {k: v for k, v in load.items() if k != "ingest_s"} | {"ingest_s": round(load["ingest_s"], 1)}
+        tenant = load["tenant"]
+        docmap = _doc_map(conn, tenant)
+        t0 = time.perf_counter()
+        qembs = {q: embedder.embed_query(coll.queries[q]) for q in qids}
+        info["embed_queries_s"] = round(time.perf_counter() - t0, 1)
+        t0 = time.perf_counter()
+        for qid in qids:
+            with tenant_transaction(conn, tenant):
+                lex = search.lexical(conn, coll.queries[qid], DEPTH, k1=SQL_K1, b=SQL_B)
+                sem = search.semantic(conn, qembs[qid], DEPTH)
+            lists[qid] = ([(r.chunk_id, r.doc_id, r.lexical_rank) for r in lex],
+                          [(r.chunk_id, r.doc_id, r.semantic_rank) for r in sem])
+            for L in lists[qid]:
+                assert [t[2] for t in L] == list(range(1, len(L) + 1)), "rank != position"
+        info["fetch_s"] = round(time.perf_counter() - t0, 1)
+        info["fetch_ms_per_query"] = round(1000 * (time.perf_counter() - t0) / len(qids), 1)
+        # verification: evenly spaced queries, every verify config, against kb.search_hybrid
+        step = max(1, len(qids) // max(verify, 1))
+        for qid in qids[::step][:verify]:
+            for (c, r, lw, sw) in verify_configs:
+                # the lists are re-read in the same transaction as the kb.search_hybrid call: the
+                # HNSW graph is shared by all tenants, so concurrent ingestion elsewhere can move
+                # the approximate semantic list between two transactions
+                with tenant_transaction(conn, tenant):
+                    lex = [(x.chunk_id, x.doc_id, x.lexical_rank)
+                           for x in search.lexical(conn, coll.queries[qid], DEPTH, k1=SQL_K1, b=SQL_B)]
+                    sem = [(x.chunk_id, x.doc_id, x.semantic_rank) for x in search.semantic(conn, qembs[qid], DEPTH)]
+                    rows = search.hybrid(conn, coll.queries[qid], qembs[qid], c, rrf_k=r,
+                                         lexical_weight=lw, semantic_weight=sw)
+                if (lex, sem) != lists[qid]:
+                    lists_moved += 1
+                sql = [(x.chunk_id, x.score) for x in rows]
+                py = [(cid, s) for cid, _d, s in fuse(lex, sem, c, r, lw, sw)]
+                checked += 1
+                same = [a for a, _ in sql] == [a for a, _ in py] and all(
+                    abs(a - b) <= 1e-12 for (_, a), (_, b) in zip(sql, py))
+                if not same:
+                    mismatches.append({"qid": qid, "config": [c, r, lw, sw], "sql_len": len(sql), "py_len": len(py)})
+    info["verify"] = {"queries": min(verify, len(qids)), "configs": [list(v) for v in verify_configs],
+                      "checked": checked, "mismatches": mismatches,
+                      "lists_changed_since_fetch": lists_moved}
+    return coll, qids, lists, docmap, info
+
+
+def ndcg(run, qrels) -> tuple[float, dict[str, float]]:
+    res = evaluate_run(run, qrels, k=10, recall_k=100)
+    return res["ndcg@10"], {q: v["ndcg@10"] for q, v in res["per_query"].items()}
+
+
+def choose(configs: dict, names: list[str]):
+    """Max over configs of min margin over `names`; ties: mean nDCG, fewer candidates, grid order."""
+    def key(cfg):
+        m = configs[cfg]
+        return (min(m[n]["margin"] for n in names), sum(m[n]["ndcg"] for n in names) / len(names),
+                -cfg[0], -GRID.index(cfg))
+    return max(configs, key=key)
+
+
+def fmt_cfg(cfg) -> str:
+    c, r, lw, sw = cfg
+    return f"c={c} rrf_k={r} w={lw:g}/{sw:g}"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--datasets", nargs="+", type=Path, required=True)
+    ap.add_argument("--verify", type=int, default=8, help="queries per collection checked against kb.search_hybrid")
+    ap.add_argument("--json", type=Path, default=RESULTS / "fusion-sweep.json")
+    args = ap.parse_args(argv)
+    settings = Settings.from_env()
+    from kb_rerank.embed import get_embedder
+
+    embedder = CachedEmbedder(get_embedder(settings), embed_cache_dir(settings))
+    conn_factory = _default_conn_factory(settings)
+    verify_configs = [PRODUCTION, (100, 10, 1.0, 2.0), (40, 30, 0.7, 1.3), (60, 10, 1.5, 1.0)]
+
+    per: dict[str, dict] = {}
+    infos: dict[str, dict] = {}
+    configs: dict[tuple, dict] = {cfg: {} for cfg in GRID}
+    failed = False
+    for path in args.datasets:
+        print(f"{path}: fetching lists", file=sys.stderr, flush=True)
+        coll, qids, lists, docmap, info = fetch_lists(settings, path, embedder, conn_factory, args.verify,
+                                                      verify_configs)
+        name = coll.name
+        infos[name] = info
+        v = info["verify"]
+        print(f"  {info['fetch_ms_per_query']} ms/query; verified {v['checked']} (query, config) pairs against "
+              f"kb.search_hybrid: {len(v['mismatches'])} mismatches "
+              f"({v['lists_changed_since_fetch']} with lists changed since the sweep fetch)", file=sys.stderr, flush=True)
+        failed |= bool(v["mismatches"])
+        qrels = {q: coll.qrels[q] for q in qids}
+        lex_ndcg, lex_pq = ndcg({q: dedup_docs(lists[q][0], docmap) for q in qids}, qrels)
+        sem_ndcg, sem_pq = ndcg({q: dedup_docs(lists[q][1], docmap) for q in qids}, qrels)
+        best_single = max(lex_ndcg, sem_ndcg)
+        best_pq = lex_pq if lex_ndcg >= sem_ndcg else sem_pq
+        per[name] = {"lexical": lex_ndcg, "semantic": sem_ndcg, "best_single": best_single,
+                     "best_single_method": "lexical" if lex_ndcg >= sem_ndcg else "semantic",
+                     "num_queries": len(qrels)}
+        for cfg in GRID:
+            run = {q: dedup_docs(fuse(*lists[q], *cfg), docmap) for q in qids}
+            h, pq = ndcg(run, qrels)
+            diffs = [pq[q] - best_pq[q] for q in pq]
+            n = len(diffs)
+            mean = sum(diffs) / n
+            se = math.sqrt(sum((d - mean) ** 2 for d in diffs) / (n - 1) / n) if n > 1 else float("nan")
+            configs[cfg][name] = {"ndcg": h, "margin": h - best_single, "margin_se": se}
+    names = list(per)
+
+    out = sys.stdout
+    date = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    machine = f"{platform.machine()}, {os.cpu_count()} cores"
+    print(f"# Fusion sweep ({date}, {machine}, embedder {embedder.name})\n", file=out)
+    for n in names:
+        p = per[n]
+        print(f"### {n} ({p['num_queries']} queries): lexical {p['lexical']:.4f}, semantic {p['semantic']:.4f}\n",
+              file=out)
+        print("| candidates | rrf_k | w_lex / w_sem | hybrid nDCG@10 | margin vs best single |", file=out)
+        print("|---:|---:|---|---:|---:|", file=out)
+        for cfg in GRID:
+            m = configs[cfg][n]
+            print(f"| {cfg[0]} | {cfg[1]} | {cfg[2]:g} / {cfg[3]:g} | {m['ndcg']:.4f} | {m['margin']:+.4f} |",
+                  file=out)
+        print(file=out)
+
+    def summary_row(cfg, cols):
+        m = configs[cfg]
+        mins = min(m[n]["margin"] for n in cols)
+        mean = sum(m[n]["ndcg"] for n in cols) / len(cols)
+        return mins, mean
+
+    print("### All collections: hybrid nDCG@10 (margin) per configuration, sorted by minimum margin\n", file=out)
+    print("| configuration | " + " | ".join(names) + " | min margin | mean nDCG@10 |", file=out)
+    print("|---|" + "---:|" * (len(names) + 2), file=out)
+    ranked = sorted(GRID, key=lambda c: (-summary_row(c, names)[0], -summary_row(c, names)[1], c[0]))
+    for cfg in ranked:
+        mins, mean = summary_row(cfg, names)
+        cells = " | ".join(f"{configs[cfg][n]['ndcg']:.4f} ({configs[cfg][n]['margin']:+.4f})" for n in names)
+        print(f"| {fmt_cfg(cfg)} | {cells} | {mins:+.4f} | {mean:.4f} |", file=out)
+    print(file=out)
+
+    chosen = choose(configs, names)
+    print(f"**Chosen on all {len(names)} collections: {fmt_cfg(chosen)}** "
+          f"(production today: {fmt_cfg(PRODUCTION)})\n", file=out)
+    print("| collection | lexical | semantic | hybrid (chosen) | margin ± SE | hybrid (production) | margin |",
+          file=out)
+    print("|---|---:|---:|---:|---:|---:|---:|", file=out)
+    for n in names:
+        c, p = configs[chosen][n], configs[PRODUCTION][n]
+        print(f"| {n} | {per[n]['lexical']:.4f} | {per[n]['semantic']:.4f} | {c['ndcg']:.4f} | "
+              f"{c['margin']:+.4f} ± {c['margin_se']:.4f} | {p['ndcg']:.4f} | {p['margin']:+.4f} |", file=out)
+    print(file=out)
+
+    loo = {}
+    if len(names) > 2:
+        print("### Leave one collection out (choose on the others, report the held-out one)\n", file=out)
+        print("| held out | chosen on the others | held-out hybrid nDCG@10 | held-out margin | "
+              "margin of the all-collection choice |", file=out)
+        print("|---|---|---:|---:|---:|", file=out)
+        for n in names:
+            rest = [x for x in names if x != n]
+            cfg = choose(configs, rest)
+            m = configs[cfg][n]
+            loo[n] = {"chosen": list(cfg), "ndcg": m["ndcg"], "margin": m["margin"]}
+            print(f"| {n} | {fmt_cfg(cfg)} | {m['ndcg']:.4f} | {m['margin']:+.4f} | "
+                  f"{configs[chosen][n]['margin']:+.4f} |", file=out)
+        print(file=out)
+
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps({
+        "date": date, "machine": machine, "embedder": embedder.name, "depth": DEPTH,
+        "grid": {"candidates": CANDIDATES, "rrf_k": RRF_KS, "weights": WEIGHTS},
+        "criterion": "max over configs of min over collections of (hybrid nDCG@10 - max(lexical, semantic)); "
+                     "ties: mean nDCG@10, fewer candidates",
+        "collections": {n: per[n] | {"info": infos[n]} for n in names},
+        "configs": [{"candidates": c, "rrf_k": r, "lexical_weight": lw, "semantic_weight": sw,
+                     "per_collection": configs[(c, r, lw, sw)]} for (c, r, lw, sw) in GRID],
+        "chosen": {"candidates": chosen[0], "rrf_k": chosen[1], "lexical_weight": chosen[2],
+                   "semantic_weight": chosen[3], "per_collection": configs[chosen]},
+        "production": {"config": list(PRODUCTION), "per_collection": configs[PRODUCTION]},
+        "leave_one_out": loo,
+    }, indent=1, default=str) + "\n", encoding="utf-8")
+    print(f"(written {args.json})", file=sys.stderr)
+    if failed:
+        print("ERROR: Python fusion differs from kb.search_hybrid on some queries (see verify in the JSON)",
+              file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

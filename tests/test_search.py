@@ -278,10 +278,34 @@ def test_hnsw_with_tenant_filter_equals_exact_top20(app_conn, owner_conn):
     assert min(recalls) == 1.0, recalls
 
 
-def test_indexes_are_used_inside_search_functions_as_app_role(owner_url, app_conn, tenant):
+@pytest.fixture
+def own_database(server_url):
+    """A freshly migrated database of its own, so that planner statistics do not depend on
+    what other tests left in the shared one (hundreds of small tenants make the generic
+    estimate of one tenant's rows tiny)."""
+    from kb_rerank import db
+    from kb_rerank.settings import Settings
+
+    name = f"kb_plan_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(server_url, autocommit=True) as conn:
+        conn.execute(f'create database "{name}"')
+    url = db.replace_url(server_url, dbname=name)
+    db.migrate(Settings(database_url=url))
+    return url
+
+
+def test_indexes_are_used_inside_search_functions_as_app_role(own_database):
     """EXPLAIN (via auto_explain of nested statements) of the search functions called as
     cyberos_app: the (tenant_id, tsv) GIN index and the HNSW index serve them."""
-    t = tenant
+    from kb_rerank.db import app_url, configure_connection
+    from kb_rerank.settings import Settings
+
+    owner_url = own_database
+    app_conn = psycopg.connect(app_url(Settings(database_url=owner_url)))
+    configure_connection(app_conn)
+    t = uuid.uuid4()
+    for other in range(3):  # a few small neighbours
+        insert_doc(app_conn, uuid.uuid4(), f"other {other}", ["apple quokka"], [basis(other)])
     rng = np.random.default_rng(3)
     words = ["apple", "banana", "cherry", "dessert", "pear", "plum", "fig", "kiwi"]
     # a selective term (1 row in 100), so that the planner prefers the index on any statistics
@@ -323,6 +347,7 @@ def test_indexes_are_used_inside_search_functions_as_app_role(owner_url, app_con
     text = "\n".join(plans)
     assert "chunks_tenant_tsv_idx" in text
     assert "chunks_embedding_hnsw_idx" in text
+    app_conn.close()
 
 
 def test_diacritics_typed_are_exact_and_folded_queries_find_all(app_conn, tenant):

@@ -55,6 +55,13 @@ def cmd_db(args, settings: Settings) -> int:
         print("stopped" if db.stop_embedded(settings) else "not running")
     elif args.action == "url":
         print(db.app_url(settings) if args.app else db.owner_url(settings))
+    elif args.action == "psql":
+        psql = db.psql_path()
+        if psql is None:
+            print("kb-rerank: error: no psql found (neither the embedded server's nor one on PATH)", file=sys.stderr)
+            return 1
+        url = db.owner_url(settings) if args.owner else db.app_url(settings)
+        os.execv(psql, [psql, url, *getattr(args, "psql_args", [])])
     return 0
 
 
@@ -122,6 +129,16 @@ def cmd_search(args, settings: Settings) -> int:
         rows = run_search(conn, settings, embedder, args.tenant, args.query, args.mode, args.k)
     print(f"{args.mode} search for {args.query!r}: {len(rows)} results")
     _print_results(rows[: args.limit], args.mode)
+    return 0
+
+
+def cmd_embed(args, settings: Settings) -> int:
+    """Print the query embedding as a pgvector literal, e.g. for psql:
+    \\set qvec `kb-rerank embed 'how do I emit hóa đơn'`"""
+    from .embed import get_embedder
+
+    vec = get_embedder(settings).embed_query(args.text)
+    print("[" + ",".join(f"{x:.7g}" for x in vec) + "]")
     return 0
 
 
@@ -329,8 +346,10 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
 
     d = sub.add_parser("db", help="embedded PostgreSQL: start, stop, print URL")
-    d.add_argument("action", choices=["start", "stop", "url"])
+    d.add_argument("action", choices=["start", "stop", "url", "psql"])
     d.add_argument("--app", action="store_true", help="with url: the app role's URL")
+    d.add_argument("--owner", action="store_true", help="with psql: connect as the owner instead of cyberos_app "
+                   "(psql's own arguments go after --)")
     d.set_defaults(func=cmd_db)
 
     m = sub.add_parser("migrate", help="apply migrations (alembic upgrade)")
@@ -354,6 +373,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("-k", type=int, default=20, help="top-k of each list")
     s.add_argument("--limit", type=int, default=10, help="rows to print")
     s.set_defaults(func=cmd_search)
+
+    em = sub.add_parser("embed", help="print a query's embedding as a pgvector literal (for psql)")
+    em.add_argument("text")
+    em.set_defaults(func=cmd_embed)
 
     dm = sub.add_parser("demo", help="migrate, ingest the sample knowledge base, run example searches, "
                                      "then one HTTP call to the rerank API")
@@ -400,7 +423,13 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    passthrough: list[str] = []
+    if "--" in argv:  # `kb-rerank db psql [--owner] -- <psql arguments>`
+        i = argv.index("--")
+        argv, passthrough = argv[:i], argv[i + 1:]
     args = parser.parse_args(argv)
+    args.psql_args = passthrough
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(asctime)s %(levelname)s %(name)s %(message)s")
     try:

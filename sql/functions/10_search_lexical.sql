@@ -28,14 +28,20 @@ returns table (
   score double precision,
   rank integer
 )
-language sql
+language plpgsql
 stable
 parallel safe
 security definer
 set search_path = pg_catalog, kb, public
-as $$
+as $fn$
+begin
+  -- EXECUTE plans the statement with the caller's actual tenant and terms (a custom plan):
+  -- with many tenants, a generic plan estimates every tenant at rows / n_distinct and, for
+  -- a large tenant, may scan its rows through a btree on tenant_id with @@ as a filter
+  -- instead of the (tenant_id, tsv) GIN index. $1 tenant, $2 query, $3 k, $4 k1, $5 b.
+  return query execute $q$
   with tenant as (
-    select kb.current_tenant() as id
+    select $1 as id
   ),
   corpus as (
     select cs.n_chunks::float8 as n, cs.total_len::float8 / greatest(cs.n_chunks, 1) as avglen
@@ -48,7 +54,7 @@ as $$
            -- only kb.code_tokens lexemes (which always contain one of _ . / : # -) can be
            -- stored without positions; every parser lexeme has positions
            ts.term ~ '[_./:#-]' as may_lack_positions
-    from unnest(kb.query_terms(query)) as q(term)
+    from unnest(kb.query_terms($2)) as q(term)
     join kb.term_stats ts on ts.tenant_id = (select id from tenant) and ts.term = q.term
     cross join corpus
     where ts.df > 0
@@ -70,7 +76,7 @@ as $$
     select kb.terms_tsquery(array(select term from terms)) as q,
            kb.terms_tsquery(array(select term from split where essential)) as q_essential,
            array(select term from terms) as lexemes,
-           (select coalesce(sum(t.idf * (k1 + 1)), 0) from terms t join split s using (term) where not s.essential)
+           (select coalesce(sum(t.idf * ($4 + 1)), 0) from terms t join split s using (term) where not s.essential)
              as common_bound
   ),
   essential_candidates as materialized (
@@ -97,8 +103,8 @@ as $$
     ),
     scored as (
       select m.chunk_id, m.doc_id,
-             sum(t.idf * (m.tf * (k1 + 1))
-                 / (m.tf + k1 * (1 - b + b * m.doc_len / (select avglen from corpus)))) as score
+             sum(t.idf * (m.tf * ($4 + 1))
+                 / (m.tf + $4 * (1 - $5 + $5 * m.doc_len / (select avglen from corpus)))) as score
       from matched m
       join terms t on t.term = m.lexeme
       group by m.chunk_id, m.doc_id
@@ -110,12 +116,12 @@ as $$
     )
     select * from best_per_doc
     order by score desc, chunk_id
-    limit greatest(least(k, 1000), 0)
+    limit greatest(least($3, 1000), 0)
   ) as x
   ),
   pruned_ok as (
-    select k1 >= 0 and b >= 0 and b <= 1
-           and count(*) = greatest(least(k, 1000), 0) and count(*) > 0
+    select $4 >= 0 and $5 >= 0 and $5 <= 1
+           and count(*) = greatest(least($3, 1000), 0) and count(*) > 0
            and min(e.score) > (select common_bound from tsq) as ok
     from essential_top e
   ),
@@ -148,8 +154,8 @@ as $$
     ),
     scored as (
       select m.chunk_id, m.doc_id,
-             sum(t.idf * (m.tf * (k1 + 1))
-                 / (m.tf + k1 * (1 - b + b * m.doc_len / (select avglen from corpus)))) as score
+             sum(t.idf * (m.tf * ($4 + 1))
+                 / (m.tf + $4 * (1 - $5 + $5 * m.doc_len / (select avglen from corpus)))) as score
       from matched m
       join terms t on t.term = m.lexeme
       group by m.chunk_id, m.doc_id
@@ -161,7 +167,7 @@ as $$
     )
     select * from best_per_doc
     order by score desc, chunk_id
-    limit greatest(least(k, 1000), 0)
+    limit greatest(least($3, 1000), 0)
   ) as x
   ),
   top as (
@@ -175,7 +181,9 @@ as $$
   join kb.chunks c on c.chunk_id = top.chunk_id
   join kb.documents d on d.doc_id = top.doc_id
   order by top.score desc, top.chunk_id
-$$;
+  $q$ using kb.current_tenant(), query, k, k1, b;
+end
+$fn$;
 alter function kb.search_lexical(text, integer, double precision, double precision) owner to kb_search;
 comment on function kb.search_lexical(text, integer, double precision, double precision) is
   'BM25 top-k chunks (best chunk per document) for the tenant in auth.tenant_id; empty when unset';

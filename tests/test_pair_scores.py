@@ -52,7 +52,8 @@ def candidates(conn, tenant, settings, embedder, query, source):
             if source == "semantic_only":
                 cands = search.semantic(conn, emb, settings.candidates)
             else:
-                cands = search.hybrid(conn, normalized, emb, settings.candidates, rrf_k=settings.rrf_k)
+                cands = search.hybrid(conn, normalized, emb, settings.fusion_depth,
+                                      **settings.fusion)[: 2 * settings.candidates]
     seen, out = set(), []
     for c in cands:
         if c.chunk_id not in seen:

@@ -118,7 +118,7 @@ def run_search(conn, settings: Settings, embedder, tenant: UUID, query: str, mod
         emb = embedder.embed_query(query)
         if mode == "semantic":
             return search.semantic(conn, emb, k)
-        return search.hybrid(conn, query, emb, k, **settings.fusion)
+        return search.hybrid(conn, query, emb, max(k, settings.fusion_depth), **settings.fusion)[: 2 * k]
 
 
 def cmd_search(args, settings: Settings) -> int:

@@ -370,8 +370,11 @@ def evaluate_collection(
                 elif mode == "semantic":
                     rows = search.semantic(conn, qembs[qid], depth)
                 else:
-                    rows = search.hybrid(conn, q, qembs[qid], cand, **settings.fusion)
-                    deep = search.hybrid(conn, q, qembs[qid], max(cand, recall_k), **settings.fusion)
+                    # as the service does: lists fused `fusion_depth` deep, the best 2 x cand kept
+                    rows = search.hybrid(conn, q, qembs[qid], max(cand, settings.fusion_depth),
+                                         **settings.fusion)[: 2 * cand]
+                    deep = search.hybrid(conn, q, qembs[qid], max(cand, recall_k, settings.fusion_depth),
+                                         **settings.fusion)
                     recall_run[qid] = _dedup(docmap[r.doc_id] for r in deep)
             if mode == "rerank" and rows:
                 t1 = time.perf_counter()

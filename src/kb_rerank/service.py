@@ -347,7 +347,9 @@ class RerankService:
         async with self.pool.connection() as conn:
             async with atenant_transaction(conn, tenant):
                 if source == "hybrid_lexical_semantic":
-                    cands = await search.ahybrid(conn, normalized, embedding, s.candidates, **s.fusion)
+                    # fused from lists `fusion_depth` deep; the best 2 x candidates go on
+                    cands = (await search.ahybrid(conn, normalized, embedding, s.fusion_depth, **s.fusion))[
+                        : 2 * s.candidates]
                 elif source == "lexical_only":
                     cands = await search.alexical(conn, normalized, s.candidates, k1=s.bm25_k1, b=s.bm25_b)
                 else:

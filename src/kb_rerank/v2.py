@@ -414,6 +414,7 @@ def _context_params(req: ContextRequest, settings: Settings, policy: str, model:
         "explain": req.explain,
         "injection_policy": policy,
         "candidates": settings.candidates,
+        "fusion_depth": settings.fusion_depth,
         **settings.fusion,
         "rerank_max_candidates": settings.rerank_max_candidates,
         "gate_min_similarity": settings.gate_min_similarity,
@@ -492,7 +493,8 @@ async def _compute_context(state: State, tenant, normalized: str, req: ContextRe
                                            normalized)
     async with state.pool.connection() as conn:
         async with atenant_transaction(conn, tenant):
-            rows = await search.ahybrid(conn, normalized, embedding, settings.candidates, **settings.fusion)
+            rows = (await search.ahybrid(conn, normalized, embedding, settings.fusion_depth, **settings.fusion))[
+                : 2 * settings.candidates]
             seen: set = set()
             cands: list[search.Candidate] = []
             for c in rows:

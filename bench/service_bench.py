@@ -31,7 +31,6 @@ from pathlib import Path
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-import httpx  # noqa: E402
 import psycopg  # noqa: E402
 
 from kb_rerank import db  # noqa: E402
@@ -48,8 +47,8 @@ SECRET = "kb-rerank-bench-secret-0123456789abcdef"
 class Timed:
     """Wraps a model, summing the seconds spent in it."""
 
-    def __init__(self, inner, method: str):
-        self.inner, self.method, self.seconds = inner, method, 0.0
+    def __init__(self, inner):
+        self.inner, self.seconds = inner, 0.0
 
     def __getattr__(self, name):
         return getattr(self.inner, name)
@@ -105,8 +104,8 @@ async def run(args) -> dict:
     model_dir = build_tiny_cross_encoder(Path(tempfile.mkdtemp()) / "ce")
     rr = Reranker(str(model_dir), device="cpu", max_length=256)
     rr.load()
-    reranker = TimedReranker(rr, "ascore")
-    embedder = TimedEmbedder(get_embedder(settings), "embed_query")
+    reranker = TimedReranker(rr)
+    embedder = TimedEmbedder(get_embedder(settings))
     app = create_app(settings, reranker=reranker, embedder=embedder)
     token = mint_token(tenant, JwtConfig(secret=SECRET), ttl_s=3600)
     headers = {"Authorization": "Bearer " + token}

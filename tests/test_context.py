@@ -20,7 +20,6 @@ import numpy as np
 import pytest
 from litestar.testing import TestClient
 
-from kb_rerank import v2
 from kb_rerank.api import create_app
 from kb_rerank.context import Passage, build_context_block, system_prompt
 from kb_rerank.db import tenant_transaction
@@ -59,9 +58,7 @@ class ScriptedReranker:
 def make_app(settings, reranker, embedder, **changes):
     app = create_app(settings.with_(jwt_secret=SECRET, rate_limit_per_minute=0, **changes),
                      reranker=reranker, embedder=embedder)
-    paths = {p for r in app.routes for p in [r.path]}
-    if URL not in paths:  # before api.create_app registers kb_rerank.v2.router()
-        app.register(v2.router())
+    assert URL in {r.path for r in app.routes}  # registered by create_app
     return app
 
 

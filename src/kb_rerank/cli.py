@@ -99,7 +99,7 @@ def cmd_ingest(args, settings: Settings) -> int:
     return 0
 
 
-def _print_results(rows, mode: str) -> None:
+def _print_results(rows) -> None:
     if not rows:
         print("  (no results)")
     for i, r in enumerate(rows, 1):
@@ -128,7 +128,7 @@ def cmd_search(args, settings: Settings) -> int:
     with _app_conn(settings) as conn:
         rows = run_search(conn, settings, embedder, args.tenant, args.query, args.mode, args.k)
     print(f"{args.mode} search for {args.query!r}: {len(rows)} results")
-    _print_results(rows[: args.limit], args.mode)
+    _print_results(rows[: args.limit])
     return 0
 
 
@@ -157,7 +157,7 @@ def cmd_demo(args, settings: Settings) -> int:
         for q in DEMO_QUERIES:
             rows = run_search(conn, settings, embedder, DEMO_TENANT, q, "hybrid", settings.candidates)
             print(f"\nhybrid search {q!r}: {len(rows)} candidates, top 5")
-            _print_results(rows[:5], "hybrid")
+            _print_results(rows[:5])
     if not args.no_http:
         _demo_http(settings)
     print(f"\ndemo done in {time.perf_counter() - t0:.1f}s")

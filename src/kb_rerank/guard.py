@@ -545,7 +545,7 @@ def _normalise(text: str) -> _Normalised:
 def _text_signals(norm: str) -> set[str]:
     found: set[str] = set()
     spaced = " " + norm
-    for name, rx in _RX.items():
+    for name in _RX:
         trig = _TRIGGERS.get(name)
         if trig is not None and not any(t in norm for t in trig):
             continue

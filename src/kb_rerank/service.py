@@ -194,7 +194,6 @@ class Outcome:
     rerank_ms: int = 0
     cached: bool = False
     kind: str = audit.SERVED
-    extra: dict[str, Any] = field(default_factory=dict)
     # pair scores the model computed for this outcome, to write into the pair cache
     new_pairs: dict[pair_cache.PairKey, float] = field(default_factory=dict)
 

@@ -3,9 +3,8 @@
 Both routes sit behind the same guard as ``POST /v1/kb/search/rerank`` (Bearer JWT ->
 tenant, per-tenant rate limit, trace id from ``traceparent`` / ``X-Trace-Id``), answer
 errors as ``{"error", "field", "detail"}`` (400 invalid JSON, 422 naming the field, 413
-too large) and write a hash-chained audit row per served request. :func:`router` builds
-the guarded Litestar router and :func:`routes`
-the unguarded one that ``api.create_app`` registers inside its guarded router.
+too large) and write a hash-chained audit row per served request. :func:`routes` returns
+them for ``api.create_app`` to register inside its guarded router.
 
 POST /v1/kb/context
 -------------------
@@ -82,7 +81,7 @@ from litestar import Request, Response, Router, post
 from litestar.datastructures import State
 
 from . import audit, cache, context, guard, pair_cache, ranking, search
-from .api import ApiError, _auth_guard  # noqa: PLC2701 - the app's own auth guard and error type
+from .api import ApiError  # the app's error type (its auth guard runs in api.create_app's router)
 from .db import atenant_transaction
 from .rerank import RerankerTimeout, RerankerUnavailable
 from .service import TRACE_ID, normalize_query, query_hash
@@ -841,7 +840,3 @@ def routes() -> Router:
     guarded ``v1`` router (``v1.register(routes())``: the auth guard runs once)."""
     return Router(path="/", route_handlers=[context_handler, v2_rerank_handler])
 
-
-def router() -> Router:
-    """The two routes behind the API's auth guard, for an app that does not register them."""
-    return Router(path="/", route_handlers=[context_handler, v2_rerank_handler], guards=[_auth_guard])

@@ -5,14 +5,15 @@ For each dataset folder, one table (Markdown on stdout) and ``bench/results/qual
 ours (through the database, ``kb_rerank.evaluate.evaluate_collection``):
   * ``lexical``  kb.search_lexical (BM25 in SQL, best chunk per document)
   * ``semantic`` kb.search_semantic (pgvector HNSW, cosine)
-  * ``hybrid``   kb.search_hybrid, RRF of the two lists with the production ``candidates``
-                 (KB_CANDIDATES, default 20) per list
-  * ``hybrid c=100`` the same with 100 candidates per list (comparable to the RRF baseline)
+  * ``hybrid``   kb.search_hybrid with the production fusion (lists KB_FUSION_DEPTH deep,
+                 KB_RRF_K, KB_LEXICAL_WEIGHT / KB_SEMANTIC_WEIGHT), as the service calls it
 baselines (same run, in process):
   * ``bm25s lucene`` bm25s BM25(k1=1.2, b=0.75, method='lucene') over our analysis
     imitated in Python: lower-case, NFKD accent folding (combining marks stripped, đ->d),
-    split on non-alphanumerics, no stemming, no stop words; query terms de-duplicated
-    (kb.query_terms returns distinct lexemes)
+    split on non-alphanumerics, no stemming; documents keep every word; in a query that
+    kb.query_is_english accepts, the 33 English stop words are dropped (unless nothing is
+    left); a word repeated in the query counts as often as it occurs (qtf), as in
+    kb.query_term_counts
   * ``bm25s en-stop`` bm25s's own tokenizer (\\w\\w+, lower-case) with English stop words,
     no stemmer
   * ``dense exact`` exact cosine search in numpy over the same chunk embeddings (same
@@ -69,6 +70,24 @@ def analyse(text: str) -> list[str]:
     t = unicodedata.normalize("NFKD", text.lower())
     t = "".join(c for c in t if not unicodedata.combining(c)).replace("đ", "d")
     return _SPLIT.findall(t)
+
+
+# kb.stop_words_en(), kb.vi_syllable_shape(), kb.query_is_english() in Python
+STOP_EN = frozenset("a an and are as at be but by for if in into is it no not of on or such that the their then "
+                    "there these they this to was will with".split())
+_VI_SHAPE = re.compile(r"^(ngh|ng|nh|ch|gh|gi|kh|ph|qu|th|tr|[bcdghklmnprstvx])?[aeiouy]{1,3}(ng|nh|ch|[cmnpt])?$")
+
+
+def analyse_query(text: str) -> list[str]:
+    """:func:`analyse` plus the stop-word rule of kb.query_terms."""
+    toks = analyse(text)
+    english = all(ord(c) < 128 for c in text) and any(
+        w in STOP_EN and not _VI_SHAPE.match(w) for w in re.split(r"[^a-z]+", text.lower()))
+    if english:
+        content = [t for t in toks if t not in STOP_EN]
+        if content:
+            return content
+    return toks
 
 
 def _topk(scores: np.ndarray, ids: list[str], k: int, *, positive: bool = False) -> list[str]:
@@ -142,8 +161,9 @@ def evaluate_dataset(path: Path, settings: Settings, limit: int | None) -> dict:
                      "per_query_ndcg@10": {q: v["ndcg@10"] for q, v in res["per_query"].items()}})
         print(f"  {name}: nDCG@10 {res['ndcg@10']:.4f} ({seconds:.1f}s)", file=sys.stderr, flush=True)
 
-    for name, mode, cand in (("lexical", "lexical", None), ("semantic", "semantic", None),
-                             (f"hybrid c={settings.candidates}", "hybrid", None), ("hybrid c=100", "hybrid", 100)):
+    fusion = (f"hybrid (depth {settings.fusion_depth}, rrf_k {settings.rrf_k}, "
+              f"w {settings.lexical_weight:g}/{settings.semantic_weight:g})")
+    for name, mode, cand in (("lexical", "lexical", None), ("semantic", "semantic", None), (fusion, "hybrid", None)):
         t0 = time.perf_counter()
         res = evaluate_collection(settings, path, mode, 10, embedder=embedder, limit_queries=limit,
                                   candidates=cand, progress=sys.stderr.isatty())
@@ -153,8 +173,8 @@ def evaluate_dataset(path: Path, settings: Settings, limit: int | None) -> dict:
     docs = source_docs(coll)
     doc_ids = [d.source_uri[len("beir:"):] for d in docs]
     t0 = time.perf_counter()
-    lucene = bm25s_run(doc_ids, [analyse(d.text) for d in docs], {q: analyse(t) for q, t in queries.items()},
-                       dedup_query=True)
+    lucene = bm25s_run(doc_ids, [analyse(d.text) for d in docs], {q: analyse_query(t) for q, t in queries.items()},
+                       dedup_query=False)
     add("bm25s lucene (our analysis)", "baseline", evaluate_run(lucene, qrels), time.perf_counter() - t0)
 
     import bm25s

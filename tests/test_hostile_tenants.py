@@ -46,6 +46,8 @@ VIEWS = {"cache_stats", "audit_summary", "cache_hit_ratio"}
 FUNCTIONS = {
     "current_tenant": "returns the transaction's tenant",
     "code_tokens": "pure text function", "to_tsv": "pure text function", "query_terms": "pure text function",
+    "stop_words_en": "pure text function", "vi_syllable_shape": "pure text function", "query_is_english": "pure text function",
+    "code_token_counts": "pure text function", "query_term_counts": "pure text function",
     "terms_tsquery": "pure text function", "doc_length": "pure text function", "audit_row_hash": "pure: hashes the row it is given",
     "chunks_derive": "trigger", "chunks_maintain_stats": "trigger",
     "apply_stats_delta": "not executable by the app",

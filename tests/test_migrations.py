@@ -24,6 +24,10 @@ from information_schema.columns where table_schema = 'kb'
 union all
 select 'grant ' || table_name || ' ' || privilege_type from information_schema.role_table_grants
 where table_schema = 'kb' and grantee = 'cyberos_app'
+union all
+select 'storage ' || a.attrelid::regclass::text || '.' || a.attname || ' ' || a.attstorage::text
+from pg_attribute a join pg_class c on c.oid = a.attrelid join pg_namespace n on n.oid = c.relnamespace
+where n.nspname = 'kb' and c.relkind = 'r' and a.attnum > 0 and not a.attisdropped
 order by 1
 """
 
@@ -73,3 +77,41 @@ def test_replace_url_keeps_socket_host():
     url = "postgresql://postgres:@/kb?host=%2Ftmp%2Fx"
     assert db.replace_url(url, user="cyberos_app") == "postgresql://cyberos_app@/kb?host=%2Ftmp%2Fx"
     assert db.replace_url("postgresql://u:p@h:5432/a", dbname="b") == "postgresql://u:p@h:5432/b"
+
+
+def test_0007_moves_existing_tsvectors_in_line_and_keeps_statistics(server_url):
+    """A chunk written at 0006 has its (large) tsvector in the TOAST table; upgrading to 0007
+    moves it into the heap row without changing it or the BM25 statistics."""
+    name = f"kb_mig_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(server_url, autocommit=True) as conn:
+        conn.execute(f'create database "{name}"')
+    url = db.replace_url(server_url, dbname=name)
+    s = Settings(database_url=url)
+    db.migrate(s, revision="0006_pair_scores")
+    tenant = uuid.uuid4()
+    text = " ".join(f"word{i} term{i % 50}" for i in range(200))  # ~3 kB tsvector, fits a page
+    stats_sql = ("select (select array_agg((term, df) order by term) from kb.term_stats),"
+                 " (select array_agg((tenant_id, n_chunks, total_len)) from kb.corpus_stats)")
+    with psycopg.connect(url) as conn:
+        doc = conn.execute(
+            "insert into kb.documents (tenant_id, source_uri, title, content_hash)"
+            " values (%s, 'a', 'a', repeat('0', 64)) returning doc_id", [tenant]).fetchone()[0]
+        conn.execute(
+            "insert into kb.chunks (tenant_id, doc_id, position, content, content_hash, embedding)"
+            " select %s, %s, 0, %s, repeat('0', 64), array_fill(0.1::real, array[dim])::vector"
+            " from kb.embedding_config", [tenant, doc, text])
+        conn.commit()
+        before = conn.execute("select tsv::text, pg_column_toast_chunk_id(tsv) is not null from kb.chunks").fetchone()
+        stats = conn.execute(stats_sql).fetchone()
+    assert before[1]  # out of line at 0006
+    db.migrate(s)
+    with psycopg.connect(url) as conn:
+        after = conn.execute("select tsv::text, pg_column_toast_chunk_id(tsv) is not null from kb.chunks").fetchone()
+        assert after == (before[0], False)
+        assert conn.execute(stats_sql).fetchone() == stats
+        assert conn.execute("select attstorage from pg_attribute where attrelid = 'kb.chunks'::regclass"
+                            " and attname = 'tsv'").fetchone()[0] == "m"
+        # and the statistics trigger is back on
+        conn.execute("delete from kb.chunks")
+        assert conn.execute("select coalesce(sum(n_chunks), 0) from kb.corpus_stats where tenant_id = %s",
+                            [tenant]).fetchone()[0] == 0

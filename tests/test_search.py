@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 import re
 import uuid
@@ -190,14 +191,17 @@ def test_bm25_matches_hand_computation(app_conn, rrf_tenant):
     # e.g. A: df(apple)=1 -> idf = ln(1 + 2.5/1.5) = 0.98083; tf=2, |A|=4, avg=10/3
     #      apple: 0.98083 * 2*2.2 / (2 + 1.2*(0.25 + 0.75*4/(10/3))) = 0.98083*4.4/3.38 = 1.27683
     assert math.isclose(bm25(["apple"], "A"), 1.27683, rel_tol=1e-4)
-    with tenant_transaction(app_conn, t):
-        rows = search.lexical(app_conn, "apple banana dessert", 10)
-    got = {r.doc_title: r.score for r in rows}
-    expected = {d: bm25(["apple", "banana", "dessert"], d) for d in docs}
-    assert set(got) == {d for d, s in expected.items() if s > 0}
-    for d, s in got.items():
-        assert math.isclose(s, expected[d], rel_tol=1e-9), (d, s, expected[d])
-    assert [r.lexical_rank for r in rows] == list(range(1, len(rows) + 1))
+    # "dessert" typed twice weighs twice (qtf = 2), as in Lucene
+    for query, terms in (("apple banana dessert", ["apple", "banana", "dessert"]),
+                         ("dessert apple, DESSERT", ["dessert", "apple", "dessert"])):
+        with tenant_transaction(app_conn, t):
+            rows = search.lexical(app_conn, query, 10)
+        got = {r.doc_title: r.score for r in rows}
+        expected = {d: bm25(terms, d) for d in docs}
+        assert set(got) == {d for d, s in expected.items() if s > 0}
+        for d, s in got.items():
+            assert math.isclose(s, expected[d], rel_tol=1e-9), (query, d, s, expected[d])
+        assert [r.lexical_rank for r in rows] == list(range(1, len(rows) + 1))
 
 
 def test_lexical_dedups_by_document_and_hybrid_by_chunk(app_conn, tenant):
@@ -366,3 +370,113 @@ def test_diacritics_typed_are_exact_and_folded_queries_find_all(app_conn, tenant
     assert terms == ["don", "hoa", "hóa", "đơn"]
     # the extra exact forms do not lengthen a document for BM25
     assert lens == {"invoice": 5, "peace": 5}
+
+
+@pytest.mark.parametrize("query,expected", [
+    # English (an unambiguous stop word such as `what`-like `is`, `of`, `and`): stop words dropped
+    ("What is the boundary layer of a flat plate?", ["boundary", "flat", "layer", "plate", "what"]),
+    ("ERR_402 and the invoice", ["err_402", "invoice"]),
+    # only stop words: kept, so the query still finds something
+    ("to be or not to be", ["be", "not", "or", "to"]),
+    # Vietnamese typed without diacritics: `the`, `to`, `no` are syllables (thẻ, tổ, nó): kept
+    ("hoa don the to no", ["don", "hoa", "no", "the", "to"]),
+    # any diacritic means "not English": nothing dropped
+    ("thẻ and the", ["and", "the", "thẻ"]),
+    # no English-only stop word: the ambiguous ones stay
+    ("the flow", ["flow", "the"]),
+])
+def test_query_terms_drop_english_stop_words_only_in_english(app_conn, query, expected):
+    assert app_conn.execute("select kb.query_terms(%s)", [query]).fetchone()[0] == expected
+
+
+def test_vi_syllable_shape(app_conn):
+    words = ["the", "to", "no", "but", "it", "nghieng", "and", "of", "is", "with", "into", "there"]
+    got = app_conn.execute(
+        "select array_agg(kb.vi_syllable_shape(w) order by o) from unnest(%s::text[]) with ordinality as u(w, o)",
+        [words]).fetchone()[0]
+    assert got == [True] * 6 + [False] * 6
+
+
+def test_stop_words_do_not_rank_documents(app_conn, tenant):
+    """In an English query the stop words add nothing: a document that repeats `the` and `of`
+    does not outrank one that has the content word."""
+    insert_doc(app_conn, tenant, "stopwords", ["the of the of the of the of and and is is"], [basis(9)])
+    insert_doc(app_conn, tenant, "content", ["supersonic nozzle design notes"], [basis(10)])
+    with tenant_transaction(app_conn, tenant):
+        rows = search.lexical(app_conn, "the design of the nozzle", 10)
+    assert [r.doc_title for r in rows] == ["content"]
+
+
+def test_pruned_bm25_top_k_equals_exhaustive_scoring(app_conn, tenant):
+    """kb.search_lexical skips chunks that cannot reach the top k (staged MaxScore with term
+    pairs). On a Zipf-distributed corpus, where queries mix words in most chunks with rare
+    ones and the rare words alone give fewer than k documents, its top k must equal BM25
+    computed here over every document."""
+    import random
+
+    rng = random.Random(5)
+    letters = "bcdfghjklmnpqrstvwxz"
+    vocab = sorted({"".join(rng.choice(letters) for _ in range(6)) + "o" for _ in range(400)})
+    weights = [1 / (i + 1) for i in range(len(vocab))]  # vocab[0] is in most documents
+    toks = {}
+    for i in range(400):
+        words = rng.choices(vocab, weights, k=rng.randint(3, 40))
+        toks[f"d{i:03d}"] = words
+        insert_doc(app_conn, tenant, f"d{i:03d}", [" ".join(words)], [basis(i % 384)])
+    # short documents that repeat a word of middling frequency: they outscore documents that
+    # hold a rare query word once among many, so pruning must not skip them
+    for i, w in enumerate(vocab[15:45]):
+        words = [w] * rng.randint(2, 5) + rng.choices(vocab[:3], k=rng.randint(0, 2))
+        toks[f"s{i:03d}"] = words
+        insert_doc(app_conn, tenant, f"s{i:03d}", [" ".join(words)], [basis(i)])
+    n = len(toks)
+    avg = sum(len(v) for v in toks.values()) / n
+    df = Counter(w for v in toks.values() for w in set(v))
+    k1, b = 1.2, 0.75
+
+    def bm25(terms, d):
+        s = 0.0
+        for term in terms:  # a term listed twice counts twice (qtf)
+            tf = toks[d].count(term)
+            if tf:
+                idf = math.log(1 + (n - df[term] + 0.5) / (df[term] + 0.5))
+                s += idf * tf * (k1 + 1) / (tf + k1 * (1 - b + b * len(toks[d]) / avg))
+        return s
+
+    by_df = sorted(df, key=lambda w: -df[w])
+    queries = [[by_df[0], by_df[-1]], [by_df[1], by_df[2], by_df[-2]], by_df[:3], by_df[3:12],
+               [by_df[0], by_df[5], by_df[40], by_df[-1], by_df[-3]], [by_df[200]], by_df[::37]]
+    queries += [rng.sample(by_df[:60], rng.randint(1, 6)) + rng.sample(by_df[60:], rng.randint(0, 2))
+                for _ in range(25)]
+    queries += [[m, r] + rng.sample(by_df[:5], rng.randint(0, 2))
+                for m, r in zip(vocab[15:45], rng.sample(by_df[60:200], 30))]
+    queries += [[by_df[0], by_df[0], by_df[-1]], [by_df[10], by_df[10], by_df[10], by_df[80]]]
+    checked = 0
+    for terms, k, first_postings in itertools.product(queries, (5, 20), ("1", "40", "")):
+        with tenant_transaction(app_conn, tenant):
+            # where the pruning starts (default 1000 postings, more than this corpus has)
+            app_conn.execute("select set_config('kb.lexical_essential_postings', %s, true)", [first_postings])
+            rows = search.lexical(app_conn, " ".join(terms), k)
+        expected = sorted(((round(bm25(terms, d), 9), d) for d in toks), key=lambda x: (-x[0], x[1]))
+        expected = [e for e in expected if e[0] > 0][:k]
+        got = [(r.score, r.doc_title) for r in rows]
+        assert len(got) == len(expected), terms
+        # same scores in the same order; the documents may differ only within exact ties
+        for (gs, gd), (es, ed) in zip(got, expected):
+            assert math.isclose(gs, es, rel_tol=1e-7, abs_tol=1e-8), (terms, k, got, expected)
+            assert gd == ed or math.isclose(bm25(terms, gd), es, rel_tol=1e-7), (terms, k, gd, ed)
+        checked += 1
+    assert checked == 6 * len(queries)
+
+
+def test_query_term_counts(app_conn):
+    rows = app_conn.execute("select term, qtf from kb.query_term_counts(%s) order by term",
+                            ["ERR_402 or err_402? Two-factor, two factor; Hóa hóa HOA"]).fetchall()
+    # not English (diacritics): `or` stays; the code token counted whole, its parts not
+    # searched; the hyphenated word as its parts, with every occurrence
+    assert rows == [("err_402", 2), ("factor", 2), ("hoa", 1), ("hóa", 2), ("or", 1), ("two", 2)]
+    split = app_conn.execute("select kb.query_terms(%s)", ["internal /slip flow/ wind-tunnel api/v2 user_id"]).fetchone()[0]
+    assert split == ["api/v2", "flow", "id", "internal", "slip", "tunnel", "user", "user_id", "wind"]
+    english = app_conn.execute("select term, qtf from kb.query_term_counts(%s) order by term",
+                               ["the cache of the cache and the CACHE"]).fetchall()
+    assert english == [("cache", 3)]

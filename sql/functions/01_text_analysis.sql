@@ -1,8 +1,24 @@
 -- Text analysis shared by documents and queries, so that both sides tokenise alike.
 --
 -- kb.code_tokens: runs of letters/digits joined by _ - . / : # (ERR_402, SKU-1234,
--- v2.3.1, api/v2), lower-cased and accent-folded. The default parser splits ERR_402 into
--- `err` and `402`; these tokens are kept whole as extra lexemes.
+-- v2.3.1, api/v2), lower-cased and accent-folded, distinct and sorted; kb.code_token_counts
+-- gives each with its number of occurrences. The default parser splits ERR_402 into `err`
+-- and `402`; these tokens are kept whole as extra lexemes.
+create or replace function kb.code_token_counts(content text)
+returns table (token text, n integer)
+language sql
+immutable
+strict
+parallel safe
+security invoker
+set search_path = pg_catalog, public
+as $$
+  select m[1], count(*)::integer
+  from regexp_matches(lower(public.unaccent('public.unaccent'::regdictionary, content)),
+                      '([[:alnum:]]+(?:[_./:#-][[:alnum:]]+)+)', 'g') as m
+  group by m[1]
+$$;
+
 create or replace function kb.code_tokens(content text)
 returns text[]
 language sql
@@ -12,9 +28,8 @@ parallel safe
 security invoker
 set search_path = pg_catalog, public
 as $$
-  select coalesce(array_agg(distinct m[1]), '{}')
-  from regexp_matches(lower(public.unaccent('public.unaccent'::regdictionary, content)),
-                      '([[:alnum:]]+(?:[_./:#-][[:alnum:]]+)+)', 'g') as m
+  select coalesce(array_agg(c.token order by c.token), '{}')
+  from kb.code_token_counts(content) as c
 $$;
 
 -- kb.to_tsv: the lexemes of a text, for documents. Three parts:
@@ -62,16 +77,70 @@ as $$
   from unnest(to_tsvector('kb.kb_text'::regconfig, content)) as u
 $$;
 
--- Distinct query lexemes. Each word is searched as typed: with its diacritics when it has
--- some (matching the exact forms of kb.to_tsv), folded otherwise (matching the folded forms
--- of every document, accented or not). An identifier that contains a digit (ERR_402,
--- SKU-1234) is searched whole, without its parts (`err`, `402`), so ERR_409 does not match
--- a query for ERR_402; a document still holds both, so the query "err 402" finds it.
--- Hyphenated words without digits (two-factor) keep their parts. Accepts any text:
--- quotes, operators and punctuation are just text; it never raises a tsquery syntax
--- error. Input beyond 4000 characters is ignored (the API refuses such queries earlier).
-create or replace function kb.query_terms(query text)
+-- English stop words: Lucene's English stop set (33 words; also Elasticsearch's `_english_`
+-- and bm25s's "en" list). Only ever removed from queries, and only from queries that
+-- kb.query_is_english accepts; documents keep every word (see kb.query_terms).
+create or replace function kb.stop_words_en()
 returns text[]
+language sql
+immutable
+parallel safe
+security invoker
+set search_path = pg_catalog
+as $$
+  select '{a,an,and,are,as,at,be,but,by,for,if,in,into,is,it,no,not,of,on,or,such,that,the,their,then,there,these,they,this,to,was,will,with}'::text[]
+$$;
+
+-- True when a lower-case ASCII word has the shape of a Vietnamese syllable typed without
+-- diacritics: optional initial consonant, one to three vowels, optional final consonant
+-- (`the` = thẻ/thế, `to` = tô/tổ, `no` = nó, `but` = bút, `it` = ít). Deliberately loose:
+-- it only decides which stop words are proof that a query is English.
+create or replace function kb.vi_syllable_shape(word text)
+returns boolean
+language sql
+immutable
+strict
+parallel safe
+security invoker
+set search_path = pg_catalog
+as $$
+  select word ~ '^(ngh|ng|nh|ch|gh|gi|kh|ph|qu|th|tr|[bcdghklmnprstvx])?[aeiouy]{1,3}(ng|nh|ch|[cmnpt])?$'
+$$;
+
+-- A query is treated as English when every letter in it is ASCII (no diacritics, no other
+-- script) and at least one of its words is an English stop word that cannot be a
+-- Vietnamese syllable (and, of, is, for, with, what-like function words: see the list).
+-- "what is the boundary layer" is English; "hoa don the to" (hóa đơn thẻ tổ typed without
+-- diacritics) is not, so none of its words is dropped.
+create or replace function kb.query_is_english(query text)
+returns boolean
+language sql
+immutable
+parallel safe
+security invoker
+set search_path = pg_catalog
+as $$
+  select coalesce(query, '') !~ '[^\x01-\x7f]'
+     and exists (select 1
+                 from regexp_split_to_table(lower(left(coalesce(query, ''), 4000)), '[^a-z]+') as w
+                 where w = any (kb.stop_words_en()) and not kb.vi_syllable_shape(w))
+$$;
+
+-- The lexemes a query is searched with, each with its count in the query (qtf: BM25 weighs
+-- a word typed twice twice, as Lucene does). Each word is searched as typed: with its
+-- diacritics when it has some (matching the exact forms of kb.to_tsv), folded otherwise
+-- (matching the folded forms of every document, accented or not). An identifier that
+-- contains a digit (ERR_402, SKU-1234) is searched whole, without its parts (`err`, `402`),
+-- so ERR_409 does not match a query for ERR_402; a document still holds both, so the query
+-- "err 402" finds it. Words joined by hyphens or slashes without digits (two-factor,
+-- input/output) are searched as their parts (documents index both forms). In an
+-- English query (kb.query_is_english) the stop words of kb.stop_words_en() are dropped,
+-- unless nothing else is left ("to be or not to be" keeps its words): they match nearly
+-- every document, add noise to BM25 and make it read long posting lists. Accepts any text:
+-- quotes, operators and punctuation are just text; it never raises a tsquery syntax error.
+-- Input beyond 4000 characters is ignored (the API refuses such queries earlier).
+create or replace function kb.query_term_counts(query text)
+returns table (term text, qtf integer)
 language sql
 immutable
 parallel safe
@@ -81,21 +150,60 @@ as $$
   with q as (
     select left(coalesce(query, ''), 4000) as t
   ),
+  codes as (
+    select c.token, c.n from q cross join lateral kb.code_token_counts(q.t) as c
+  ),
   words as (
-    select u.lexeme from q cross join lateral unnest(to_tsvector('kb.kb_text_exact'::regconfig, q.t)) as u
-    union
-    select c.code from q cross join lateral unnest(kb.code_tokens(q.t)) as c(code)
+    select u.lexeme, coalesce(array_length(u.positions, 1), 1) as n
+    from q cross join lateral unnest(to_tsvector('kb.kb_text_exact'::regconfig, q.t)) as u
+    union all
+    select c.token, c.n from codes c
   ),
   parts as (
     select p.lexeme
-    from q
-    cross join lateral unnest(kb.code_tokens(q.t)) as c(code)
-    cross join lateral unnest(to_tsvector('kb.kb_text_exact'::regconfig, c.code)) as p
-    where c.code ~ '[0-9]' and p.lexeme <> c.code
+    from codes c
+    cross join lateral unnest(to_tsvector('kb.kb_text_exact'::regconfig, c.token)) as p
+    where c.token ~ '[0-9]' and p.lexeme <> c.token
+  ),
+  -- words joined by hyphens or slashes, without digits (wind-tunnel, input/output, /slip):
+  -- searched as their parts only, as standard analysers split them
+  compound_parts as (
+    select p.part as lexeme, w.n
+    from words w
+    cross join lateral regexp_split_to_table(w.lexeme, '[/-]+') as p(part)
+    where w.lexeme ~ '[/-]' and w.lexeme !~ '[^[:alpha:]/-]' and p.part <> ''
+  ),
+  terms as (
+    -- a word the parser also splits (wind-tunnel -> wind, tunnel) is counted once
+    select x.lexeme, max(x.n)::integer as n
+    from (select w.lexeme, w.n from words w
+          where not (w.lexeme ~ '[/-]' and w.lexeme !~ '[^[:alpha:]/-]')
+          union all
+          select c.lexeme, c.n from compound_parts c) as x
+    where x.lexeme not in (select lexeme from parts)
+    group by x.lexeme
+  ),
+  content_terms as (
+    select t.lexeme, t.n
+    from terms t
+    where not (kb.query_is_english(query) and t.lexeme = any (kb.stop_words_en()))
   )
-  select coalesce(array_agg(w.lexeme order by w.lexeme), '{}')
-  from words w
-  where w.lexeme not in (select lexeme from parts)
+  select c.lexeme, c.n from content_terms c
+  union all
+  select t.lexeme, t.n from terms t where not exists (select 1 from content_terms)
+$$;
+
+-- The distinct lexemes of kb.query_term_counts, sorted.
+create or replace function kb.query_terms(query text)
+returns text[]
+language sql
+immutable
+parallel safe
+security invoker
+set search_path = pg_catalog, public
+as $$
+  select coalesce(array_agg(c.term order by c.term), '{}')
+  from kb.query_term_counts(query) as c
 $$;
 
 -- OR-query over lexemes, built by quoting each lexeme (never parsed as operators).

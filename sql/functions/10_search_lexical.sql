@@ -10,8 +10,11 @@
 --
 -- Scoring (Robertson/Lucene BM25):
 --   idf(t)   = ln(1 + (N - df + 0.5) / (df + 0.5))
---   score(d) = sum over query terms t in d of idf(t) * tf * (k1 + 1) / (tf + k1 * (1 - b + b * len(d) / avglen))
--- with N, df and avglen taken from the caller's tenant only (kb.corpus_stats, kb.term_stats).
+--   score(d) = sum over distinct query terms t in d of
+--              qtf(t) * idf(t) * tf * (k1 + 1) / (tf + k1 * (1 - b + b * len(d) / avglen))
+-- with N, df and avglen taken from the caller's tenant only (kb.corpus_stats, kb.term_stats),
+-- and qtf(t) the number of times t occurs in the query (kb.query_term_counts), as in Lucene,
+-- where a repeated query word is a repeated clause.
 -- Documents are deduplicated by doc_id: each document contributes its best chunk.
 create or replace function kb.search_lexical(
   query text,
@@ -34,154 +37,175 @@ parallel safe
 security definer
 set search_path = pg_catalog, kb, public
 as $fn$
+-- Top-k retrieval, exact, in stages (MaxScore with a two-term refinement).
+-- Query terms are sorted rarest first. At each stage the first `ne` terms are
+-- "essential"; of the other ("common") terms, P = the eight rarest that are in fewer than a
+-- quarter of the tenant's chunks, R = the rest. Candidates are the chunks that match an
+-- essential term or at least two terms of P, and every candidate is scored with all
+-- terms. Each BM25 term is below its bound qtf * idf * (k1 + 1) (k1 >= 0, 0 <= b <= 1), and a
+-- chunk outside the candidates matches at most one term of P plus terms of R, so it scores
+-- at most max(bound over P) + sum(bound over R). When the candidates already give k
+-- documents above that bound, their top k is exactly the full ranking's top k, and the long
+-- postings of the common terms were never read on their own. Otherwise the next stage
+-- makes more terms essential (at least doubling the postings read); the last stage has
+-- every term essential, which is plain exhaustive scoring.
+-- The first stage's essential terms: the rarest, and the next while their postings add up
+-- to fewer than 1000 (the setting kb.lexical_essential_postings, if set, replaces 1000;
+-- results do not depend on it, only the work done: the tests lower it to prune small corpora).
+declare
+  v_tenant uuid := kb.current_tenant();
+  v_k integer := greatest(least(k, 1000), 0);
+  v_n float8;
+  v_avglen float8;
+  v_terms text[];
+  v_df bigint[];
+  v_w float8[];
+  v_nt integer;
+  v_ne integer;
+  v_cum bigint;
+  v_target bigint;
+  v_p text[];
+  v_bound float8;
+  v_q tsquery;
+  v_exact boolean := k1 >= 0 and b >= 0 and b <= 1;
+  r_chunk uuid[];
+  r_doc uuid[];
+  r_score float8[];
+  v_min float8;
+  v_first_postings bigint := case when current_setting('kb.lexical_essential_postings', true) ~ '^[0-9]{1,9}$'
+                                  then current_setting('kb.lexical_essential_postings', true)::bigint
+                                  else 1000 end;
+  v_codes text[];
+  v_code_tq tsquery[];
 begin
-  -- EXECUTE plans the statement with the caller's actual tenant and terms (a custom plan):
-  -- with many tenants, a generic plan estimates every tenant at rows / n_distinct and, for
-  -- a large tenant, may scan its rows through a btree on tenant_id with @@ as a filter
-  -- instead of the (tenant_id, tsv) GIN index. $1 tenant, $2 query, $3 k, $4 k1, $5 b.
-  return query execute $q$
-  with tenant as (
-    select $1 as id
-  ),
-  corpus as (
-    select cs.n_chunks::float8 as n, cs.total_len::float8 / greatest(cs.n_chunks, 1) as avglen
-    from kb.corpus_stats cs
-    where cs.tenant_id = (select id from tenant)
-  ),
-  terms as materialized (
-    select ts.term, ts.df, ln(1 + (corpus.n - ts.df + 0.5) / (ts.df + 0.5)) as idf,
-           kb.terms_tsquery(array[ts.term]) as tq,
-           -- only kb.code_tokens lexemes (which always contain one of _ . / : # -) can be
-           -- stored without positions; every parser lexeme has positions
-           ts.term ~ '[_./:#-]' as may_lack_positions
-    from unnest(kb.query_terms($2)) as q(term)
-    join kb.term_stats ts on ts.tenant_id = (select id from tenant) and ts.term = q.term
-    cross join corpus
-    where ts.df > 0
-  ),
-  -- Top-k pruning (MaxScore), exact: the rarest terms, while their postings add up to
-  -- fewer than 1000, are "essential"; the others are common. A chunk that matches common
-  -- terms only scores at most sum(idf * (k1 + 1)) over the common terms (each BM25 term is
-  -- below idf * (k1 + 1) when k1 >= 0 and 0 <= b <= 1). When the chunks that match an
-  -- essential term already give k documents scoring above that bound, the full ranking's
-  -- top k is exactly theirs, so the common terms' postings are never read. Otherwise every
-  -- candidate is scored (the `full` branch below).
-  split as (
-    select t.term, (sum(t.df) over (order by t.df, t.term rows between unbounded preceding and 1 preceding)) is null
-                   or sum(t.df) over (order by t.df, t.term rows between unbounded preceding and 1 preceding) < 1000
-             as essential
-    from terms t
-  ),
-  tsq as (
-    select kb.terms_tsquery(array(select term from terms)) as q,
-           kb.terms_tsquery(array(select term from split where essential)) as q_essential,
-           array(select term from terms) as lexemes,
-           (select coalesce(sum(t.idf * ($4 + 1)), 0) from terms t join split s using (term) where not s.essential)
-             as common_bound
-  ),
-  essential_candidates as materialized (
-    select c.chunk_id, c.doc_id, c.tsv, c.doc_len,
-           ts_filter(setweight(c.tsv, 'A', (select lexemes from tsq)), '{a}') as qtsv
-    from kb.chunks c
-    where c.tenant_id = (select id from tenant)
-      and c.tsv @@ (select q_essential from tsq)
-  ),
-  essential_top as materialized (
-    select * from (
-    with matched as (
-      -- tf = number of positions (1 for a lexeme stored without positions), as unnest gives
-      select cand.chunk_id, cand.doc_id, cand.doc_len, u.lexeme,
-             coalesce(array_length(u.positions, 1), 1)::float8 as tf
-      from essential_candidates cand
-      cross join lateral unnest(cand.qtsv) as u
-      union all
-      -- query lexemes present without positions (code tokens): ts_filter drops them, tf = 1
-      select cand.chunk_id, cand.doc_id, cand.doc_len, t.term, 1::float8
-      from terms t
-      join essential_candidates cand on cand.tsv @@ t.tq and not (cand.qtsv @@ t.tq)
-      where t.may_lack_positions
-    ),
-    scored as (
-      select m.chunk_id, m.doc_id,
-             sum(t.idf * (m.tf * ($4 + 1))
-                 / (m.tf + $4 * (1 - $5 + $5 * m.doc_len / (select avglen from corpus)))) as score
-      from matched m
-      join terms t on t.term = m.lexeme
-      group by m.chunk_id, m.doc_id
-    ),
-    best_per_doc as (
-      select distinct on (s.doc_id) s.chunk_id, s.doc_id, s.score
-      from scored s
-      order by s.doc_id, s.score desc, s.chunk_id
-    )
-    select * from best_per_doc
-    order by score desc, chunk_id
-    limit greatest(least($3, 1000), 0)
-  ) as x
-  ),
-  pruned_ok as (
-    select $4 >= 0 and $5 >= 0 and $5 <= 1
-           and count(*) = greatest(least($3, 1000), 0) and count(*) > 0
-           and min(e.score) > (select common_bound from tsq) as ok
-    from essential_top e
-  ),
-  candidates as materialized (
-    -- (tenant_id, tsv) GIN index: both conditions are index conditions.
-    -- qtsv: the candidate's query lexemes only, with their positions. setweight marks them
-    -- and ts_filter keeps them, both in one C pass over the tsvector; unnesting every
-    -- lexeme of every candidate instead cost ~50 us per candidate (seconds for a common
-    -- word at 100k chunks).
-    select c.chunk_id, c.doc_id, c.tsv, c.doc_len,
-           ts_filter(setweight(c.tsv, 'A', (select lexemes from tsq)), '{a}') as qtsv
-    from kb.chunks c
-    where c.tenant_id = (select id from tenant)
-      and c.tsv @@ (select q from tsq)
-  ),
-  full_top as (
-    select * from (
-    with matched as (
-      -- tf = number of positions (1 for a lexeme stored without positions), as unnest gives
-      select cand.chunk_id, cand.doc_id, cand.doc_len, u.lexeme,
-             coalesce(array_length(u.positions, 1), 1)::float8 as tf
-      from candidates cand
-      cross join lateral unnest(cand.qtsv) as u
-      union all
-      -- query lexemes present without positions (code tokens): ts_filter drops them, tf = 1
-      select cand.chunk_id, cand.doc_id, cand.doc_len, t.term, 1::float8
-      from terms t
-      join candidates cand on cand.tsv @@ t.tq and not (cand.qtsv @@ t.tq)
-      where t.may_lack_positions
-    ),
-    scored as (
-      select m.chunk_id, m.doc_id,
-             sum(t.idf * (m.tf * ($4 + 1))
-                 / (m.tf + $4 * (1 - $5 + $5 * m.doc_len / (select avglen from corpus)))) as score
-      from matched m
-      join terms t on t.term = m.lexeme
-      group by m.chunk_id, m.doc_id
-    ),
-    best_per_doc as (
-      select distinct on (s.doc_id) s.chunk_id, s.doc_id, s.score
-      from scored s
-      order by s.doc_id, s.score desc, s.chunk_id
-    )
-    select * from best_per_doc
-    order by score desc, chunk_id
-    limit greatest(least($3, 1000), 0)
-  ) as x
-  ),
-  top as (
-    select * from essential_top where (select coalesce(ok, false) from pruned_ok)
-    union all
-    select * from full_top where not (select coalesce(ok, false) from pruned_ok)
-  )
-  select top.chunk_id, top.doc_id, d.title, left(c.content, 300), c.content, top.score,
-         (row_number() over (order by top.score desc, top.chunk_id))::integer
-  from top
-  join kb.chunks c on c.chunk_id = top.chunk_id
-  join kb.documents d on d.doc_id = top.doc_id
-  order by top.score desc, top.chunk_id
-  $q$ using kb.current_tenant(), query, k, k1, b;
+  if v_tenant is null or v_k = 0 then
+    return;
+  end if;
+  select cs.n_chunks::float8, cs.total_len::float8 / greatest(cs.n_chunks, 1)
+    into v_n, v_avglen
+  from kb.corpus_stats cs where cs.tenant_id = v_tenant;
+  if v_n is null then
+    return;
+  end if;
+  -- weight of a term = its count in the query (qtf) * idf
+  select array_agg(ts.term order by ts.df, ts.term),
+         array_agg(ts.df order by ts.df, ts.term),
+         array_agg(q.qtf * ln(1 + (v_n - ts.df + 0.5) / (ts.df + 0.5)) order by ts.df, ts.term)
+    into v_terms, v_df, v_w
+  from kb.query_term_counts(query) as q
+  join kb.term_stats ts on ts.tenant_id = v_tenant and ts.term = q.term
+  where ts.df > 0;
+  v_nt := coalesce(array_length(v_terms, 1), 0);
+  if v_nt = 0 then
+    return;
+  end if;
+  select coalesce(array_agg(t.term), '{}'), coalesce(array_agg(kb.terms_tsquery(array[t.term])), '{}')
+    into v_codes, v_code_tq
+  from unnest(v_terms) as t(term)
+  where t.term ~ '[_./:#-]';
+
+  v_ne := 1;
+  v_cum := v_df[1];
+  while v_ne < v_nt and v_cum + v_df[v_ne + 1] < v_first_postings loop
+    v_ne := v_ne + 1;
+    v_cum := v_cum + v_df[v_ne];
+  end loop;
+  if not v_exact then
+    v_ne := v_nt;  -- the bounds need k1 >= 0 and 0 <= b <= 1: score everything
+  end if;
+
+  loop
+    -- P and the bound on chunks outside the candidates
+    v_p := '{}';
+    v_bound := 0;
+    for i in v_ne + 1 .. v_nt loop
+      if cardinality(v_p) < 8 and v_df[i] < v_n / 4 then
+        v_p := v_p || v_terms[i];
+        v_bound := greatest(v_bound, v_w[i] * (k1 + 1));
+      end if;
+    end loop;
+    v_bound := v_bound + coalesce((select sum(x.w * (k1 + 1))
+                                   from unnest(v_terms[v_ne + 1:], v_w[v_ne + 1:]) as x(term, w)
+                                   where x.term <> all (v_p)), 0);
+    select string_agg(x.q::text, ' | ')::tsquery
+      into v_q
+    from (select kb.terms_tsquery(v_terms[1:v_ne]) as q
+          union all
+          select kb.terms_tsquery(array[a.t]) && kb.terms_tsquery(array[b2.t])
+          from unnest(v_p) with ordinality as a(t, i)
+          join unnest(v_p) with ordinality as b2(t, i) on b2.i > a.i) as x;
+
+    -- score the candidates (tf = number of positions; code tokens are stored without
+    -- positions: tf = 1), best chunk per document, top k. EXECUTE plans with the actual
+    -- tenant and query (a custom plan): a generic plan estimates every tenant alike and may
+    -- scan a large tenant through a btree on tenant_id instead of the (tenant_id, tsv) GIN
+    -- index. Scores are rounded to 1e-9 so that ties do not depend on summation order.
+    execute $q$
+      with candidates as materialized (
+        -- (tenant_id, tsv) GIN index: both conditions are index conditions.
+        -- qtsv: the candidate's query lexemes only, with their positions. setweight marks
+        -- them and ts_filter keeps them, both in one C pass over the tsvector; unnesting
+        -- every lexeme of every candidate instead cost ~50 us per candidate.
+        select c.chunk_id, c.doc_id, c.tsv, c.doc_len,
+               ts_filter(setweight(c.tsv, 'A', $2::text[]), '{a}') as qtsv
+        from kb.chunks c
+        where c.tenant_id = $1
+          and c.tsv @@ $4
+      ),
+      matched as (
+        select cand.chunk_id, cand.doc_id, cand.doc_len, u.lexeme,
+               coalesce(array_length(u.positions, 1), 1)::float8 as tf
+        from candidates cand
+        cross join lateral unnest(cand.qtsv) as u
+        union all
+        -- code tokens (the only lexemes that contain one of _ . / : # -) may be stored
+        -- without positions, which ts_filter drops: tf = 1 when the chunk has them
+        select cand.chunk_id, cand.doc_id, cand.doc_len, x.term, 1::float8
+        from unnest($9::text[], $10::tsquery[]) as x(term, tq)
+        join candidates cand on cand.tsv @@ x.tq and not (cand.qtsv @@ x.tq)
+      ),
+      scored as (
+        select m.chunk_id, m.doc_id,
+               round(sum(t.w * (m.tf * ($6 + 1))
+                         / (m.tf + $6 * (1 - $7 + $7 * m.doc_len / $8)))::numeric, 9)::float8 as score
+        from matched m
+        join unnest($2::text[], $3::float8[]) as t(term, w) on t.term = m.lexeme
+        group by m.chunk_id, m.doc_id
+      ),
+      top as (
+        select x.chunk_id, x.doc_id, x.score
+        from (select distinct on (s.doc_id) s.chunk_id, s.doc_id, s.score
+              from scored s
+              order by s.doc_id, s.score desc, s.chunk_id) as x
+        order by x.score desc, x.chunk_id
+        limit $5
+      )
+      select array_agg(chunk_id order by score desc, chunk_id),
+             array_agg(doc_id order by score desc, chunk_id),
+             array_agg(score order by score desc, chunk_id),
+             min(score)
+      from top
+    $q$
+    into r_chunk, r_doc, r_score, v_min
+    using v_tenant, v_terms, v_w, v_q, v_k, k1, b, greatest(v_avglen, 1e-9), v_codes, v_code_tq;
+
+    exit when v_ne >= v_nt
+           or (coalesce(cardinality(r_chunk), 0) = v_k and v_min > v_bound);
+    -- next stage: at least double the essential postings
+    v_target := 2 * v_cum;
+    loop
+      v_ne := v_ne + 1;
+      v_cum := v_cum + v_df[v_ne];
+      exit when v_ne >= v_nt or v_cum >= v_target;
+    end loop;
+  end loop;
+
+  return query
+    select t.chunk_id, t.doc_id, d.title, left(c.content, 300), c.content, t.score, t.rank::integer
+    from unnest(r_chunk, r_doc, r_score) with ordinality as t(chunk_id, doc_id, score, rank)
+    join kb.chunks c on c.chunk_id = t.chunk_id and c.tenant_id = v_tenant
+    join kb.documents d on d.doc_id = t.doc_id and d.tenant_id = v_tenant
+    order by t.rank;
 end
 $fn$;
 alter function kb.search_lexical(text, integer, double precision, double precision) owner to kb_search;

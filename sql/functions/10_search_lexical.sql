@@ -145,10 +145,17 @@ begin
         -- (tenant_id, tsv) GIN index: both conditions are index conditions.
         -- qtsv: the candidate's query lexemes only, with their positions. setweight marks
         -- them and ts_filter keeps them, both in one C pass over the tsvector; unnesting
-        -- every lexeme of every candidate instead cost ~50 us per candidate.
-        select c.chunk_id, c.doc_id, c.tsv, c.doc_len,
-               ts_filter(setweight(c.tsv, 'A', $2::text[]), '{a}') as qtsv
+        -- every lexeme of every candidate instead cost ~50 us per candidate. Code tokens
+        -- (the only lexemes that contain one of _ . / : # -) may be stored without
+        -- positions, which ts_filter drops: code_hits lists those the chunk has that way
+        -- (tf = 1). Only these small values are kept, not the ~2 kB tsvector.
+        select c.chunk_id, c.doc_id, c.doc_len, q.qtsv,
+               case when cardinality($9::text[]) > 0 then
+                 array(select x.term from unnest($9::text[], $10::tsquery[]) as x(term, tq)
+                       where c.tsv @@ x.tq and not (q.qtsv @@ x.tq))
+               end as code_hits
         from kb.chunks c
+        cross join lateral (select ts_filter(setweight(c.tsv, 'A', $2::text[]), '{a}') as qtsv) as q
         where c.tenant_id = $1
           and c.tsv @@ $4
       ),
@@ -158,16 +165,15 @@ begin
         from candidates cand
         cross join lateral unnest(cand.qtsv) as u
         union all
-        -- code tokens (the only lexemes that contain one of _ . / : # -) may be stored
-        -- without positions, which ts_filter drops: tf = 1 when the chunk has them
-        select cand.chunk_id, cand.doc_id, cand.doc_len, x.term, 1::float8
-        from unnest($9::text[], $10::tsquery[]) as x(term, tq)
-        join candidates cand on cand.tsv @@ x.tq and not (cand.qtsv @@ x.tq)
+        select cand.chunk_id, cand.doc_id, cand.doc_len, h.term, 1::float8
+        from candidates cand
+        cross join lateral unnest(cand.code_hits) as h(term)
+        where cardinality($9::text[]) > 0
       ),
       scored as (
         select m.chunk_id, m.doc_id,
                round(sum(t.w * (m.tf * ($6 + 1))
-                         / (m.tf + $6 * (1 - $7 + $7 * m.doc_len / $8)))::numeric, 9)::float8 as score
+                         / (m.tf + $6 * (1 - $7 + $7 * m.doc_len / $8))) * 1e9) / 1e9 as score
         from matched m
         join unnest($2::text[], $3::float8[]) as t(term, w) on t.term = m.lexeme
         group by m.chunk_id, m.doc_id

@@ -40,14 +40,15 @@ class Settings:
     # Retrieval
     candidates: int = 20  # top-k of each list before fusion
     # Fusion used by the service and the CLI, chosen on the four shared collections
-    # (docs/quality.md, bench/fusion_sweep.py): lists fused 60 deep with rrf_k 10 and semantic
-    # weight 1.5 is the setting whose hybrid nDCG@10 beats both single lists on all four; no
-    # 20-deep setting does. The rerank endpoint still sends at most 2 x `candidates` (40) fused
-    # candidates to the cross-encoder. The SQL function's own defaults stay rrf_k 60, weights 1/1.
-    fusion_depth: int = 60  # KB_FUSION_DEPTH: top-k of each list that kb.search_hybrid fuses
+    # (docs/quality.md, bench/fusion_sweep.py, 2026-11-30): lists fused 40 deep with rrf_k 10
+    # and equal weights is the setting with the largest minimum margin of hybrid nDCG@10 over
+    # the better single list across all four (+0.0104, cranfield). The rerank endpoint sends at
+    # most 2 x `candidates` (40) fused candidates to the cross-encoder. The SQL function's own
+    # defaults stay rrf_k 60, weights 1/1.
+    fusion_depth: int = 40  # KB_FUSION_DEPTH: top-k of each list that kb.search_hybrid fuses
     rrf_k: int = 10  # KB_RRF_K
     lexical_weight: float = 1.0  # KB_LEXICAL_WEIGHT: RRF weight of the lexical list
-    semantic_weight: float = 1.5  # KB_SEMANTIC_WEIGHT: RRF weight of the semantic list
+    semantic_weight: float = 1.0  # KB_SEMANTIC_WEIGHT: RRF weight of the semantic list
     bm25_k1: float = 1.2
     bm25_b: float = 0.75
     # Rerank

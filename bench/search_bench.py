@@ -32,7 +32,7 @@ per transaction: set tenant + statement(s) + commit), on the largest and a small
   base: lexical recipe (RLS)       the lexical CTE of that recipe alone
   base: semantic recipe (RLS)      the semantic CTE of that recipe alone
   base: exact semantic             kb.search_semantic with enable_indexscan off (exact kNN)
-HNSW recall@20 = |kb.search_semantic ∩ exact| / 20 under the tenant filter.
+HNSW recall@k = |kb.search_semantic ∩ exact| / k under the tenant filter (k = --k, default 20).
 
 Examples
   python bench/search_bench.py --quick
@@ -415,11 +415,11 @@ def run_config(args, size, n_tenants, sents, centres) -> dict:
             if "semantic" in res_by_op and "base: exact semantic" in res_by_op:
                 rec = [len(set(a) & set(b)) / max(1, min(K, len(b)))
                        for a, b in zip(res_by_op["semantic"], res_by_op["base: exact semantic"])]
-                recall_summary[label] = {"recall@20": statistics.mean(rec), "min": min(rec), "queries": len(rec)}
+                recall_summary[label] = {f"recall@{K}": statistics.mean(rec), "min": min(rec), "queries": len(rec)}
             if "base: semantic recipe (RLS)" in res_by_op and "base: exact semantic" in res_by_op:
                 rec = [len(set(a) & set(b)) / max(1, min(K, len(b)))
                        for a, b in zip(res_by_op["base: semantic recipe (RLS)"], res_by_op["base: exact semantic"])]
-                recall_summary[label + " (semantic recipe, RLS)"] = {"recall@20": statistics.mean(rec),
+                recall_summary[label + " (semantic recipe, RLS)"] = {f"recall@{K}": statistics.mean(rec),
                                                                       "min": min(rec), "queries": len(rec)}
         # recall over random tenants (all sizes), semantic vs exact
         if n_tenants > 1 and (not ops or ("semantic" in ops and "base: exact semantic" in ops)):
@@ -434,7 +434,7 @@ def run_config(args, size, n_tenants, sents, centres) -> dict:
                 with db.tenant_transaction(conn, t):
                     b = fns["base: exact semantic"](q, v)
                 rec.append(len(set(a) & set(b)) / max(1, min(K, len(b))))
-            recall_summary["random tenants"] = {"recall@20": statistics.mean(rec), "min": min(rec), "queries": len(rec)}
+            recall_summary["random tenants"] = {f"recall@{K}": statistics.mean(rec), "min": min(rec), "queries": len(rec)}
     with psycopg.connect(owner, autocommit=True) as conn:
         stmts = conn.execute(
             "select left(regexp_replace(query, '\\s+', ' ', 'g'), 160), calls, round(mean_exec_time::numeric, 3),"
@@ -481,11 +481,11 @@ def markdown(rows, configs, machine, args) -> str:
         slow = f"{r['p95_vs_slower_single']:.2f}" if "p95_vs_slower_single" in r else ""
         out.append(f"| {r['operation']} | {r['size']} | {r['tenants']} | {r['tenant']} ({r['tenant_chunks']}) | "
                    f"{r['p50']:.2f} | {r['p95']:.2f} | {r['p99']:.2f} | {ratio} | {slow} |")
-    out += ["", "## HNSW recall@20 under the tenant filter (against exact)", "",
-            "| size | tenants | tenants queried | recall@20 | min | queries |", "|---:|---:|---|---:|---:|---:|"]
+    out += ["", f"## HNSW recall@{K} under the tenant filter (against exact)", "",
+            f"| size | tenants | tenants queried | recall@{K} | min | queries |", "|---:|---:|---|---:|---:|---:|"]
     for c in configs:
         for label, v in c["recall"].items():
-            out.append(f"| {c['size']} | {c['tenants']} | {label} | {v['recall@20']:.4f} | {v['min']:.2f} | {v['queries']} |")
+            out.append(f"| {c['size']} | {c['tenants']} | {label} | {v[f'recall@{K}']:.4f} | {v['min']:.2f} | {v['queries']} |")
     out += ["", "## Setup", "", "| size | tenants | load | chunks/s | HNSW build s | analyze s | tenant sizes (first, last) |",
             "|---:|---:|---|---:|---:|---:|---|"]
     for c in configs:
@@ -508,6 +508,7 @@ def machine_info(args, text_desc) -> dict:
 
 
 def main(argv=None) -> int:
+    global K
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data-dir", default="/tmp/kb-bench")
     ap.add_argument("--sizes", default="10000,100000")
@@ -526,9 +527,11 @@ def main(argv=None) -> int:
     ap.add_argument("--maintenance-work-mem", default="2GB")
     ap.add_argument("--quick", action="store_true", help="10k chunks, 1 and 10 tenants, 200 queries")
     ap.add_argument("--tag", default="", help="suffix of the result file names")
+    ap.add_argument("--k", type=int, default=K, help="top-k of every operation (the service fuses lists 40 deep)")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results"))
     ap.add_argument("-v", "--verbose", action="store_true")
     args = ap.parse_args(argv)
+    K = args.k
     if args.quick:
         args.sizes, args.tenants, args.queries = "10000", "1,10", 200
     sents, text_desc = load_sentences(args.text_from)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import logging
 import os
 import random
 import statistics
@@ -117,6 +118,9 @@ async def run(args) -> dict:
 
     hits, misses, overhead, overhead_no_embed = [], [], [], []
     from litestar.testing import AsyncTestClient
+
+    # the test client's own per-request INFO line (httpx) is not the service's work
+    logging.getLogger("httpx").setLevel(logging.WARNING)
 
     async with AsyncTestClient(app) as client:
         async def post(q, source="hybrid_lexical_semantic"):

@@ -154,10 +154,13 @@ as $$
     select c.token, c.n from q cross join lateral kb.code_token_counts(q.t) as c
   ),
   words as (
-    select u.lexeme, coalesce(array_length(u.positions, 1), 1) as n
-    from q cross join lateral unnest(to_tsvector('kb.kb_text_exact'::regconfig, q.t)) as u
-    union all
-    select c.token, c.n from codes c
+    -- compound: words joined by hyphens or slashes, without digits (wind-tunnel,
+    -- input/output, /slip): searched as their parts only, as standard analysers split them
+    select x.lexeme, x.n, x.lexeme ~ '[/-]' and x.lexeme !~ '[^[:alpha:]/-]' as compound
+    from (select u.lexeme, coalesce(array_length(u.positions, 1), 1) as n
+          from q cross join lateral unnest(to_tsvector('kb.kb_text_exact'::regconfig, q.t)) as u
+          union all
+          select c.token, c.n from codes c) as x
   ),
   parts as (
     select p.lexeme
@@ -165,28 +168,23 @@ as $$
     cross join lateral unnest(to_tsvector('kb.kb_text_exact'::regconfig, c.token)) as p
     where c.token ~ '[0-9]' and p.lexeme <> c.token
   ),
-  -- words joined by hyphens or slashes, without digits (wind-tunnel, input/output, /slip):
-  -- searched as their parts only, as standard analysers split them
-  compound_parts as (
-    select p.part as lexeme, w.n
-    from words w
-    cross join lateral regexp_split_to_table(w.lexeme, '[/-]+') as p(part)
-    where w.lexeme ~ '[/-]' and w.lexeme !~ '[^[:alpha:]/-]' and p.part <> ''
-  ),
   terms as (
     -- a word the parser also splits (wind-tunnel -> wind, tunnel) is counted once
     select x.lexeme, max(x.n)::integer as n
-    from (select w.lexeme, w.n from words w
-          where not (w.lexeme ~ '[/-]' and w.lexeme !~ '[^[:alpha:]/-]')
+    from (select w.lexeme, w.n from words w where not w.compound
           union all
-          select c.lexeme, c.n from compound_parts c) as x
+          select p.part, w.n
+          from words w
+          cross join lateral regexp_split_to_table(w.lexeme, '[/-]+') as p(part)
+          where w.compound and p.part <> '') as x
     where x.lexeme not in (select lexeme from parts)
     group by x.lexeme
   ),
   content_terms as (
     select t.lexeme, t.n
     from terms t
-    where not (kb.query_is_english(query) and t.lexeme = any (kb.stop_words_en()))
+    cross join (select kb.query_is_english(query) as yes) as english
+    where not (english.yes and t.lexeme = any (kb.stop_words_en()))
   )
   select c.lexeme, c.n from content_terms c
   union all

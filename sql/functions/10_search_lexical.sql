@@ -66,6 +66,7 @@ declare
   v_target bigint;
   v_p text[];
   v_bound float8;
+  v_p_max float8;
   v_q tsquery;
   v_exact boolean := k1 >= 0 and b >= 0 and b <= 1;
   r_chunk uuid[];
@@ -115,18 +116,19 @@ begin
   end if;
 
   loop
-    -- P and the bound on chunks outside the candidates
+    -- P, and the bound on chunks outside the candidates: max over P + sum over R
     v_p := '{}';
+    v_p_max := 0;
     v_bound := 0;
     for i in v_ne + 1 .. v_nt loop
       if cardinality(v_p) < 8 and v_df[i] < v_n / 4 then
         v_p := v_p || v_terms[i];
-        v_bound := greatest(v_bound, v_w[i] * (k1 + 1));
+        v_p_max := greatest(v_p_max, v_w[i] * (k1 + 1));
+      else
+        v_bound := v_bound + v_w[i] * (k1 + 1);
       end if;
     end loop;
-    v_bound := v_bound + coalesce((select sum(x.w * (k1 + 1))
-                                   from unnest(v_terms[v_ne + 1:], v_w[v_ne + 1:]) as x(term, w)
-                                   where x.term <> all (v_p)), 0);
+    v_bound := v_bound + v_p_max;
     select string_agg(x.q::text, ' | ')::tsquery
       into v_q
     from (select kb.terms_tsquery(v_terms[1:v_ne]) as q

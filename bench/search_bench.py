@@ -19,6 +19,8 @@ Data
   * loading: as cyberos_app with the tenant set (RLS applies; COPY is not allowed under
     RLS): executemany in batches of ``--batch`` rows, one transaction per batch. The HNSW
     index is dropped before the bulk load and rebuilt afterwards (timed), then ANALYZE.
+  * BM25 champion lists (kb.term_tops): built per tenant after the load, as `kb-rerank
+    ingest` does (timed); kept on reuse; ``--no-lists`` drops them to measure without.
 
 Measured (each p50/p95/p99 over ``--queries`` queries after ``--warmup`` warm-up queries,
 per transaction: set tenant + statement(s) + commit), on the largest and a small tenant:
@@ -64,6 +66,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
 from kb_rerank import db, search, sqlfiles  # noqa: E402
+from kb_rerank.ingest import refresh_term_lists  # noqa: E402
 from kb_rerank.settings import Settings  # noqa: E402
 
 DIM = 384
@@ -181,6 +184,7 @@ def prepare_database(args, size: int, n_tenants: int, sents: list[str], centres:
         have = conn.execute("select count(*) from kb.chunks").fetchone()[0]
     if have == size:
         info["load"] = "reused"
+        lists_step(args, settings, tenants, info)
         return info
     if have:
         raise SystemExit(f"database {settings.database_name} holds {have} chunks, expected {size}: drop it")
@@ -243,7 +247,32 @@ def prepare_database(args, size: int, n_tenants: int, sents: list[str], centres:
         conn.execute("analyze kb.corpus_stats")
         info["analyze_s"] = round(time.perf_counter() - t2, 1)
     info["load"] = "loaded"
+    lists_step(args, settings, tenants, info)
     return info
+
+
+def lists_step(args, settings: Settings, tenants, info: dict) -> None:
+    """BM25 champion lists (kb.term_tops) as `kb-rerank ingest` leaves them after a load:
+    built per tenant unless present; --no-lists drops them (to measure without)."""
+    with psycopg.connect(db.owner_url(settings), autocommit=True) as conn:
+        conn.execute("set role kb_search")  # BYPASSRLS: all tenants
+        have = conn.execute("select count(*) from kb.term_tops").fetchone()[0]
+        if args.no_lists and have:
+            conn.execute("delete from kb.term_tops")
+    if args.no_lists:
+        info["lists"] = "none"
+        return
+    if have:
+        info["lists"] = f"reused ({have})"
+        return
+    with psycopg.connect(db.app_url(settings)) as conn:
+        t0 = time.perf_counter()
+        n = 0
+        for t in tenants:
+            with db.tenant_transaction(conn, t):
+                n += refresh_term_lists(conn, settings)
+        info["lists"] = f"built ({n})"
+        info["lists_s"] = round(time.perf_counter() - t0, 1)
 
 
 # --------------------------------------------------------------------------- queries
@@ -486,12 +515,13 @@ def markdown(rows, configs, machine, args) -> str:
     for c in configs:
         for label, v in c["recall"].items():
             out.append(f"| {c['size']} | {c['tenants']} | {label} | {v[f'recall@{K}']:.4f} | {v['min']:.2f} | {v['queries']} |")
-    out += ["", "## Setup", "", "| size | tenants | load | chunks/s | HNSW build s | analyze s | tenant sizes (first, last) |",
-            "|---:|---:|---|---:|---:|---:|---|"]
+    out += ["", "## Setup", "", "| size | tenants | load | chunks/s | HNSW build s | analyze s | BM25 term lists | lists s |"
+            " tenant sizes (first, last) |", "|---:|---:|---|---:|---:|---:|---|---:|---|"]
     for c in configs:
         s = c["setup"]
         out.append(f"| {c['size']} | {c['tenants']} | {s['load']} | {s.get('load_chunks_per_s', '')} | "
-                   f"{s.get('hnsw_build_s', '')} | {s.get('analyze_s', '')} | {s['sizes'][0]}, {s['sizes'][-1]} |")
+                   f"{s.get('hnsw_build_s', '')} | {s.get('analyze_s', '')} | {s.get('lists', '')} | "
+                   f"{s.get('lists_s', '')} | {s['sizes'][0]}, {s['sizes'][-1]} |")
     return "\n".join(out) + "\n"
 
 
@@ -527,6 +557,7 @@ def main(argv=None) -> int:
     ap.add_argument("--maintenance-work-mem", default="2GB")
     ap.add_argument("--quick", action="store_true", help="10k chunks, 1 and 10 tenants, 200 queries")
     ap.add_argument("--tag", default="", help="suffix of the result file names")
+    ap.add_argument("--no-lists", action="store_true", help="drop the BM25 champion lists (kb.term_tops) first")
     ap.add_argument("--k", type=int, default=K, help="top-k of every operation (the service fuses lists 40 deep)")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results"))
     ap.add_argument("-v", "--verbose", action="store_true")

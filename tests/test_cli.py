@@ -22,3 +22,20 @@ def test_db_url_prints_the_configured_urls(capsys, monkeypatch):
     assert capsys.readouterr().out.strip() == "postgresql://owner:pw@db.example:5432/kb"
     assert cli.main(["db", "url", "--app"]) == 0
     assert capsys.readouterr().out.strip() == "postgresql://cyberos_app@db.example:5432/kb"
+
+
+def test_lists_rebuilds_a_tenants_bm25_term_lists(capsys, monkeypatch, settings, app_conn):
+    import uuid
+
+    from kb_rerank.db import tenant_transaction
+
+    from .helpers import basis, insert_doc
+
+    tenant = uuid.uuid4()
+    insert_doc(app_conn, tenant, "a", ["zebra crossing", "zebra stripes"], [basis(1), basis(2)])
+    monkeypatch.setenv("KB_DATABASE_URL", settings.database_url)
+    monkeypatch.setenv("KB_TERM_LIST_MIN_DF", "2")
+    assert cli.main(["lists", "--tenant", str(tenant)]) == 0
+    assert capsys.readouterr().out.startswith(f"1 BM25 term lists rebuilt for tenant {tenant}")
+    with tenant_transaction(app_conn, tenant):
+        assert app_conn.execute("select term, cardinality(chunk_ids) from kb.term_tops").fetchall() == [("zebra", 2)]

@@ -27,6 +27,7 @@ TABLES = {
               " (select array_fill(0.1::real, array[dim])::vector from kb.embedding_config))",
     "term_stats": None,
     "corpus_stats": None,
+    "term_tops": None,
     "embedding_config": None,  # no tenant_id: global configuration, read-only for the app
     "kb_rerank_cache": "insert into kb.kb_rerank_cache (cache_id, tenant_id, query_hash, source, results_jsonb,"
                        " expires_at) values (gen_random_uuid(), %(t)s, repeat('a', 64), 'lexical_only', '[]',"
@@ -49,8 +50,9 @@ FUNCTIONS = {
     "stop_words_en": "pure text function", "vi_syllable_shape": "pure text function", "query_is_english": "pure text function",
     "code_token_counts": "pure text function", "query_term_counts": "pure text function",
     "terms_tsquery": "pure text function", "doc_length": "pure text function", "audit_row_hash": "pure: hashes the row it is given",
-    "chunks_derive": "trigger", "chunks_maintain_stats": "trigger",
-    "apply_stats_delta": "not executable by the app",
+    "chunks_derive": "trigger", "chunks_maintain_stats": "trigger", "chunks_maintain_term_tops": "trigger",
+    "apply_stats_delta": "not executable by the app", "term_tops_lock_key": "pure: a lock key from a uuid",
+    "bm25_tf_part": "pure arithmetic", "refresh_term_tops": "rebuilds kb.current_tenant()'s lists only",
     "search_lexical": "filters kb.current_tenant()", "search_semantic": "filters kb.current_tenant()",
     "search_hybrid": "filters kb.current_tenant()",
     "audit_append": "writes the current tenant's chain only", "audit_verify": "RLS: the current tenant's chain",
@@ -84,6 +86,7 @@ def ab(app_url):
                 conn.execute("insert into kb.kb_rerank_pair_scores (tenant_id, model, query_hash, chunk_id,"
                              " content_hash, score, expires_at) values (kb.current_tenant(), 'm', repeat('c', 64),"
                              " %s, repeat('d', 64), 0.25, now() + interval '1 hour')", [chunk])
+                conn.execute("select kb.refresh_term_tops(4, 1)")  # BM25 lists for every word
                 if t == a:  # B has no policy row, so B's own insert (rolled back) can be tried
                     conn.execute("insert into kb.tenant_policy (tenant_id) values (kb.current_tenant())")
             ids[t] = {"doc": doc, "chunk": chunk, "word": word}
@@ -228,7 +231,15 @@ def test_functions_as_b_return_nothing_of_a(app_conn, owner_conn, ab):
                                      " where n.nspname = 'kb' and proname = %s", [name]).fetchone()[0]
             assert vol == "i", name
     assert owner_conn.execute("select count(*) from kb.kb_rerank_cache where tenant_id = %s", [a]).fetchone()[0] == live_a
-    for fn in ("kb.apply_stats_delta(kb.chunks[], integer)", "kb.chunks_derive()", "kb.chunks_maintain_stats()"):
+    # B rebuilding its BM25 lists leaves A's as they are
+    lists_sql = "select array_agg((term, chunk_ids, tail) order by term) from kb.term_tops where tenant_id = %s"
+    lists_a = owner_conn.execute(lists_sql, [a]).fetchone()[0]
+    assert lists_a and ids[a]["word"] in str(lists_a)
+    with tenant_transaction(app_conn, b):
+        assert app_conn.execute("select kb.refresh_term_tops(2, 1)").fetchone()[0] >= 1
+    assert owner_conn.execute(lists_sql, [a]).fetchone()[0] == lists_a
+    for fn in ("kb.apply_stats_delta(kb.chunks[], integer)", "kb.chunks_derive()", "kb.chunks_maintain_stats()",
+               "kb.chunks_maintain_term_tops()", "kb.term_tops_lock_key(uuid)"):
         assert owner_conn.execute("select has_function_privilege('cyberos_app', %s, 'EXECUTE')", [fn]).fetchone()[0] is False, fn
 
 

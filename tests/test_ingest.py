@@ -82,3 +82,34 @@ def test_beir_corpus_jsonl(app_conn, tenant, embedder, settings, tmp_path):
     with tenant_transaction(app_conn, tenant):
         uris = {r[0] for r in app_conn.execute("select source_uri from kb.documents")}
     assert uris == {"beir:d1", "beir:d2"}
+
+
+def test_ingest_rebuilds_bm25_term_lists_when_a_large_share_changed(app_conn, tenant, embedder, settings, tmp_path):
+    """After an ingest the tenant's BM25 champion lists (kb.term_tops) are rebuilt when the
+    ingest wrote at least a tenth of its chunks or it has none yet; a small ingest into a
+    larger tenant leaves them to the insert trigger (a rebuild reads every chunk)."""
+    s = settings.with_(term_list_length=3, term_list_min_df=2)
+    kb = tmp_path / "kb"
+    shutil.copytree(EXAMPLES, kb)
+    first = ingest_paths(app_conn, tenant, [kb], embedder, s)
+    with tenant_transaction(app_conn, tenant):
+        lists = dict(app_conn.execute("select term, cardinality(chunk_ids) from kb.term_tops").fetchall())
+        built = app_conn.execute("select max(built_at) from kb.term_tops").fetchone()[0]
+        n_chunks = app_conn.execute("select n_chunks from kb.corpus_stats").fetchone()[0]
+        df2 = app_conn.execute("select count(*) from kb.term_stats where df >= 2").fetchone()[0]
+    assert first.term_lists == len(lists) == df2 > 0
+    assert set(lists.values()) <= {2, 3}
+    assert "BM25 term lists rebuilt" in first.summary()
+    assert ingest_paths(app_conn, tenant, [kb], embedder, s).term_lists is None  # nothing written
+    (kb / "small.md").write_text("# Small\n\nOne short page about invoices.\n")
+    small = ingest_paths(app_conn, tenant, [kb], embedder, s)
+    assert small.chunks_written == 1 < 0.1 * n_chunks and small.term_lists is None
+    with tenant_transaction(app_conn, tenant):
+        assert app_conn.execute("select max(built_at) from kb.term_tops").fetchone()[0] == built
+    for i in range(5):
+        (kb / f"more{i}.md").write_text(f"# More {i}\n\n" + "Invoices and webhooks. " * 50 + "\n\n"
+                                        + "Refunds take days. " * 60 + "\n\n" + "Tax rates. " * 100)
+    more = ingest_paths(app_conn, tenant, [kb], embedder, s)
+    assert more.chunks_written >= 0.1 * n_chunks and more.term_lists and more.term_lists > 0
+    with tenant_transaction(app_conn, tenant):
+        assert app_conn.execute("select max(built_at) from kb.term_tops").fetchone()[0] > built

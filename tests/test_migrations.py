@@ -115,3 +115,42 @@ def test_0007_moves_existing_tsvectors_in_line_and_keeps_statistics(server_url):
         conn.execute("delete from kb.chunks")
         assert conn.execute("select coalesce(sum(n_chunks), 0) from kb.corpus_stats where tenant_id = %s",
                             [tenant]).fetchone()[0] == 0
+
+
+def test_0008_downgrade_keeps_search_and_writes_working(server_url):
+    """Down to 0007, kb.term_tops and its trigger go; kb.search_lexical (an idempotent file,
+    not re-applied by a downgrade) still answers, and chunks can still be written. Up again,
+    the lists come back empty and are rebuilt on demand."""
+    name = f"kb_mig_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(server_url, autocommit=True) as conn:
+        conn.execute(f'create database "{name}"')
+    url = db.replace_url(server_url, dbname=name)
+    s = Settings(database_url=url)
+    db.migrate(s)
+    tenant = uuid.uuid4()
+    insert = ("insert into kb.chunks (tenant_id, doc_id, position, content, content_hash, embedding)"
+              " select %s, %s, %s, %s, repeat('0', 64), array_fill(0.1::real, array[dim])::vector"
+              " from kb.embedding_config")
+    search_sql = "select array_agg(content order by rank) from kb.search_lexical('zebra', 5)"
+    with psycopg.connect(url) as conn:
+        conn.execute("select set_config('auth.tenant_id', %s, false)", [str(tenant)])
+        doc = conn.execute(
+            "insert into kb.documents (tenant_id, source_uri, title, content_hash)"
+            " values (%s, 'a', 'a', repeat('0', 64)) returning doc_id", [tenant]).fetchone()[0]
+        conn.execute(insert, [tenant, doc, 0, "zebra crossing"])
+        assert conn.execute("select kb.refresh_term_tops(4, 1)").fetchone()[0] == 2
+        conn.commit()
+        assert conn.execute(search_sql).fetchone()[0] == ["zebra crossing"]
+    db.downgrade(s, revision="0007_tsv_inline")
+    with psycopg.connect(url) as conn:
+        conn.execute("select set_config('auth.tenant_id', %s, false)", [str(tenant)])
+        assert conn.execute("select to_regclass('kb.term_tops')").fetchone()[0] is None
+        conn.execute(insert, [tenant, doc, 1, "zebra zebra"])
+        conn.commit()
+        # one document, so its best chunk: the new one, written without the lists' trigger
+        assert conn.execute(search_sql).fetchone()[0] == ["zebra zebra"]
+    db.migrate(s)
+    with psycopg.connect(url) as conn:
+        conn.execute("select set_config('auth.tenant_id', %s, false)", [str(tenant)])
+        assert conn.execute("select count(*) from kb.term_tops").fetchone()[0] == 0
+        assert conn.execute("select kb.refresh_term_tops(4, 1)").fetchone()[0] == 2

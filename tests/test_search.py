@@ -407,14 +407,13 @@ def test_stop_words_do_not_rank_documents(app_conn, tenant):
     assert [r.doc_title for r in rows] == ["content"]
 
 
-def test_pruned_bm25_top_k_equals_exhaustive_scoring(app_conn, tenant):
-    """kb.search_lexical skips chunks that cannot reach the top k (staged MaxScore with term
-    pairs). On a Zipf-distributed corpus, where queries mix words in most chunks with rare
-    ones and the rare words alone give fewer than k documents, its top k must equal BM25
-    computed here over every document."""
+def _zipf_corpus(app_conn, tenant, seed=5):
+    """400 documents of Zipf-distributed words and 30 short ones that repeat a word of middling
+    frequency (they outscore documents holding a rare query word once among many, so pruning
+    must not skip them). Returns (tokens per document title, vocabulary)."""
     import random
 
-    rng = random.Random(5)
+    rng = random.Random(seed)
     letters = "bcdfghjklmnpqrstvwxz"
     vocab = sorted({"".join(rng.choice(letters) for _ in range(6)) + "o" for _ in range(400)})
     weights = [1 / (i + 1) for i in range(len(vocab))]  # vocab[0] is in most documents
@@ -423,12 +422,35 @@ def test_pruned_bm25_top_k_equals_exhaustive_scoring(app_conn, tenant):
         words = rng.choices(vocab, weights, k=rng.randint(3, 40))
         toks[f"d{i:03d}"] = words
         insert_doc(app_conn, tenant, f"d{i:03d}", [" ".join(words)], [basis(i % 384)])
-    # short documents that repeat a word of middling frequency: they outscore documents that
-    # hold a rare query word once among many, so pruning must not skip them
     for i, w in enumerate(vocab[15:45]):
         words = [w] * rng.randint(2, 5) + rng.choices(vocab[:3], k=rng.randint(0, 2))
         toks[f"s{i:03d}"] = words
         insert_doc(app_conn, tenant, f"s{i:03d}", [" ".join(words)], [basis(i)])
+    return toks, vocab
+
+
+def _zipf_queries(toks, vocab, seed=6):
+    import random
+
+    rng = random.Random(seed)
+    df = Counter(w for v in toks.values() for w in set(v))
+    by_df = sorted(df, key=lambda w: (-df[w], w))
+    queries = [[by_df[0], by_df[-1]], [by_df[1], by_df[2], by_df[-2]], by_df[:3], by_df[3:12],
+               [by_df[0], by_df[5], by_df[40], by_df[-1], by_df[-3]], [by_df[200]], by_df[::37],
+               [by_df[0]], [by_df[1]], [by_df[0], by_df[1]]]
+    queries += [rng.sample(by_df[:60], rng.randint(1, 6)) + rng.sample(by_df[60:], rng.randint(0, 2))
+                for _ in range(25)]
+    queries += [[m, r] + rng.sample(by_df[:5], rng.randint(0, 2))
+                for m, r in zip(vocab[15:45], rng.sample(by_df[60:200], 30))]
+    queries += [[by_df[0], by_df[0], by_df[-1]], [by_df[10], by_df[10], by_df[10], by_df[80]]]
+    return queries
+
+
+def _assert_lexical_equals_exhaustive_bm25(app_conn, tenant, toks, queries, ks=(5, 20),
+                                           first_postings=("1", "40", "")):
+    """kb.search_lexical's top k for every query (and k, and pruning start) equals BM25
+    computed here over every document: same scores in the same order; the documents may
+    differ only within exact ties."""
     n = len(toks)
     avg = sum(len(v) for v in toks.values()) / n
     df = Counter(w for v in toks.values() for w in set(v))
@@ -443,30 +465,78 @@ def test_pruned_bm25_top_k_equals_exhaustive_scoring(app_conn, tenant):
                 s += idf * tf * (k1 + 1) / (tf + k1 * (1 - b + b * len(toks[d]) / avg))
         return s
 
-    by_df = sorted(df, key=lambda w: -df[w])
-    queries = [[by_df[0], by_df[-1]], [by_df[1], by_df[2], by_df[-2]], by_df[:3], by_df[3:12],
-               [by_df[0], by_df[5], by_df[40], by_df[-1], by_df[-3]], [by_df[200]], by_df[::37]]
-    queries += [rng.sample(by_df[:60], rng.randint(1, 6)) + rng.sample(by_df[60:], rng.randint(0, 2))
-                for _ in range(25)]
-    queries += [[m, r] + rng.sample(by_df[:5], rng.randint(0, 2))
-                for m, r in zip(vocab[15:45], rng.sample(by_df[60:200], 30))]
-    queries += [[by_df[0], by_df[0], by_df[-1]], [by_df[10], by_df[10], by_df[10], by_df[80]]]
     checked = 0
-    for terms, k, first_postings in itertools.product(queries, (5, 20), ("1", "40", "")):
+    for terms, k, first in itertools.product(queries, ks, first_postings):
         with tenant_transaction(app_conn, tenant):
-            # where the pruning starts (default 1000 postings, more than this corpus has)
-            app_conn.execute("select set_config('kb.lexical_essential_postings', %s, true)", [first_postings])
+            # where the pruning starts (default 1000 postings, more than these corpora have)
+            app_conn.execute("select set_config('kb.lexical_essential_postings', %s, true)", [first])
             rows = search.lexical(app_conn, " ".join(terms), k)
         expected = sorted(((round(bm25(terms, d), 9), d) for d in toks), key=lambda x: (-x[0], x[1]))
         expected = [e for e in expected if e[0] > 0][:k]
         got = [(r.score, r.doc_title) for r in rows]
         assert len(got) == len(expected), terms
-        # same scores in the same order; the documents may differ only within exact ties
         for (gs, gd), (es, ed) in zip(got, expected):
             assert math.isclose(gs, es, rel_tol=1e-7, abs_tol=1e-8), (terms, k, got, expected)
             assert gd == ed or math.isclose(bm25(terms, gd), es, rel_tol=1e-7), (terms, k, gd, ed)
         checked += 1
-    assert checked == 6 * len(queries)
+    return checked
+
+
+def test_pruned_bm25_top_k_equals_exhaustive_scoring(app_conn, tenant):
+    """kb.search_lexical skips chunks that cannot reach the top k (staged MaxScore with term
+    pairs). On a Zipf-distributed corpus, where queries mix words in most chunks with rare
+    ones and the rare words alone give fewer than k documents, its top k must equal BM25
+    computed here over every document."""
+    toks, vocab = _zipf_corpus(app_conn, tenant)
+    queries = _zipf_queries(toks, vocab)
+    assert _assert_lexical_equals_exhaustive_bm25(app_conn, tenant, toks, queries) == 6 * len(queries)
+
+
+def _lists(app_conn, tenant):
+    with tenant_transaction(app_conn, tenant):
+        return {t: (set(ids), tail) for t, ids, tail in
+                app_conn.execute("select term, chunk_ids, tail from kb.term_tops")}
+
+
+def test_bm25_term_lists_keep_top_k_exact_through_writes(app_conn, tenant):
+    """With champion lists (kb.term_tops: per common term the chunks where it weighs most,
+    and a bound on the rest), the top k still equals exhaustive BM25: right after the lists
+    are built, and after writes that the lists did not see: short documents that repeat a
+    listed word (above the list's tail: the insert trigger must add them) and long ones
+    that move the average length (the search must widen the tails)."""
+    toks, vocab = _zipf_corpus(app_conn, tenant, seed=11)
+    queries = _zipf_queries(toks, vocab, seed=12)
+    with tenant_transaction(app_conn, tenant):
+        n_lists = app_conn.execute("select kb.refresh_term_tops(30, 40)").fetchone()[0]
+    lists = _lists(app_conn, tenant)
+    assert n_lists == len(lists) >= 10
+    assert all(len(ids) == 30 and tail > 0 for ids, tail in lists.values())
+    _assert_lexical_equals_exhaustive_bm25(app_conn, tenant, toks, queries, first_postings=("1", ""))
+
+    df = Counter(w for v in toks.values() for w in set(v))
+    listed = sorted(lists, key=lambda w: -df[w])[:6]
+    for i, w in enumerate(listed):  # short and repetitive: the best chunks for w now
+        toks[f"n{i:03d}"] = [w] * 6
+        insert_doc(app_conn, tenant, f"n{i:03d}", [" ".join([w] * 6)], [basis(100 + i)])
+    after = _lists(app_conn, tenant)
+    with tenant_transaction(app_conn, tenant):
+        new_ids = {r[0] for r in app_conn.execute(
+            "select c.chunk_id from kb.chunks c join kb.documents d using (doc_id) where d.title like 'n%%'")}
+    for w in listed:
+        assert after[w][0] & new_ids, w  # the trigger added the new best chunk
+    queries += [[w] for w in listed]
+    _assert_lexical_equals_exhaustive_bm25(app_conn, tenant, toks, queries, first_postings=("1", ""))
+    for i in range(40):  # long: the average length grows by 3/4
+        words = [vocab[-1 - (i % 50)]] * 200 + [listed[i % len(listed)]]  # (tsvector keeps <= 256 positions)
+        toks[f"l{i:03d}"] = words
+        insert_doc(app_conn, tenant, f"l{i:03d}", [" ".join(words)], [basis(200 + i)])
+    _assert_lexical_equals_exhaustive_bm25(app_conn, tenant, toks, queries, ks=(5, 20, 29), first_postings=("1", ""))
+    # a rebuild takes the new chunks in; the lists hold the best tf parts
+    with tenant_transaction(app_conn, tenant):
+        app_conn.execute("select kb.refresh_term_tops(30, 40)")
+    rebuilt = _lists(app_conn, tenant)
+    for w in listed:
+        assert rebuilt[w][0] & new_ids and len(rebuilt[w][0]) == 30
 
 
 def test_query_term_counts(app_conn):

@@ -10,6 +10,7 @@ language sql
 immutable
 strict
 parallel safe
+rows 4
 security invoker
 set search_path = pg_catalog, public
 as $$
@@ -144,6 +145,7 @@ returns table (term text, qtf integer)
 language sql
 immutable
 parallel safe
+rows 8
 security invoker
 set search_path = pg_catalog, public
 as $$

@@ -48,7 +48,10 @@ as $fn$
 -- documents above that bound, their top k is exactly the full ranking's top k, and the long
 -- postings of the common terms were never read on their own. Otherwise the next stage
 -- makes more terms essential (at least doubling the postings read); the last stage has
--- every term essential, which is plain exhaustive scoring.
+-- every term essential, which is plain exhaustive scoring. A stage's candidates contain the
+-- previous stage's, so a stage scores only the chunks it adds (tsv @@ new and not tsv @@ old)
+-- and merges them with the previous top k: a document outside that top k cannot enter it
+-- through a chunk already scored, since adding candidates only raises the k-th score.
 -- The first stage's essential terms: the rarest, and the next while their postings add up
 -- to fewer than 1000 (the setting kb.lexical_essential_postings, if set, replaces 1000;
 -- results do not depend on it, only the work done: the tests lower it to prune small corpora).
@@ -60,6 +63,10 @@ declare
   v_terms text[];
   v_df bigint[];
   v_w float8[];
+  v_u float8[];
+  v_listed boolean[];
+  v_extra uuid[];
+  v_stage0 boolean := false;
   v_nt integer;
   v_ne integer;
   v_cum bigint;
@@ -68,6 +75,7 @@ declare
   v_bound float8;
   v_p_max float8;
   v_q tsquery;
+  v_prev_q tsquery;
   v_exact boolean := k1 >= 0 and b >= 0 and b <= 1;
   r_chunk uuid[];
   r_doc uuid[];
@@ -105,6 +113,33 @@ begin
   from unnest(v_terms) as t(term)
   where t.term ~ '[_./:#-]';
 
+  -- Champion lists (kb.term_tops) of the query's terms, built with this k1 and b. v_u[i]
+  -- bounds term i's weight in a chunk outside its list: w * tail * max(1, avglen now /
+  -- avglen at build), or w * (k1 + 1) without a list. Stage 0 scores the chunks of the
+  -- unlisted (rare) terms and the listed chunks; every other chunk scores at most the sum
+  -- of the listed terms' v_u. The table is checked for, so that a database downgraded
+  -- below migration 0008 (which drops it) still searches.
+  v_u := array(select v_w[i] * (k1 + 1) from generate_series(1, v_nt) as i);
+  if v_exact and to_regclass('kb.term_tops') is not null then
+    select array_agg(coalesce(tt.tail * greatest(1, v_avglen / tt.avglen), search_lexical.k1 + 1)
+                     * v_w[t.i] order by t.i),
+           array_agg(tt.term is not null order by t.i),
+           bool_or(tt.term is not null)
+      into v_u, v_listed, v_stage0
+    from unnest(v_terms) with ordinality as t(term, i)
+    left join kb.term_tops tt
+      on tt.tenant_id = v_tenant and tt.term = t.term
+     and tt.k1 = search_lexical.k1 and tt.b = search_lexical.b;
+    if v_stage0 then
+      select array_agg(x.id)
+        into v_extra
+      from kb.term_tops tt
+      cross join lateral unnest(tt.chunk_ids) as x(id)
+      where tt.tenant_id = v_tenant and tt.term = any (v_terms)
+        and tt.k1 = search_lexical.k1 and tt.b = search_lexical.b;
+    end if;
+  end if;
+
   v_ne := 1;
   v_cum := v_df[1];
   while v_ne < v_nt and v_cum + v_df[v_ne + 1] < v_first_postings loop
@@ -116,33 +151,41 @@ begin
   end if;
 
   loop
-    -- P, and the bound on chunks outside the candidates: max over P + sum over R
-    v_p := '{}';
-    v_p_max := 0;
-    v_bound := 0;
-    for i in v_ne + 1 .. v_nt loop
-      if cardinality(v_p) < 8 and v_df[i] < v_n / 4 then
-        v_p := v_p || v_terms[i];
-        v_p_max := greatest(v_p_max, v_w[i] * (k1 + 1));
-      else
-        v_bound := v_bound + v_w[i] * (k1 + 1);
-      end if;
-    end loop;
-    v_bound := v_bound + v_p_max;
-    select string_agg(x.q::text, ' | ')::tsquery
-      into v_q
-    from (select kb.terms_tsquery(v_terms[1:v_ne]) as q
-          union all
-          select kb.terms_tsquery(array[a.t]) && kb.terms_tsquery(array[b2.t])
-          from unnest(v_p) with ordinality as a(t, i)
-          join unnest(v_p) with ordinality as b2(t, i) on b2.i > a.i) as x;
+    if v_stage0 then
+      -- stage 0: the unlisted terms' chunks and the listed chunks
+      select kb.terms_tsquery(array_agg(v_terms[i]) filter (where not v_listed[i])),
+             coalesce(sum(v_u[i]) filter (where v_listed[i]), 0)
+        into v_q, v_bound
+      from generate_series(1, v_nt) as i;
+    else
+      -- P, and the bound on chunks outside the candidates: max over P + sum over R
+      v_p := '{}';
+      v_p_max := 0;
+      v_bound := 0;
+      for i in v_ne + 1 .. v_nt loop
+        if cardinality(v_p) < 8 and v_df[i] < v_n / 4 then
+          v_p := v_p || v_terms[i];
+          v_p_max := greatest(v_p_max, v_u[i]);
+        else
+          v_bound := v_bound + v_u[i];
+        end if;
+      end loop;
+      v_bound := v_bound + v_p_max;
+      select string_agg(x.q::text, ' | ')::tsquery
+        into v_q
+      from (select kb.terms_tsquery(v_terms[1:v_ne]) as q
+            union all
+            select kb.terms_tsquery(array[a.t]) && kb.terms_tsquery(array[b2.t])
+            from unnest(v_p) with ordinality as a(t, i)
+            join unnest(v_p) with ordinality as b2(t, i) on b2.i > a.i) as x;
+    end if;
 
     -- score the candidates (tf = number of positions; code tokens are stored without
     -- positions: tf = 1), best chunk per document, top k. EXECUTE plans with the actual
     -- tenant and query (a custom plan): a generic plan estimates every tenant alike and may
     -- scan a large tenant through a btree on tenant_id instead of the (tenant_id, tsv) GIN
     -- index. Scores are rounded to 1e-9 so that ties do not depend on summation order.
-    execute $q$
+    execute format($q$
       with candidates as materialized (
         -- (tenant_id, tsv) GIN index: both conditions are index conditions.
         -- qtsv: the candidate's query lexemes only, with their positions. setweight marks
@@ -159,7 +202,8 @@ begin
         from kb.chunks c
         cross join lateral (select ts_filter(setweight(c.tsv, 'A', $2::text[]), '{a}') as qtsv) as q
         where c.tenant_id = $1
-          and c.tsv @@ $4
+          and %s
+          and ($11::tsquery is null or not (c.tsv @@ $11))
       ),
       matched as (
         select cand.chunk_id, cand.doc_id, cand.doc_len, u.lexeme,
@@ -179,6 +223,9 @@ begin
         from matched m
         join unnest($2::text[], $3::float8[]) as t(term, w) on t.term = m.lexeme
         group by m.chunk_id, m.doc_id
+        union all
+        select p.chunk_id, p.doc_id, p.score
+        from unnest($12::uuid[], $13::uuid[], $14::float8[]) as p(chunk_id, doc_id, score)
       ),
       top as (
         select x.chunk_id, x.doc_id, x.score
@@ -193,12 +240,25 @@ begin
              array_agg(score order by score desc, chunk_id),
              min(score)
       from top
-    $q$
+    $q$, case when v_stage0 then '(c.tsv @@ $4 or c.chunk_id = any ($15))' else 'c.tsv @@ $4' end)
     into r_chunk, r_doc, r_score, v_min
-    using v_tenant, v_terms, v_w, v_q, v_k, k1, b, greatest(v_avglen, 1e-9), v_codes, v_code_tq;
+    using v_tenant, v_terms, v_w, v_q, v_k, k1, b, greatest(v_avglen, 1e-9), v_codes, v_code_tq,
+          v_prev_q, r_chunk, r_doc, r_score, v_extra;
 
-    exit when v_ne >= v_nt
-           or (coalesce(cardinality(r_chunk), 0) = v_k and v_min > v_bound);
+    -- (the margin covers the rounding of scores to 1e-9 and a tail equal to a score)
+    exit when (v_ne >= v_nt and not v_stage0)
+           or (coalesce(cardinality(r_chunk), 0) = v_k and v_min > v_bound + 1e-8);
+    v_prev_q := v_q;
+    if v_stage0 then
+      -- stage 1 as without lists, but every listed chunk is already scored: bounds use v_u,
+      -- and the leading unlisted terms, whose chunks are scored too, stay essential
+      v_stage0 := false;
+      while v_ne < v_nt and not v_listed[v_ne + 1] loop
+        v_ne := v_ne + 1;
+        v_cum := v_cum + v_df[v_ne];
+      end loop;
+      continue;
+    end if;
     -- next stage: at least double the essential postings
     v_target := 2 * v_cum;
     loop

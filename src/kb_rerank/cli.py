@@ -99,6 +99,19 @@ def cmd_ingest(args, settings: Settings) -> int:
     return 0
 
 
+def cmd_lists(args, settings: Settings) -> int:
+    from . import db
+    from .ingest import refresh_term_lists
+
+    with _app_conn(settings) as conn:
+        t0 = time.perf_counter()
+        with db.tenant_transaction(conn, args.tenant):
+            n = refresh_term_lists(conn, settings)
+        dt = time.perf_counter() - t0
+    print(f"{n} BM25 term lists rebuilt for tenant {args.tenant} in {dt:.1f}s")
+    return 0
+
+
 def _print_results(rows) -> None:
     if not rows:
         print("  (no results)")
@@ -365,6 +378,11 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("--tenant", type=_uuid, required=True)
     i.add_argument("--quiet", action="store_true", help="no progress bar")
     i.set_defaults(func=cmd_ingest)
+
+    li = sub.add_parser("lists", help="rebuild a tenant's BM25 champion lists (kb.term_tops; ingest does it "
+                                      "after large loads; searches are exact either way, faster with fresh lists)")
+    li.add_argument("--tenant", type=_uuid, required=True)
+    li.set_defaults(func=cmd_lists)
 
     s = sub.add_parser("search", help="run a search from the command line")
     s.add_argument("query")

@@ -43,6 +43,7 @@ class IngestReport:
     chunks_written: int = 0
     embeddings_computed: int = 0
     embeddings_reused: int = 0
+    term_lists: int | None = None  # BM25 champion lists rebuilt at the end (None: not rebuilt)
     bad_files: list[BadFile] = field(default_factory=list)
 
     def summary(self) -> str:
@@ -51,6 +52,8 @@ class IngestReport:
             f"{self.chunks_written} chunks written ({self.embeddings_computed} embedded, "
             f"{self.embeddings_reused} embeddings reused)"
         )
+        if self.term_lists is not None:
+            s += f"; {self.term_lists} BM25 term lists rebuilt"
         if self.bad_files:
             s += f"; {len(self.bad_files)} skipped: " + "; ".join(f"{b.path}: {b.reason}" for b in self.bad_files)
         return s
@@ -80,7 +83,40 @@ def ingest_documents(
             report.bad_files.append(item)
             continue
         _ingest_one(conn, tenant_id, item, embedder, settings, report)
+    report.term_lists = refresh_term_lists_if_stale(conn, tenant_id, report.chunks_written, settings)
     return report
+
+
+# A tenant's BM25 champion lists (kb.term_tops) are rebuilt after an ingest that wrote at
+# least this share of its chunks, or when it has none yet. Between rebuilds the insert
+# trigger keeps them valid (searches stay exact), only less selective; a rebuild reads
+# every chunk of the tenant (about 2 s per 10k chunks here), so small ingests into a large
+# tenant do not pay for one.
+REFRESH_SHARE = 0.1
+
+
+def refresh_term_lists_if_stale(conn: psycopg.Connection, tenant_id: UUID | str, chunks_written: int,
+                                settings: Settings) -> int | None:
+    """Rebuild the tenant's BM25 champion lists when ``chunks_written`` is a large share of
+    its chunks or it has no lists yet; returns the number of lists built, or None."""
+    if chunks_written <= 0:
+        return None
+    with tenant_transaction(conn, tenant_id):
+        n_chunks, has_lists = conn.execute(
+            "select coalesce((select n_chunks from kb.corpus_stats), 0),"
+            " exists (select from kb.term_tops)").fetchone()
+        if has_lists and chunks_written < REFRESH_SHARE * n_chunks:
+            return None
+        return refresh_term_lists(conn, settings)
+
+
+def refresh_term_lists(conn: psycopg.Connection, settings: Settings) -> int:
+    """Rebuild the BM25 champion lists of the tenant of the current transaction, with the
+    configured list length, minimum document frequency and BM25 parameters."""
+    return conn.execute(
+        "select kb.refresh_term_tops(%s, %s, %s, %s)",
+        [settings.term_list_length, settings.term_list_min_df, settings.bm25_k1, settings.bm25_b],
+    ).fetchone()[0]
 
 
 def _ingest_one(conn, tenant_id, doc: SourceDoc, embedder: Embedder, settings: Settings, report: IngestReport) -> None:

@@ -51,6 +51,11 @@ class Settings:
     semantic_weight: float = 1.0  # KB_SEMANTIC_WEIGHT: RRF weight of the semantic list
     bm25_k1: float = 1.2
     bm25_b: float = 0.75
+    # BM25 champion lists (kb.term_tops; sql/functions/04_term_tops.sql): for every word in at
+    # least term_list_min_df of a tenant's chunks, the term_list_length chunks where it weighs
+    # most. They let a query of common words skip most of their chunks; results are the same.
+    term_list_length: int = 256  # KB_TERM_LIST_LENGTH
+    term_list_min_df: int = 1000  # KB_TERM_LIST_MIN_DF
     # Rerank
     reranker_model: str = "BAAI/bge-reranker-v2-m3"
     rerank_max_length: int = 512

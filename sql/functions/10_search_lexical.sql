@@ -163,11 +163,16 @@ begin
       v_p_max := 0;
       v_bound := 0;
       for i in v_ne + 1 .. v_nt loop
-        -- a listed term in an eighth of the chunks or more stays in R, bounded by its tail:
-        -- its pairs would add more candidates than its tail bound costs (measured on the
-        -- benchmark's 34k- and 100k-chunk tenants: p95 candidates -18% and -35%)
+        -- after the stage without essential terms, a listed term in an eighth of the chunks
+        -- or more stays in R, bounded by its tail: its pairs would add more candidates than
+        -- its tail bound costs. (Both rules were chosen by counting the chunks scored in a
+        -- simulation of this function, bench/lexical_sim.py, on the search benchmark's
+        -- 34k-, 100k- and 341k-chunk tenants, 200 queries each. p95 chunks scored: without
+        -- lists 4,632 / 12,902 / 42,653; lists 3,296 / 9,198 / 30,403; and an eighth
+        -- 2,570 / 5,726 / 20,968; and the stage without essential terms 2,302 / 4,672 /
+        -- 14,443.)
         if cardinality(v_p) < 8 and v_df[i] < v_n / 4
-           and not (coalesce(v_listed[i], false) and v_df[i] >= v_n / 8) then
+           and (v_ne = 0 or not (coalesce(v_listed[i], false) and v_df[i] >= v_n / 8)) then
           v_p := v_p || v_terms[i];
           v_p_max := greatest(v_p_max, v_u[i]);
         else
@@ -265,10 +270,16 @@ begin
     if v_stage0 then
       -- then the stages as without lists, but every listed chunk is already scored: bounds
       -- use v_u, and the leading unlisted terms, whose chunks are scored too, stay
-      -- essential. When even the rarest term is common and listed, the next stage has no
-      -- essential term: its candidates are the chunks holding two terms of P.
+      -- essential. When even the rarest term is common and listed, and the chunks holding
+      -- two of the (up to 8) rarest terms in under a quarter of the chunks are expected
+      -- (as if the terms were independent) to be under half of the rarest term's chunks,
+      -- the next stage has no essential term: its candidates are those pairs.
       v_stage0 := false;
-      if v_listed[1] and v_df[1] >= v_first_postings then
+      if v_listed[1] and v_df[1] >= v_first_postings
+         and (select coalesce(sum(v_df[i] * v_df[j] / v_n), 0)
+              from (select i from generate_series(1, v_nt) as i where v_df[i] < v_n / 4 order by i limit 8) as a
+              join (select j from generate_series(1, v_nt) as j where v_df[j] < v_n / 4 order by j limit 8) as b2
+                on b2.j > a.i) < 0.5 * v_df[1] then
         v_ne := 0;
         v_cum := 0;
       end if;

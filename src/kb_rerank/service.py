@@ -269,9 +269,6 @@ class RerankService:
         qh = query_hash(normalized)
         key = (str(tenant), qh, source)
         for _attempt in range(3):
-            hit = await self._cache_hit(tenant, qh, source, trace_id, t0)
-            if hit is not None:
-                return hit
             pending = self._inflight.get(key)
             if pending is None:
                 break
@@ -286,12 +283,13 @@ class RerankService:
                                    detail_extra="single_flight")
                 return self._response(shared, trace_id, from_cache=False)
             # the first request failed: compute ourselves (we may become the leader)
+        # Lead first, then read the cache once: a leader commits its cache row before it
+        # leaves the map, so a request that finds no leader and then no row is a real miss
+        # (one cache read per request, hit or miss).
         fut: asyncio.Future = asyncio.get_running_loop().create_future()
         self._inflight[key] = fut
         outcome: Outcome | None = None
         try:
-            # A leader may have finished between our cache read and the in-flight check above
-            # (it commits its row before leaving the map): read once more now that we lead.
             hit = await self._cache_hit(tenant, qh, source, trace_id, t0)
             if hit is not None:
                 return hit

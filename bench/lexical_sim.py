@@ -17,7 +17,11 @@ Variants (all exact):
   no lists          staged MaxScore with term pairs (P: terms in < N/4 of the chunks)
   lists, N/4        + stage 0: rare terms' chunks and the champion lists; tail bounds
   lists, N/8        + listed terms in >= N/8 of the chunks are bounded, not paired
-  lists, N/8, pairs + a stage without essential terms when its pairs look cheap (production)
+  lists, N/8, pairs + a stage without essential terms when its pairs look cheap
+  merged, N/8, pairs the same, but the listed chunks join the first stage instead of a
+                    stage 0 of their own (production: the rare terms beyond the essential
+                    postings are paired, not all scored; see bench/lexical_ab.py for time)
+  merged, N/4, pairs the same with the quarter rule for listed terms
 """
 
 from __future__ import annotations
@@ -108,7 +112,7 @@ class Tenant:
         return out
 
 
-def staged(tn: Tenant, terms, k, *, lists=None, tails=None, frac=4.0, zero_stage=False, first=1000):
+def staged(tn: Tenant, terms, k, *, lists=None, tails=None, frac=4.0, zero_stage=False, first=1000, merged=False):
     """The stages of kb.search_lexical; returns (top-k scores, chunks scored)."""
     terms = sorted(terms, key=lambda tw: (len(tn.post[tw[0]][0]), tw[0]))
     df = [len(tn.post[t][0]) for t, _ in terms]
@@ -124,7 +128,7 @@ def staged(tn: Tenant, terms, k, *, lists=None, tails=None, frac=4.0, zero_stage
         top = tn.topk(scored, terms, k)
         return len(top) == k and top[-1] > bound + 1e-8
 
-    if lists and any(listed):  # stage 0
+    if lists and any(listed) and not merged:  # stage 0
         c = set()
         for i, (t, _) in enumerate(terms):
             c |= lists[t] if listed[i] else tn.sets[t]
@@ -148,6 +152,10 @@ def staged(tn: Tenant, terms, k, *, lists=None, tails=None, frac=4.0, zero_stage
             else:
                 bound += u[i]
         c = set().union(*(tn.sets[terms[i][0]] for i in range(ne))) if ne else set()
+        if merged and lists and not scored:  # the first stage also scores the listed chunks
+            for i, (t, _) in enumerate(terms):
+                if listed[i]:
+                    c |= lists[t]
         for x, a in enumerate(p):
             for b in p[x + 1:]:
                 c |= tn.sets[terms[a][0]] & tn.sets[terms[b][0]]
@@ -177,6 +185,8 @@ def simulate(args) -> int:
         "lists, N/4": dict(lists=lists, tails=tails, frac=4),
         "lists, N/8": dict(lists=lists, tails=tails, frac=8),
         "lists, N/8, pairs": dict(lists=lists, tails=tails, frac=8, zero_stage=True),
+        "merged, N/8, pairs": dict(lists=lists, tails=tails, frac=8, zero_stage=True, merged=True),
+        "merged, N/4, pairs": dict(lists=lists, tails=tails, frac=4, zero_stage=True, merged=True),
     }
     work = defaultdict(list)
     for rows in d["qterms"][args.skip:]:
@@ -214,7 +224,7 @@ def main(argv=None) -> int:
     s = sub.add_parser("simulate", help="chunks scored per query by each variant")
     s.add_argument("data")
     s.add_argument("--k", type=int, default=20)
-    s.add_argument("--list-length", type=int, default=256)
+    s.add_argument("--list-length", type=int, default=128)
     s.add_argument("--min-df", type=int, default=1000)
     s.add_argument("--skip", type=int, default=20, help="leading queries to skip (the benchmark's warm-up)")
     s.set_defaults(func=simulate)

@@ -45,7 +45,7 @@ $$;
 -- read but not write; it only ever touches the tenant of the caller's transaction
 -- (kb.current_tenant()) and raises when none is set. search_path pinned.
 create or replace function kb.refresh_term_tops(
-  list_length integer default 256,
+  list_length integer default 128,
   min_df integer default 1000,
   k1 double precision default 1.2,
   b double precision default 0.75

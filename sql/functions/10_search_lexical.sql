@@ -40,11 +40,14 @@ as $fn$
 -- Top-k retrieval, exact, in stages (MaxScore with a two-term refinement).
 -- Query terms are sorted rarest first. At each stage the first `ne` terms are
 -- "essential"; of the other ("common") terms, P = the eight rarest that are in fewer than a
--- quarter of the tenant's chunks (an eighth for terms with a champion list), R = the rest. Candidates are the chunks that match an
--- essential term or at least two terms of P, and every candidate is scored with all
--- terms. Each BM25 term is below its bound qtf * idf * (k1 + 1) (k1 >= 0, 0 <= b <= 1), and a
--- chunk outside the candidates matches at most one term of P plus terms of R, so it scores
--- at most max(bound over P) + sum(bound over R). When the candidates already give k
+-- quarter of the tenant's chunks (an eighth for terms with a champion list), R = the rest.
+-- Candidates are the chunks that match an essential term or at least two terms of P, and
+-- every candidate is scored with all terms. Each BM25 term is below its bound
+-- qtf * idf * (k1 + 1) (k1 >= 0, 0 <= b <= 1), or, for a term with a champion list
+-- (kb.term_tops) and a chunk outside it, qtf * idf * tail (widened for a changed average
+-- length); the first stage also scores the listed chunks. A chunk outside the candidates
+-- matches at most one term of P plus terms of R, so it scores at most
+-- max(bound over P) + sum(bound over R). When the candidates already give k
 -- documents above that bound, their top k is exactly the full ranking's top k, and the long
 -- postings of the common terms were never read on their own. Otherwise the next stage
 -- makes more terms essential (at least doubling the postings read); the last stage has
@@ -66,7 +69,7 @@ declare
   v_u float8[];
   v_listed boolean[];
   v_extra uuid[];
-  v_stage0 boolean := false;
+  v_lists boolean := false;  -- the stage about to run also scores the listed chunks
   v_nt integer;
   v_ne integer;
   v_cum bigint;
@@ -115,22 +118,22 @@ begin
 
   -- Champion lists (kb.term_tops) of the query's terms, built with this k1 and b. v_u[i]
   -- bounds term i's weight in a chunk outside its list: w * tail * max(1, avglen now /
-  -- avglen at build), or w * (k1 + 1) without a list. Stage 0 scores the chunks of the
-  -- unlisted (rare) terms and the listed chunks; every other chunk scores at most the sum
-  -- of the listed terms' v_u. The table is checked for, so that a database downgraded
-  -- below migration 0008 (which drops it) still searches.
+  -- avglen at build), or w * (k1 + 1) without a list. The first stage also scores every
+  -- listed chunk, so from then on v_u bounds a listed term in any chunk not yet scored.
+  -- The table is checked for, so that a database downgraded below migration 0008 (which
+  -- drops it) still searches.
   v_u := array(select v_w[i] * (k1 + 1) from generate_series(1, v_nt) as i);
   if v_exact and to_regclass('kb.term_tops') is not null then
     select array_agg(coalesce(tt.tail * greatest(1, v_avglen / tt.avglen), search_lexical.k1 + 1)
                      * v_w[t.i] order by t.i),
            array_agg(tt.term is not null order by t.i),
            bool_or(tt.term is not null)
-      into v_u, v_listed, v_stage0
+      into v_u, v_listed, v_lists
     from unnest(v_terms) with ordinality as t(term, i)
     left join kb.term_tops tt
       on tt.tenant_id = v_tenant and tt.term = t.term
      and tt.k1 = search_lexical.k1 and tt.b = search_lexical.b;
-    if v_stage0 then
+    if v_lists then
       select array_agg(x.id)
         into v_extra
       from kb.term_tops tt
@@ -146,48 +149,49 @@ begin
     v_ne := v_ne + 1;
     v_cum := v_cum + v_df[v_ne];
   end loop;
+  -- With lists, when even the rarest term is common and listed, and the chunks holding two
+  -- of the (up to 8) rarest terms in under a quarter of the chunks are expected (as if the
+  -- terms were independent) to be under half of the rarest term's chunks, the first stage
+  -- has no essential term: its candidates are those pairs (and the listed chunks).
+  if v_lists and v_listed[1] and v_df[1] >= v_first_postings
+     and (select coalesce(sum(v_df[i] * v_df[j] / v_n), 0)
+          from (select i from generate_series(1, v_nt) as i where v_df[i] < v_n / 4 order by i limit 8) as a
+          join (select j from generate_series(1, v_nt) as j where v_df[j] < v_n / 4 order by j limit 8) as b2
+            on b2.j > a.i) < 0.5 * v_df[1] then
+    v_ne := 0;
+    v_cum := 0;
+  end if;
   if not v_exact then
     v_ne := v_nt;  -- the bounds need k1 >= 0 and 0 <= b <= 1: score everything
   end if;
 
   loop
-    if v_stage0 then
-      -- stage 0: the unlisted terms' chunks and the listed chunks
-      select kb.terms_tsquery(array_agg(v_terms[i]) filter (where not v_listed[i])),
-             coalesce(sum(v_u[i]) filter (where v_listed[i]), 0)
-        into v_q, v_bound
-      from generate_series(1, v_nt) as i;
-    else
-      -- P, and the bound on chunks outside the candidates: max over P + sum over R
-      v_p := '{}';
-      v_p_max := 0;
-      v_bound := 0;
-      for i in v_ne + 1 .. v_nt loop
-        -- after the stage without essential terms, a listed term in an eighth of the chunks
-        -- or more stays in R, bounded by its tail: its pairs would add more candidates than
-        -- its tail bound costs. (Both rules were chosen by counting the chunks scored in a
-        -- simulation of this function, bench/lexical_sim.py, on the search benchmark's
-        -- 34k-, 100k- and 341k-chunk tenants, 200 queries each. p95 chunks scored: without
-        -- lists 4,632 / 12,902 / 42,653; lists 3,296 / 9,198 / 30,403; and an eighth
-        -- 2,570 / 5,726 / 20,968; and the stage without essential terms 2,302 / 4,672 /
-        -- 14,443.)
-        if cardinality(v_p) < 8 and v_df[i] < v_n / 4
-           and (v_ne = 0 or not (coalesce(v_listed[i], false) and v_df[i] >= v_n / 8)) then
-          v_p := v_p || v_terms[i];
-          v_p_max := greatest(v_p_max, v_u[i]);
-        else
-          v_bound := v_bound + v_u[i];
-        end if;
-      end loop;
-      v_bound := v_bound + v_p_max;
-      select string_agg(x.q::text, ' | ')::tsquery
-        into v_q
-      from (select kb.terms_tsquery(v_terms[1:v_ne]) as q
-            union all
-            select kb.terms_tsquery(array[a.t]) && kb.terms_tsquery(array[b2.t])
-            from unnest(v_p) with ordinality as a(t, i)
-            join unnest(v_p) with ordinality as b2(t, i) on b2.i > a.i) as x;
-    end if;
+    -- P, and the bound on chunks outside the candidates: max over P + sum over R
+    v_p := '{}';
+    v_p_max := 0;
+    v_bound := 0;
+    for i in v_ne + 1 .. v_nt loop
+      -- except in a stage without essential terms, a listed term in an eighth of the chunks
+      -- or more stays in R, bounded by its tail: its pairs would add more candidates than
+      -- its tail bound costs. (These rules were chosen by counting the chunks scored in a
+      -- simulation of this function, bench/lexical_sim.py, on the search benchmark's 34k-,
+      -- 100k- and 341k-chunk tenants, 200 queries each, and by timing them.)
+      if cardinality(v_p) < 8 and v_df[i] < v_n / 4
+         and (v_ne = 0 or not (coalesce(v_listed[i], false) and v_df[i] >= v_n / 8)) then
+        v_p := v_p || v_terms[i];
+        v_p_max := greatest(v_p_max, v_u[i]);
+      else
+        v_bound := v_bound + v_u[i];
+      end if;
+    end loop;
+    v_bound := v_bound + v_p_max;
+    select string_agg(x.q::text, ' | ')::tsquery
+      into v_q
+    from (select kb.terms_tsquery(v_terms[1:v_ne]) as q
+          union all
+          select kb.terms_tsquery(array[a.t]) && kb.terms_tsquery(array[b2.t])
+          from unnest(v_p) with ordinality as a(t, i)
+          join unnest(v_p) with ordinality as b2(t, i) on b2.i > a.i) as x;
 
     -- score the candidates (tf = number of positions; code tokens are stored without
     -- positions: tf = 1), best chunk per document, top k. EXECUTE plans with the actual
@@ -197,7 +201,7 @@ begin
     -- The statement holds only the parts this stage needs (planning it is a fixed cost of
     -- every stage: 0.7 ms with every part, about half without the unused ones); a stage
     -- without candidates is not run at all.
-    if v_q is not null or v_stage0 then
+    if v_q is not null or v_lists then
       execute format($q$
         with candidates as materialized (
           -- (tenant_id, tsv) GIN index: both conditions are index conditions.
@@ -244,8 +248,8 @@ begin
         case when cardinality(v_codes) > 0 then $p$,
                  array(select x.term from unnest($9::text[], $10::tsquery[]) as x(term, tq)
                        where c.tsv @@ x.tq and not (q.qtsv @@ x.tq)) as code_hits$p$ else '' end,
-        -- stage 0 adds the listed chunks (chunks_tenant_chunk_key, the btree on (tenant_id, chunk_id))
-        case when v_stage0 then '(c.tsv @@ $4 or c.chunk_id = any ($15))' else 'c.tsv @@ $4' end,
+        -- the first stage adds the listed chunks (chunks_tenant_chunk_key: (tenant_id, chunk_id))
+        case when v_lists then '(c.tsv @@ $4 or c.chunk_id = any ($15))' else 'c.tsv @@ $4' end,
         -- a later stage scores only the chunks that the previous one did not
         case when v_prev_q is not null then ' and not (c.tsv @@ $11)' else '' end,
         case when cardinality(v_codes) > 0 then $p$
@@ -264,31 +268,10 @@ begin
     end if;
 
     -- (the margin covers the rounding of scores to 1e-9 and a tail equal to a score)
-    exit when (v_ne >= v_nt and not v_stage0)
+    exit when v_ne >= v_nt
            or (coalesce(cardinality(r_chunk), 0) = v_k and v_min > v_bound + 1e-8);
     v_prev_q := coalesce(v_q, v_prev_q);  -- (the chunks of a stage that ran are all scored)
-    if v_stage0 then
-      -- then the stages as without lists, but every listed chunk is already scored: bounds
-      -- use v_u, and the leading unlisted terms, whose chunks are scored too, stay
-      -- essential. When even the rarest term is common and listed, and the chunks holding
-      -- two of the (up to 8) rarest terms in under a quarter of the chunks are expected
-      -- (as if the terms were independent) to be under half of the rarest term's chunks,
-      -- the next stage has no essential term: its candidates are those pairs.
-      v_stage0 := false;
-      if v_listed[1] and v_df[1] >= v_first_postings
-         and (select coalesce(sum(v_df[i] * v_df[j] / v_n), 0)
-              from (select i from generate_series(1, v_nt) as i where v_df[i] < v_n / 4 order by i limit 8) as a
-              join (select j from generate_series(1, v_nt) as j where v_df[j] < v_n / 4 order by j limit 8) as b2
-                on b2.j > a.i) < 0.5 * v_df[1] then
-        v_ne := 0;
-        v_cum := 0;
-      end if;
-      while v_ne < v_nt and not v_listed[v_ne + 1] loop
-        v_ne := v_ne + 1;
-        v_cum := v_cum + v_df[v_ne];
-      end loop;
-      continue;
-    end if;
+    v_lists := false;  -- scored once: later stages keep the tail bounds, not the chunks
     -- next stage: at least double the essential postings
     v_target := 2 * v_cum;
     loop

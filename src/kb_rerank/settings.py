@@ -54,7 +54,7 @@ class Settings:
     # BM25 champion lists (kb.term_tops; sql/functions/04_term_tops.sql): for every word in at
     # least term_list_min_df of a tenant's chunks, the term_list_length chunks where it weighs
     # most. They let a query of common words skip most of their chunks; results are the same.
-    term_list_length: int = 256  # KB_TERM_LIST_LENGTH
+    term_list_length: int = 128  # KB_TERM_LIST_LENGTH (128: bench/lexical_ab.py, 2026-11-30)
     term_list_min_df: int = 1000  # KB_TERM_LIST_MIN_DF
     # Rerank
     reranker_model: str = "BAAI/bge-reranker-v2-m3"

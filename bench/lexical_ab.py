@@ -14,7 +14,6 @@ champion lists) are the current ones for every version.
 from __future__ import annotations
 
 import argparse
-import random
 import subprocess
 import sys
 import time
@@ -41,8 +40,7 @@ def main(argv=None) -> int:
     import search_bench as sb
 
     sents, _ = sb.load_sentences(args.text_from)
-    rng, nrng = random.Random(1000 + args.tenant), np.random.default_rng(1000 + args.tenant)
-    queries = [q for q, _ in sb.make_queries(rng, nrng, sents, sb.make_centres(), 20 + args.queries)][20:]
+    queries = [q for q, _ in sb.tenant_queries(args.tenant, sents, sb.make_centres(), 20 + args.queries)][20:]
     owner = psycopg.connect(f"postgresql://postgres@/{args.db}?host={args.host}", autocommit=True)
     app = psycopg.connect(f"postgresql://cyberos_app@/{args.db}?host={args.host}", autocommit=True)
     tenant, n = owner.execute("select tenant_id, n_chunks from kb.corpus_stats order by n_chunks desc").fetchall()[args.tenant]

@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import math
 import pickle
-import random
 import sys
 from collections import defaultdict
 from pathlib import Path
@@ -50,8 +49,7 @@ def extract(args) -> int:
     sents, _ = sb.load_sentences(args.text_from)
     centres = sb.make_centres()
     # the queries search_bench.py measures on this tenant (same seeds)
-    rng, nrng = random.Random(1000 + args.tenant), np.random.default_rng(1000 + args.tenant)
-    queries = [q for q, _ in sb.make_queries(rng, nrng, sents, centres, args.queries)]
+    queries = [q for q, _ in sb.tenant_queries(args.tenant, sents, centres, args.queries)]
     url = f"postgresql://postgres@/{args.db}?host={args.host}"
     with psycopg.connect(url, autocommit=True) as c:
         t = c.execute("select tenant_id from kb.corpus_stats order by n_chunks desc").fetchall()[args.tenant][0]

@@ -327,6 +327,12 @@ def make_queries(rng: random.Random, nrng: np.random.Generator, sents: list[str]
     return out
 
 
+def tenant_queries(ti: int, sents: list[str], centres: np.ndarray, n: int):
+    """The queries measured on the tenant at index ti (0 = largest), seeded by that index: the
+    same in every run, and in bench/lexical_sim.py and bench/lexical_ab.py."""
+    return make_queries(random.Random(1000 + ti), np.random.default_rng(1000 + ti), sents, centres, n)
+
+
 def rrf(lists, k=RRF_K):
     score: dict = {}
     for rows in lists:
@@ -424,9 +430,7 @@ def run_config(args, size, n_tenants, sents, centres) -> dict:
         db.configure_connection(conn)
         for label, ti in picks:
             tenant = tenants[ti]
-            rng = random.Random(1000 + ti)
-            nrng = np.random.default_rng(1000 + ti)
-            queries = make_queries(rng, nrng, sents, centres, args.warmup + args.queries)
+            queries = tenant_queries(ti, sents, centres, args.warmup + args.queries)
             res_by_op = {}
             for name, fn in op_funcs(conn).items():
                 if ops and name not in ops:

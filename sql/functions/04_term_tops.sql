@@ -1,26 +1,6 @@
 -- BM25 champion lists (kb.term_tops, sql/schema/0008_term_tops.sql): built per tenant by
 -- kb.refresh_term_tops(), kept valid between refreshes by the trigger below.
 
--- The BM25 term-frequency part of one term in one chunk: tf * (k1 + 1) / (tf + k1 *
--- (1 - b + b * doc_len / avglen)). Plain SQL without SET clauses, so that the planner
--- inlines it.
-create or replace function kb.bm25_tf_part(
-  tf double precision,
-  doc_len double precision,
-  k1 double precision,
-  b double precision,
-  avglen double precision
-)
-returns double precision
-language sql
-immutable
-strict
-parallel safe
-security invoker
-as $$
-  select tf * (k1 + 1) / (tf + k1 * (1 - b + b * doc_len / avglen))
-$$;
-
 -- A transaction-scoped lock key per tenant: refresh takes it exclusively, writers of chunks
 -- take it shared, so a refresh never misses a chunk written while it runs.
 create or replace function kb.term_tops_lock_key(tenant uuid)
@@ -39,8 +19,9 @@ $$;
 -- one's tf_part (0 when the term has no more chunks). Returns the number of lists.
 -- Run it after a bulk load (`kb-rerank ingest` does) or from a nightly job; searches are
 -- exact with or without lists, and with lists of any age; fresh lists are only faster.
--- Work: one pass over the tenant's chunks and a sort of their common-term postings (7.8 s
--- for a tenant of 34,146 chunks here, 16.5 s for 100k chunks over 10 tenants).
+-- Work: one pass over the tenant's chunks and a sort of their common-term postings (here,
+-- lists of 128: 38 s for one tenant of 100k chunks, 25 s for 100k chunks over 10 tenants,
+-- 411 s for 1M over 10; bench/search_bench.py's setup step).
 -- SECURITY DEFINER (owner kb_search) because the lists are derived data the app role may
 -- read but not write; it only ever touches the tenant of the caller's transaction
 -- (kb.current_tenant()) and raises when none is set. search_path pinned.

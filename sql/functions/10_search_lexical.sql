@@ -51,10 +51,10 @@ as $fn$
 -- documents above that bound, their top k is exactly the full ranking's top k, and the long
 -- postings of the common terms were never read on their own. Otherwise the next stage
 -- makes more terms essential (at least doubling the postings read); the last stage has
--- every term essential, which is plain exhaustive scoring. A stage's candidates contain the
--- previous stage's, so a stage scores only the chunks it adds (tsv @@ new and not tsv @@ old)
--- and merges them with the previous top k: a document outside that top k cannot enter it
--- through a chunk already scored, since adding candidates only raises the k-th score.
+-- every term essential, which is plain exhaustive scoring. A stage skips the chunks the
+-- previous stage scored (tsv @@ old) and merges its own with the previous top k: a document
+-- outside that top k cannot enter it through a chunk already scored, since adding
+-- candidates only raises the k-th score.
 -- The first stage's essential terms: the rarest, and the next while their postings add up
 -- to fewer than 1000 (the setting kb.lexical_essential_postings, if set, replaces 1000;
 -- results do not depend on it, only the work done: the tests lower it to prune small corpora).
@@ -154,10 +154,9 @@ begin
   -- terms were independent) to be under half of the rarest term's chunks, the first stage
   -- has no essential term: its candidates are those pairs (and the listed chunks).
   if v_lists and v_listed[1] and v_df[1] >= v_first_postings
-     and (select coalesce(sum(v_df[i] * v_df[j] / v_n), 0)
-          from (select i from generate_series(1, v_nt) as i where v_df[i] < v_n / 4 order by i limit 8) as a
-          join (select j from generate_series(1, v_nt) as j where v_df[j] < v_n / 4 order by j limit 8) as b2
-            on b2.j > a.i) < 0.5 * v_df[1] then
+     and (with p as (select i from generate_series(1, v_nt) as i where v_df[i] < v_n / 4 order by i limit 8)
+          select coalesce(sum(v_df[a.i] * v_df[b2.i] / v_n), 0)
+          from p as a join p as b2 on b2.i > a.i) < 0.5 * v_df[1] then
     v_ne := 0;
     v_cum := 0;
   end if;
@@ -225,8 +224,7 @@ begin
         ),
         scored as (
           select m.chunk_id, m.doc_id,
-                 round(sum(t.w * (m.tf * ($6 + 1))
-                           / (m.tf + $6 * (1 - $7 + $7 * m.doc_len / $8))) * 1e9) / 1e9 as score
+                 round(sum(t.w * kb.bm25_tf_part(m.tf, m.doc_len, $6, $7, $8)) * 1e9) / 1e9 as score
           from matched m
           join unnest($2::text[], $3::float8[]) as t(term, w) on t.term = m.lexeme
           group by m.chunk_id, m.doc_id%s

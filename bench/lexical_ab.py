@@ -4,7 +4,8 @@ On a shared VM the same query can take 30% longer from one minute to the next, s
 benchmark runs minutes apart do not compare versions. This script installs each revision's
 sql/functions/10_search_lexical.sql next to the current one, under another name
 (kb.search_lexical_ab<i>, dropped at the end), and times every query with every version in
-turn (one warm-up call each, then the best of 3), on one tenant of a database loaded by
+turn (one warm-up call each, then the best of 3; the warm-up calls' rows are compared: chunk
+ids in order and scores to 7 decimals), on one tenant of a database loaded by
 bench/search_bench.py, with that benchmark's queries. Other functions (text analysis, the
 champion lists) are the current ones for every version.
 
@@ -55,10 +56,15 @@ def main(argv=None) -> int:
         owner.execute(f"grant execute on function kb.{name}{SIGNATURE} to cyberos_app")
         names[rev] = f"kb.{name}"
     times: dict[str, list[float]] = {label: [] for label in names}
+    differ: dict[str, int] = {label: 0 for label in names}
     try:
         for q in queries:
-            for fn in names.values():
-                app.execute(f"select count(*) from {fn}(%s, %s)", [q, args.k]).fetchone()
+            # warm-up call of each version, which also checks that they return the same rows
+            rows = {label: app.execute(f"select chunk_id, round(score::numeric, 7) from {fn}(%s, %s)",
+                                       [q, args.k]).fetchall()
+                    for label, fn in names.items()}
+            for label, r in rows.items():
+                differ[label] += r != rows["working tree"]
             for label, fn in names.items():
                 best = float("inf")
                 for _ in range(3):
@@ -72,10 +78,11 @@ def main(argv=None) -> int:
                 owner.execute(f"drop function if exists {fn}{SIGNATURE}")
     print(f"{args.db}, tenant {args.tenant} ({n} chunks), {len(queries)} queries, k = {args.k}; "
           "best of 3 per query, versions interleaved; ms")
-    print(f"{'version':16s} {'p50':>7s} {'p95':>7s} {'p99':>7s} {'mean':>7s}")
+    print(f"{'version':16s} {'p50':>7s} {'p95':>7s} {'p99':>7s} {'mean':>7s}  queries whose rows differ from the working tree's")
     for label, v in times.items():
         a = np.array(v)
-        print(f"{label:16s} {np.median(a):7.2f} {np.percentile(a, 95):7.2f} {np.percentile(a, 99):7.2f} {a.mean():7.2f}")
+        print(f"{label:16s} {np.median(a):7.2f} {np.percentile(a, 95):7.2f} {np.percentile(a, 99):7.2f} {a.mean():7.2f}"
+              f"  {differ[label]}")
     return 0
 
 

@@ -154,3 +154,32 @@ def test_0008_downgrade_keeps_search_and_writes_working(server_url):
         conn.execute("select set_config('auth.tenant_id', %s, false)", [str(tenant)])
         assert conn.execute("select count(*) from kb.term_tops").fetchone()[0] == 0
         assert conn.execute("select kb.refresh_term_tops(4, 1)").fetchone()[0] == 2
+
+
+def test_0009_upgrade_installs_the_tf_table_the_search_needs(server_url):
+    """0009 changes functions only: upgrading a database at 0008 (which had no
+    kb.ts_rank_tf) must re-apply the SQL files, so that kb.search_lexical finds it."""
+    name = f"kb_mig_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(server_url, autocommit=True) as conn:
+        conn.execute(f'create database "{name}"')
+    url = db.replace_url(server_url, dbname=name)
+    s = Settings(database_url=url)
+    db.migrate(s)
+    db.downgrade(s, revision="0008_term_tops")
+    tenant = uuid.uuid4()
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("drop function kb.ts_rank_tf()")
+        conn.execute("select set_config('auth.tenant_id', %s, false)", [str(tenant)])
+        doc = conn.execute("insert into kb.documents (tenant_id, source_uri, title, content_hash)"
+                           " values (%s, 'a', 'a', repeat('0', 64)) returning doc_id", [tenant]).fetchone()[0]
+        conn.execute("insert into kb.chunks (tenant_id, doc_id, position, content, content_hash, embedding)"
+                     " select %s, %s, 0, 'zebra zebra crossing', repeat('0', 64),"
+                     " array_fill(0.1::real, array[dim])::vector from kb.embedding_config", [tenant, doc])
+        with pytest.raises(psycopg.errors.UndefinedFunction):
+            conn.execute("select * from kb.search_lexical('zebra', 5)")
+    db.migrate(s)
+    with psycopg.connect(url) as conn:
+        assert db.current_revision(conn) == db.head_revision() == "0009_ts_rank_tf"
+        conn.execute("select set_config('auth.tenant_id', %s, false)", [str(tenant)])
+        rows = conn.execute("select content, score from kb.search_lexical('zebra', 5)").fetchall()
+    assert [r[0] for r in rows] == ["zebra zebra crossing"] and rows[0][1] > 0

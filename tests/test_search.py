@@ -539,6 +539,52 @@ def test_bm25_term_lists_keep_top_k_exact_through_writes(app_conn, tenant):
         assert rebuilt[w][0] & new_ids and len(rebuilt[w][0]) == 30
 
 
+def test_tf_read_through_ts_rank_equals_the_number_of_positions(app_conn):
+    """kb.search_lexical reads a term's frequency as width_bucket(ts_rank(...),
+    kb.ts_rank_tf()) instead of unnesting the tsvector: for 0 to 256 positions (the most a
+    lexeme keeps), any weights, lexemes stored without positions (tf 1) and tsvectors
+    concatenated past 256 positions, it must equal the count of positions."""
+    rows = app_conn.execute("""
+        with v(tsv) as (
+          select format('x:%s y:3', (select string_agg(p || (array['', 'A', 'B', 'C'])[1 + p % 4], ',')
+                                     from generate_series(1, n) as p))::tsvector
+          from generate_series(1, 256) as n
+          union all select 'y:1 z'::tsvector
+          union all select 'x:1,2 y'::tsvector || 'x y:5'::tsvector
+          union all select 'x'::tsvector || 'y:2'::tsvector
+          union all select to_tsvector('simple', repeat('x ', 300)) || to_tsvector('simple', repeat('x ', 300))
+          union all select setweight(to_tsvector('simple', repeat('x y ', 40)), 'A')
+        )
+        select coalesce((select coalesce(array_length(u.positions, 1), 1) from unnest(v.tsv) as u
+                         where u.lexeme = 'x'), 0),
+               width_bucket(ts_rank('{1,1,1,1}', v.tsv, 'x'::tsquery, 0), kb.ts_rank_tf())
+        from v""").fetchall()
+    assert len(rows) == 261
+    assert {r[0] for r in rows} == set(range(0, 257))
+    assert all(unnested == ranked for unnested, ranked in rows), [r for r in rows if r[0] != r[1]]
+    table = app_conn.execute("select kb.ts_rank_tf(), kb.ts_rank_tf_compute()").fetchone()
+    assert table[0] == table[1] and len(table[0]) == 256
+
+
+def test_lexical_search_recomputes_a_stale_tf_table(owner_conn, rrf_tenant):
+    """kb.ts_rank_tf() is a constant written when the SQL files are applied. If it no longer
+    matches the server's ts_rank (say, a server upgraded without re-running the migration),
+    the search computes the table afresh instead of misreading every tf."""
+    t, _ = rrf_tenant
+    sql = "select doc_title, score from kb.search_lexical('apple banana dessert', 10)"
+    with owner_conn.transaction():
+        owner_conn.execute("set local role cyberos_app")
+        owner_conn.execute("select set_config('auth.tenant_id', %s, true)", [str(t)])
+        expected = owner_conn.execute(sql).fetchall()
+    assert [r[0] for r in expected] == ["A", "B", "C"]
+    with owner_conn.transaction(force_rollback=True):
+        owner_conn.execute("create or replace function kb.ts_rank_tf() returns real[] language sql immutable"
+                           " as 'select array(select x / 2 from unnest(kb.ts_rank_tf_compute()) as x)'")
+        owner_conn.execute("set local role cyberos_app")
+        owner_conn.execute("select set_config('auth.tenant_id', %s, true)", [str(t)])
+        assert owner_conn.execute(sql).fetchall() == expected
+
+
 def test_query_term_counts(app_conn):
     rows = app_conn.execute("select term, qtf from kb.query_term_counts(%s) order by term",
                             ["ERR_402 or err_402? Two-factor, two factor; Hóa hóa HOA"]).fetchall()

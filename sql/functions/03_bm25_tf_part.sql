@@ -1,7 +1,9 @@
--- The BM25 term-frequency part of one term in one chunk: tf * (k1 + 1) / (tf + k1 *
--- (1 - b + b * doc_len / avglen)). kb.search_lexical scores with it (times qtf * idf), and
--- the champion lists (kb.term_tops) are ordered and bounded by it, so both compute it alike.
--- Plain SQL without SET clauses, so that the planner inlines it.
+-- The BM25 term-frequency part of one term in one chunk: tf * (k1 + 1) / (tf + k1 * (1 - b +
+-- b * doc_len / avglen)), 0 when tf = 0. kb.search_lexical scores with it (times qtf * idf),
+-- and the champion lists (kb.term_tops) are ordered and bounded by it, so both compute it
+-- alike. Written as (k1 + 1) / (1 + K / tf), each argument used once: plain SQL without SET
+-- clauses, not strict, so that the planner inlines it even when tf is an expression (an
+-- argument used twice would be computed twice, or block inlining).
 create or replace function kb.bm25_tf_part(
   tf double precision,
   doc_len double precision,
@@ -12,9 +14,8 @@ create or replace function kb.bm25_tf_part(
 returns double precision
 language sql
 immutable
-strict
 parallel safe
 security invoker
 as $$
-  select tf * (k1 + 1) / (tf + k1 * (1 - b + b * doc_len / avglen))
+  select coalesce((k1 + 1) / (1 + k1 * (1 - b + b * doc_len / avglen) / nullif(tf, 0)), 0)
 $$;

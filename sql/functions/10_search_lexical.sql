@@ -87,8 +87,9 @@ declare
   v_first_postings bigint := case when current_setting('kb.lexical_essential_postings', true) ~ '^[0-9]{1,9}$'
                                   then current_setting('kb.lexical_essential_postings', true)::bigint
                                   else 1000 end;
-  v_codes text[];
-  v_code_tq tsquery[];
+  v_tq tsquery[];  -- v_tq[i]: the query of term i alone
+  v_tf real[] := kb.ts_rank_tf();
+  v_score text;
 begin
   if v_tenant is null or v_k = 0 then
     return;
@@ -111,10 +112,19 @@ begin
   if v_nt = 0 then
     return;
   end if;
-  select coalesce(array_agg(t.term), '{}'), coalesce(array_agg(kb.terms_tsquery(array[t.term])), '{}')
-    into v_codes, v_code_tq
-  from unnest(v_terms) as t(term)
-  where t.term ~ '[_./:#-]';
+  -- A chunk's score, one expression over its tsvector: term i contributes
+  -- v_w[i] * kb.bm25_tf_part(tf), tf read by ts_rank (see kb.ts_rank_tf; a lexeme stored
+  -- without positions, as code tokens may be, counts once). Two entries of the constant are
+  -- checked against this server's ts_rank; it is computed afresh if they differ.
+  if ts_rank('{1,1,1,1}', 'x:1'::tsvector, 'x'::tsquery, 0) is distinct from v_tf[1]
+     or ts_rank('{1,1,1,1}', 'x:1,2,3'::tsvector, 'x'::tsquery, 0) is distinct from v_tf[3] then
+    v_tf := kb.ts_rank_tf_compute();
+  end if;
+  select array_agg(kb.terms_tsquery(array[t.term]) order by t.i),
+         string_agg(format('$3[%s] * kb.bm25_tf_part(width_bucket(ts_rank(''{1,1,1,1}'', c.tsv, $9[%s], 0), $10),'
+                           ' c.doc_len, $6, $7, $8)', t.i, t.i), ' + ' order by t.i)
+    into v_tq, v_score
+  from unnest(v_terms) with ordinality as t(term, i);
 
   -- Champion lists (kb.term_tops) of the query's terms, built with this k1 and b. v_u[i]
   -- bounds term i's weight in a chunk outside its list: w * tail * max(1, avglen now /
@@ -192,42 +202,21 @@ begin
           from unnest(v_p) with ordinality as a(t, i)
           join unnest(v_p) with ordinality as b2(t, i) on b2.i > a.i) as x;
 
-    -- score the candidates (tf = number of positions; code tokens are stored without
-    -- positions: tf = 1), best chunk per document, top k. EXECUTE plans with the actual
-    -- tenant and query (a custom plan): a generic plan estimates every tenant alike and may
-    -- scan a large tenant through a btree on tenant_id instead of the (tenant_id, tsv) GIN
-    -- index. Scores are rounded to 1e-9 so that ties do not depend on summation order.
-    -- The statement holds only the parts this stage needs (planning it is a fixed cost of
-    -- every stage: 0.7 ms with every part, about half without the unused ones); a stage
-    -- without candidates is not run at all.
+    -- score the candidates (v_score), best chunk per document, top k. EXECUTE plans with the
+    -- actual tenant and query (a custom plan): a generic plan estimates every tenant alike
+    -- and may scan a large tenant through a btree on tenant_id instead of the (tenant_id,
+    -- tsv) GIN index. Scores are rounded to 1e-9 so that ties do not depend on summation
+    -- order. The statement holds only the parts this stage needs (planning it is a fixed
+    -- cost of every stage); a stage without candidates is not run at all.
     if v_q is not null or v_lists then
       execute format($q$
-        with candidates as materialized (
-          -- (tenant_id, tsv) GIN index: both conditions are index conditions.
-          -- qtsv: the candidate's query lexemes only, with their positions. setweight marks
-          -- them and ts_filter keeps them, both in one C pass over the tsvector; unnesting
-          -- every lexeme of every candidate instead cost ~50 us per candidate. Code tokens
-          -- (the only lexemes that contain one of _ . / : # -) may be stored without
-          -- positions, which ts_filter drops: code_hits lists those the chunk has that way
-          -- (tf = 1). Only these small values are kept, not the ~2 kB tsvector.
-          select c.chunk_id, c.doc_id, c.doc_len, q.qtsv%s
+        with scored as materialized (
+          -- (tenant_id, tsv) GIN index: both conditions are index conditions (materialized:
+          -- planned alone, so that no index in doc_id order replaces it to save the sort)
+          select c.chunk_id, c.doc_id, round((%s) * 1e9) / 1e9 as score
           from kb.chunks c
-          cross join lateral (select ts_filter(setweight(c.tsv, 'A', $2::text[]), '{a}') as qtsv) as q
           where c.tenant_id = $1
-            and %s%s
-        ),
-        matched as (
-          select cand.chunk_id, cand.doc_id, cand.doc_len, u.lexeme,
-                 coalesce(array_length(u.positions, 1), 1)::float8 as tf
-          from candidates cand
-          cross join lateral unnest(cand.qtsv) as u%s
-        ),
-        scored as (
-          select m.chunk_id, m.doc_id,
-                 round(sum(t.w * kb.bm25_tf_part(m.tf, m.doc_len, $6, $7, $8)) * 1e9) / 1e9 as score
-          from matched m
-          join unnest($2::text[], $3::float8[]) as t(term, w) on t.term = m.lexeme
-          group by m.chunk_id, m.doc_id%s
+            and %s%s%s
         ),
         top as (
           select x.chunk_id, x.doc_id, x.score
@@ -243,25 +232,18 @@ begin
                min(score)
         from top
       $q$,
-        case when cardinality(v_codes) > 0 then $p$,
-                 array(select x.term from unnest($9::text[], $10::tsquery[]) as x(term, tq)
-                       where c.tsv @@ x.tq and not (q.qtsv @@ x.tq)) as code_hits$p$ else '' end,
+        v_score,
         -- the first stage adds the listed chunks (chunks_tenant_chunk_key: (tenant_id, chunk_id))
         case when v_lists then '(c.tsv @@ $4 or c.chunk_id = any ($15))' else 'c.tsv @@ $4' end,
         -- a later stage scores only the chunks that the previous one did not
         case when v_prev_q is not null then ' and not (c.tsv @@ $11)' else '' end,
-        case when cardinality(v_codes) > 0 then $p$
-          union all
-          select cand.chunk_id, cand.doc_id, cand.doc_len, h.term, 1::float8
-          from candidates cand
-          cross join lateral unnest(cand.code_hits) as h(term)$p$ else '' end,
         -- and merges them with the previous stage's top k
         case when r_chunk is not null then $p$
           union all
           select p.chunk_id, p.doc_id, p.score
           from unnest($12::uuid[], $13::uuid[], $14::float8[]) as p(chunk_id, doc_id, score)$p$ else '' end)
       into r_chunk, r_doc, r_score, v_min
-      using v_tenant, v_terms, v_w, v_q, v_k, k1, b, greatest(v_avglen, 1e-9), v_codes, v_code_tq,
+      using v_tenant, v_terms, v_w, v_q, v_k, k1, b, greatest(v_avglen, 1e-9), v_tq, v_tf,
             v_prev_q, r_chunk, r_doc, r_score, v_extra;
     end if;
 

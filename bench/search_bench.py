@@ -23,7 +23,8 @@ Data
     ingest` does (timed); kept on reuse; ``--no-lists`` drops them to measure without.
 
 Measured (each p50/p95/p99 over ``--queries`` queries after ``--warmup`` warm-up queries,
-per transaction: set tenant + statement(s) + commit), on the largest and a small tenant:
+per transaction: set tenant + statement(s) + commit; the operations interleaved query by
+query, in a rotating order), on the largest and a small tenant:
   lexical / semantic / hybrid      kb.search_* through kb_rerank.search (k=20)
   base: client fusion              search_lexical + search_semantic, two statements in one
                                    transaction, RRF (k=60) in Python
@@ -397,17 +398,24 @@ def pct(xs, p):
     return xs[lo] + (xs[hi] - xs[lo]) * (i - lo)
 
 
-def measure(conn, tenant, fn, queries, warmup):
-    times, results = [], []
+def measure(conn, tenant, fns: dict, queries, warmup):
+    """Times every operation on every query, operations interleaved: for each query, each
+    operation once, in an order rotated from one query to the next. So a slow minute of the
+    VM, or pages one operation brought into the cache, fall on all operations alike, and
+    their ratios compare like with like. Returns {name: (times in ms, results)}."""
+    out = {name: ([], []) for name in fns}
+    names = list(fns)
     for i, (q, v) in enumerate(queries):
-        t0 = time.perf_counter()
-        with db.tenant_transaction(conn, tenant):
-            res = fn(q, v)
-        dt = (time.perf_counter() - t0) * 1000
-        if i >= warmup:
-            times.append(dt)
-            results.append(res)
-    return times, results
+        for j in range(len(names)):
+            name = names[(i + j) % len(names)]
+            t0 = time.perf_counter()
+            with db.tenant_transaction(conn, tenant):
+                res = fns[name](q, v)
+            dt = (time.perf_counter() - t0) * 1000
+            if i >= warmup:
+                out[name][0].append(dt)
+                out[name][1].append(res)
+    return out
 
 
 def run_config(args, size, n_tenants, sents, centres) -> dict:
@@ -432,10 +440,8 @@ def run_config(args, size, n_tenants, sents, centres) -> dict:
             tenant = tenants[ti]
             queries = tenant_queries(ti, sents, centres, args.warmup + args.queries)
             res_by_op = {}
-            for name, fn in op_funcs(conn).items():
-                if ops and name not in ops:
-                    continue
-                times, results = measure(conn, tenant, fn, queries, args.warmup)
+            fns = {name: fn for name, fn in op_funcs(conn).items() if not ops or name in ops}
+            for name, (times, results) in measure(conn, tenant, fns, queries, args.warmup).items():
                 res_by_op[name] = results
                 row = {"operation": name, "size": size, "tenants": n_tenants, "tenant": label,
                        "tenant_chunks": info["sizes"][ti], "n": len(times),
@@ -506,7 +512,8 @@ def markdown(rows, configs, machine, args) -> str:
            f"Text: {machine['text']}. Vectors: SYNTHETIC, {DIM} dims, unit(centre + noise) around "
            f"{N_CENTRES} random centres (noise norm {NOISE}); queries = centre + noise. k = {K}.",
            f"Each latency: one transaction (set tenant, statement(s), commit) from Python, "
-           f"{args.queries} queries after {args.warmup} warm-up; ms.", "",
+           f"{args.queries} queries after {args.warmup} warm-up, operations interleaved (each query "
+           f"through every operation in turn, the order rotated per query); ms.", "",
            "| operation | size | tenants | tenant (chunks) | p50 | p95 | p99 | p95 / best baseline | p95 / slower single list |",
            "|---|---:|---:|---|---:|---:|---:|---|---:|"]
     for r in rows:

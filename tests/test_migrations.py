@@ -37,12 +37,17 @@ def _catalog(url: str) -> list[str]:
         return [r[0] for r in conn.execute(CATALOG)]
 
 
-def test_downgrade_base_then_upgrade_head(server_url, settings):
+def _new_database(server_url: str) -> tuple[str, Settings]:
+    """An empty database of its own on the test server: its URL and settings."""
     name = f"kb_mig_{uuid.uuid4().hex[:8]}"
     with psycopg.connect(server_url, autocommit=True) as conn:
         conn.execute(f'create database "{name}"')
     url = db.replace_url(server_url, dbname=name)
-    s = Settings(database_url=url)
+    return url, Settings(database_url=url)
+
+
+def test_downgrade_base_then_upgrade_head(server_url, settings):
+    url, s = _new_database(server_url)
     db.migrate(s)
     fresh = _catalog(url)
     assert fresh == _catalog(settings.database_url)  # same as the session's database
@@ -82,11 +87,7 @@ def test_replace_url_keeps_socket_host():
 def test_0007_moves_existing_tsvectors_in_line_and_keeps_statistics(server_url):
     """A chunk written at 0006 has its (large) tsvector in the TOAST table; upgrading to 0007
     moves it into the heap row without changing it or the BM25 statistics."""
-    name = f"kb_mig_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(server_url, autocommit=True) as conn:
-        conn.execute(f'create database "{name}"')
-    url = db.replace_url(server_url, dbname=name)
-    s = Settings(database_url=url)
+    url, s = _new_database(server_url)
     db.migrate(s, revision="0006_pair_scores")
     tenant = uuid.uuid4()
     text = " ".join(f"word{i} term{i % 50}" for i in range(200))  # ~3 kB tsvector, fits a page
@@ -121,11 +122,7 @@ def test_0008_downgrade_keeps_search_and_writes_working(server_url):
     """Down to 0007, kb.term_tops and its trigger go; kb.search_lexical (an idempotent file,
     not re-applied by a downgrade) still answers, and chunks can still be written. Up again,
     the lists come back empty and are rebuilt on demand."""
-    name = f"kb_mig_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(server_url, autocommit=True) as conn:
-        conn.execute(f'create database "{name}"')
-    url = db.replace_url(server_url, dbname=name)
-    s = Settings(database_url=url)
+    url, s = _new_database(server_url)
     db.migrate(s)
     tenant = uuid.uuid4()
     insert = ("insert into kb.chunks (tenant_id, doc_id, position, content, content_hash, embedding)"
@@ -159,11 +156,7 @@ def test_0008_downgrade_keeps_search_and_writes_working(server_url):
 def test_0009_upgrade_installs_the_tf_table_the_search_needs(server_url):
     """0009 changes functions only: upgrading a database at 0008 (which had no
     kb.ts_rank_tf) must re-apply the SQL files, so that kb.search_lexical finds it."""
-    name = f"kb_mig_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(server_url, autocommit=True) as conn:
-        conn.execute(f'create database "{name}"')
-    url = db.replace_url(server_url, dbname=name)
-    s = Settings(database_url=url)
+    url, s = _new_database(server_url)
     db.migrate(s)
     db.downgrade(s, revision="0008_term_tops")
     tenant = uuid.uuid4()

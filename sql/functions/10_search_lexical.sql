@@ -117,7 +117,7 @@ begin
   -- without positions, as code tokens may be, counts once), guarded by tsv @@ term: the
   -- check costs half a ts_rank call, and a chunk holds few of a long query's terms (on
   -- CISI's long queries the unguarded form was 6% slower on average than unnesting, the
-  -- guarded one 4% faster). Two entries of the constant are checked against this server's
+  -- guarded one 3% faster). Two entries of the constant are checked against this server's
   -- ts_rank; it is computed afresh if they differ.
   if ts_rank('{1,1,1,1}', 'x:1'::tsvector, 'x'::tsquery, 0) is distinct from v_tf[1]
      or ts_rank('{1,1,1,1}', 'x:1,2,3'::tsvector, 'x'::tsquery, 0) is distinct from v_tf[3] then

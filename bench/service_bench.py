@@ -36,6 +36,7 @@ from pathlib import Path
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+import httpx  # noqa: E402
 import psycopg  # noqa: E402
 
 from kb_rerank import db  # noqa: E402
@@ -121,8 +122,6 @@ async def run(args) -> dict:
         return " ".join(rng.sample(words, 3)) + f" q{run_id}{i}"
 
     hits, misses, overhead, overhead_no_embed = [], [], [], []
-    import httpx
-
     # the client's own per-request INFO line (httpx) is not the service's work
     logging.getLogger("httpx").setLevel(logging.WARNING)
 

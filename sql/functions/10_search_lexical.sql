@@ -124,8 +124,8 @@ begin
     v_tf := kb.ts_rank_tf_compute();
   end if;
   select array_agg(kb.terms_tsquery(array[t.term]) order by t.i),
-         string_agg(format('case when c.tsv @@ $9[%s] then $3[%s] * kb.bm25_tf_part(width_bucket(ts_rank('
-                           '''{1,1,1,1}'', c.tsv, $9[%s], 0), $10), c.doc_len, $6, $7, $8) else 0 end', t.i, t.i, t.i),
+         string_agg(format('case when c.tsv @@ $8[%s] then $2[%s] * kb.bm25_tf_part(width_bucket(ts_rank('
+                           '''{1,1,1,1}'', c.tsv, $8[%s], 0), $9), c.doc_len, $5, $6, $7) else 0 end', t.i, t.i, t.i),
                     ' + ' order by t.i)
     into v_tq, v_score
   from unnest(v_terms) with ordinality as t(term, i);
@@ -228,7 +228,7 @@ begin
                 from scored s
                 order by s.doc_id, s.score desc, s.chunk_id) as x
           order by x.score desc, x.chunk_id
-          limit $5
+          limit $4
         )
         select array_agg(chunk_id order by score desc, chunk_id),
                array_agg(doc_id order by score desc, chunk_id),
@@ -238,16 +238,16 @@ begin
       $q$,
         v_score,
         -- the first stage adds the listed chunks (chunks_tenant_chunk_key: (tenant_id, chunk_id))
-        case when v_lists then '(c.tsv @@ $4 or c.chunk_id = any ($15))' else 'c.tsv @@ $4' end,
+        case when v_lists then '(c.tsv @@ $3 or c.chunk_id = any ($14))' else 'c.tsv @@ $3' end,
         -- a later stage scores only the chunks that the previous one did not
-        case when v_prev_q is not null then ' and not (c.tsv @@ $11)' else '' end,
+        case when v_prev_q is not null then ' and not (c.tsv @@ $10)' else '' end,
         -- and merges them with the previous stage's top k
         case when r_chunk is not null then $p$
           union all
           select p.chunk_id, p.doc_id, p.score
-          from unnest($12::uuid[], $13::uuid[], $14::float8[]) as p(chunk_id, doc_id, score)$p$ else '' end)
+          from unnest($11::uuid[], $12::uuid[], $13::float8[]) as p(chunk_id, doc_id, score)$p$ else '' end)
       into r_chunk, r_doc, r_score, v_min
-      using v_tenant, v_terms, v_w, v_q, v_k, k1, b, greatest(v_avglen, 1e-9), v_tq, v_tf,
+      using v_tenant, v_w, v_q, v_k, k1, b, greatest(v_avglen, 1e-9), v_tq, v_tf,
             v_prev_q, r_chunk, r_doc, r_score, v_extra;
     end if;
 

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import httpx
 import psycopg
+import psycopg_pool
 import pytest
 from litestar.testing import TestClient
 
@@ -356,3 +357,38 @@ def test_corrupted_cache_row_is_a_miss_and_replaced(kind, settings, embedder, sa
     cache, audit = _cache_audit(owner_conn, sample_tenant, query)
     assert len(cache) == 1 and cache[0][1] == first["results"] and cache[0][0] == body["trace_id"]
     assert [a[0] for a in audit] == ["served", "served", "cache_hit"]
+
+
+class _DownPool:
+    """A pool whose every checkout times out (the database is down), counting checkouts."""
+
+    def __init__(self) -> None:
+        self.checkouts = 0
+
+    @contextlib.asynccontextmanager
+    async def connection(self):
+        self.checkouts += 1
+        await asyncio.sleep(0.2)
+        raise psycopg_pool.PoolTimeout("couldn't get a connection after 0.20 sec")
+        yield  # pragma: no cover
+
+
+def test_single_flight_followers_fail_with_the_leader_without_a_second_wait(settings):
+    """Identical requests that wait for a leader whose database is unavailable fail with the
+    leader's error when it does: they do not each wait out another pool timeout."""
+    from kb_rerank.service import RerankService
+
+    pool = _DownPool()
+    svc = RerankService(settings, pool, embedder=None, reranker=None)
+
+    async def scenario():
+        leader = asyncio.create_task(svc.rerank(uuid.UUID(int=1), "same query", "lexical_only", "t0"))
+        await asyncio.sleep(0.05)  # the leader is registered and waiting on the pool
+        followers = [asyncio.create_task(svc.rerank(uuid.UUID(int=1), "same query", "lexical_only", f"t{i}"))
+                     for i in range(1, 4)]
+        return await asyncio.gather(leader, *followers, return_exceptions=True)
+
+    results = asyncio.run(scenario())
+    assert all(isinstance(r, psycopg_pool.PoolTimeout) for r in results), results
+    assert pool.checkouts == 1  # only the leader asked the pool
+    assert svc._inflight == {}

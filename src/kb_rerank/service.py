@@ -15,12 +15,13 @@ Steps of a request (tenant ``t``, key ``(t, query_hash, source)``)
    hit: the ``cache_hit`` audit row is written in the same transaction and the cached
    results are returned (``from_cache: true``) without touching the model. A malformed
    row is deleted and treated as a miss.
-2. Miss: in-process single flight per key. The first request computes; identical
-   requests arriving meanwhile wait for it and then read the cache (a hit) or, when the
-   result was not cached (fallback), share the first request's result. A request that
-   becomes the leader reads the cache once more after registering (a previous leader may
-   have committed between its first read and the registration), so a key is computed
-   once however requests interleave.
+2. Single flight per key, in process: a request first looks for a leader computing the same
+   key. If there is none, it becomes the leader and reads the cache (step 1) once; a leader
+   commits its cache row before it leaves, so finding no leader and then no row is a real
+   miss. Identical requests arriving meanwhile wait for the leader, then read the cache (a
+   hit) or, when the result was not cached (fallback), share the leader's result; when the
+   leader failed, they fail the same way at once (a database outage costs them no second
+   timeout). So a key is computed once however requests interleave.
 3. Candidates: the query is embedded on a one-thread executor (not for
    ``lexical_only``), then one tenant transaction runs kb.search_hybrid (up to
    2 x ``candidates``, deduplicated in SQL), kb.search_lexical, kb.search_semantic, or
@@ -273,7 +274,11 @@ class RerankService:
             if pending is None:
                 break
             # Another request computes this key: wait for it, then read the cache.
-            shared: Outcome | None = await asyncio.shield(pending)
+            shared: Outcome | Exception | None = await asyncio.shield(pending)
+            if isinstance(shared, Exception):
+                # The leader failed (the database unavailable, say): fail the same way now,
+                # not after waiting out another timeout on the same cause.
+                raise shared
             hit = await self._cache_hit(tenant, qh, source, trace_id, t0)
             if hit is not None:
                 return hit
@@ -282,13 +287,15 @@ class RerankService:
                 await self._record(tenant, qh, source, trace_id, shared, t0, write_cache=False,
                                    detail_extra="single_flight")
                 return self._response(shared, trace_id, from_cache=False)
-            # the first request failed: compute ourselves (we may become the leader)
+            # the leader was cancelled (its client went away): compute ourselves (we may
+            # become the leader)
         # Lead first, then read the cache once: a leader commits its cache row before it
         # leaves the map, so a request that finds no leader and then no row is a real miss
         # (one cache read per request, hit or miss).
         fut: asyncio.Future = asyncio.get_running_loop().create_future()
         self._inflight[key] = fut
         outcome: Outcome | None = None
+        failure: Exception | None = None
         try:
             hit = await self._cache_hit(tenant, qh, source, trace_id, t0)
             if hit is not None:
@@ -298,11 +305,15 @@ class RerankService:
             await self._record(tenant, qh, source, trace_id, outcome, t0,
                                write_cache=outcome.fallback_reason is None)
             return self._response(outcome, trace_id, from_cache=False)
+        except Exception as exc:
+            failure = exc
+            raise
         finally:
             if self._inflight.get(key) is fut:
                 del self._inflight[key]
             if not fut.done():
-                fut.set_result(outcome)
+                # followers get the outcome, or the failure to raise in turn
+                fut.set_result(failure if failure is not None else outcome)
 
     # ------------------------------------------------------------------ step 1
     async def _cache_hit(self, tenant, qh: str, source: str, trace_id: str, t0: float) -> RerankResponse | None:

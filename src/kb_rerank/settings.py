@@ -91,6 +91,14 @@ class Settings:
     v2_max_documents: int = 1000  # KB_V2_MAX_DOCUMENTS: documents per /v2/rerank request
     v2_max_document_chars: int = 20000  # KB_V2_MAX_DOCUMENT_CHARS: characters per document
     v2_max_body_bytes: int = 4194304  # KB_V2_MAX_BODY_BYTES: request body limit of /v2/rerank
+    # Keys (issue 13: keyed audit chain, keyed query hashes; docs/security.md)
+
+    # Limits and fairness (issue 13: cost-based limits, per-tenant caps, per-address limit)
+
+    # Guard detectors (issue 13: time budget off the event loop)
+
+    # Operational endpoints (issue 13: /metrics, /readyz detail)
+
     extra: Mapping[str, Any] = field(default_factory=dict)
 
     @classmethod

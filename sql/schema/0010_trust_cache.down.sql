@@ -1,0 +1,2 @@
+-- Downgrade of 0010_trust_cache.sql.
+select 1;

@@ -1,0 +1,62 @@
+"""Server-side keys: the audit MAC key and the query-hash key (issue 13, docs/security.md).
+
+A key comes from its setting (``KB_AUDIT_KEY``, ``KB_QUERY_HASH_KEY``) when set. When unset
+(a single-machine install: ``make demo``, the embedded server, tests), it is read from
+``<data_dir>/keys/<name>.key``, created on first use with 32 random bytes (hex, mode 0600).
+Several replicas must share one key: set the variable on all of them.
+The database roles never hold these keys: that is what makes a keyed value unforgeable
+from SQL.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import secrets
+from pathlib import Path
+
+from .settings import Settings
+
+MIN_KEY_BYTES = 32
+
+
+class KeyError_(ValueError):
+    """A configured key is too short or unreadable."""
+
+
+def _check(name: str, key: bytes) -> bytes:
+    if len(key) < MIN_KEY_BYTES:
+        raise KeyError_(f"the {name} key must be at least {MIN_KEY_BYTES} bytes, got {len(key)}")
+    return key
+
+
+def key_file(settings: Settings, name: str) -> Path:
+    return settings.data_dir / "keys" / f"{name}.key"
+
+
+def server_key(settings: Settings, name: str, configured: str | None) -> bytes:
+    """The key ``name`` ('audit', 'query_hash'): ``configured`` (the setting's value) when
+    given, else the key file under data_dir, created on first use."""
+    if configured:
+        return _check(name, configured.encode("utf-8"))
+    path = key_file(settings, name)
+    try:
+        return _check(name, path.read_text(encoding="ascii").strip().encode("ascii"))
+    except FileNotFoundError:
+        pass
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    value = secrets.token_hex(32)
+    # O_EXCL: two processes starting at once agree on the first file written
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        return _check(name, path.read_text(encoding="ascii").strip().encode("ascii"))
+    with os.fdopen(fd, "w", encoding="ascii") as f:
+        f.write(value + "\n")
+    return value.encode("ascii")
+
+
+def fingerprint(key: bytes) -> str:
+    """A short public id of a key (first 16 hex of SHA-256 over a domain label and the key),
+    stored beside what it keyed so that verification after a rotation picks the right key."""
+    return hashlib.sha256(b"kb-rerank key id\x00" + key).hexdigest()[:16]

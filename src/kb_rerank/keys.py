@@ -20,13 +20,13 @@ from .settings import Settings
 MIN_KEY_BYTES = 32
 
 
-class KeyError_(ValueError):
+class KeyConfigError(ValueError):
     """A configured key is too short or unreadable."""
 
 
 def _check(name: str, key: bytes) -> bytes:
     if len(key) < MIN_KEY_BYTES:
-        raise KeyError_(f"the {name} key must be at least {MIN_KEY_BYTES} bytes, got {len(key)}")
+        raise KeyConfigError(f"the {name} key must be at least {MIN_KEY_BYTES} bytes, got {len(key)}")
     return key
 
 

@@ -10,6 +10,6 @@ stable
 parallel safe
 security invoker
 as $$
-  select nullif(pg_catalog.current_setting('auth.tenant_id', true), '')::uuid
+  select nullif(pg_catalog.current_setting('auth.tenant_id', true), '')::pg_catalog.uuid
 $$;
 comment on function kb.current_tenant() is 'Tenant of the current transaction (GUC auth.tenant_id), NULL when unset';

@@ -12,7 +12,7 @@ strict
 parallel safe
 rows 4
 security invoker
-set search_path = pg_catalog, public
+set search_path = pg_catalog, pg_temp
 as $$
   select m[1], count(*)::integer
   from regexp_matches(lower(public.unaccent('public.unaccent'::regdictionary, content)),
@@ -27,7 +27,7 @@ immutable
 strict
 parallel safe
 security invoker
-set search_path = pg_catalog, public
+set search_path = pg_catalog, pg_temp
 as $$
   select coalesce(array_agg(c.token order by c.token), '{}')
   from kb.code_token_counts(content) as c
@@ -52,7 +52,7 @@ immutable
 strict
 parallel safe
 security invoker
-set search_path = pg_catalog, public
+set search_path = pg_catalog, pg_temp
 as $$
   with exact as (
     select to_tsvector('kb.kb_text_exact'::regconfig, content) as v
@@ -72,7 +72,7 @@ immutable
 strict
 parallel safe
 security invoker
-set search_path = pg_catalog
+set search_path = pg_catalog, pg_temp
 as $$
   select coalesce(sum(array_length(u.positions, 1)), 0)::integer
   from unnest(to_tsvector('kb.kb_text'::regconfig, content)) as u
@@ -87,7 +87,7 @@ language sql
 immutable
 parallel safe
 security invoker
-set search_path = pg_catalog
+set search_path = pg_catalog, pg_temp
 as $$
   select '{a,an,and,are,as,at,be,but,by,for,if,in,into,is,it,no,not,of,on,or,such,that,the,their,then,there,these,they,this,to,was,will,with}'::text[]
 $$;
@@ -103,7 +103,7 @@ immutable
 strict
 parallel safe
 security invoker
-set search_path = pg_catalog
+set search_path = pg_catalog, pg_temp
 as $$
   select word ~ '^(ngh|ng|nh|ch|gh|gi|kh|ph|qu|th|tr|[bcdghklmnprstvx])?[aeiouy]{1,3}(ng|nh|ch|[cmnpt])?$'
 $$;
@@ -119,7 +119,7 @@ language sql
 immutable
 parallel safe
 security invoker
-set search_path = pg_catalog
+set search_path = pg_catalog, pg_temp
 as $$
   select coalesce(query, '') !~ '[^\x01-\x7f]'
      and exists (select 1
@@ -147,7 +147,7 @@ immutable
 parallel safe
 rows 8
 security invoker
-set search_path = pg_catalog, public
+set search_path = pg_catalog, pg_temp
 as $$
   with q as (
     select left(coalesce(query, ''), 4000) as t
@@ -200,7 +200,7 @@ language sql
 immutable
 parallel safe
 security invoker
-set search_path = pg_catalog, public
+set search_path = pg_catalog, pg_temp
 as $$
   select coalesce(array_agg(c.term order by c.term), '{}')
   from kb.query_term_counts(query) as c
@@ -215,7 +215,7 @@ immutable
 strict
 parallel safe
 security invoker
-set search_path = pg_catalog
+set search_path = pg_catalog, pg_temp
 as $$
   select string_agg('''' || replace(replace(t, '\', '\\'), '''', '''''') || '''', ' | ')::tsquery
   from unnest(terms) as t

@@ -3,7 +3,7 @@ create or replace function kb.chunks_derive()
 returns trigger
 language plpgsql
 security invoker
-set search_path = pg_catalog, kb, public
+set search_path = pg_catalog, kb, pg_temp
 as $$
 begin
   new.tsv := kb.to_tsv(new.content);

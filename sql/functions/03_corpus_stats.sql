@@ -2,15 +2,17 @@
 -- kb.corpus_stats: chunk count and total length), kept exact under insert, update and
 -- delete by statement-level triggers with transition tables.
 --
--- SECURITY DEFINER, owned by kb_search: the statistics are derived data that the app role
--- may read (under RLS) but never write directly. The rows written come from the
--- transition tables of a statement that RLS has already checked, so a tenant can only
--- move its own statistics. search_path pinned.
+-- SECURITY DEFINER, owned by kb_stats (BYPASSRLS; SELECT on kb.chunks and write on the
+-- statistics tables kb.term_stats, kb.corpus_stats, kb.term_tops only, nothing else): the
+-- statistics are derived data that the app role may read (under RLS) but never write
+-- directly. The rows written come from the transition tables of a statement that RLS has
+-- already checked, so a tenant can only move its own statistics. search_path pinned with
+-- pg_temp last (no temporary type or table can shadow one the body uses; issue 13).
 create or replace function kb.apply_stats_delta(rows kb.chunks[], sign integer)
 returns void
 language sql
 security definer
-set search_path = pg_catalog, kb
+set search_path = pg_catalog, kb, pg_temp
 as $$
   insert into kb.corpus_stats as cs (tenant_id, n_chunks, total_len)
   select r.tenant_id, sign * count(*), sign * sum(r.doc_len)
@@ -42,11 +44,13 @@ as $$
 $$;
 revoke all on function kb.apply_stats_delta(kb.chunks[], integer) from public;
 
+-- SECURITY DEFINER (owner kb_stats): the statement trigger that writes the statistics,
+-- see above; it fires for whoever writes kb.chunks.
 create or replace function kb.chunks_maintain_stats()
 returns trigger
 language plpgsql
 security definer
-set search_path = pg_catalog, kb
+set search_path = pg_catalog, kb, pg_temp
 as $$
 begin
   if tg_op in ('DELETE', 'UPDATE') then
@@ -72,5 +76,6 @@ create trigger chunks_stats_delete after delete on kb.chunks
   referencing old table as old_rows
   for each statement execute function kb.chunks_maintain_stats();
 
-alter function kb.apply_stats_delta(kb.chunks[], integer) owner to kb_search;
-alter function kb.chunks_maintain_stats() owner to kb_search;
+alter function kb.apply_stats_delta(kb.chunks[], integer) owner to kb_stats;
+alter function kb.chunks_maintain_stats() owner to kb_stats;
+revoke all on function kb.chunks_maintain_stats() from public;

@@ -23,7 +23,7 @@ language sql
 immutable
 parallel safe
 security invoker
-set search_path = pg_catalog
+set search_path = pg_catalog, pg_temp
 as $$
   select array_agg(ts_rank('{1,1,1,1}',
                            format('x:%s', (select string_agg(p::text, ',') from generate_series(1, n) as p))::tsvector,
@@ -49,7 +49,7 @@ begin
     immutable
     parallel safe
     security invoker
-    set search_path = pg_catalog
+    set search_path = pg_catalog, pg_temp
     as %L
   $f$, format('select %L::real[]', v::text));
   if kb.ts_rank_tf() is distinct from v then

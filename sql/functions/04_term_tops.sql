@@ -1,18 +1,14 @@
 -- BM25 champion lists (kb.term_tops, sql/schema/0008_term_tops.sql): built per tenant by
 -- kb.refresh_term_tops(), kept valid between refreshes by the trigger below.
 
--- A transaction-scoped lock key per tenant: refresh takes it exclusively, writers of chunks
--- take it shared, so a refresh never misses a chunk written while it runs.
-create or replace function kb.term_tops_lock_key(tenant uuid)
-returns bigint
-language sql
-immutable
-strict
-parallel safe
-security invoker
-as $$
-  select hashtextextended('kb.term_tops:' || tenant::text, 0)
-$$;
+-- Serialisation (issue 13, item 12): a refresh and the writers of a tenant's chunks lock the
+-- tenant's kb.corpus_stats row (a refresh FOR UPDATE before it reads anything; a writer's
+-- statistics trigger updates that row in the same statement, and the trigger below locks
+-- it again explicitly), so a refresh never misses a chunk written while it runs. An
+-- advisory lock key was used before: the app role could compute it and hold it for another
+-- tenant, stalling that tenant's writes. The app role can neither update nor lock that row
+-- (SELECT only, under RLS).
+drop function if exists kb.term_tops_lock_key(uuid);
 
 -- Rebuild the caller's tenant's lists: for each term in at least min_df chunks, the
 -- list_length chunks with the highest tf_part (ties by chunk_id), and tail = the next
@@ -22,9 +18,10 @@ $$;
 -- Work: one pass over the tenant's chunks and a sort of their common-term postings (here,
 -- lists of 128: 38 s for one tenant of 100k chunks, 25 s for 100k chunks over 10 tenants,
 -- 411 s for 1M over 10; bench/search_bench.py's setup step).
--- SECURITY DEFINER (owner kb_search) because the lists are derived data the app role may
--- read but not write; it only ever touches the tenant of the caller's transaction
--- (kb.current_tenant()) and raises when none is set. search_path pinned.
+-- SECURITY DEFINER (owner kb_stats: write on the statistics tables only) because the lists
+-- are derived data the app role may read but not write; it only ever touches the tenant of
+-- the caller's transaction (kb.current_tenant()) and raises when none is set. search_path
+-- pinned, pg_temp last.
 create or replace function kb.refresh_term_tops(
   list_length integer default 128,
   min_df integer default 1000,
@@ -35,7 +32,7 @@ returns integer
 language plpgsql
 volatile
 security definer
-set search_path = pg_catalog, kb
+set search_path = pg_catalog, kb, pg_temp
 set work_mem = '256MB'
 as $$
 declare
@@ -55,11 +52,12 @@ begin
   if k1 is null or k1 < 0 or b is null or b < 0 or b > 1 then
     raise exception 'k1 must be >= 0 and b between 0 and 1, got k1 = %, b = %', k1, b using errcode = '22023';
   end if;
-  perform pg_advisory_xact_lock(kb.term_tops_lock_key(v_tenant));
+  -- the tenant's statistics row, locked: writers of the tenant's chunks wait (see above)
+  select cs.total_len::float8 / nullif(cs.n_chunks, 0) into v_avglen
+  from kb.corpus_stats cs where cs.tenant_id = v_tenant
+  for update;
   delete from kb.term_tops tt where tt.tenant_id = v_tenant;
-  select cs.total_len::float8 / cs.n_chunks into v_avglen
-  from kb.corpus_stats cs where cs.tenant_id = v_tenant and cs.n_chunks > 0 and cs.total_len > 0;
-  if v_avglen is null then
+  if v_avglen is null or not v_avglen > 0 then
     return 0;
   end if;
   insert into kb.term_tops (tenant_id, term, chunk_ids, tail, avglen, k1, b)
@@ -82,7 +80,7 @@ begin
   return v_n;
 end
 $$;
-alter function kb.refresh_term_tops(integer, integer, double precision, double precision) owner to kb_search;
+alter function kb.refresh_term_tops(integer, integer, double precision, double precision) owner to kb_stats;
 revoke all on function kb.refresh_term_tops(integer, integer, double precision, double precision) from public;
 grant execute on function kb.refresh_term_tops(integer, integer, double precision, double precision) to cyberos_app;
 comment on function kb.refresh_term_tops(integer, integer, double precision, double precision) is
@@ -90,16 +88,14 @@ comment on function kb.refresh_term_tops(integer, integer, double precision, dou
 
 -- Keeps the invariant of kb.term_tops under INSERT and UPDATE: a written chunk whose
 -- tf_part for a listed term exceeds the list's tail joins the list. When a tenant has no
--- chunks left, its lists go. SECURITY DEFINER (owner kb_search): it writes derived data
+-- chunks left, its lists go. SECURITY DEFINER (owner kb_stats): it writes derived data
 -- from the transition table of a statement RLS has already checked.
 create or replace function kb.chunks_maintain_term_tops()
 returns trigger
 language plpgsql
 security definer
-set search_path = pg_catalog, kb
+set search_path = pg_catalog, kb, pg_temp
 as $$
-declare
-  v_tenant uuid;
 begin
   if tg_op = 'DELETE' then
     delete from kb.term_tops tt
@@ -107,13 +103,14 @@ begin
       and not exists (select from kb.chunks c where c.tenant_id = tt.tenant_id);
     return null;
   end if;
-  for v_tenant in
-    select distinct n.tenant_id from new_rows n
-    where exists (select from kb.term_tops tt where tt.tenant_id = n.tenant_id)
-    order by 1
-  loop
-    perform pg_advisory_xact_lock_shared(kb.term_tops_lock_key(v_tenant));
-  end loop;
+  -- lock the statistics rows of the written tenants that have lists (in tenant order, as
+  -- the statistics trigger does), so that no refresh of theirs runs concurrently
+  perform 1
+  from kb.corpus_stats cs
+  where cs.tenant_id in (select n.tenant_id from new_rows n)
+    and exists (select from kb.term_tops tt where tt.tenant_id = cs.tenant_id)
+  order by cs.tenant_id
+  for update;
   if not found then
     return null;  -- no written tenant has lists
   end if;
@@ -130,7 +127,7 @@ begin
   return null;
 end
 $$;
-alter function kb.chunks_maintain_term_tops() owner to kb_search;
+alter function kb.chunks_maintain_term_tops() owner to kb_stats;
 revoke all on function kb.chunks_maintain_term_tops() from public;
 
 drop trigger if exists chunks_term_tops_insert on kb.chunks;

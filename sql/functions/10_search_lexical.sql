@@ -35,7 +35,7 @@ language plpgsql
 stable
 parallel safe
 security definer
-set search_path = pg_catalog, kb, public
+set search_path = pg_catalog, kb, pg_temp
 as $fn$
 -- Top-k retrieval, exact, in stages (MaxScore with a two-term refinement).
 -- Query terms are sorted rarest first. At each stage the first `ne` terms are

@@ -8,7 +8,7 @@
 -- keep scanning the graph until k rows pass the tenant filter, so a small tenant among
 -- many still gets its full top-k; ef_search 100 keeps recall high.
 create or replace function kb.search_semantic(
-  query_embedding vector,
+  query_embedding public.vector,
   k integer default 20
 )
 returns table (
@@ -24,15 +24,15 @@ language sql
 stable
 parallel safe
 security definer
-set search_path = pg_catalog, kb, public
+set search_path = pg_catalog, kb, pg_temp
 set hnsw.iterative_scan = relaxed_order
 set hnsw.ef_search = 100
 as $$
   with nn as materialized (
-    select c.chunk_id, c.doc_id, c.content, c.embedding <=> query_embedding as distance
+    select c.chunk_id, c.doc_id, c.content, c.embedding OPERATOR(public.<=>) query_embedding as distance
     from kb.chunks c
     where c.tenant_id = kb.current_tenant()
-    order by c.embedding <=> query_embedding
+    order by c.embedding OPERATOR(public.<=>) query_embedding
     limit greatest(least(k, 1000), 0)
   )
   select nn.chunk_id, nn.doc_id, d.title, left(nn.content, 300), nn.content,
@@ -41,6 +41,6 @@ as $$
   join kb.documents d on d.doc_id = nn.doc_id
   order by nn.distance, nn.chunk_id
 $$;
-alter function kb.search_semantic(vector, integer) owner to kb_search;
-comment on function kb.search_semantic(vector, integer) is
+alter function kb.search_semantic(public.vector, integer) owner to kb_search;
+comment on function kb.search_semantic(public.vector, integer) is
   'Cosine top-k chunks (score = cosine similarity) for the tenant in auth.tenant_id; empty when unset';

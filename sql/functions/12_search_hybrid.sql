@@ -11,7 +11,7 @@
 -- exactly what the two search functions return for the caller's tenant.
 create or replace function kb.search_hybrid(
   query text,
-  query_embedding vector,
+  query_embedding public.vector,
   k integer default 20,
   rrf_k integer default 60,
   fusion text default 'rrf',
@@ -33,7 +33,7 @@ returns table (
 language plpgsql
 stable
 security invoker
-set search_path = pg_catalog, kb, public
+set search_path = pg_catalog, kb, pg_temp
 as $$
 #variable_conflict use_column
 begin
@@ -85,5 +85,5 @@ begin
   order by 10 desc, f.chunk_id;
 end
 $$;
-comment on function kb.search_hybrid(text, vector, integer, integer, text, double precision, double precision) is
+comment on function kb.search_hybrid(text, public.vector, integer, integer, text, double precision, double precision) is
   'Hybrid search: lexical (BM25) and semantic top-k fused by RRF (default) or round-robin interleave';

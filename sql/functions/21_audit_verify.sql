@@ -1,8 +1,10 @@
 -- kb.audit_verify(): check the audit hash chains the caller can see.
 --
--- SECURITY INVOKER, so RLS decides what is checked: cyberos_app checks its tenant's
--- chain; a role that bypasses RLS (a superuser; the owner only if it is exempt from the
--- forced RLS) checks every tenant's. One row per tenant, ordered by tenant_id; a tenant
+-- SECURITY INVOKER, so RLS decides what is checked: a role that bypasses RLS (a
+-- superuser; the owner only if it is exempt from the forced RLS) checks every tenant's
+-- chain, the owner with auth.tenant_id set checks that tenant's. Not executable by the app
+-- role (since 0010: it would need kb.audit_row_hash); `kb-rerank audit verify` runs it and
+-- also checks every row's MAC with the audit key, which the database does not hold. One row per tenant, ordered by tenant_id; a tenant
 -- set on the transaction with no audit rows yet gets a row with rows_checked = 0.
 -- first_broken_seq, first_broken_audit_id and reason are NULL when the chain verifies;
 -- otherwise they name the first broken row (in seq order), reason one of
@@ -24,7 +26,7 @@ returns table (
 language sql
 stable
 security invoker
-set search_path = pg_catalog, kb
+set search_path = pg_catalog, kb, pg_temp
 as $$
   with chain as (
     select a.tenant_id, a.seq, a.audit_id, a.prev_hash, a.row_hash,
@@ -67,5 +69,5 @@ $$;
 comment on function kb.audit_verify() is
   'Verify the audit hash chain of each visible tenant (RLS applies); NULL first_broken_* and reason when intact';
 
-grant execute on function kb.audit_verify() to cyberos_app;
+revoke all on function kb.audit_verify() from public, cyberos_app;
 

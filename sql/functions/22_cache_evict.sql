@@ -3,12 +3,15 @@
 -- what is left of the batch, pair scores (kb.kb_rerank_pair_scores); returns how many in all.
 --
 -- Why SECURITY DEFINER (owned by kb_maint, which has BYPASSRLS): eviction is cross-tenant
--- by nature (a periodic job, not a tenant's request), and under RLS cyberos_app can only
--- delete its own tenant's rows. The function takes no tenant input, deletes only rows
--- whose expires_at has passed, and returns only a count: no row data, no tenant ids.
--- kb_maint owns nothing else and holds only SELECT, DELETE on kb.kb_rerank_cache and
--- kb.kb_rerank_pair_scores.
--- search_path is pinned. Call it repeatedly until it returns less than `batch`.
+-- by nature (a periodic job, not a tenant's request). The function takes no tenant input,
+-- deletes only rows whose expires_at has passed, and returns only a count: no row data, no
+-- tenant ids. kb_maint owns nothing else and holds only SELECT, DELETE on
+-- kb.kb_rerank_cache and kb.kb_rerank_pair_scores. search_path pinned, pg_temp last.
+-- Call it repeatedly until it returns less than `batch`.
+-- Who may call it (issue 13, item 9): the maintenance side only (the migrating owner, and
+-- any role an operator grants EXECUTE to for KB_MAINT_DATABASE_URL / `kb-rerank evict`),
+-- never the app role: its count covers every tenant, so a tenant could watch other
+-- tenants' cache traffic through it.
 
 
 grant usage on schema kb to kb_maint;
@@ -20,7 +23,7 @@ returns bigint
 language plpgsql
 volatile
 security definer
-set search_path = pg_catalog, kb
+set search_path = pg_catalog, kb, pg_temp
 as $$
 declare
   n bigint;
@@ -61,7 +64,13 @@ end
 $$;
 alter function kb.evict_expired_cache(integer) owner to kb_maint;
 revoke all on function kb.evict_expired_cache(integer) from public;
-grant execute on function kb.evict_expired_cache(integer) to cyberos_app;
+revoke all on function kb.evict_expired_cache(integer) from cyberos_app;
+-- the role running the migrations (the owner URL) keeps EXECUTE, for `kb-rerank evict`
+do $$
+begin
+  execute format('grant execute on function kb.evict_expired_cache(integer) to %I', current_user);
+end
+$$;
 comment on function kb.evict_expired_cache(integer) is
   'Delete up to batch expired rerank cache rows, then pair scores, of all tenants; returns the count (SECURITY DEFINER, owner kb_maint)';
 

@@ -1,6 +1,19 @@
 -- Schema-level grants. The app role reaches kb objects only through the grants below
 -- and the per-table files; functions are not executable by PUBLIC by default here.
-grant usage on schema kb to cyberos_app, kb_search;
+grant usage on schema kb to cyberos_app, kb_search, kb_stats, kb_audit;
+
+-- Issue 13, item 1: no role but the owner creates objects that a SECURITY DEFINER body
+-- could resolve by name. No temporary objects for PUBLIC or the app role (a temporary
+-- type or table shadowed names inside definer functions), no CREATE on schema public.
+-- Idempotent, so it holds after every upgrade (and for a database created later).
+do $$
+begin
+  execute format('revoke temporary on database %I from public', current_database());
+  execute format('revoke temporary on database %I from cyberos_app', current_database());
+end
+$$;
+revoke create on schema public from public;
+revoke create on schema public from cyberos_app;
 alter default privileges in schema kb revoke execute on functions from public;
 revoke execute on all functions in schema kb from public;
 grant select on kb.embedding_config to cyberos_app;
@@ -9,11 +22,12 @@ grant execute on function kb.current_tenant(), kb.code_tokens(text), kb.to_tsv(t
                           kb.code_token_counts(text), kb.query_term_counts(text),
                           kb.bm25_tf_part(double precision, double precision, double precision, double precision, double precision),
                           kb.ts_rank_tf(), kb.ts_rank_tf_compute()
-  to cyberos_app, kb_search;
-grant execute on function kb.term_tops_lock_key(uuid) to kb_search;
+  to cyberos_app, kb_search, kb_stats;
+-- the policies of the audit tables call kb.current_tenant() as kb_audit
+grant execute on function kb.current_tenant() to kb_audit;
 grant execute on function kb.search_lexical(text, integer, double precision, double precision),
-                          kb.search_semantic(vector, integer),
-                          kb.search_hybrid(text, vector, integer, integer, text, double precision, double precision)
+                          kb.search_semantic(public.vector, integer),
+                          kb.search_hybrid(text, public.vector, integer, integer, text, double precision, double precision)
   to cyberos_app;
 -- /readyz compares the applied migration with the code's head revision.
 do $$

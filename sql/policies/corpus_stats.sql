@@ -1,5 +1,5 @@
 -- BM25 statistics and champion lists: readable by their tenant, written only by the
--- triggers and kb.refresh_term_tops (owned by kb_search).
+-- triggers and kb.refresh_term_tops (owned by kb_stats).
 alter table kb.term_stats enable row level security;
 alter table kb.term_stats force row level security;
 alter table kb.corpus_stats enable row level security;
@@ -19,4 +19,9 @@ create policy "Champion lists are visible to their tenant" on kb.term_tops
   for select using (tenant_id = (select kb.current_tenant()));
 
 grant select on kb.term_stats, kb.corpus_stats, kb.term_tops to cyberos_app;
-grant select, insert, update, delete on kb.term_stats, kb.corpus_stats, kb.term_tops to kb_search;
+-- kb_search (search functions) reads them; kb_stats (statistics triggers and
+-- kb.refresh_term_tops) writes them, and reads the chunks they are derived from.
+revoke all on kb.term_stats, kb.corpus_stats, kb.term_tops from kb_search;
+grant select on kb.term_stats, kb.corpus_stats, kb.term_tops to kb_search;
+grant select, insert, update, delete on kb.term_stats, kb.corpus_stats, kb.term_tops to kb_stats;
+grant select on kb.chunks to kb_stats;

@@ -1,8 +1,10 @@
 -- kb.kb_rerank_audit: tenant rows, RLS enabled and forced (the owner is subject to it too).
--- Append-only for the app: SELECT and INSERT (through kb.audit_append), no UPDATE,
--- DELETE or TRUNCATE, and no policy that would allow them. Policies compare with
--- (select kb.current_tenant()), evaluated once per statement; with no tenant set it is
--- NULL and nothing matches (fail closed).
+-- Append-only, and written only through kb.audit_append (SECURITY DEFINER, owner kb_audit):
+-- the app role has SELECT only (issue 13, item 3: with INSERT it could write a back-dated
+-- or chain-breaking row). No UPDATE, DELETE or TRUNCATE for anyone but the owner, and no
+-- policy that would allow them. Policies compare with (select kb.current_tenant()),
+-- evaluated once per statement; with no tenant set it is NULL and nothing matches (fail
+-- closed). They bind kb_audit too (it does not bypass RLS).
 
 
 alter table kb.kb_rerank_audit enable row level security;
@@ -16,5 +18,22 @@ create policy "Audit entries are appended by their tenant" on kb.kb_rerank_audit
   for insert with check (tenant_id = (select kb.current_tenant()));
 
 revoke all on kb.kb_rerank_audit from cyberos_app;
-grant select, insert on kb.kb_rerank_audit to cyberos_app;
+grant select on kb.kb_rerank_audit to cyberos_app;
+revoke all on kb.kb_rerank_audit from kb_audit;
+grant select, insert on kb.kb_rerank_audit to kb_audit;
+
+-- kb.audit_heads: each tenant's last seq and row_hash, locked by kb.audit_append to
+-- serialise a tenant's appends. Only kb_audit reaches it; the app role has no privilege, so
+-- it can neither read nor lock another tenant's head (issue 13, item 12).
+alter table kb.audit_heads enable row level security;
+alter table kb.audit_heads force row level security;
+
+drop policy if exists "Audit heads belong to their tenant" on kb.audit_heads;
+create policy "Audit heads belong to their tenant" on kb.audit_heads
+  using (tenant_id = (select kb.current_tenant()))
+  with check (tenant_id = (select kb.current_tenant()));
+
+revoke all on kb.audit_heads from public, cyberos_app;
+revoke all on kb.audit_heads from kb_audit;
+grant select, insert, update on kb.audit_heads to kb_audit;
 

@@ -444,13 +444,25 @@ def _startup_checks(settings: Settings, url: str, timeout_s: float) -> _Startup:
     return _Startup(head_revision=head)
 
 
-async def _evict_loop(app: Litestar) -> None:
+def _maint_url(settings: Settings) -> str | None:
+    """Where the eviction loop connects: KB_MAINT_DATABASE_URL, else the owner URL only in
+    embedded/dev mode (no database URL configured: the server is ours); None otherwise. The
+    app role may not evict (kb.evict_expired_cache counts every tenant's rows)."""
+    if settings.maint_database_url:
+        return settings.maint_database_url
+    if not settings.database_url and not settings.app_database_url:
+        return db.owner_url(settings)
+    return None
+
+
+async def _evict_loop(app: Litestar, url: str) -> None:
     st = app.state
     interval = max(1.0, float(st.settings.evict_interval_s))
     while True:
         await asyncio.sleep(interval)
         try:
-            async with st.pool.connection() as conn:
+            async with await psycopg.AsyncConnection.connect(url, autocommit=True,
+                                                             connect_timeout=max(1, math.ceil(st.db_timeout_s))) as conn:
                 cur = await conn.execute("select kb.evict_expired_cache()")
                 n = (await cur.fetchone())[0] or 0
             st.metrics.evicted.inc(n)
@@ -515,8 +527,15 @@ async def _lifespan(app: Litestar):
         ensure = getattr(st.reranker, "ensure_loaded_async", None)
         if ensure is not None and not getattr(st.reranker, "ready", False):
             tasks.append(asyncio.create_task(ensure(), name="kb-rerank-model-load"))
+        from . import audit
+
+        audit.configure(settings)  # the key that signs audit rows (kb_rerank.keys)
         if settings.evict_interval_s and settings.evict_interval_s > 0:
-            tasks.append(asyncio.create_task(_evict_loop(app), name="kb-rerank-evict"))
+            maint = _maint_url(settings)
+            if maint is None:
+                log.info("cache eviction loop off: set KB_MAINT_DATABASE_URL, or run `kb-rerank evict` from cron")
+            else:
+                tasks.append(asyncio.create_task(_evict_loop(app, maint), name="kb-rerank-evict"))
         log.info("kb-rerank api ready (model %s loading in background)" if tasks else "kb-rerank api ready",
                  st.service.model_name)
         yield

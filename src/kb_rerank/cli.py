@@ -270,13 +270,14 @@ def cmd_token(args, settings: Settings) -> int:
 
 
 def cmd_evict(args, settings: Settings) -> int:
-    """Delete expired cache rows of all tenants (cron: `*/15 * * * * kb-rerank evict`)."""
+    """Delete expired cache rows of all tenants (cron: `*/15 * * * * kb-rerank evict`). Runs
+    as the maintenance role (KB_MAINT_DATABASE_URL) or the owner: the app role may not."""
     import psycopg
 
     from . import db
 
     total = 0
-    with psycopg.connect(db.app_url(settings), autocommit=True) as conn:
+    with psycopg.connect(settings.maint_database_url or db.owner_url(settings), autocommit=True) as conn:
         while True:
             n = conn.execute("select kb.evict_expired_cache(%s)", [args.batch]).fetchone()[0] or 0
             total += n
@@ -287,26 +288,34 @@ def cmd_evict(args, settings: Settings) -> int:
 
 
 def cmd_audit(args, settings: Settings) -> int:
+    """Verify the SQL hash chains (kb.audit_verify) AND every row's MAC with the audit key
+    (KB_AUDIT_KEY, plus KB_AUDIT_OLD_KEYS after a rotation), as the owner: all tenants, or
+    one with --tenant. Exit 1 when a chain is broken or a row is forged."""
     import psycopg
 
     from . import audit, db
 
-    if args.tenant is None:
-        with psycopg.connect(db.owner_url(settings), autocommit=True) as conn:
+    audit_keys = audit.verify_keys(settings)
+    with psycopg.connect(db.owner_url(settings)) as conn:
+        if args.tenant is None:
             rows = audit.verify(conn)
-    else:
-        with psycopg.connect(db.app_url(settings)) as conn:
+            macs = audit.verify_macs(conn, audit_keys)
+        else:
             with db.tenant_transaction(conn, args.tenant):
-                rows = audit.verify(conn)
+                rows = [r for r in audit.verify(conn) if r.tenant_id == args.tenant]
+                macs = audit.verify_macs(conn, audit_keys, tenant_id=args.tenant)
     broken = [r for r in rows if not r.ok]
     checked = sum(r.rows_checked or 0 for r in rows)
-    if not broken:
-        print(f"OK: {checked} audit rows of {len(rows)} tenant(s) verified")
-        return 0
     for r in broken:
         print(f"BROKEN: tenant {r.tenant_id}: first broken seq {r.first_broken_seq} "
               f"(audit_id {r.first_broken_audit_id}): {r.reason}")
-    return 1
+    for p in macs.problems:
+        print(f"FORGED: tenant {p.tenant_id} seq {p.seq}: {p.reason}")
+    if broken or macs.problems:
+        return 1
+    print(f"OK: {checked} audit rows of {len(rows)} tenant(s) verified; {macs.checked} MACs verified"
+          + (f", {macs.legacy} rows written before the chain was keyed" if macs.legacy else ""))
+    return 0
 
 
 def cmd_curate(args, settings: Settings) -> int:
@@ -413,7 +422,8 @@ def build_parser() -> argparse.ArgumentParser:
     tk.add_argument("--ttl", type=int, default=3600, help="seconds (default 3600)")
     tk.set_defaults(func=cmd_token)
 
-    ev = sub.add_parser("evict", help="delete expired cache rows (cron: */15 * * * * kb-rerank evict)")
+    ev = sub.add_parser("evict", help="delete expired cache rows of all tenants, as the maintenance role or the owner "
+                       "(cron: */15 * * * * kb-rerank evict)")
     ev.add_argument("--batch", type=int, default=10000)
     ev.set_defaults(func=cmd_evict)
 
@@ -421,7 +431,7 @@ def build_parser() -> argparse.ArgumentParser:
     au_sub = au.add_subparsers(dest="audit_action", required=True)
     av = au_sub.add_parser("verify", help="verify the audit hash chains (exit 1 when broken)")
     av.add_argument("--tenant", type=_uuid, default=None,
-                    help="check one tenant as the app role; default: all tenants as the owner")
+                    help="check one tenant (default: all tenants); runs as the owner, with the audit key")
     av.set_defaults(func=cmd_audit)
 
     cu = sub.add_parser("curate", help="manual curation lists (source manual_curation)")

@@ -92,6 +92,9 @@ class Settings:
     v2_max_document_chars: int = 20000  # KB_V2_MAX_DOCUMENT_CHARS: characters per document
     v2_max_body_bytes: int = 4194304  # KB_V2_MAX_BODY_BYTES: request body limit of /v2/rerank
     # Keys (issue 13: keyed audit chain, keyed query hashes; docs/security.md)
+    audit_key: str | None = None  # KB_AUDIT_KEY: HMAC key of the audit chain (>= 32 bytes); unset -> <data_dir>/keys/audit.key
+    audit_old_keys: str | None = None  # KB_AUDIT_OLD_KEYS: comma-separated previous audit keys, for `audit verify` after a rotation
+    maint_database_url: str | None = None  # KB_MAINT_DATABASE_URL: role allowed to run kb.evict_expired_cache (the app's eviction loop)
 
     # Limits and fairness (issue 13: cost-based limits, per-tenant caps, per-address limit)
 

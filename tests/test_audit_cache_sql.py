@@ -12,7 +12,7 @@ from datetime import timezone
 import psycopg
 import pytest
 
-from kb_rerank import db
+from kb_rerank import audit, db
 from kb_rerank.db import tenant_transaction
 from kb_rerank.settings import Settings
 
@@ -22,11 +22,18 @@ ZERO = "0" * 64
 SOURCES = ("lexical_only", "semantic_only", "hybrid_lexical_semantic", "manual_curation")
 
 # kb.audit_append(kind, severity smallint, source, query_hash, trace_id, model,
-#                 candidate_count, returned_count, duration_ms real, detail)
+#                 candidate_count, returned_count, duration_ms real, detail, mac, nonce, key_id)
 # psycopg sends a Python float as double precision: callers cast to real (and smallint).
 APPEND = (
-    "select * from kb.audit_append(%s, %s::smallint, %s, %s, %s, %s, %s::int, %s::int, %s::real, %s)"
+    "select * from kb.audit_append(%s, %s::smallint, %s, %s, %s, %s, %s::int, %s::int, %s::real, %s, %s, %s, %s)"
 )
+KEY = audit.AuditKey(b"t" * 32)
+OWNER_URL: list[str] = []
+
+
+@pytest.fixture(autouse=True)
+def _owner_url(owner_url):
+    OWNER_URL[:] = [owner_url]
 
 
 def qhash(text: str) -> str:
@@ -35,8 +42,13 @@ def qhash(text: str) -> str:
 
 def append(conn, kind="served", severity=0, source="hybrid_lexical_semantic", query="q",
            trace_id=None, model="bge-reranker", candidates=20, returned=5, duration_ms=12.5, detail=None):
-    cur = conn.execute(APPEND, [kind, severity, source, qhash(query), trace_id or uuid.uuid4().hex,
-                                model, candidates, returned, duration_ms, detail])
+    """Append as the service does (with the row's MAC; kb_rerank.audit), any values allowed."""
+    fields = [kind, severity, source, qhash(query), trace_id or uuid.uuid4().hex,
+              model, candidates, returned, duration_ms, detail]
+    tenant = conn.execute("select kb.current_tenant()").fetchone()[0]
+    nonce = uuid.uuid4().hex
+    cur = conn.execute(APPEND, fields + [audit.mac(KEY.key, audit.canonical(tenant, nonce, *fields)), nonce,
+                                         KEY.key_id])
     names = [d.name for d in cur.description]
     return dict(zip(names, cur.fetchone()))
 
@@ -46,12 +58,16 @@ def py_row_hash(r: dict) -> str:
     ts = r["created_at"].astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%f")
     parts = [r["prev_hash"], r["seq"], r["kind"], r["severity"], r["source"], r["query_hash"],
              r["trace_id"], r["model"] or "", r["candidate_count"], r["returned_count"], r["detail"] or "", ts]
+    if r["mac"] is not None:
+        parts += [r["mac"], r["nonce"], r["key_id"]]
     return hashlib.sha256("|".join(str(p) for p in parts).encode("utf-8")).hexdigest()
 
 
 def verify(conn, tenant):
-    with tenant_transaction(conn, tenant):
-        return conn.execute("select * from kb.audit_verify()").fetchall()
+    """kb.audit_verify() for one tenant, as the owner (the app role may not run it since 0010)."""
+    with psycopg.connect(OWNER_URL[0]) as owner:
+        with tenant_transaction(owner, tenant):
+            return [r for r in owner.execute("select * from kb.audit_verify()").fetchall() if r[0] == tenant]
 
 
 def put_cache(conn, tenant, *, source="hybrid_lexical_semantic", expired=False, query=None):
@@ -85,9 +101,10 @@ def test_audit_chain_appends_seq_and_hashes(app_conn, tenant):
     with tenant_transaction(app_conn, tenant):
         stored = app_conn.execute("select seq, row_hash from kb.kb_rerank_audit order by seq").fetchall()
         assert stored == [(r["seq"], r["row_hash"]) for r in rows]
-        # the one canonical form, used by the function, agrees with Python
-        assert app_conn.execute(
-            "select bool_and(row_hash = kb.audit_row_hash(a)) from kb.kb_rerank_audit a"
+    # the one canonical form, used by the function, agrees with Python
+    with psycopg.connect(OWNER_URL[0]) as owner:
+        assert owner.execute(
+            "select bool_and(row_hash = kb.audit_row_hash(a)) from kb.kb_rerank_audit a where tenant_id = %s", [tenant]
         ).fetchone()[0] is True
     # appends in later transactions continue the chain
     with tenant_transaction(app_conn, tenant):
@@ -116,7 +133,8 @@ def test_audit_verify_detects_rehashed_row_and_deleted_row(app_conn, owner_conn,
     owner_conn.execute(
         "update kb.kb_rerank_audit a set detail = 'forged', row_hash = kb.audit_row_hash("
         " row(a.audit_id, a.tenant_id, a.seq, a.kind, a.severity, a.source, a.query_hash, a.trace_id, a.model,"
-        " a.candidate_count, a.returned_count, a.duration_ms, 'forged', a.created_at, a.prev_hash, a.row_hash)"
+        " a.candidate_count, a.returned_count, a.duration_ms, 'forged', a.created_at, a.prev_hash, a.row_hash,"
+        " a.mac, a.nonce, a.key_id)"
         "::kb.kb_rerank_audit) where audit_id = %s",
         [ids[1]],
     )
@@ -190,7 +208,7 @@ def test_app_privileges_on_new_tables(app_conn):
             if app_conn.execute("select has_table_privilege(%s, %s)", [table, p]).fetchone()[0]
         }
 
-    assert privs("kb.kb_rerank_audit") == {"SELECT", "INSERT"}
+    assert privs("kb.kb_rerank_audit") == {"SELECT"}  # rows only through kb.audit_append
     assert privs("kb.kb_rerank_curation") == {"SELECT", "INSERT", "UPDATE", "DELETE"}
     assert privs("kb.kb_rerank_cache") == {"SELECT", "INSERT", "DELETE"}
     for view in ("kb.cache_stats", "kb.audit_summary", "kb.cache_hit_ratio"):
@@ -224,10 +242,12 @@ def test_evict_function_is_definer_owned_by_kb_maint(owner_conn):
     assert row[0] is True and row[1] == "kb_maint"
     assert any(c.startswith("search_path=") for c in row[2])
     assert row[3] is True and row[4] is False
-    # the other new functions are SECURITY INVOKER
-    for fn in ("kb.audit_row_hash(kb.kb_rerank_audit)", "kb.audit_verify()",
-               "kb.audit_append(text, smallint, text, text, text, text, integer, integer, real, text)"):
+    # the hash and the check are SECURITY INVOKER; the append is a definer owned by kb_audit
+    for fn in ("kb.audit_row_hash(kb.kb_rerank_audit)", "kb.audit_verify()"):
         assert owner_conn.execute("select prosecdef from pg_proc where oid = %s::regprocedure", [fn]).fetchone()[0] is False
+    assert owner_conn.execute(
+        "select prosecdef, pg_get_userbyid(proowner) from pg_proc where oid = 'kb.audit_append(text, smallint, text,"
+        " text, text, text, integer, integer, real, text, text, text, text)'::regprocedure").fetchone() == (True, "kb_audit")
 
 
 # --------------------------------------------------------------------------- RLS
@@ -307,8 +327,7 @@ def test_fail_closed_without_tenant(app_conn, tenant, setting):
             app_conn.execute("select set_config('auth.tenant_id', %s, true)", [setting])
         for q in ("select count(*) from kb.kb_rerank_audit", "select count(*) from kb.kb_rerank_curation",
                   "select count(*) from kb.kb_rerank_cache", "select count(*) from kb.cache_stats",
-                  "select count(*) from kb.audit_summary", "select count(*) from kb.cache_hit_ratio",
-                  "select count(*) from kb.audit_verify()"):
+                  "select count(*) from kb.audit_summary", "select count(*) from kb.cache_hit_ratio"):
             assert app_conn.execute(q).fetchone()[0] == 0, q
         assert app_conn.execute("delete from kb.kb_rerank_curation").rowcount == 0
         assert app_conn.execute("update kb.kb_rerank_curation set note = 'x'").rowcount == 0
@@ -329,25 +348,18 @@ def test_evict_deletes_only_expired_rows_of_all_tenants(app_conn, owner_conn):
     # the function also evicts expired pair scores (kb.kb_rerank_pair_scores), after the cache rows
     expired_before += owner_conn.execute(
         "select count(*) from kb.kb_rerank_pair_scores where expires_at <= now()").fetchone()[0]
-    # called by the app role with tenant a set: it still evicts every tenant's expired rows
-    with tenant_transaction(app_conn, a):
-        assert app_conn.execute("select kb.evict_expired_cache(1)").fetchone()[0] == 1
-        n = app_conn.execute("select kb.evict_expired_cache()").fetchone()[0]
-        assert n == expired_before - 1
-        assert app_conn.execute("select kb.evict_expired_cache()").fetchone()[0] == 0
-        # and still sees only its own cache rows
-        assert app_conn.execute("select distinct tenant_id from kb.kb_rerank_cache").fetchall() == [(a,)]
+    # called by the maintenance side (the owner; the app role may not: test_sql_security)
+    assert owner_conn.execute("select kb.evict_expired_cache(1)").fetchone()[0] == 1
+    n = owner_conn.execute("select kb.evict_expired_cache()").fetchone()[0]
+    assert n == expired_before - 1
+    assert owner_conn.execute("select kb.evict_expired_cache()").fetchone()[0] == 0
     assert owner_conn.execute("select count(*) from kb.kb_rerank_cache where expires_at <= now()").fetchone()[0] == 0
     live = owner_conn.execute(
         "select tenant_id, count(*) from kb.kb_rerank_cache where tenant_id = any(%s) group by 1", [[a, b]]
     ).fetchall()
     assert sorted(live) == sorted([(a, 1), (b, 1)])
-    # also without a tenant (a maintenance job)
-    with app_conn.transaction():
-        assert app_conn.execute("select kb.evict_expired_cache()").fetchone()[0] == 0
     with pytest.raises(psycopg.errors.InvalidParameterValue):
-        with app_conn.transaction():
-            app_conn.execute("select kb.evict_expired_cache(0)")
+        owner_conn.execute("select kb.evict_expired_cache(0)")
 
 
 def test_app_cannot_delete_other_tenants_cache_rows(app_conn, owner_conn):

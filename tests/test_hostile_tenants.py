@@ -28,13 +28,12 @@ TABLES = {
     "term_stats": None,
     "corpus_stats": None,
     "term_tops": None,
+    "audit_heads": None,  # no privilege at all: only kb.audit_append (owner kb_audit) reaches it
     "embedding_config": None,  # no tenant_id: global configuration, read-only for the app
     "kb_rerank_cache": "insert into kb.kb_rerank_cache (cache_id, tenant_id, query_hash, source, results_jsonb,"
                        " expires_at) values (gen_random_uuid(), %(t)s, repeat('a', 64), 'lexical_only', '[]',"
                        " now() + interval '1 hour')",
-    "kb_rerank_audit": "insert into kb.kb_rerank_audit (tenant_id, seq, kind, severity, source, query_hash,"
-                       " trace_id, prev_hash, row_hash) values (%(t)s, 999, 'served', 0, 'lexical_only',"
-                       " repeat('a', 64), 'x', repeat('0', 64), repeat('0', 64))",
+    "kb_rerank_audit": None,  # no INSERT: rows only through kb.audit_append (test_sql_security)
     "kb_rerank_curation": "insert into kb.kb_rerank_curation (tenant_id, query_hash, position, chunk_id)"
                           " values (%(t)s, repeat('a', 64), 0, %(chunk)s)",
     "tenant_policy": "insert into kb.tenant_policy (tenant_id, injection_policy) values (%(t)s, 'allow')",
@@ -51,13 +50,13 @@ FUNCTIONS = {
     "code_token_counts": "pure text function", "query_term_counts": "pure text function",
     "terms_tsquery": "pure text function", "doc_length": "pure text function", "audit_row_hash": "pure: hashes the row it is given",
     "chunks_derive": "trigger", "chunks_maintain_stats": "trigger", "chunks_maintain_term_tops": "trigger",
-    "apply_stats_delta": "not executable by the app", "term_tops_lock_key": "pure: a lock key from a uuid",
+    "apply_stats_delta": "not executable by the app",
     "bm25_tf_part": "pure arithmetic", "ts_rank_tf": "a constant array", "ts_rank_tf_compute": "pure: ts_rank of constants",
     "refresh_term_tops": "rebuilds kb.current_tenant()'s lists only",
     "search_lexical": "filters kb.current_tenant()", "search_semantic": "filters kb.current_tenant()",
     "search_hybrid": "filters kb.current_tenant()",
-    "audit_append": "writes the current tenant's chain only", "audit_verify": "RLS: the current tenant's chain",
-    "evict_expired_cache": "deletes expired rows only, returns a count",
+    "audit_append": "writes the current tenant's chain only", "audit_verify": "not executable by the app",
+    "evict_expired_cache": "not executable by the app",
 }
 HOSTILE = [
     "x'); set role postgres; --", "reset role", "'; select set_config('auth.tenant_id', '{a}', false); --",
@@ -81,7 +80,9 @@ def ab(app_url):
                 conn.execute("insert into kb.kb_rerank_cache (cache_id, tenant_id, query_hash, source, results_jsonb,"
                              " expires_at) values (gen_random_uuid(), kb.current_tenant(), repeat('b', 64),"
                              " 'lexical_only', '[]', now() + interval '1 hour')")
-                conn.execute("select kb.audit_append('served', 0::smallint, 'lexical_only', repeat('c', 64), 't')")
+                from kb_rerank import audit
+                audit.append_sync(conn, audit.AuditRecord(kind="served", source="lexical_only", query_hash="c" * 64,
+                                                          trace_id="t"), key=audit.AuditKey(b"h" * 32))
                 conn.execute("insert into kb.kb_rerank_curation (tenant_id, query_hash, position, chunk_id)"
                              " values (kb.current_tenant(), repeat('c', 64), 0, %s)", [chunk])
                 conn.execute("insert into kb.kb_rerank_pair_scores (tenant_id, model, query_hash, chunk_id,"
@@ -132,8 +133,13 @@ def test_table_b_cannot_see_count_change_or_forge_a(table, app_conn, owner_conn,
     a, b, ids = ab
     before = _snapshot(owner_conn, a)
     has_tenant = table != "embedding_config"
+    readable = app_conn.execute("select has_table_privilege(%s, 'SELECT')", [f"kb.{table}"]).fetchone()[0]
+    if not readable:
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):  # no privilege at all (kb.audit_heads)
+            with tenant_transaction(app_conn, b):
+                app_conn.execute(f"select count(*) from kb.{table}")
     with tenant_transaction(app_conn, b):
-        if has_tenant:
+        if has_tenant and readable:
             assert app_conn.execute(f"select count(*) from kb.{table} where tenant_id = %s", [a]).fetchone()[0] == 0
             assert app_conn.execute(f"select count(*) from kb.{table} where tenant_id <> %s", [b]).fetchone()[0] == 0
             assert app_conn.execute(f"select count(distinct tenant_id) from kb.{table}").fetchone()[0] <= 1
@@ -166,7 +172,7 @@ def test_no_tenant_sees_nothing_in_any_table_or_view(setting, app_conn, ab):
     with app_conn.transaction():
         if setting is not None:
             app_conn.execute("select set_config('auth.tenant_id', %s, true)", [setting])
-        for rel in sorted(set(TABLES) - {"embedding_config"} | VIEWS):
+        for rel in sorted(set(TABLES) - {"embedding_config", "audit_heads"} | VIEWS):
             assert app_conn.execute(f"select count(*) from kb.{rel}").fetchone()[0] == 0, rel
 
 
@@ -218,14 +224,11 @@ def test_functions_as_b_return_nothing_of_a(app_conn, owner_conn, ab):
                             ("select chunk_id from kb.search_hybrid(%s, %s, 50)", [f"{word} zebra", basis(3)])):
             got = {r[0] for r in app_conn.execute(sql, params)}
             assert ids[a]["chunk"] not in got and got <= {ids[b]["chunk"]}, sql
-        assert [r[0] for r in app_conn.execute("select tenant_id from kb.audit_verify()")] == [b]
-        row = app_conn.execute("select tenant_id from kb.audit_append('served', 0::smallint, 'lexical_only',"
-                               " repeat('e', 64), 'hostile')").fetchone()
-        assert row[0] == b
-        # eviction deletes expired rows only and tells nothing but a count
+        from kb_rerank import audit
+        row = audit.append_sync(app_conn, audit.AuditRecord(kind="served", source="lexical_only", query_hash="e" * 64,
+                                                            trace_id="hostile"), key=audit.AuditKey(b"h" * 32))
+        assert row["tenant_id"] == b
         live_a = owner_conn.execute("select count(*) from kb.kb_rerank_cache where tenant_id = %s", [a]).fetchone()[0]
-        n = app_conn.execute("select kb.evict_expired_cache()").fetchone()
-        assert len(n) == 1 and isinstance(n[0], int)
         # pure functions touch no table: they are immutable or stable with no table in their body
         for name in [f for f, rule in FUNCTIONS.items() if rule.startswith("pure")]:
             vol = owner_conn.execute("select provolatile from pg_proc p join pg_namespace n on n.oid = p.pronamespace"
@@ -240,13 +243,14 @@ def test_functions_as_b_return_nothing_of_a(app_conn, owner_conn, ab):
         assert app_conn.execute("select kb.refresh_term_tops(2, 1)").fetchone()[0] >= 1
     assert owner_conn.execute(lists_sql, [a]).fetchone()[0] == lists_a
     for fn in ("kb.apply_stats_delta(kb.chunks[], integer)", "kb.chunks_derive()", "kb.chunks_maintain_stats()",
-               "kb.chunks_maintain_term_tops()", "kb.term_tops_lock_key(uuid)"):
+               "kb.chunks_maintain_term_tops()", "kb.audit_row_hash(kb.kb_rerank_audit)", "kb.audit_verify()",
+               "kb.evict_expired_cache(integer)"):
         assert owner_conn.execute("select has_function_privilege('cyberos_app', %s, 'EXECUTE')", [fn]).fetchone()[0] is False, fn
 
 
 def test_app_cannot_become_another_role(app_conn, owner_conn):
     owner = owner_conn.execute("select current_user").fetchone()[0]
-    for role in ("kb_search", "kb_maint", owner):
+    for role in ("kb_search", "kb_maint", "kb_stats", "kb_audit", owner):
         with pytest.raises(psycopg.errors.InsufficientPrivilege):
             with app_conn.transaction():
                 app_conn.execute(f'set role "{role}"')

@@ -269,7 +269,6 @@ def test_client_disconnect_and_cancellation_leave_nothing_behind(settings, embed
         # 2) tasks cancelled at every stage: in the model call, and inside the audit
         #    transaction while it waits for the tenant's audit lock
         service = app.state.service
-        lock_key = f"kb.kb_rerank_audit:{sample_tenant}"
 
         async def cancel_at(delay, query):
             task = asyncio.ensure_future(service.rerank(sample_tenant, query, "hybrid_lexical_semantic", uuid.uuid4().hex))
@@ -285,12 +284,18 @@ def test_client_disconnect_and_cancellation_leave_nothing_behind(settings, embed
 
         for delay in (0.0, 0.01, 0.05, 0.2, 0.6):
             run_in_app(cancel_at, delay, f"cancelled at {delay} export csv")
-        with psycopg.connect(settings.database_url, autocommit=True) as locker:
-            locker.execute("select pg_advisory_lock(hashtextextended(%s, 0))", [lock_key])
+        # the tenant's audit lock is its kb.audit_heads row (issue 13: no advisory key); the
+        # owner (superuser in tests) holds it
+        with psycopg.connect(settings.database_url) as locker:
+            locker.execute(  # the head row, as kb.audit_append starts it when missing
+                "insert into kb.audit_heads (tenant_id, seq, row_hash) select %(t)s, coalesce(max(seq), 0),"
+                " coalesce((array_agg(row_hash order by seq desc))[1], repeat('0', 64)) from kb.kb_rerank_audit"
+                " where tenant_id = %(t)s on conflict (tenant_id) do nothing", {"t": sample_tenant})
+            assert locker.execute("select 1 from kb.audit_heads where tenant_id = %s for update",
+                                  [sample_tenant]).fetchone() == (1,)
             cancelled = run_in_app(cancel_at, 1.6, "cancelled waiting for the audit lock")
             assert cancelled
-            assert len(advisory_locks(owner_conn, owner_conn.info.dbname)) >= 1
-            locker.execute("select pg_advisory_unlock(hashtextextended(%s, 0))", [lock_key])
+            locker.rollback()
         assert wait_until(lambda: _clean(owner_conn, base), 10), (
             busy_app_backends(owner_conn, owner_conn.info.dbname), advisory_locks(owner_conn, owner_conn.info.dbname))
         # nothing half-written for the cancelled requests, and the key still works

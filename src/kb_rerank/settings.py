@@ -92,6 +92,9 @@ class Settings:
     v2_max_document_chars: int = 20000  # KB_V2_MAX_DOCUMENT_CHARS: characters per document
     v2_max_body_bytes: int = 4194304  # KB_V2_MAX_BODY_BYTES: request body limit of /v2/rerank
     # Keys (issue 13: keyed audit chain, keyed query hashes; docs/security.md)
+    # KB_QUERY_HASH_KEY: key of the HMAC-SHA256 query hashes (audit, cache, pair scores, curation);
+    # unset -> <data_dir>/keys/query_hash.key, created on first use (kb_rerank.keys). Not in repr.
+    query_hash_key: str | None = field(default=None, repr=False)
 
     # Limits and fairness (issue 13: cost-based limits, per-tenant caps, per-address limit)
 

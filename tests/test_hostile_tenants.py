@@ -28,6 +28,7 @@ TABLES = {
     "term_stats": None,
     "corpus_stats": None,
     "term_tops": None,
+    "kb_generation": None,  # written only by the trigger function kb.bump_generation (issue 13, item 4)
     "embedding_config": None,  # no tenant_id: global configuration, read-only for the app
     "kb_rerank_cache": "insert into kb.kb_rerank_cache (cache_id, tenant_id, query_hash, source, results_jsonb,"
                        " expires_at) values (gen_random_uuid(), %(t)s, repeat('a', 64), 'lexical_only', '[]',"
@@ -51,6 +52,7 @@ FUNCTIONS = {
     "code_token_counts": "pure text function", "query_term_counts": "pure text function",
     "terms_tsquery": "pure text function", "doc_length": "pure text function", "audit_row_hash": "pure: hashes the row it is given",
     "chunks_derive": "trigger", "chunks_maintain_stats": "trigger", "chunks_maintain_term_tops": "trigger",
+    "bump_generation": "trigger",
     "apply_stats_delta": "not executable by the app", "term_tops_lock_key": "pure: a lock key from a uuid",
     "bm25_tf_part": "pure arithmetic", "ts_rank_tf": "a constant array", "ts_rank_tf_compute": "pure: ts_rank of constants",
     "refresh_term_tops": "rebuilds kb.current_tenant()'s lists only",

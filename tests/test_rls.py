@@ -58,8 +58,10 @@ def test_security_definer_functions_pin_search_path(owner_conn):
     assert {r[0] for r in rows} >= {"search_lexical", "search_semantic"}
     for name, config, owner in rows:
         assert any(c.startswith("search_path=") for c in (config or [])), name
-        # search functions: kb_search; cross-tenant cache eviction: kb_maint (reasons in the SQL files)
-        assert owner == ("kb_maint" if name == "evict_expired_cache" else "kb_search"), (name, owner)
+        # search functions: kb_search; cross-tenant cache eviction: kb_maint; the knowledge-base
+        # generation trigger: kb_generation (reasons in the SQL files)
+        expected = {"evict_expired_cache": "kb_maint", "bump_generation": "kb_generation"}.get(name, "kb_search")
+        assert owner == expected, (name, owner)
 
 
 def test_cache_is_append_only_for_app(app_conn):

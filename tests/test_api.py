@@ -23,13 +23,16 @@ from kb_rerank.api import create_app
 from kb_rerank.auth import JwtConfig, mint_token
 from kb_rerank.db import tenant_transaction
 from kb_rerank.rerank import Reranker
-from kb_rerank.service import normalize_query, query_hash, trace_id_from_headers
-from kb_rerank.settings import SOURCES
+from kb_rerank.service import normalize_query, query_hash, query_hash_key, trace_id_from_headers
+from kb_rerank.settings import SOURCES, Settings
 from kb_rerank.tiny_model import build_tiny_cross_encoder
 
 from .helpers import insert_doc
 
 SECRET = "kb-rerank-test-secret-0123456789abcdef"
+# The app's query-hash key: the session's settings keep the default data_dir (and no
+# KB_QUERY_HASH_KEY), so the app under test reads this same key file.
+QH_KEY = query_hash_key(Settings())
 URL = "/v1/kb/search/rerank"
 JWT = JwtConfig(secret=SECRET)
 
@@ -111,14 +114,14 @@ def tenant_rows(conn, tenant, sql, params=()):
 def cache_rows(conn, tenant, query, source="hybrid_lexical_semantic"):
     return tenant_rows(conn, tenant,
                        "select cache_id, trace_id, model, results_jsonb from kb.kb_rerank_cache"
-                       " where tenant_id = kb.current_tenant() and query_hash = %s and source = %s", [query_hash(normalize_query(query)), source])
+                       " where tenant_id = kb.current_tenant() and query_hash = %s and source = %s", [query_hash(normalize_query(query), QH_KEY), source])
 
 
 def audit_rows(conn, tenant, query):
     return tenant_rows(conn, tenant,
                        "select kind, severity, source, query_hash, trace_id, model, candidate_count,"
                        " returned_count, duration_ms, detail from kb.kb_rerank_audit"
-                       " where tenant_id = kb.current_tenant() and query_hash = %s order by seq", [query_hash(normalize_query(query))])
+                       " where tenant_id = kb.current_tenant() and query_hash = %s order by seq", [query_hash(normalize_query(query), QH_KEY)])
 
 
 def cli_env(monkeypatch, settings):
@@ -306,7 +309,7 @@ def test_11_rls_other_tenant_sees_nothing(api, sample_tenant, app_conn):
     other = uuid.uuid4()
     body = ask(api, other, query)
     assert body["from_cache"] is False and body["results"] == []
-    qh = query_hash(query)
+    qh = query_hash(query, QH_KEY)
     for table in ("kb_rerank_cache", "kb_rerank_audit", "kb_rerank_curation"):
         seen_by_b = tenant_rows(app_conn, other, f"select count(*) from kb.{table} where tenant_id = %s",
                                 [sample_tenant])[0][0]

@@ -22,7 +22,7 @@ from litestar.testing import TestClient
 from kb_rerank import db
 from kb_rerank.api import create_app
 from kb_rerank.db import tenant_transaction
-from kb_rerank.service import normalize_query, query_hash
+from kb_rerank.service import normalize_query, query_hash, query_hash_key
 from kb_rerank.settings import Settings
 
 from .live_server import (
@@ -32,7 +32,7 @@ from .live_server import (
 
 
 def _cache_audit(owner_conn, tenant, query, source="hybrid_lexical_semantic"):
-    qh = query_hash(normalize_query(query))
+    qh = query_hash(normalize_query(query), query_hash_key(Settings()))
     cache = owner_conn.execute("select trace_id, results_jsonb from kb.kb_rerank_cache"
                                " where tenant_id = %s and query_hash = %s and source = %s", [tenant, qh, source]).fetchall()
     audit = owner_conn.execute("select kind, severity, detail, trace_id from kb.kb_rerank_audit"
@@ -344,7 +344,7 @@ def test_corrupted_cache_row_is_a_miss_and_replaced(kind, settings, embedder, sa
             "duplicate_chunks": [res[0], res[0]],
             "too_many": res * 2,
         }[kind]
-        qh = query_hash(normalize_query(query))
+        qh = query_hash(normalize_query(query), query_hash_key(Settings()))
         n = owner_conn.execute("update kb.kb_rerank_cache set results_jsonb = %s::jsonb"
                                " where tenant_id = %s and query_hash = %s and source = 'hybrid_lexical_semantic'",
                                [json.dumps(bad), sample_tenant, qh]).rowcount

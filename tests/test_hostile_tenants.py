@@ -29,6 +29,7 @@ TABLES = {
     "corpus_stats": None,
     "term_tops": None,
     "audit_heads": None,  # no privilege at all: only kb.audit_append (owner kb_audit) reaches it
+    "kb_generation": None,  # written only by the trigger function kb.bump_generation (issue 13, item 4)
     "embedding_config": None,  # no tenant_id: global configuration, read-only for the app
     "kb_rerank_cache": "insert into kb.kb_rerank_cache (cache_id, tenant_id, query_hash, source, results_jsonb,"
                        " expires_at) values (gen_random_uuid(), %(t)s, repeat('a', 64), 'lexical_only', '[]',"
@@ -51,6 +52,7 @@ FUNCTIONS = {
     "terms_tsquery": "pure text function", "doc_length": "pure text function", "audit_row_hash": "pure: hashes the row it is given",
     "chunks_derive": "trigger", "chunks_maintain_stats": "trigger", "chunks_maintain_term_tops": "trigger",
     "apply_stats_delta": "not executable by the app",
+    "bump_generation": "trigger",
     "bm25_tf_part": "pure arithmetic", "ts_rank_tf": "a constant array", "ts_rank_tf_compute": "pure: ts_rank of constants",
     "refresh_term_tops": "rebuilds kb.current_tenant()'s lists only",
     "search_lexical": "filters kb.current_tenant()", "search_semantic": "filters kb.current_tenant()",

@@ -27,8 +27,8 @@ import pytest
 
 from kb_rerank import db
 from kb_rerank.db import tenant_transaction
-from kb_rerank.service import normalize_query, query_hash
-from kb_rerank.settings import SOURCES
+from kb_rerank.service import normalize_query, query_hash, query_hash_key
+from kb_rerank.settings import SOURCES, Settings
 from kb_rerank.tiny_model import build_tiny_cross_encoder
 
 from .live_server import (
@@ -65,7 +65,7 @@ def load_tenants(settings, app_url, embedder, tmp_path_factory):
             for q in _repeated_queries()[:2]:
                 for pos, c in enumerate(chunks):
                     conn.execute("insert into kb.kb_rerank_curation (tenant_id, query_hash, position, chunk_id)"
-                                 " values (kb.current_tenant(), %s, %s, %s)", [query_hash(normalize_query(q)), pos, c])
+                                 " values (kb.current_tenant(), %s, %s, %s)", [query_hash(normalize_query(q), query_hash_key(Settings())), pos, c])
     return tenants
 
 
@@ -181,7 +181,7 @@ def test_load_32_clients(settings, owner_url, app_url, load_tenants, tmp_path):
     assert not [r for r in ok if r["payload"]["fallback"]], "tiny model should never fall back"
 
     # ---- cache: exactly one row per key; single flight: misses == keys, model calls == misses needing the model
-    keys = {(r["tenant"], query_hash(normalize_query(r["query"])), r["source"]) for r in ok}
+    keys = {(r["tenant"], query_hash(normalize_query(r["query"]), query_hash_key(Settings())), r["source"]) for r in ok}
     with psycopg.connect(owner_url, autocommit=True) as owner:
         rows = owner.execute(
             "select tenant_id, query_hash, source, count(*) from kb.kb_rerank_cache where tenant_id = any(%s)"

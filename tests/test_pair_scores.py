@@ -12,7 +12,8 @@ import pytest
 from kb_rerank import pair_cache, search, v2
 from kb_rerank.db import tenant_transaction
 from kb_rerank.ingest import sha256_hex
-from kb_rerank.service import normalize_query, query_hash
+from kb_rerank.service import normalize_query, query_hash, query_hash_key
+from kb_rerank.settings import Settings
 
 from .helpers import basis, insert_doc
 from .test_api import SECRET, ask, bearer, client_for, reranker, tiny_model_dir  # noqa: F401 - module fixtures
@@ -29,7 +30,7 @@ def pair_rows(conn, tenant, query=None):
     params: list = []
     if query is not None:
         sql += " and query_hash = %s"
-        params.append(query_hash(normalize_query(query)))
+        params.append(query_hash(normalize_query(query), query_hash_key(Settings())))
     with tenant_transaction(conn, tenant):
         return conn.execute(sql, params).fetchall()
 
@@ -181,11 +182,15 @@ def test_changed_content_is_rescored(settings, reranker, embedder, small_tenant,
         drop_result_cache(app_conn, small_tenant)
         before = reranker.pairs_scored
         again = ask(client, small_tenant, query, "lexical_only")
-        assert reranker.pairs_scored - before == 1  # only the changed chunk
+        # a change to the tenant's chunks moves its generation (issue 13, item 4): every pair
+        # is scored again, not only the changed chunk's
+        assert reranker.pairs_scored - before == 4
         got = dict(served(again))
         assert got[target] == round(pair_cache.as_real(reranker.score(query, [new_text])[0]), 6)
     rows = pair_rows(app_conn, small_tenant, query)
-    assert len(rows) == 5  # the old content's row stays until it expires; it is never served
+    # the old content's row (older generation) stays until it expires; it is never served; the
+    # unchanged chunks' rows of the older generation were replaced
+    assert len(rows) == 5
     assert {r[3] for r in rows if str(r[2]) == target} == {sha256_hex(old_text), sha256_hex(new_text)}
 
 

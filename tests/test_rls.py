@@ -63,7 +63,8 @@ def test_security_definer_functions_pin_search_path(owner_conn):
         owners = {"evict_expired_cache": "kb_maint", "audit_append": "kb_audit",
                   "search_lexical": "kb_search", "search_semantic": "kb_search",
                   "apply_stats_delta": "kb_stats", "chunks_maintain_stats": "kb_stats",
-                  "refresh_term_tops": "kb_stats", "chunks_maintain_term_tops": "kb_stats"}
+                  "refresh_term_tops": "kb_stats", "chunks_maintain_term_tops": "kb_stats",
+                  "bump_generation": "kb_generation"}
         if name in owners:
             assert owner == owners[name], (name, owner)
 

@@ -2,12 +2,22 @@
 
 The app role has SELECT, INSERT and DELETE on the table, never UPDATE: an entry is
 never changed in place. A write first deletes the key's *expired* row (if any) and then
-inserts with ``on conflict (tenant_id, query_hash, source) do nothing``, so a live row
+inserts with ``on conflict (tenant_id, query_hash, source, generation) do nothing``, so a live row
 written by a concurrent request (another process) is kept, not overwritten.
 
 Every function runs inside the caller's tenant transaction (``db.atenant_transaction``);
 RLS limits it to that tenant, and each statement also names ``kb.current_tenant()`` so
 the unique index serves the lookup.
+
+Generation (issue 13, item 4): every row carries the tenant's knowledge-base generation
+(``kb.kb_generation``, bumped in the same transaction by every statement that changes the
+tenant's documents or chunks) and is found only at that generation. :func:`get_live` /
+:func:`lookup` read the generation and the row in ONE statement (one snapshot), before the
+request reads any candidate; the answer is then written under that generation. So an
+answer computed from data read before a delete or re-ingest committed is stored under the
+old generation and no reader at the new one ever sees it; the data an answer was computed
+from is never older than the generation it is stored under. A write also drops the key's
+rows of older generations (dead: generations only grow).
 
 ``results_jsonb`` holds the response's ``results`` list only (never the query text).
 A row whose ``results_jsonb`` does not have that shape (see :func:`valid_results`) is
@@ -28,21 +38,28 @@ log = logging.getLogger("kb_rerank.cache")
 
 RESULT_FIELDS = ("chunk_id", "doc_id", "doc_title", "snippet", "rerank_score", "source")
 
-SELECT_LIVE = (
-    "select cache_id, results_jsonb, model, trace_id, cached_at, expires_at"
-    " from kb.kb_rerank_cache"
-    " where tenant_id = kb.current_tenant() and query_hash = %s and source = %s and expires_at > now()"
+# The tenant's generation (0 without a row), or the one the caller fixes (``%s`` not null),
+# and the live row of the key at that generation, in one statement.
+LOOKUP = (
+    "select g.generation, c.cache_id, c.results_jsonb, c.model, c.trace_id"
+    " from (select coalesce(%s::bigint,"
+    "        (select generation from kb.kb_generation where tenant_id = kb.current_tenant()), 0) as generation) g"
+    " left join kb.kb_rerank_cache c"
+    "   on c.tenant_id = kb.current_tenant() and c.query_hash = %s and c.source = %s"
+    "  and c.generation = g.generation and c.expires_at > now()"
 )
+GENERATION = "select coalesce((select generation from kb.kb_generation where tenant_id = kb.current_tenant()), 0)"
 DELETE_ROW = "delete from kb.kb_rerank_cache where cache_id = %s"
-DELETE_EXPIRED = (
+DELETE_STALE = (
     "delete from kb.kb_rerank_cache"
-    " where tenant_id = kb.current_tenant() and query_hash = %s and source = %s and expires_at <= now()"
+    " where tenant_id = kb.current_tenant() and query_hash = %s and source = %s"
+    "   and (expires_at <= now() or generation < %s)"
 )
 INSERT = (
     "insert into kb.kb_rerank_cache"
-    " (cache_id, tenant_id, query_hash, source, results_jsonb, cached_at, expires_at, trace_id, model)"
-    " values (%s, kb.current_tenant(), %s, %s, %s, now(), now() + make_interval(secs => %s), %s, %s)"
-    " on conflict (tenant_id, query_hash, source) do nothing"
+    " (cache_id, tenant_id, query_hash, source, generation, results_jsonb, cached_at, expires_at, trace_id, model)"
+    " values (%s, kb.current_tenant(), %s, %s, %s, %s, now(), now() + make_interval(secs => %s), %s, %s)"
+    " on conflict (tenant_id, query_hash, source, generation) do nothing"
 )
 DELETE_KEY = (
     "delete from kb.kb_rerank_cache"
@@ -87,33 +104,51 @@ def valid_results(value: Any, max_results: int) -> bool:
     return True
 
 
-async def get_live(conn, query_hash: str, source: str, *, max_results: int) -> CacheEntry | None:
-    """The tenant's live entry for the key, or None. A malformed live row is deleted
-    (and reported as a miss), so the caller's next write replaces it."""
-    cur = await conn.execute(SELECT_LIVE, [query_hash, source])
+async def generation(conn) -> int:
+    """The current tenant's knowledge-base generation (0 when it has none yet)."""
+    cur = await conn.execute(GENERATION)
+    return int((await cur.fetchone())[0])
+
+
+async def lookup(conn, query_hash: str, source: str, *, generation: int | None = None) -> tuple[int, tuple | None]:
+    """``(generation, row)``: the tenant's current generation (or ``generation`` when the
+    caller fixes it: answers that do not depend on the knowledge base) and the key's live row
+    at it, ``(cache_id, results_jsonb, model, trace_id)``, or None."""
+    cur = await conn.execute(LOOKUP, [generation, query_hash, source])
     row = await cur.fetchone()
+    gen = int(row[0])
+    return gen, (None if row[1] is None else tuple(row[1:]))
+
+
+async def get_live(conn, query_hash: str, source: str, *, max_results: int) -> tuple[int, CacheEntry | None]:
+    """``(generation, entry)``: the tenant's generation and its live entry for the key at that
+    generation, or None. A malformed live row is deleted (and reported as a miss), so the
+    caller's next write replaces it."""
+    gen, row = await lookup(conn, query_hash, source)
     if row is None:
-        return None
-    cache_id, results, model, trace_id = row[0], row[1], row[2], row[3]
+        return gen, None
+    cache_id, results, model, trace_id = row
     if not valid_results(results, max_results):
         log.warning("cache row %s for query_hash=%s source=%s is malformed: deleted, treated as a miss",
                     cache_id, query_hash, source)
         await conn.execute(DELETE_ROW, [cache_id])
-        return None
-    return CacheEntry(cache_id, results, model, trace_id)
+        return gen, None
+    return gen, CacheEntry(cache_id, results, model, trace_id)
 
 
-async def put(conn, query_hash: str, source: str, results: list[dict[str, Any]], *, ttl_s: float,
+async def put(conn, query_hash: str, source: str, results: list[dict[str, Any]], *, generation: int, ttl_s: float,
               trace_id: str, model: str | None) -> bool:
-    """Append the entry: delete the key's expired row, insert; a live row written
+    """Append the entry under ``generation`` (the one read before the answer's data): delete
+    the key's expired rows and those of older generations, insert; a live row written
     meanwhile wins (``do nothing``). Returns whether this call inserted the row."""
-    await conn.execute(DELETE_EXPIRED, [query_hash, source])
+    await conn.execute(DELETE_STALE, [query_hash, source, generation])
     cur = await conn.execute(
-        INSERT, [uuid.uuid4(), query_hash, source, Jsonb(results), float(ttl_s), trace_id, model]
+        INSERT, [uuid.uuid4(), query_hash, source, generation, Jsonb(results), float(ttl_s), trace_id, model]
     )
     return cur.rowcount == 1
 
 
 def invalidate(conn, query_hash: str, source: str) -> int:
-    """Drop the key's entry (sync; used by ``kb-rerank curate`` after changing a list)."""
+    """Drop the key's entries of every generation (sync; used by ``kb-rerank curate`` after
+    changing a list)."""
     return conn.execute(DELETE_KEY, [query_hash, source]).rowcount

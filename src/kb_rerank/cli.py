@@ -322,12 +322,35 @@ def cmd_curate(args, settings: Settings) -> int:
     import psycopg
 
     from . import cache, db
-    from .service import normalize_query, query_hash
+    from .service import normalize_query, query_hash, query_hash_key
 
-    qh = query_hash(normalize_query(args.query))
+    normalized = normalize_query(args.query)
+    qh = query_hash(normalized, query_hash_key(settings))
+    old_qh = None
+    if args.action == "rekey":
+        old_qh = _previous_query_hash(args, normalized, settings)
+        if old_qh is None:
+            return 2
     with psycopg.connect(db.app_url(settings)) as conn:
         with db.tenant_transaction(conn, args.tenant):
-            if args.action == "add":
+            if args.action == "rekey":
+                # After a rotation of the query-hash key (or an upgrade from plain SHA-256
+                # hashes, migration 0010): move the list pinned under the previous hash of
+                # this query to its hash under the current key, in one transaction.
+                if conn.execute("select exists (select from kb.kb_rerank_curation"
+                                " where tenant_id = kb.current_tenant() and query_hash = %s)", [qh]).fetchone()[0]:
+                    print(f"kb-rerank: error: query_hash {qh} already has a curated list (clear it first)",
+                          file=sys.stderr)
+                    return 1
+                n = conn.execute(
+                    "insert into kb.kb_rerank_curation (tenant_id, query_hash, position, chunk_id, note, created_at)"
+                    " select tenant_id, %s, position, chunk_id, note, created_at from kb.kb_rerank_curation"
+                    " where tenant_id = kb.current_tenant() and query_hash = %s", [qh, old_qh]).rowcount
+                conn.execute("delete from kb.kb_rerank_curation where tenant_id = kb.current_tenant()"
+                             " and query_hash = %s", [old_qh])
+                cache.invalidate(conn, qh, "manual_curation")
+                print(f"moved {n} curated chunk(s) from query_hash {old_qh} to {qh}")
+            elif args.action == "add":
                 if not args.chunk:
                     print("kb-rerank: error: curate add needs --chunk UUID [UUID ...]", file=sys.stderr)
                     return 2
@@ -360,6 +383,32 @@ def cmd_curate(args, settings: Settings) -> int:
                 cache.invalidate(conn, qh, "manual_curation")
                 print(f"cleared {n} curated chunk(s) for query_hash {qh}")
     return 0
+
+
+def _previous_query_hash(args, normalized: str, settings: Settings) -> str | None:
+    """The hash the query had before: under ``--old-key-file`` (the previous key, as
+    KB_QUERY_HASH_KEY or the key file held it), or plain SHA-256 (``--legacy-sha256``:
+    lists pinned before migration 0010)."""
+    import hashlib
+
+    from .keys import KeyConfigError, server_key
+    from .service import query_hash
+
+    if args.legacy_sha256 == bool(args.old_key_file):
+        print("kb-rerank: error: curate rekey needs exactly one of --old-key-file PATH, --legacy-sha256",
+              file=sys.stderr)
+        return None
+    if args.legacy_sha256:
+        return hashlib.sha256(normalized.encode("utf-8")).hexdigest()
+    try:
+        old_text = Path(args.old_key_file).read_text(encoding="utf-8").strip()
+        old = server_key(settings, "previous query_hash", old_text) if old_text else b""
+        if not old:
+            raise KeyConfigError("the file is empty")
+    except (OSError, UnicodeDecodeError, KeyConfigError) as exc:
+        print(f"kb-rerank: error: --old-key-file: {exc}", file=sys.stderr)
+        return None
+    return query_hash(normalized, old)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -435,11 +484,16 @@ def build_parser() -> argparse.ArgumentParser:
     av.set_defaults(func=cmd_audit)
 
     cu = sub.add_parser("curate", help="manual curation lists (source manual_curation)")
-    cu.add_argument("action", choices=["add", "list", "clear"])
+    cu.add_argument("action", choices=["add", "list", "clear", "rekey"],
+                    help="rekey: move the list pinned under the query's previous hash (after a rotation of"
+                         " KB_QUERY_HASH_KEY) to its hash under the current key")
     cu.add_argument("--tenant", type=_uuid, required=True)
     cu.add_argument("--query", required=True)
     cu.add_argument("--chunk", type=_uuid, nargs="+", default=[], help="chunk ids, in result order (add)")
     cu.add_argument("--note", default=None)
+    cu.add_argument("--old-key-file", default=None, help="rekey: file holding the previous query-hash key")
+    cu.add_argument("--legacy-sha256", action="store_true",
+                    help="rekey: the list was pinned before migration 0010 (plain SHA-256 query hash)")
     cu.set_defaults(func=cmd_curate)
 
     from .cli_eval import add_eval_parser

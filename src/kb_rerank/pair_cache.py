@@ -1,5 +1,5 @@
 """The pair-score cache (kb.kb_rerank_pair_scores): cross-encoder scores kept per
-``(tenant, model, query_hash, chunk_id, content_hash)`` for ``cache_ttl_s``.
+``(tenant, model, query_hash, generation, chunk_id, content_hash)`` for ``cache_ttl_s``.
 
 The result cache (:mod:`kb_rerank.cache`) is keyed by (query, source): the same query asked
 with another source, or through ``/v1/kb/context``, misses it although most of its
@@ -7,7 +7,11 @@ candidates were already scored. This cache is keyed by the *pair* instead, so a 
 scored by the model once per TTL whatever the route or source that retrieves it.
 
 Key: the reranker's model name; ``query_hash`` = :func:`kb_rerank.service.query_hash` of the
-normalised query (the text the model scores, never stored); ``chunk_id``; ``content_hash`` =
+normalised query (HMAC under the server's query-hash key; the text the model scores is never
+stored); ``generation``: the tenant's knowledge-base generation read before the candidates
+(:mod:`kb_rerank.cache`), so a change to the tenant's documents makes every pair score of a
+chunk miss, or :data:`CALLER_DOCUMENTS_GENERATION` for ``/v2/rerank``'s caller documents,
+whose scores do not depend on the knowledge base; ``chunk_id``; ``content_hash`` =
 sha256 hex of the scored text (:func:`kb_rerank.ingest.sha256_hex`, equal to
 ``kb.chunks.content_hash``), so a chunk whose content changed misses and is scored again.
 ``/v2/rerank`` (caller documents, no chunk) uses :data:`NO_CHUNK` as the chunk id and the
@@ -37,24 +41,31 @@ NO_CHUNK = uuid.UUID(int=0)
 
 PairKey = tuple[uuid.UUID, str]  # (chunk_id, content_hash)
 
+# /v2/rerank scores caller-supplied texts, not knowledge-base chunks: their pair scores are
+# keyed by this generation whatever the tenant's documents do.
+CALLER_DOCUMENTS_GENERATION = 0
+
 SELECT_LIVE = (
     "select p.chunk_id, p.content_hash, p.score"
     " from kb.kb_rerank_pair_scores p"
     " join unnest(%s::uuid[], %s::char(64)[]) as k(chunk_id, content_hash)"
     "   on p.chunk_id = k.chunk_id and p.content_hash = k.content_hash"
-    " where p.tenant_id = kb.current_tenant() and p.model = %s and p.query_hash = %s and p.expires_at > now()"
+    " where p.tenant_id = kb.current_tenant() and p.model = %s and p.query_hash = %s and p.generation = %s"
+    "   and p.expires_at > now()"
 )
-DELETE_EXPIRED = (
+DELETE_STALE = (
     "delete from kb.kb_rerank_pair_scores p"
     " using unnest(%s::uuid[], %s::char(64)[]) as k(chunk_id, content_hash)"
     " where p.tenant_id = kb.current_tenant() and p.model = %s and p.query_hash = %s"
-    "   and p.chunk_id = k.chunk_id and p.content_hash = k.content_hash and p.expires_at <= now()"
+    "   and p.chunk_id = k.chunk_id and p.content_hash = k.content_hash"
+    "   and (p.expires_at <= now() or p.generation < %s)"
 )
 INSERT = (
-    "insert into kb.kb_rerank_pair_scores (tenant_id, model, query_hash, chunk_id, content_hash, score, expires_at)"
-    " select kb.current_tenant(), %s, %s, k.chunk_id, k.content_hash, k.score, now() + make_interval(secs => %s)"
+    "insert into kb.kb_rerank_pair_scores"
+    " (tenant_id, model, query_hash, generation, chunk_id, content_hash, score, expires_at)"
+    " select kb.current_tenant(), %s, %s, %s, k.chunk_id, k.content_hash, k.score, now() + make_interval(secs => %s)"
     " from unnest(%s::uuid[], %s::char(64)[], %s::real[]) as k(chunk_id, content_hash, score)"
-    " on conflict (tenant_id, model, query_hash, chunk_id, content_hash) do nothing"
+    " on conflict (tenant_id, model, query_hash, generation, chunk_id, content_hash) do nothing"
 )
 
 
@@ -71,12 +82,15 @@ def _unique(keys: Iterable[PairKey]) -> list[PairKey]:
     return list(dict.fromkeys(keys))
 
 
-async def get_live(conn, model: str, query_hash: str, keys: Iterable[PairKey]) -> dict[PairKey, float]:
-    """The live scores among ``keys`` (one query), as ``{(chunk_id, content_hash): score}``."""
+async def get_live(conn, model: str, query_hash: str, keys: Iterable[PairKey], *,
+                   generation: int) -> dict[PairKey, float]:
+    """The live scores among ``keys`` (one query, one generation), as
+    ``{(chunk_id, content_hash): score}``."""
     keys = _unique(keys)
     if not keys:
         return {}
-    cur = await conn.execute(SELECT_LIVE, [[k[0] for k in keys], [k[1] for k in keys], model, query_hash])
+    cur = await conn.execute(SELECT_LIVE, [[k[0] for k in keys], [k[1] for k in keys], model, query_hash,
+                                           generation])
     out: dict[PairKey, float] = {}
     for chunk_id, content_hash, score in await cur.fetchall():
         s = float(score)
@@ -85,14 +99,17 @@ async def get_live(conn, model: str, query_hash: str, keys: Iterable[PairKey]) -
     return out
 
 
-async def put(conn, model: str, query_hash: str, scores: Mapping[PairKey, float], *, ttl_s: float) -> int:
-    """Append the scores: delete these keys' expired rows, insert the rest (a live row
-    written meanwhile wins). Returns how many rows this call inserted."""
+async def put(conn, model: str, query_hash: str, scores: Mapping[PairKey, float], *, generation: int,
+              ttl_s: float) -> int:
+    """Append the scores under ``generation``: delete these keys' expired rows and those of
+    older generations, insert the rest (a live row written meanwhile wins). Returns how many
+    rows this call inserted."""
     items = [(k, v) for k, v in scores.items() if math.isfinite(v) and 0.0 <= v <= 1.0]
     if not items:
         return 0
     ids = [k[0] for k, _ in items]
     hashes = [k[1] for k, _ in items]
-    await conn.execute(DELETE_EXPIRED, [ids, hashes, model, query_hash])
-    cur = await conn.execute(INSERT, [model, query_hash, float(ttl_s), ids, hashes, [float(v) for _, v in items]])
+    await conn.execute(DELETE_STALE, [ids, hashes, model, query_hash, generation])
+    cur = await conn.execute(INSERT, [model, query_hash, generation, float(ttl_s), ids, hashes,
+                                      [float(v) for _, v in items]])
     return cur.rowcount

@@ -5,13 +5,20 @@ Query normalisation (the cache key)
 ``normalize_query``: Unicode NFC, strip, collapse every run of (Unicode) whitespace to
 one space. Nothing else: case, accents and punctuation are kept (``ERR_402`` and
 ``err_402`` are different keys; lexical search folds case and accents itself).
-``query_hash`` = sha256 hex of the UTF-8 of the normalised query. The normalised query
-is what is searched and reranked; the plaintext query is never stored or logged,
-only its hash.
+``query_hash`` = HMAC-SHA256 hex, under the server's query-hash key (``KB_QUERY_HASH_KEY``,
+else ``<data_dir>/keys/query_hash.key``: :mod:`kb_rerank.keys`), of the UTF-8 of the
+normalised query: the one function (:func:`query_hash`) behind every stored query hash
+(audit, cache, pair scores, curation), so a stored hash cannot be matched by hashing
+guesses without the key. The key is read once per service (app start), not per request.
+The normalised query is what is searched and reranked; the plaintext query is never stored
+or logged, only its hash.
 
 Steps of a request (tenant ``t``, key ``(t, query_hash, source)``)
 --------------------------------------------------------------------
-1. Tenant transaction: read the live cache row (``expires_at > now()``). A valid row is a
+1. Tenant transaction: read the tenant's knowledge-base generation and the live cache row
+   at that generation (``expires_at > now()``), in one statement (:mod:`kb_rerank.cache`:
+   a change to the tenant's documents bumps the generation, so older answers miss). The
+   generation is the one every later step of the request keys on. A valid row is a
    hit: the ``cache_hit`` audit row is written in the same transaction and the cached
    results are returned (``from_cache: true``) without touching the model. A malformed
    row is deleted and treated as a miss.
@@ -19,7 +26,8 @@ Steps of a request (tenant ``t``, key ``(t, query_hash, source)``)
    key. If there is none, it becomes the leader and reads the cache (step 1) once; a leader
    commits its cache row before it leaves, so finding no leader and then no row is a real
    miss. Identical requests arriving meanwhile wait for the leader, then read the cache (a
-   hit) or, when the result was not cached (fallback), share the leader's result; when the
+   hit) or, when the result was not cached (fallback) and the generation has not moved
+   since the leader read it, share the leader's result; when the
    leader failed, they fail the same way at once (a database outage costs them no second
    timeout). So a key is computed once however requests interleave.
 3. Candidates: the query is embedded on a one-thread executor (not for
@@ -28,7 +36,7 @@ Steps of a request (tenant ``t``, key ``(t, query_hash, source)``)
    reads the curated list (``manual_curation``: curated order, no model call, score
    ``1 - i/(n+1)`` for the i-th (from 0) of n curated chunks: 1.0 down to above 0).
    With ``pair_cache`` on, the same transaction reads the live pair scores of the
-   candidates (kb.kb_rerank_pair_scores, key ``(model, query_hash, chunk_id,
+   candidates (kb.kb_rerank_pair_scores, key ``(model, query_hash, generation, chunk_id,
    content_hash)``, content_hash = sha256 of the chunk text; :mod:`kb_rerank.pair_cache`).
 4. Rerank outside any transaction (no connection held): ``reranker.ascore`` on the pairs
    the pair cache does not hold (none at all when it holds every pair: no model call, not
@@ -60,6 +68,8 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import hashlib
+import hmac
+import json
 import logging
 import math
 import re
@@ -67,12 +77,13 @@ import time
 import unicodedata
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, Mapping
 
 import msgspec
 
 from . import audit, cache, pair_cache, search
 from .db import atenant_transaction
+from .keys import server_key
 from .rerank import RerankerTimeout, RerankerUnavailable
 from .settings import SOURCES, Settings
 
@@ -119,8 +130,27 @@ def normalize_query(query: str) -> str:
     return " ".join(unicodedata.normalize("NFC", query).split())
 
 
-def query_hash(normalized: str) -> str:
-    return hashlib.sha256(normalized.encode("utf-8")).hexdigest()
+def canonical_json(obj: Any) -> str:
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
+
+
+def query_hash_key(settings: Settings) -> bytes:
+    """The server's query-hash key: ``KB_QUERY_HASH_KEY``, else the key file under data_dir
+    (created on first use). Read it once (the service does, at app start) and pass it on."""
+    return server_key(settings, "query_hash", settings.query_hash_key)
+
+
+def query_hash(normalized: str, key: bytes, params: Mapping[str, Any] | None = None) -> str:
+    """THE hash of a query, for every stored row that names one (audit, cache, pair scores,
+    curation): HMAC-SHA256 hex under ``key`` (:func:`query_hash_key`) of the UTF-8 of the
+    normalised query, followed, when ``params`` is given, by ``\\x1f`` and the canonical JSON
+    of the parameters that change a result (the cache key of /v1/kb/context and /v2/rerank).
+    ``\\x1f`` never occurs in a normalised query (it is whitespace to ``str.split``), so the
+    two forms cannot collide."""
+    if not isinstance(key, (bytes, bytearray)) or not key:
+        raise TypeError("query_hash needs the server's query-hash key (bytes)")
+    msg = normalized if params is None else normalized + "\x1f" + canonical_json(params)
+    return hmac.new(bytes(key), msg.encode("utf-8"), hashlib.sha256).hexdigest()
 
 
 _TRACEPARENT = re.compile(r"^([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})(-.*)?$")
@@ -195,6 +225,9 @@ class Outcome:
     rerank_ms: int = 0
     cached: bool = False
     kind: str = audit.SERVED
+    # the tenant's knowledge-base generation read before the candidates: the cache and pair
+    # scores of this outcome are written under it
+    generation: int = 0
     # pair scores the model computed for this outcome, to write into the pair cache
     new_pairs: dict[pair_cache.PairKey, float] = field(default_factory=dict)
 
@@ -247,8 +280,10 @@ class RerankService:
     """One per app: holds the pool, the embedder, the reranker and the single-flight map."""
 
     def __init__(self, settings: Settings, pool, embedder, reranker, *, embed_executor=None,
-                 metrics: PipelineMetrics | None = None) -> None:
+                 metrics: PipelineMetrics | None = None, hash_key: bytes | None = None) -> None:
         self.settings = settings
+        # the query-hash key, read once here (app start), never per request
+        self.hash_key = hash_key if hash_key is not None else query_hash_key(settings)
         self.pool = pool
         self.embedder = embedder
         self.reranker = reranker
@@ -256,6 +291,10 @@ class RerankService:
         self.metrics = metrics or PipelineMetrics()
         self._inflight: dict[tuple[str, str, str], asyncio.Future] = {}
         self._background: set[asyncio.Task] = set()
+
+    def hash_query(self, normalized: str, params: Mapping[str, Any] | None = None) -> str:
+        """:func:`query_hash` under this service's key."""
+        return query_hash(normalized, self.hash_key, params)
 
     @property
     def model_name(self) -> str:
@@ -267,7 +306,7 @@ class RerankService:
             raise ValueError(f"unknown source {source!r}")
         t0 = time.perf_counter()
         normalized = normalize_query(query)
-        qh = query_hash(normalized)
+        qh = self.hash_query(normalized)
         key = (str(tenant), qh, source)
         for _attempt in range(3):
             pending = self._inflight.get(key)
@@ -279,16 +318,18 @@ class RerankService:
                 # The leader failed (the database unavailable, say): fail the same way now,
                 # not after waiting out another timeout on the same cause.
                 raise shared
-            hit = await self._cache_hit(tenant, qh, source, trace_id, t0)
+            hit, generation = await self._cache_hit(tenant, qh, source, trace_id, t0)
             if hit is not None:
                 return hit
-            if shared is not None:
-                # Not cached (fallback): serve the same result, audited for this request.
+            if shared is not None and shared.generation == generation:
+                # Not cached (fallback): serve the same result, audited for this request. Only
+                # at the generation the leader computed it at: after a change to the tenant's
+                # documents the follower computes afresh (it may hold a deleted text).
                 await self._record(tenant, qh, source, trace_id, shared, t0, write_cache=False,
                                    detail_extra="single_flight")
                 return self._response(shared, trace_id, from_cache=False)
-            # the leader was cancelled (its client went away): compute ourselves (we may
-            # become the leader)
+            # the leader was cancelled (its client went away), or its result belongs to an
+            # older generation: compute ourselves (we may become the leader)
         # Lead first, then read the cache once: a leader commits its cache row before it
         # leaves the map, so a request that finds no leader and then no row is a real miss
         # (one cache read per request, hit or miss).
@@ -297,11 +338,11 @@ class RerankService:
         outcome: Outcome | None = None
         failure: Exception | None = None
         try:
-            hit = await self._cache_hit(tenant, qh, source, trace_id, t0)
+            hit, generation = await self._cache_hit(tenant, qh, source, trace_id, t0)
             if hit is not None:
                 return hit
             self.metrics.cache_miss(source)
-            outcome = await self._compute(tenant, normalized, qh, source)
+            outcome = await self._compute(tenant, normalized, qh, source, generation)
             await self._record(tenant, qh, source, trace_id, outcome, t0,
                                write_cache=outcome.fallback_reason is None)
             return self._response(outcome, trace_id, from_cache=False)
@@ -316,12 +357,14 @@ class RerankService:
                 fut.set_result(failure if failure is not None else outcome)
 
     # ------------------------------------------------------------------ step 1
-    async def _cache_hit(self, tenant, qh: str, source: str, trace_id: str, t0: float) -> RerankResponse | None:
+    async def _cache_hit(self, tenant, qh: str, source: str, trace_id: str,
+                         t0: float) -> tuple[RerankResponse | None, int]:
+        """(the cached response or None, the tenant's knowledge-base generation)."""
         async with self.pool.connection() as conn:
             async with atenant_transaction(conn, tenant):
-                entry = await cache.get_live(conn, qh, source, max_results=self.settings.rerank_top_n)
+                generation, entry = await cache.get_live(conn, qh, source, max_results=self.settings.rerank_top_n)
                 if entry is None:
-                    return None
+                    return None, generation
                 model = entry.model or self.model_name
                 await audit.append(conn, audit.AuditRecord(
                     kind=audit.CACHE_HIT, source=source, query_hash=qh, trace_id=trace_id, model=model,
@@ -332,11 +375,16 @@ class RerankService:
         log.info("rerank cache hit tenant=%s source=%s query_hash=%s results=%d",
                  tenant, source, qh, len(entry.results))
         outcome = Outcome(results=entry.results, candidate_count=0, model=model, cached=True,
-                          kind=audit.CACHE_HIT)
-        return self._response(outcome, trace_id, from_cache=True)
+                          kind=audit.CACHE_HIT, generation=generation)
+        return self._response(outcome, trace_id, from_cache=True), generation
 
     # ------------------------------------------------------------------ steps 3-4
-    async def _compute(self, tenant, normalized: str, qh: str, source: str) -> Outcome:
+    async def _compute(self, tenant, normalized: str, qh: str, source: str, generation: int) -> Outcome:
+        outcome = await self._compute_at(tenant, normalized, qh, source, generation)
+        outcome.generation = generation
+        return outcome
+
+    async def _compute_at(self, tenant, normalized: str, qh: str, source: str, generation: int) -> Outcome:
         s = self.settings
         if source == "manual_curation":
             async with self.pool.connection() as conn:
@@ -364,7 +412,8 @@ class RerankService:
                     cands = await search.asemantic(conn, embedding, s.candidates)
                 if s.pair_cache and cands:
                     cached = await pair_cache.get_live(
-                        conn, self.model_name, qh, [pair_cache.content_key(c.chunk_id, c.content) for c in cands])
+                        conn, self.model_name, qh, [pair_cache.content_key(c.chunk_id, c.content) for c in cands],
+                        generation=generation)
         seen: set = set()
         unique = []
         for c in cands:
@@ -457,10 +506,10 @@ class RerankService:
         async with self.pool.connection() as conn:
             async with atenant_transaction(conn, tenant):
                 if write_cache:
-                    await cache.put(conn, qh, source, outcome.results, ttl_s=self.settings.cache_ttl_s,
-                                    trace_id=trace_id, model=outcome.model)
+                    await cache.put(conn, qh, source, outcome.results, generation=outcome.generation,
+                                    ttl_s=self.settings.cache_ttl_s, trace_id=trace_id, model=outcome.model)
                 if write_cache and outcome.fallback_reason is None and outcome.new_pairs:
-                    await pair_cache.put(conn, outcome.model, qh, outcome.new_pairs,
+                    await pair_cache.put(conn, outcome.model, qh, outcome.new_pairs, generation=outcome.generation,
                                          ttl_s=self.settings.cache_ttl_s)
                 await audit.append(conn, audit.AuditRecord(
                     kind=audit.FALLBACK if outcome.fallback_reason else audit.SERVED,

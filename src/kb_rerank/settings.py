@@ -95,6 +95,9 @@ class Settings:
     audit_key: str | None = None  # KB_AUDIT_KEY: HMAC key of the audit chain (>= 32 bytes); unset -> <data_dir>/keys/audit.key
     audit_old_keys: str | None = None  # KB_AUDIT_OLD_KEYS: comma-separated previous audit keys, for `audit verify` after a rotation
     maint_database_url: str | None = None  # KB_MAINT_DATABASE_URL: role allowed to run kb.evict_expired_cache (the app's eviction loop)
+    # KB_QUERY_HASH_KEY: key of the HMAC-SHA256 query hashes (audit, cache, pair scores, curation);
+    # unset -> <data_dir>/keys/query_hash.key, created on first use (kb_rerank.keys). Not in repr.
+    query_hash_key: str | None = field(default=None, repr=False)
 
     # Limits and fairness (issue 13: cost-based limits, per-tenant caps, per-address limit)
 

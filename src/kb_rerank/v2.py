@@ -11,11 +11,15 @@ POST /v1/kb/context
 Body ``{"query": str, "top_n"?: int, "lambda"?: 0..1, "recency_weight"?: >=0,
 "half_life_days"?: >0, "authority_weight"?: >=0, "explain"?: bool}``.
 
-1. Tenant transaction: read the tenant's ``kb.tenant_policy`` (default ``exclude``) and the
-   live cache row. The key's ``query_hash`` is ``sha256(normalised query + "\\x1f" +
-   canonical JSON of every parameter that changes the result)``: the request parameters
-   with their defaults filled in, the injection policy, and the settings used (candidates,
-   cut-off, gate, tiers, demote factor, model name); source ``hybrid_lexical_semantic``.
+1. Tenant transaction: read the tenant's ``kb.tenant_policy`` (default ``exclude``), its
+   knowledge-base generation and the live cache row at that generation (bumped by every
+   change to the tenant's documents: :mod:`kb_rerank.cache`). The key's ``query_hash`` is
+   ``service.query_hash`` (HMAC-SHA256 under the server's query-hash key) of the normalised
+   query + ``"\\x1f"`` + the canonical JSON of every parameter that changes the result: the
+   request parameters with their defaults filled in, the injection policy, and the settings
+   used (candidates, cut-off, gate, tiers, demote factor, model name); source
+   ``hybrid_lexical_semantic``. The cache row and the pair scores are written under the
+   generation read here, before any candidate is read.
    A hit writes a ``cache_hit`` audit row and returns the stored response.
 2. Miss: embed the query; tenant transaction: ``kb.search_hybrid`` (``candidates`` per
    list), then the candidates' embeddings, guard flags and document metadata
@@ -31,8 +35,8 @@ Body ``{"query": str, "top_n"?: int, "lambda"?: 0..1, "recency_weight"?: >=0,
    endpoint does; a fallback result is not cached.
    Pair cache (``pair_cache``, :mod:`kb_rerank.pair_cache`): the live pair scores of the
    candidates are read in step 2's transaction (key: model, ``service.query_hash`` of the
-   normalised query -- shared with ``/v1/kb/search/rerank`` --, chunk id, sha256 of the
-   chunk text); only the other pairs go to the model, and their scores are written in
+   normalised query -- shared with ``/v1/kb/search/rerank`` --, generation, chunk id, sha256
+   of the chunk text); only the other pairs go to the model, and their scores are written in
    step 7's transaction (not on fallback).
 6. MMR + composite (:mod:`kb_rerank.ranking`) over the reranked candidates, tiers from
    ``tier_high`` / ``tier_medium``, top ``top_n`` assembled by :mod:`kb_rerank.context`.
@@ -58,14 +62,16 @@ detectors run on each document (injection -> tenant policy, stuffing -> demoted;
 normalised request. Pair cache: each scored (truncated) document is keyed by the zero
 uuid (``pair_cache.NO_CHUNK``) and the sha256 of its text, with ``service.query_hash`` of
 the normalised query; the live pairs are read in a tenant transaction of their own before
-scoring and the new ones written with the audit row (not on fallback).
+scoring and the new ones written with the audit row (not on fallback). This route reads no
+knowledge-base document (only the tenant's injection policy, which is in the cache key),
+so its cached answers and pair scores are keyed by generation 0
+(``pair_cache.CALLER_DOCUMENTS_GENERATION``), not the tenant's generation: an ingest does
+not evict them, and they can hold no knowledge-base text.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import json
 import logging
 import math
 import re
@@ -84,7 +90,7 @@ from . import audit, cache, context, guard, pair_cache, ranking, search
 from .api import ApiError  # the app's error type (its auth guard runs in api.create_app's router)
 from .db import atenant_transaction
 from .rerank import RerankerTimeout, RerankerUnavailable
-from .service import TRACE_ID, normalize_query, query_hash
+from .service import TRACE_ID, canonical_json, normalize_query  # noqa: F401 - canonical_json re-exported
 from .settings import Settings
 
 log = logging.getLogger("kb_rerank.v2")
@@ -234,13 +240,9 @@ def _model_name_for(settings: Settings, reranker) -> str:
     return str(getattr(reranker, "model_name", None) or settings.reranker_model)
 
 
-def canonical_json(obj: Any) -> str:
-    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
-
-
-def keyed_hash(normalized: str, params: dict[str, Any]) -> str:
-    """sha256 hex of the normalised query and the canonical JSON of the parameters."""
-    return hashlib.sha256((normalized + "\x1f" + canonical_json(params)).encode("utf-8")).hexdigest()
+def _hash(state: State, normalized: str, params: dict[str, Any] | None = None) -> str:
+    """``service.query_hash`` under the key the app's service read at start."""
+    return state.service.hash_query(normalized, params)
 
 
 def _r(x: float | None, nd: int = 6) -> float | None:
@@ -256,17 +258,19 @@ async def _tenant_policy(conn) -> str:
     return row[0] if row and row[0] in POLICIES else "exclude"
 
 
-async def _cache_read(conn, qh: str, source: str, kind: str) -> dict[str, Any] | None:
-    cur = await conn.execute(cache.SELECT_LIVE, [qh, source])
-    row = await cur.fetchone()
+async def _cache_read(conn, qh: str, source: str, kind: str, *,
+                      generation: int | None = None) -> tuple[int, dict[str, Any] | None]:
+    """(generation, cached response or None): the tenant's knowledge-base generation (or the
+    one given) and the key's live row at it."""
+    gen, row = await cache.lookup(conn, qh, source, generation=generation)
     if row is None:
-        return None
+        return gen, None
     payload = row[1]
     if not (isinstance(payload, dict) and payload.get("kind") == kind and isinstance(payload.get("response"), dict)):
         log.warning("cache row %s (%s) is malformed: deleted, treated as a miss", row[0], source)
         await conn.execute(cache.DELETE_ROW, [row[0]])
-        return None
-    return payload["response"]
+        return gen, None
+    return gen, payload["response"]
 
 
 @dataclass
@@ -347,10 +351,12 @@ async def score_with_fallback(state: State, query: str, texts: list[str], *,
     return Scored(real, None, int(round(elapsed * 1000)), new_pairs=new if s.pair_cache else {})
 
 
-async def write_pairs(conn, state: State, model: str, pair_qh: str, scored: Scored) -> None:
-    """The pairs the model scored for this request, into the pair cache (not on fallback)."""
+async def write_pairs(conn, state: State, model: str, pair_qh: str, scored: Scored, *, generation: int) -> None:
+    """The pairs the model scored for this request, into the pair cache under ``generation``
+    (not on fallback)."""
     if scored.reason is None and scored.new_pairs and state.settings.pair_cache:
-        await pair_cache.put(conn, model, pair_qh, scored.new_pairs, ttl_s=state.settings.cache_ttl_s)
+        await pair_cache.put(conn, model, pair_qh, scored.new_pairs, generation=generation,
+                             ttl_s=state.settings.cache_ttl_s)
 
 
 def _reload_later(state: State) -> None:
@@ -424,16 +430,18 @@ def _context_params(req: ContextRequest, settings: Settings, policy: str, model:
 
 
 async def _cached_lookup(state: State, tenant: uuid.UUID, normalized: str, make_params, source: str, kind: str,
-                         model: str, trace_id: str, t0: float, detail: str):
+                         model: str, trace_id: str, t0: float, detail: str, *, generation: int | None = None):
     """One tenant transaction: the tenant's injection policy, the request's parameters and
-    their cache key, and the cache read; a hit is audited in the same transaction.
-    Returns (policy, params, query_hash, hit or None)."""
+    their cache key, the tenant's knowledge-base generation (or ``generation`` when the
+    answer does not depend on the knowledge base) and the cache read at it; a hit is
+    audited in the same transaction. Returns (policy, params, query_hash, hit or None,
+    generation)."""
     async with state.pool.connection() as conn:
         async with atenant_transaction(conn, tenant):
             policy = await _tenant_policy(conn)
             params = make_params(policy)
-            qh = keyed_hash(normalized, params)
-            hit = await _cache_read(conn, qh, source, kind)
+            qh = _hash(state, normalized, params)
+            gen, hit = await _cache_read(conn, qh, source, kind, generation=generation)
             if hit is not None:
                 await audit.append(conn, audit.AuditRecord(
                     kind=audit.CACHE_HIT, source=source, query_hash=qh, trace_id=trace_id, model=model,
@@ -444,7 +452,7 @@ async def _cached_lookup(state: State, tenant: uuid.UUID, normalized: str, make_
         state.metrics.cache_hit(source)
     else:
         state.metrics.cache_miss(source)
-    return policy, params, qh, hit
+    return policy, params, qh, hit, gen
 
 
 async def build_context(state: State, tenant: uuid.UUID, req: ContextRequest, trace_id: str) -> dict[str, Any]:
@@ -452,21 +460,21 @@ async def build_context(state: State, tenant: uuid.UUID, req: ContextRequest, tr
     t0 = time.perf_counter()
     normalized = normalize_query(req.query)
     model = _model_name_for(settings, state.reranker)
-    policy, params, qh, hit = await _cached_lookup(
+    policy, params, qh, hit, gen = await _cached_lookup(
         state, tenant, normalized, lambda policy: _context_params(req, settings, policy, model),
         CONTEXT_SOURCE, CACHE_KIND_CONTEXT, model, trace_id, t0, "context")
     if hit is not None:
         return {**hit, "from_cache": True, "trace_id": trace_id, "rerank_duration_ms": 0, "candidate_count": 0}
 
-    body, fallback_reason, scored = await _compute_context(state, tenant, normalized, req, params, policy)
+    body, fallback_reason, scored = await _compute_context(state, tenant, normalized, req, params, policy, gen)
     async with state.pool.connection() as conn:
         async with atenant_transaction(conn, tenant):
             if scored is not None:
-                await write_pairs(conn, state, model, query_hash(normalized), scored)
+                await write_pairs(conn, state, model, _hash(state, normalized), scored, generation=gen)
             if fallback_reason is None:
                 cached = {k: v for k, v in body.items() if k not in ("trace_id", "from_cache")}
                 await cache.put(conn, qh, CONTEXT_SOURCE, {"kind": CACHE_KIND_CONTEXT, "response": cached},  # type: ignore[arg-type]
-                                ttl_s=settings.cache_ttl_s, trace_id=trace_id, model=model)
+                                generation=gen, ttl_s=settings.cache_ttl_s, trace_id=trace_id, model=model)
             detail = "context" if body["answerable"] or body["candidate_count"] == 0 else "context;unanswerable"
             if not body["answerable"] and body.get("gate", {}).get("closed"):
                 detail = "context;gate_closed"
@@ -484,7 +492,7 @@ async def build_context(state: State, tenant: uuid.UUID, req: ContextRequest, tr
 
 
 async def _compute_context(state: State, tenant, normalized: str, req: ContextRequest, params: dict[str, Any],
-                           policy: str) -> tuple[dict[str, Any], str | None, Scored | None]:
+                           policy: str, generation: int) -> tuple[dict[str, Any], str | None, Scored | None]:
     settings: Settings = state.settings
     svc = state.service
     loop = asyncio.get_running_loop()
@@ -507,8 +515,8 @@ async def _compute_context(state: State, tenant, normalized: str, req: ContextRe
                 meta = {r[0]: r for r in await cur.fetchall()}
                 if settings.pair_cache:
                     cached = await pair_cache.get_live(
-                        conn, str(params["model"]), query_hash(normalized),
-                        [pair_cache.content_key(c.chunk_id, c.content) for c in cands])
+                        conn, str(params["model"]), _hash(state, normalized),
+                        [pair_cache.content_key(c.chunk_id, c.content) for c in cands], generation=generation)
     top_n = int(params["top_n"])
     lam = float(params["lambda"])
     best_sim = max((c.semantic_score for c in cands if c.semantic_score is not None), default=None)
@@ -712,9 +720,11 @@ async def rerank_v2(state: State, tenant: uuid.UUID, req: V2Request, trace_id: s
     t0 = time.perf_counter()
     normalized = normalize_query(req.query)
     model = _model_name_for(settings, state.reranker)
-    policy, params, qh, hit = await _cached_lookup(
+    # caller documents only: the answer does not depend on the knowledge base (generation 0)
+    policy, params, qh, hit, gen = await _cached_lookup(
         state, tenant, normalized, lambda policy: _v2_params(req, settings, policy, model),
-        V2_SOURCE, CACHE_KIND_V2, model, trace_id, t0, "v2_rerank")
+        V2_SOURCE, CACHE_KIND_V2, model, trace_id, t0, "v2_rerank",
+        generation=pair_cache.CALLER_DOCUMENTS_GENERATION)
     if hit is not None:
         meta = {**hit.get("meta", {}), "from_cache": True, "trace_id": trace_id, "rerank_duration_ms": 0}
         return {**hit, "id": trace_id, "meta": meta}
@@ -748,13 +758,13 @@ async def rerank_v2(state: State, tenant: uuid.UUID, req: V2Request, trace_id: s
 
     # Pair cache for caller documents: chunk id NO_CHUNK (the zero uuid), content hash the
     # sha256 of the (truncated) text that is scored.
-    pair_qh = query_hash(normalized)
+    pair_qh = _hash(state, normalized)
     keys = [pair_cache.content_key(None, texts[p]) for p in keep]
     cached: dict[pair_cache.PairKey, float] | None = None
     if settings.pair_cache and keep:
         async with state.pool.connection() as conn:
             async with atenant_transaction(conn, tenant):
-                cached = await pair_cache.get_live(conn, model, pair_qh, keys)
+                cached = await pair_cache.get_live(conn, model, pair_qh, keys, generation=gen)
     scored = await score_with_fallback(state, normalized, [texts[p] for p in keep], keys=keys, cached=cached)
     if scored.scores is not None:
         rel = scored.scores
@@ -815,10 +825,10 @@ async def rerank_v2(state: State, tenant: uuid.UUID, req: V2Request, trace_id: s
     body = {"id": trace_id, "results": results, "meta": meta}
     async with state.pool.connection() as conn:
         async with atenant_transaction(conn, tenant):
-            await write_pairs(conn, state, model, pair_qh, scored)
+            await write_pairs(conn, state, model, pair_qh, scored, generation=gen)
             if scored.reason is None:
                 await cache.put(conn, qh, V2_SOURCE, {"kind": CACHE_KIND_V2, "response": body},  # type: ignore[arg-type]
-                                ttl_s=settings.cache_ttl_s, trace_id=trace_id, model=model)
+                                generation=gen, ttl_s=settings.cache_ttl_s, trace_id=trace_id, model=model)
             await audit.append(conn, audit.AuditRecord(
                 kind=audit.FALLBACK if scored.reason else audit.SERVED, source=V2_SOURCE, query_hash=qh,
                 trace_id=trace_id, model=model, candidate_count=n, returned_count=len(results),

@@ -15,14 +15,17 @@ Endpoints
 * ``GET /healthz`` -- 200 while the process runs.
 * ``GET /readyz`` -- 200 when the database answers and its schema is at the migrations'
   head (the model state is reported; a model still loading is not a 503 because
-  requests are served with the fallback); 503 otherwise.
-* ``GET /metrics`` -- Prometheus text, from a registry owned by the app.
+  requests are served with the fallback); 503 otherwise. Only ``{"status"}`` unless the
+  request carries ``Authorization: Bearer <ops_token>``.
+* ``GET /metrics`` -- Prometheus text, from a registry owned by the app; needs the ops
+  token (401 without it; 404 when no ops token is configured).
 * ``GET /schema/openapi.json`` and ``/schema`` (docs page).
 
 Errors are JSON: ``{"error": ..., ...}``. 401 ``unauthorized`` with ``reason``; 400
 ``invalid_json``; 422 ``invalid_request`` with ``field`` and ``detail`` (and ``allowed``
-for an unknown source); 413 ``payload_too_large`` (refused before parsing, from the
-Content-Length or while streaming); 429 ``rate_limited`` with ``Retry-After`` (per-tenant
+for an unknown source) -- bodies decoded by :mod:`kb_rerank.body`, as on the v2.py
+routes; 413 ``payload_too_large`` (refused while reading, from the Content-Length or as
+the streamed bytes pass the route's limit); 429 ``rate_limited`` with ``Retry-After`` (per-tenant
 token bucket: ``rate_limit_per_minute`` refill, ``rate_limit_burst`` size; 0 disables);
 503 ``database_unavailable`` with ``Retry-After`` when no database connection is had
 within ``db_timeout_s``. A rejected request

@@ -25,6 +25,9 @@ from kb_rerank.auth import JwtConfig, mint_token
 SECRET = "kb-rerank-test-secret-0123456789abcdef"
 URL = "/v1/kb/search/rerank"
 JWT = JwtConfig(secret=SECRET)
+# KB_OPS_TOKEN of the test servers: /metrics and the detail of /readyz need it
+OPS_TOKEN = "kb-rerank-test-ops-token-fedcba9876543210"
+OPS = {"Authorization": "Bearer " + OPS_TOKEN}
 
 TOPICS = [
     ("Billing and invoices", "Invoices are created from the billing page. A recurring invoice repeats every month "
@@ -127,7 +130,8 @@ def serve_process(env: dict[str, str], log_path: Path, *, startup_timeout: float
             "format='%(asctime)s %(levelname)s %(name)s %(message)s'); "
             "from kb_rerank.cli import main; sys.exit(main(['serve', '--host', '127.0.0.1', '--port', "
             f"'{port}']))")
-    full_env = {**os.environ, "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", **env}
+    full_env = {**os.environ, "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
+                "KB_OPS_TOKEN": OPS_TOKEN, **env}
     log = open(log_path, "wb")
     proc = subprocess.Popen([sys.executable, "-c", code], env=full_env, stdout=log, stderr=subprocess.STDOUT)
     base = f"http://127.0.0.1:{port}"
@@ -140,7 +144,7 @@ def serve_process(env: dict[str, str], log_path: Path, *, startup_timeout: float
             if time.monotonic() > deadline:
                 raise RuntimeError(f"server not ready: {last} {log_path.read_text()[-2000:]}")
             try:
-                r = httpx.get(base + "/readyz", timeout=2)
+                r = httpx.get(base + "/readyz", timeout=2, headers={"Authorization": "Bearer " + full_env["KB_OPS_TOKEN"]})
                 last = r.text
                 if r.status_code == 200 and r.json()["model"]["ready"]:
                     break

@@ -28,6 +28,7 @@ from kb_rerank.settings import SOURCES, Settings
 from kb_rerank.tiny_model import build_tiny_cross_encoder
 
 from .helpers import insert_doc
+from .live_server import OPS, OPS_TOKEN
 
 SECRET = "kb-rerank-test-secret-0123456789abcdef"
 # The app's query-hash key: the session's settings keep the default data_dir (and no
@@ -72,7 +73,8 @@ def counting_embedder(embedder):
 
 @contextlib.contextmanager
 def client_for(settings, reranker, embedder, **changes):
-    app = create_app(settings.with_(jwt_secret=SECRET, **changes), reranker=reranker, embedder=embedder)
+    app = create_app(settings.with_(jwt_secret=SECRET, ops_token=OPS_TOKEN, **changes), reranker=reranker,
+                     embedder=embedder)
     with TestClient(app) as client:
         yield client
 
@@ -154,7 +156,7 @@ def test_02_model_loaded_once_in_background_not_per_request(settings, tiny_model
             while not r.ready and time.monotonic() < deadline:
                 time.sleep(0.05)
             assert r.ready and r.load_attempts == 1
-            ready = client.get("/readyz").json()
+            ready = client.get("/readyz", headers=OPS).json()
             assert ready["model"]["ready"] is True
             for q in ("model once alpha invoice", "model once beta refund", "model once gamma export"):
                 body = ask(client, sample_tenant, q)
@@ -442,7 +444,7 @@ def test_19_model_failure_falls_back(kind, settings, embedder, sample_tenant, ow
                 deadline = time.monotonic() + 30
                 while rr.state != "failed" and time.monotonic() < deadline:
                     time.sleep(0.05)
-                ready = client.get("/readyz")
+                ready = client.get("/readyz", headers=OPS)
                 assert ready.status_code == 200 and ready.json()["model"]["ready"] is False
             for _ in range(2):  # keeps serving, and fallbacks are not cached
                 body = check(ask(client, sample_tenant, query))
@@ -452,7 +454,7 @@ def test_19_model_failure_falls_back(kind, settings, embedder, sample_tenant, ow
             assert cache_rows(owner_conn, sample_tenant, query) == []
             rows = audit_rows(owner_conn, sample_tenant, query)
             assert [(r[0], r[1]) for r in rows] == [("fallback", 2)] * 2
-            assert "fallback" in client.get("/metrics").text
+            assert "fallback" in client.get("/metrics", headers=OPS).text
     finally:
         if isinstance(rr, Reranker):
             rr.close()
@@ -530,7 +532,7 @@ def test_body_over_limit_is_413_before_parsing(api, sample_tenant):
 
 def test_health_ready_metrics_openapi(api, owner_conn):
     assert api.get("/healthz").status_code == 200
-    ready = api.get("/readyz")
+    ready = api.get("/readyz", headers=OPS)
     assert ready.status_code == 200, ready.text
     # readyz compares public.kb_alembic_version (readable by the app role) with the head
     assert ready.json()["database"] == "ok"
@@ -538,12 +540,12 @@ def test_health_ready_metrics_openapi(api, owner_conn):
     head = api.app.state.head_revision
     try:
         api.app.state.head_revision = "9999_from_the_future"  # the code is ahead of the database
-        behind = api.get("/readyz")
+        behind = api.get("/readyz", headers=OPS)
         assert behind.status_code == 503 and behind.json()["schema"] == "behind"
     finally:
         api.app.state.head_revision = head
     assert ready.json()["model"]["ready"] is True
-    metrics = api.get("/metrics")
+    metrics = api.get("/metrics", headers=OPS)
     assert metrics.status_code == 200
     for name in ("kb_rerank_http_requests_total", "kb_rerank_rerank_duration_seconds_bucket",
                  "kb_rerank_cache_hits_total", "kb_rerank_cache_misses_total", "kb_rerank_model_batch_seconds"):

@@ -333,3 +333,152 @@ def test_auth_error_reason_and_message(hs_cfg):
         tenant_from_authorization(None, hs_cfg)
     assert ei.value.reason == "missing_token"
     assert "missing_token" in str(ei.value)
+
+
+# --------------------------------------------------------------------------- issue 13 item 11
+
+
+DAY = 86400
+
+
+def test_lifetime_capped_by_exp_far_in_the_future(hs_cfg):
+    """A 100-year exp was accepted; now anything past max_lifetime_s (+ leeway) is refused."""
+    now = int(time.time())
+    century = _hs(_claims(iat=now, exp=now + 100 * 365 * DAY))
+    assert _reason(f"Bearer {century}", hs_cfg) == "lifetime_too_long"
+    no_iat = _hs(_claims(iat=None, exp=now + DAY + 3600))  # without iat, exp - now decides
+    assert _reason(f"Bearer {no_iat}", hs_cfg) == "lifetime_too_long"
+    as_string = _hs(_claims(iat=None, exp=str(now + 100 * 365 * DAY)))  # PyJWT takes numeric strings
+    assert _reason(f"Bearer {as_string}", hs_cfg) == "lifetime_too_long"
+    # exactly the default 24 h, and 24 h inside the leeway, are accepted
+    assert tenant_from_authorization(f"Bearer {_hs(_claims(iat=now, exp=now + DAY))}", hs_cfg) == TENANT
+    assert tenant_from_authorization(f"Bearer {_hs(_claims(iat=None, exp=now + DAY + 20))}", hs_cfg) == TENANT
+
+
+def test_lifetime_capped_by_exp_minus_iat(hs_cfg):
+    """A token issued long ago with a long life is refused even when its exp is near."""
+    now = int(time.time())
+    old_long = _hs(_claims(iat=now - 30 * DAY, exp=now + 3600))
+    assert _reason(f"Bearer {old_long}", hs_cfg) == "lifetime_too_long"
+    assert tenant_from_authorization(f"Bearer {_hs(_claims(iat=now - DAY + 60, exp=now + 60))}", hs_cfg) == TENANT
+
+
+def test_lifetime_cap_is_configurable():
+    now = int(time.time())
+    week = _hs(_claims(iat=now, exp=now + 7 * DAY))
+    assert tenant_from_authorization(f"Bearer {week}", JwtConfig(secret=SECRET, max_lifetime_s=7 * DAY)) == TENANT
+    assert _reason(f"Bearer {week}", JwtConfig(secret=SECRET)) == "lifetime_too_long"
+    short = JwtConfig(secret=SECRET, max_lifetime_s=300)
+    assert _reason(f"Bearer {_hs(_claims(iat=now, exp=now + 600))}", short) == "lifetime_too_long"
+    for bad in (0, -1, True, 1.5):
+        with pytest.raises(ValueError):
+            JwtConfig(secret=SECRET, max_lifetime_s=bad)
+
+
+def test_lifetime_setting_reaches_the_api_config():
+    from kb_rerank.api import jwt_config
+    from kb_rerank.settings import Settings
+
+    assert jwt_config(Settings(jwt_secret=SECRET)).max_lifetime_s == DAY
+    assert jwt_config(Settings.from_env({"KB_JWT_SECRET": SECRET, "KB_JWT_MAX_LIFETIME_S": "3600"})).max_lifetime_s == 3600
+
+
+@pytest.mark.parametrize("value", ["00000000-0000-0000-0000-000000000000", "ffffffff-ffff-ffff-ffff-ffffffffffff",
+                                   "FFFFFFFF-FFFF-FFFF-FFFF-FFFFFFFFFFFF", "00000000000000000000000000000000"])
+def test_nil_and_max_uuid_are_not_tenants(hs_cfg, value):
+    assert _reason(f"Bearer {_hs(_claims(tenant_id=value))}", hs_cfg) == "bad_tenant"
+
+
+def _no_server(*args, **kwargs):
+    raise AssertionError("uvicorn.run reached: the start-up checks let it through")
+
+
+def test_both_keys_configured_is_a_startup_error(rsa_keys, monkeypatch, capsys):
+    """Both KB_JWT_SECRET and KB_JWT_PUBLIC_KEY set silently chose HS256; now the app and
+    `kb-rerank serve` refuse to start, naming both."""
+    from kb_rerank import cli
+    from kb_rerank.api import create_app, jwt_config
+    from kb_rerank.settings import Settings
+
+    both = Settings(jwt_secret=SECRET, jwt_public_key=rsa_keys[1])
+    for build in (jwt_config, create_app):
+        with pytest.raises(ValueError) as ei:
+            build(both)
+        assert "KB_JWT_SECRET" in str(ei.value) and "KB_JWT_PUBLIC_KEY" in str(ei.value)
+    monkeypatch.setenv("KB_JWT_SECRET", SECRET)
+    monkeypatch.setenv("KB_JWT_PUBLIC_KEY", rsa_keys[1])
+    monkeypatch.setattr("uvicorn.run", _no_server)
+    assert cli.main(["serve", "--port", "1"]) == 2  # refused before uvicorn starts
+    err = capsys.readouterr().err
+    assert "KB_JWT_SECRET" in err and "KB_JWT_PUBLIC_KEY" in err
+    # each alone is fine
+    assert jwt_config(Settings(jwt_secret=SECRET)).algorithm == "HS256"
+    assert jwt_config(Settings(jwt_public_key=rsa_keys[1])).algorithm == "RS256"
+
+
+# --------------------------------------------------------------------------- issue 13 item 7: secrets
+
+
+PLACEHOLDERS = [
+    "change-me-to-a-secret-of-at-least-32-bytes",  # the old docker/compose.yaml value
+    "kb-rerank-dev-secret-do-not-use-in-production",  # `serve --dev`'s public secret
+    "CHANGEME-please-0123456789abcdefghijklmnop",
+    "my-example-jwt-secret-for-the-kb-rerank-api",
+    "secretsecretsecretsecretsecretsecret",
+    "your-256-bit-secret-xxxxxxxxxxxxxxxxxxxxxxx",
+    "a" * 64,
+    "0123456701234567012345670123456701234567",  # one short unit repeated
+    "abababababababababababababababab1",  # fewer than 8 distinct characters
+]
+
+
+@pytest.mark.parametrize("value", PLACEHOLDERS)
+def test_placeholder_and_weak_secrets_refused(value):
+    from kb_rerank.api import jwt_config
+    from kb_rerank.auth import check_secret
+    from kb_rerank.settings import Settings
+
+    with pytest.raises(ValueError) as ei:
+        check_secret("KB_JWT_SECRET", value)
+    assert "KB_JWT_SECRET" in str(ei.value)
+    with pytest.raises(ValueError):
+        jwt_config(Settings(jwt_secret=value))
+    with pytest.raises(ValueError) as ei:
+        jwt_config(Settings(jwt_secret=SECRET, ops_token=value))
+    assert "KB_OPS_TOKEN" in str(ei.value)
+
+
+def test_random_secrets_accepted():
+    import secrets
+
+    from kb_rerank.auth import check_secret
+
+    for _ in range(200):
+        check_secret("KB_JWT_SECRET", secrets.token_hex(16))  # 32 hex digits, the shortest accepted form
+        check_secret("KB_JWT_SECRET", secrets.token_urlsafe(32))
+    check_secret("KB_JWT_SECRET", SECRET)
+
+
+def test_serve_refuses_placeholder_secret_but_dev_mode_keeps_working(monkeypatch, capsys):
+    from kb_rerank import cli
+
+    monkeypatch.delenv("KB_JWT_PUBLIC_KEY", raising=False)
+    monkeypatch.delenv("KB_SERVE_DEV", raising=False)
+    monkeypatch.setenv("KB_JWT_SECRET", "change-me-to-a-secret-of-at-least-32-bytes")
+    monkeypatch.setattr("uvicorn.run", _no_server)
+    assert cli.main(["serve", "--port", "1"]) == 2
+    assert "KB_JWT_SECRET" in capsys.readouterr().err
+    # the development secret only with --dev
+    monkeypatch.setenv("KB_JWT_SECRET", cli.DEV_JWT_SECRET)
+    assert cli.main(["serve", "--port", "1"]) == 2
+    assert "placeholder" in capsys.readouterr().err
+    started = []
+    monkeypatch.setattr("uvicorn.run", lambda *a, **kw: started.append((a, kw)))
+    monkeypatch.delenv("KB_JWT_SECRET")
+    assert cli.main(["serve", "--dev", "--port", "1"]) == 0 and started
+    from kb_rerank.api import app_from_env
+
+    assert app_from_env().state.jwt.secret == cli.DEV_JWT_SECRET  # KB_SERVE_DEV=1 set by --dev
+    monkeypatch.delenv("KB_SERVE_DEV")
+    with pytest.raises(ValueError):
+        app_from_env()

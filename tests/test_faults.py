@@ -26,8 +26,8 @@ from kb_rerank.service import normalize_query, query_hash, query_hash_key
 from kb_rerank.settings import Settings
 
 from .live_server import (
-    SECRET, URL, FakeReranker, advisory_locks, bearer, busy_app_backends, ingest_small_tenant, metric_values,
-    serve_in_thread, wait_until,
+    OPS, OPS_TOKEN, SECRET, URL, FakeReranker, advisory_locks, bearer, busy_app_backends, ingest_small_tenant,
+    metric_values, serve_in_thread, wait_until,
 )
 
 
@@ -67,7 +67,7 @@ def own_server(embedder, tmp_path_factory):
 def test_database_stopped_under_load_fails_fast_and_recovers(own_server, embedder):
     pg, s, tenants = own_server
     db_timeout = 1.5
-    app = create_app(s.with_(jwt_secret=SECRET, db_timeout_s=db_timeout, statement_timeout_ms=2000,
+    app = create_app(s.with_(jwt_secret=SECRET, ops_token=OPS_TOKEN, db_timeout_s=db_timeout, statement_timeout_ms=2000,
                              rate_limit_per_minute=0),
                      reranker=FakeReranker(), embedder=embedder)
     records: list[dict] = []
@@ -96,7 +96,7 @@ def test_database_stopped_under_load_fails_fast_and_recovers(own_server, embedde
             marks["stop"] = time.monotonic()
             await asyncio.to_thread(db.stop_embedded, pg)
             marks["stopped"] = time.monotonic()
-            ready = await c.get("/readyz")
+            ready = await c.get("/readyz", headers=OPS)
             marks["readyz_down"] = ready.status_code
             marks["readyz_down_body"] = ready.json()
             await asyncio.sleep(3.0)
@@ -117,7 +117,7 @@ def test_database_stopped_under_load_fails_fast_and_recovers(own_server, embedde
 
     with serve_in_thread(app) as base:
         asyncio.run(scenario(base))
-        settled = wait_until(lambda: metric_values(httpx.get(base + "/metrics").text)["kb_rerank_inflight_keys"] == 0, 10)
+        settled = wait_until(lambda: metric_values(httpx.get(base + "/metrics", headers=OPS).text)["kb_rerank_inflight_keys"] == 0, 10)
 
     assert marks["same_url"]
     assert marks["readyz_down"] == 503 and marks["readyz_down_body"]["database"] == "unavailable"
@@ -221,7 +221,8 @@ def test_model_bad_output_falls_back_nan_never_reaches_a_response(kind, settings
 def test_concurrent_identical_requests_share_one_failing_model_call(settings, embedder, sample_tenant, owner_conn):
     rr = BlocksThenNaN()
     query = "model fault: concurrent identical requests"
-    app = create_app(settings.with_(jwt_secret=SECRET, rate_limit_per_minute=0), reranker=rr, embedder=embedder)
+    app = create_app(settings.with_(jwt_secret=SECRET, ops_token=OPS_TOKEN, rate_limit_per_minute=0),
+                     reranker=rr, embedder=embedder)
     with TestClient(app) as client:
         async def burst():
             async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as ac:
@@ -244,7 +245,7 @@ def test_concurrent_identical_requests_share_one_failing_model_call(settings, em
 
 def _clean(owner_conn, base):
     dbname = owner_conn.info.dbname
-    m = metric_values(httpx.get(base + "/metrics").text)
+    m = metric_values(httpx.get(base + "/metrics", headers=OPS).text)
     return (m["kb_rerank_inflight_keys"] == 0 and m["kb_rerank_db_pool_available"] == m["kb_rerank_db_pool_size"]
             and m["kb_rerank_db_pool_waiting"] == 0 and not busy_app_backends(owner_conn, dbname)
             and not advisory_locks(owner_conn, dbname))
@@ -253,7 +254,8 @@ def _clean(owner_conn, base):
 @pytest.mark.slow
 def test_client_disconnect_and_cancellation_leave_nothing_behind(settings, embedder, sample_tenant, owner_conn):
     rr = FakeReranker(delay_s=1.0)
-    app = create_app(settings.with_(jwt_secret=SECRET, rate_limit_per_minute=0), reranker=rr, embedder=embedder)
+    app = create_app(settings.with_(jwt_secret=SECRET, ops_token=OPS_TOKEN, rate_limit_per_minute=0),
+                     reranker=rr, embedder=embedder)
     with serve_in_thread(app) as base:
         # 1) clients that give up (read timeout: the connection is closed) mid-request
         async def impatient():
@@ -329,7 +331,8 @@ CORRUPT = {
 def test_corrupted_cache_row_is_a_miss_and_replaced(kind, settings, embedder, sample_tenant, owner_conn):
     query = f"corrupt cache {kind}: payment reminders"
     rr = FakeReranker()
-    app = create_app(settings.with_(jwt_secret=SECRET, rate_limit_per_minute=0), reranker=rr, embedder=embedder)
+    app = create_app(settings.with_(jwt_secret=SECRET, ops_token=OPS_TOKEN, rate_limit_per_minute=0),
+                     reranker=rr, embedder=embedder)
     with TestClient(app) as client:
         first = client.post(URL, json={"query": query}, headers=bearer(sample_tenant)).json()
         assert first["from_cache"] is False and first["results"]

@@ -18,7 +18,7 @@ from kb_rerank.api import RateLimiter, create_app
 from kb_rerank.db import tenant_transaction
 
 from .helpers import basis
-from .live_server import SECRET, URL, FakeReranker, bearer
+from .live_server import OPS, OPS_TOKEN, SECRET, URL, FakeReranker, bearer
 
 JSON = st.recursive(
     st.none() | st.booleans() | st.integers(min_value=-(2**80), max_value=2**80)
@@ -249,7 +249,8 @@ def _forge_hs_with(pub: str, tenant) -> str:
 
 
 def test_rate_limit_per_tenant_429_with_retry_after(settings, embedder, owner_conn):
-    app = create_app(settings.with_(jwt_secret=SECRET, rate_limit_per_minute=60, rate_limit_burst=5),
+    app = create_app(settings.with_(jwt_secret=SECRET, ops_token=OPS_TOKEN, rate_limit_per_minute=60,
+                                    rate_limit_burst=5),
                      reranker=FakeReranker(), embedder=embedder)
     noisy, quiet = uuid.uuid4(), uuid.uuid4()
     with TestClient(app) as client:
@@ -264,7 +265,7 @@ def test_rate_limit_per_tenant_429_with_retry_after(settings, embedder, owner_co
         assert client.post(URL, json={"query": "rate quiet"}, headers=bearer(quiet)).status_code == 200
         time.sleep(1.1)  # one token refills per second
         assert client.post(URL, json={"query": "rate after wait"}, headers=bearer(noisy)).status_code == 200
-        assert 'kb_rerank_rejected_total{reason="rate_limited"} 2.0' in client.get("/metrics").text
+        assert 'kb_rerank_rejected_total{reason="rate_limited"} 2.0' in client.get("/metrics", headers=OPS).text
     # the refused requests wrote nothing: 6 answered requests, 6 audit rows
     assert owner_conn.execute("select count(*) from kb.kb_rerank_audit where tenant_id = %s", [noisy]).fetchone()[0] == 6
     assert owner_conn.execute("select count(*) from kb.kb_rerank_audit where tenant_id = %s", [quiet]).fetchone()[0] == 1

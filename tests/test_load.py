@@ -32,7 +32,7 @@ from kb_rerank.settings import SOURCES, Settings
 from kb_rerank.tiny_model import build_tiny_cross_encoder
 
 from .live_server import (
-    SECRET, URL, bearer, busy_app_backends, advisory_locks, ingest_small_tenant, metric_values,
+    OPS, SECRET, URL, bearer, busy_app_backends, advisory_locks, ingest_small_tenant, metric_values,
     serve_process, wait_until,
 )
 
@@ -154,12 +154,12 @@ def test_load_32_clients(settings, owner_url, app_url, load_tenants, tmp_path):
         elapsed = time.monotonic() - t_start
         # ---- pool back to idle, nothing in flight (gauges added for this in /metrics)
         def idle():
-            m = metric_values(httpx.get(base + "/metrics", timeout=5).text)
+            m = metric_values(httpx.get(base + "/metrics", timeout=5, headers=OPS).text)
             ok = (m["kb_rerank_db_pool_available"] == m["kb_rerank_db_pool_size"] and
                   m["kb_rerank_db_pool_waiting"] == 0 and m["kb_rerank_inflight_keys"] == 0)
             return m if ok else None
         metrics = wait_until(idle, timeout=10)
-        assert metrics, httpx.get(base + "/metrics").text
+        assert metrics, httpx.get(base + "/metrics", headers=OPS).text
     server_log = log_path.read_text(errors="replace")
 
     # ---- responses: no 5xx, nothing but the provoked errors

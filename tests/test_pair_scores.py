@@ -16,6 +16,7 @@ from kb_rerank.service import normalize_query, query_hash, query_hash_key
 from kb_rerank.settings import Settings
 
 from .helpers import basis, insert_doc
+from .live_server import OPS
 from .test_api import SECRET, ask, bearer, client_for, reranker, tiny_model_dir  # noqa: F401 - module fixtures
 
 SOURCES3 = ("hybrid_lexical_semantic", "lexical_only", "semantic_only")
@@ -151,7 +152,7 @@ def test_same_query_other_sources_scores_only_new_pairs(settings, reranker, embe
         for source in SOURCES3:
             ask(client, sample_tenant, "  " + query.replace(" ", "   ") + " ", source)
         assert reranker.pairs_scored == before
-        metrics = client.get("/metrics").text
+        metrics = client.get("/metrics", headers=OPS).text
         assert "kb_rerank_pair_cache_hits_total" in metrics and "kb_rerank_pair_cache_misses_total" in metrics
 
 

@@ -15,14 +15,17 @@ Endpoints
 * ``GET /healthz`` -- 200 while the process runs.
 * ``GET /readyz`` -- 200 when the database answers and its schema is at the migrations'
   head (the model state is reported; a model still loading is not a 503 because
-  requests are served with the fallback); 503 otherwise.
-* ``GET /metrics`` -- Prometheus text, from a registry owned by the app.
+  requests are served with the fallback); 503 otherwise. Only ``{"status"}`` unless the
+  request carries ``Authorization: Bearer <ops_token>``.
+* ``GET /metrics`` -- Prometheus text, from a registry owned by the app; needs the ops
+  token (401 without it; 404 when no ops token is configured).
 * ``GET /schema/openapi.json`` and ``/schema`` (docs page).
 
 Errors are JSON: ``{"error": ..., ...}``. 401 ``unauthorized`` with ``reason``; 400
 ``invalid_json``; 422 ``invalid_request`` with ``field`` and ``detail`` (and ``allowed``
-for an unknown source); 413 ``payload_too_large`` (refused before parsing, from the
-Content-Length or while streaming); 429 ``rate_limited`` with ``Retry-After`` (per-tenant
+for an unknown source) -- bodies decoded by :mod:`kb_rerank.body`, as on the v2.py
+routes; 413 ``payload_too_large`` (refused while reading, from the Content-Length or as
+the streamed bytes pass the route's limit); 429 ``rate_limited`` with ``Retry-After`` (per-tenant
 token bucket: ``rate_limit_per_minute`` refill, ``rate_limit_burst`` size; 0 disables);
 503 ``database_unavailable`` with ``Retry-After`` when no database connection is had
 within ``db_timeout_s``. A rejected request
@@ -34,8 +37,10 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import hmac
 import logging
 import math
+import os
 import re
 import time
 import uuid
@@ -59,7 +64,9 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, G
 
 from . import __version__ as _version
 from . import db
-from .auth import AuthError, JwtConfig, tenant_from_authorization
+from . import body
+from .auth import AuthError, JwtConfig, check_secret, tenant_from_authorization
+from .body import ApiError  # noqa: F401 - the app's error type, defined with the body decoder
 from .service import (
     TRACE_ID,
     PipelineMetrics,
@@ -79,16 +86,6 @@ RERANK_PATH = "/v1/kb/search/rerank"
 # --------------------------------------------------------------------------- errors
 
 
-class ApiError(Exception):
-    """An error answered as JSON ``payload`` with ``status_code``."""
-
-    def __init__(self, status_code: int, payload: dict[str, Any], headers: dict[str, str] | None = None) -> None:
-        super().__init__(payload.get("error"))
-        self.status_code = status_code
-        self.payload = payload
-        self.headers = headers or {}
-
-
 def _trace_headers(request: Request) -> dict[str, str]:
     tid = request.scope.get("state", {}).get("trace_id")
     return {"X-Trace-Id": tid} if tid else {}
@@ -100,7 +97,14 @@ def _api_error_handler(request: Request, exc: ApiError) -> Response:
 
 
 def _too_large_handler(request: Request, exc: RequestEntityTooLarge) -> Response:
-    limit = request.app.state.settings.max_body_bytes
+    # Raised by Litestar while reading the body: from the Content-Length before reading
+    # anything, or as soon as the streamed bytes pass the route's limit, so at most one
+    # limit's worth is ever held. uvicorn then discards the rest of the upload unbuffered;
+    # the connection is not closed early, so that the client reads this answer (an early
+    # close resets the connection under a client still sending, losing the 413).
+    handler = request.scope.get("route_handler")
+    limit = handler.resolve_request_max_body_size() if handler is not None else None
+    limit = limit if limit is not None else request.app.state.settings.max_body_bytes
     return Response({"error": "payload_too_large", "field": None, "detail": f"request body over {limit} bytes"},
                     status_code=413, headers=_trace_headers(request), media_type=MediaType.JSON)
 
@@ -171,32 +175,16 @@ class RateLimiter:
 # --------------------------------------------------------------------------- request body
 
 
-_FIELD_AT = re.compile(r"at `\$\.([^`\[]+)")
-_UNKNOWN = re.compile(r"unknown field `([^`]+)`")
-_MISSING = re.compile(r"missing required field `([^`]+)`")
-
-
-def _invalid(field: str | None, detail: str, **extra: Any) -> ApiError:
-    return ApiError(422, {"error": "invalid_request", "field": field, "detail": detail, **extra})
+_invalid = body.invalid
 
 
 def parse_request(raw: bytes, settings: Settings) -> RerankRequest:
-    """Decode and validate the body; raise ApiError naming the field."""
-    try:
-        obj = msgspec.json.decode(raw)
-    except (msgspec.DecodeError, RecursionError) as exc:  # RecursionError: nesting too deep
-        raise ApiError(400, {"error": "invalid_json", "field": None, "detail": str(exc)}) from None
-    if not isinstance(obj, dict):
-        raise _invalid(None, "the body must be a JSON object {\"query\": ..., \"source\": ...}")
+    """Decode and validate the body (:mod:`kb_rerank.body`); raise ApiError naming the field."""
+    obj = body.decode_object(raw)
     source = obj.get("source", None)
     if "source" in obj and (not isinstance(source, str) or source not in SOURCES):
         raise _invalid("source", "source must be one of: " + ", ".join(SOURCES), allowed=list(SOURCES))
-    try:
-        req = msgspec.convert(obj, RerankRequest)
-    except msgspec.ValidationError as exc:
-        msg = str(exc)
-        m = _UNKNOWN.search(msg) or _MISSING.search(msg) or _FIELD_AT.search(msg)
-        raise _invalid(m.group(1) if m else None, msg) from None
+    req = body.convert(obj, RerankRequest)
     q = req.query
     if "\x00" in q:
         raise _invalid("query", "query must not contain NUL characters")
@@ -378,8 +366,38 @@ async def _db_revision(pool, timeout: float) -> str | None:
         return row[0] if row else None
 
 
+# Operational endpoints. /metrics (tenant-independent but revealing: traffic, pool, model
+# timings) and the detail of /readyz (model name and last load error, schema revision,
+# exception names) are for operators only. Chosen: a bearer ops token (KB_OPS_TOKEN) on the
+# same listener, not a second listener, because it holds with `--workers N` and behind any
+# proxy or port mapping (a second port is easily published by mistake, e.g. the old
+# compose file's 0.0.0.0), and Prometheus sends bearer tokens natively
+# (`authorization: {credentials: ...}`). Without KB_OPS_TOKEN /metrics is 404 and /readyz
+# answers only {"status"} (its status code is unchanged, for load balancers); /healthz is
+# public.
+
+
+def _ops_authorized(request: Request) -> bool:
+    """True when ``Authorization: Bearer <KB_OPS_TOKEN>`` matches (constant-time compare)."""
+    expected = request.app.state.settings.ops_token
+    if not expected:
+        return False
+    scheme, _, presented = (request.headers.get("authorization") or "").partition(" ")
+    if scheme.lower() != "bearer":
+        return False
+    return hmac.compare_digest(presented.strip().encode("utf-8"), expected.encode("utf-8"))
+
+
+def _ops_denied(request: Request) -> ApiError:
+    if not request.app.state.settings.ops_token:
+        return ApiError(404, {"error": "not_found", "detail": "/metrics is disabled: set KB_OPS_TOKEN"})
+    request.app.state.metrics.rejected.labels("unauthorized").inc()
+    return ApiError(401, {"error": "unauthorized", "reason": "ops_token"},
+                    headers={"WWW-Authenticate": 'Bearer realm="kb-rerank-ops"'})
+
+
 @get("/readyz")
-async def readyz(state: State) -> Response[dict[str, Any]]:
+async def readyz(request: Request, state: State) -> Response[dict[str, Any]]:
     info: dict[str, Any] = {"head_revision": state.head_revision}
     rr = state.reranker
     model_state = getattr(rr, "state", "ready" if getattr(rr, "ready", True) else "not_loaded")
@@ -403,11 +421,15 @@ async def readyz(state: State) -> Response[dict[str, Any]]:
         info["error"] = type(exc).__name__
         status = 503
     info["status"] = "ready" if status == 200 else "not_ready"
+    if not _ops_authorized(request):
+        return Response({"status": info["status"]}, status_code=status)  # coarse: no internal detail
     return Response(info, status_code=status)
 
 
 @get("/metrics", media_type=CONTENT_TYPE_LATEST, include_in_schema=False)
-async def metrics_handler(state: State) -> Response[bytes]:
+async def metrics_handler(request: Request, state: State) -> Response[bytes]:
+    if not _ops_authorized(request):
+        raise _ops_denied(request)
     m: ApiMetrics = state.metrics
     m.model_ready.set(1 if getattr(state.reranker, "ready", False) else 0)
     if state.pool is not None:
@@ -554,25 +576,40 @@ async def _lifespan(app: Litestar):
 # --------------------------------------------------------------------------- factory
 
 
-def jwt_config(settings: Settings) -> JwtConfig:
+def jwt_config(settings: Settings, *, allow_dev_secret: bool = False) -> JwtConfig:
+    """The token verification config; refuses what would be unsafe to serve with: no key,
+    both keys (which one would verify is a guess), a placeholder or weak secret, an
+    ops token that is one. ``allow_dev_secret``: accept the public development secret
+    (``kb-rerank serve --dev`` only)."""
+    from .cli import DEV_JWT_SECRET  # the CLI owns the development secret
+
     if not settings.jwt_secret and not settings.jwt_public_key:
         raise ValueError("set KB_JWT_SECRET (HS256) or KB_JWT_PUBLIC_KEY (RS256): the API verifies Bearer tokens")
+    if settings.jwt_secret and settings.jwt_public_key:
+        raise ValueError("both KB_JWT_SECRET and KB_JWT_PUBLIC_KEY are set: set exactly one "
+                         "(KB_JWT_SECRET for HS256 or KB_JWT_PUBLIC_KEY for RS256)")
+    if settings.jwt_secret and not (allow_dev_secret and settings.jwt_secret == DEV_JWT_SECRET):
+        check_secret("KB_JWT_SECRET", settings.jwt_secret)
+    if settings.ops_token:
+        check_secret("KB_OPS_TOKEN", settings.ops_token)
     return JwtConfig(
         secret=settings.jwt_secret or None,
-        public_key=None if settings.jwt_secret else settings.jwt_public_key,
+        public_key=settings.jwt_public_key or None,
         issuer=settings.jwt_issuer,
         audience=settings.jwt_audience,
+        max_lifetime_s=settings.jwt_max_lifetime_s,
     )
 
 
-def create_app(settings: Settings, *, reranker=None, embedder=None) -> Litestar:
+def create_app(settings: Settings, *, reranker=None, embedder=None, dev: bool = False) -> Litestar:
     """A new app for ``settings``. ``reranker`` / ``embedder`` given here are used as they
-    are (and not closed at shutdown); when None they are built by the lifespan."""
+    are (and not closed at shutdown); when None they are built by the lifespan. ``dev``:
+    accept the public development secret (``kb-rerank serve --dev``)."""
     install_trace_log_records()
     metrics = ApiMetrics()
     state = State({
         "settings": settings,
-        "jwt": jwt_config(settings),
+        "jwt": jwt_config(settings, allow_dev_secret=dev),
         "metrics": metrics,
         "reranker": reranker,
         "embedder": embedder,
@@ -582,10 +619,18 @@ def create_app(settings: Settings, *, reranker=None, embedder=None) -> Litestar:
         "pool": None,
         "service": None,
     })
-    v1 = Router(path="/", route_handlers=[rerank_handler], guards=[_auth_guard])
-    from .v2 import routes as v2_routes  # imported here: kb_rerank.v2 imports this module
+    from .v2 import context_handler, v2_rerank_handler  # imported here: kb_rerank.v2 imports this module
 
-    v1.register(v2_routes())  # POST /v1/kb/context, POST /v2/rerank
+    # Each body route's limit is set here from the settings, on a router of its own, so it is
+    # the limit Litestar enforces while reading (from the Content-Length before reading, then
+    # on the bytes streamed): nothing over it is buffered. The handlers set no limit of their
+    # own (a handler's would win over its router's).
+    v1 = Router(path="/", guards=[_auth_guard], route_handlers=[
+        Router(path="/", route_handlers=[rerank_handler, context_handler],
+               request_max_body_size=settings.max_body_bytes),  # POST /v1/kb/search/rerank, /v1/kb/context
+        Router(path="/", route_handlers=[v2_rerank_handler],
+               request_max_body_size=settings.v2_max_body_bytes),  # POST /v2/rerank
+    ])
     return Litestar(
         route_handlers=[v1, healthz, readyz, metrics_handler],
         state=state,
@@ -608,5 +653,6 @@ def create_app(settings: Settings, *, reranker=None, embedder=None) -> Litestar:
 
 
 def app_from_env() -> Litestar:
-    """uvicorn factory (``kb-rerank serve``): settings from ``KB_*``."""
-    return create_app(Settings.from_env())
+    """uvicorn factory (``kb-rerank serve``): settings from ``KB_*``. ``KB_SERVE_DEV=1`` is
+    set by ``kb-rerank serve --dev`` (inherited by the workers) to accept the dev secret."""
+    return create_app(Settings.from_env(), dev=os.environ.get("KB_SERVE_DEV") == "1")

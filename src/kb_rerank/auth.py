@@ -19,6 +19,14 @@ Security rules enforced here:
   with the audience must reject the token).
 * HS256 secrets must be at least 32 bytes (RFC 7518 section 3.2); RSA keys must be at
   least 2048 bits. Both are checked when the :class:`JwtConfig` is built.
+* Lifetime is capped (``max_lifetime_s``, default 24 h): a token whose ``exp`` is more
+  than that (+ leeway) in the future, or whose ``exp - iat`` is longer, is rejected
+  (``lifetime_too_long``): a leaked long-lived token would otherwise work for years.
+* The nil UUID and the max UUID are not tenants (``bad_tenant``): they are sentinels
+  (``pair_cache.NO_CHUNK`` is the nil UUID), never a real tenant's id.
+* :func:`check_secret` refuses placeholder and low-entropy secrets (the example
+  deployment's, the development secret, one repeated character...); the API and
+  ``kb-rerank serve`` call it at start-up.
 
 Every rejection raises :class:`AuthError` whose ``reason`` is one of
 :data:`REASONS` (a short machine-readable string, safe to return to clients).
@@ -26,6 +34,7 @@ Every rejection raises :class:`AuthError` whose ``reason`` is one of
 
 from __future__ import annotations
 
+import re
 import time
 import uuid
 from dataclasses import dataclass
@@ -39,6 +48,7 @@ __all__ = [
     "REASONS",
     "AuthError",
     "JwtConfig",
+    "check_secret",
     "mint_token",
     "tenant_from_authorization",
     "verify_token",
@@ -56,13 +66,44 @@ REASONS = frozenset(
         "bad_audience",  # aud missing/mismatching (or present while none is configured)
         "bad_issuer",  # iss missing/mismatching when an issuer is configured
         "missing_tenant",  # tenant claim absent
-        "bad_tenant",  # tenant claim present but not a UUID string
+        "bad_tenant",  # tenant claim present but not a UUID string, or the nil / max UUID
+        "lifetime_too_long",  # exp further than max_lifetime_s (+ leeway) away, or exp - iat longer
     }
 )
 
 _MIN_HMAC_KEY_BYTES = 32  # RFC 7518 section 3.2: key >= hash output size (SHA-256)
 _MIN_RSA_BITS = 2048
 _MAX_TOKEN_CHARS = 16_384  # far above any sane JWT; bounds the work an attacker can cause
+_NOT_TENANTS = (uuid.UUID(int=0), uuid.UUID(int=(1 << 128) - 1))  # nil and max UUID: sentinels
+
+# Secrets shipped in this repository or in well-known examples: anyone can read them.
+# Compared after lower-casing and dropping everything but letters and digits.
+_KNOWN_PLACEHOLDERS = (
+    "changemetoasecretofatleast32bytes",  # docker/compose.yaml before issue 13
+    "kbrerankdevsecretdonotuseinproduction",  # cli.DEV_JWT_SECRET (`serve --dev` only)
+    "your256bitsecret",  # jwt.io's default
+)
+_PLACEHOLDER_WORDS = ("changeme", "example", "placeholder", "replaceme", "yoursecret", "your256bitsecret",
+                      "secretsecret", "donotuse", "insecure", "notasecret")
+_MIN_DISTINCT_CHARS = 8  # 32 random hex digits have 14 on average; fewer than 8 has p < 1e-6
+_LONG_RUN = re.compile(r"(.)\1{7}")  # one character 8 times in a row (p ~ 1e-7 in 64 random hex digits)
+
+
+def check_secret(name: str, value: str, *, min_bytes: int = _MIN_HMAC_KEY_BYTES) -> None:
+    """Raise ValueError naming ``name`` when ``value`` is too short, a known placeholder
+    (or contains a placeholder word such as 'change-me' or 'example'), or of low entropy
+    (fewer than 8 distinct characters, one short unit repeated, or a long run of one character). Generate one with
+    ``openssl rand -hex 32``."""
+    hint = "; generate one with `openssl rand -hex 32`"
+    if len(value.encode("utf-8")) < min_bytes:
+        raise ValueError(f"{name} must be at least {min_bytes} bytes{hint}")
+    folded = "".join(ch for ch in value.lower() if ch.isalnum())
+    if folded in _KNOWN_PLACEHOLDERS or any(w in folded for w in _PLACEHOLDER_WORDS):
+        raise ValueError(f"{name} is a placeholder or published example value, which anyone can read{hint}")
+    n = len(value)
+    periodic = any(n % k == 0 and value == value[:k] * (n // k) for k in range(1, n // 2 + 1))
+    if len(set(value)) < _MIN_DISTINCT_CHARS or periodic or _LONG_RUN.search(value):
+        raise ValueError(f"{name} has too little entropy (too few distinct characters or a repeated pattern){hint}")
 
 
 class AuthError(Exception):
@@ -91,6 +132,7 @@ class JwtConfig:
     audience: str | None = None
     leeway_s: int = 30
     tenant_claim: str = "tenant_id"
+    max_lifetime_s: int = 86400  # exp at most this far ahead, and exp - iat at most this
 
     def __post_init__(self) -> None:
         if (self.secret is None) == (self.public_key is None):
@@ -106,6 +148,9 @@ class JwtConfig:
             raise ValueError("leeway_s must be a non-negative int")
         if not self.tenant_claim:
             raise ValueError("tenant_claim must be a non-empty claim name")
+        if isinstance(self.max_lifetime_s, bool) or not isinstance(self.max_lifetime_s, int) \
+                or self.max_lifetime_s <= 0:
+            raise ValueError("max_lifetime_s must be a positive int (seconds)")
 
     @property
     def algorithm(self) -> str:
@@ -148,13 +193,25 @@ def verify_token(token: str, cfg: JwtConfig) -> dict[str, Any]:
     """Verify ``token`` (the bare JWT, no "Bearer ") and return its claims.
 
     Checks signature (configured algorithm only), ``exp`` (required), ``nbf`` /
-    ``iat`` (when present) and ``iss`` / ``aud`` (when configured). Does not look
-    at the tenant claim. Raises :class:`AuthError`.
+    ``iat`` (when present), ``iss`` / ``aud`` (when configured) and the lifetime cap.
+    Does not look at the tenant claim. Raises :class:`AuthError`.
     """
     if not token:
         raise AuthError("missing_token")
     if len(token) > _MAX_TOKEN_CHARS:
         raise AuthError("malformed", "token too long")
+    claims = _decode(token, cfg)
+    # PyJWT has checked that int() takes exp (and iat when present): numbers or numeric strings.
+    exp = int(claims["exp"])
+    iat = int(claims["iat"]) if claims.get("iat") is not None else None
+    if exp > time.time() + cfg.max_lifetime_s + cfg.leeway_s:
+        raise AuthError("lifetime_too_long", f"exp is more than {cfg.max_lifetime_s} s in the future")
+    if iat is not None and exp - iat > cfg.max_lifetime_s:
+        raise AuthError("lifetime_too_long", f"exp - iat is more than {cfg.max_lifetime_s} s")
+    return claims
+
+
+def _decode(token: str, cfg: JwtConfig) -> dict[str, Any]:
     try:
         return jwt.decode(
             token,
@@ -217,9 +274,12 @@ def _parse_tenant(claims: dict[str, Any], claim: str) -> uuid.UUID:
     if not isinstance(value, str):
         raise AuthError("bad_tenant", f"claim {claim!r} must be a UUID string")
     try:
-        return uuid.UUID(value)
+        tenant = uuid.UUID(value)
     except ValueError:
         raise AuthError("bad_tenant", f"claim {claim!r} is not a UUID") from None
+    if tenant in _NOT_TENANTS:
+        raise AuthError("bad_tenant", f"claim {claim!r} is a reserved UUID (nil or max)")
+    return tenant
 
 
 def tenant_from_authorization(header: str | None, cfg: JwtConfig) -> uuid.UUID:

@@ -193,7 +193,11 @@ def _demo_http(settings: Settings) -> None:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     base = f"http://127.0.0.1:{port}"
-    env = {**os.environ, "KB_JWT_SECRET": settings.jwt_secret or DEV_JWT_SECRET}
+    import secrets
+
+    # a one-off ops token, to read the model state from /readyz (its detail needs one)
+    env = {**os.environ, "KB_JWT_SECRET": settings.jwt_secret or DEV_JWT_SECRET,
+           "KB_OPS_TOKEN": settings.ops_token or secrets.token_hex(32)}
     server = subprocess.Popen([sys.executable, "-m", "kb_rerank.cli", "serve", "--dev", "--host", "127.0.0.1",
                                "--port", str(port)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
@@ -201,7 +205,9 @@ def _demo_http(settings: Settings) -> None:
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline and server.poll() is None:
             try:
-                with urllib.request.urlopen(base + "/readyz", timeout=2) as r:
+                probe = urllib.request.Request(base + "/readyz",
+                                               headers={"Authorization": "Bearer " + env["KB_OPS_TOKEN"]})
+                with urllib.request.urlopen(probe, timeout=2) as r:
                     ready = json.loads(r.read())
                 if ready.get("model", {}).get("state") not in ("loading", "not_loaded"):
                     break
@@ -239,7 +245,11 @@ def _demo_http(settings: Settings) -> None:
             server.kill()
 
 def cmd_serve(args, settings: Settings) -> int:
+    """Start-up checks, then uvicorn. Needs only the app role's URL (KB_APP_DATABASE_URL):
+    serving never uses the owner URL; migrations are `kb-rerank migrate`, run apart."""
     import uvicorn
+
+    from .api import jwt_config
 
     if not (settings.jwt_secret or settings.jwt_public_key):
         if not args.dev:
@@ -247,8 +257,17 @@ def cmd_serve(args, settings: Settings) -> int:
                   "or pass --dev to use the fixed development secret", file=sys.stderr)
             return 2
         os.environ["KB_JWT_SECRET"] = DEV_JWT_SECRET  # inherited by uvicorn workers
+        settings = settings.with_(jwt_secret=DEV_JWT_SECRET)
         print(f"WARNING: --dev: tokens are verified with the fixed development secret {DEV_JWT_SECRET!r}; "
               "anyone can mint tokens for any tenant. Never use --dev in production.", file=sys.stderr)
+    if args.dev:
+        os.environ["KB_SERVE_DEV"] = "1"  # the app accepts the dev secret (api.app_from_env)
+    try:
+        # both keys set, a placeholder or weak secret or ops token: refuse before listening
+        jwt_config(settings, allow_dev_secret=args.dev)
+    except ValueError as exc:
+        print(f"kb-rerank: error: {exc}", file=sys.stderr)
+        return 2
     host = args.host or settings.host
     port = args.port or settings.port
     uvicorn.run("kb_rerank.api:app_from_env", factory=True, host=host, port=port,

@@ -104,6 +104,10 @@ class Settings:
     # Guard detectors (issue 13: time budget off the event loop)
 
     # Operational endpoints (issue 13: /metrics, /readyz detail)
+    # /metrics and the detail of /readyz need `Authorization: Bearer <ops_token>`; unset: /metrics
+    # answers 404 and /readyz only its coarse status (docs in api.py, _ops_authorized).
+    ops_token: str | None = None  # KB_OPS_TOKEN: at least 32 bytes, not a placeholder
+    jwt_max_lifetime_s: int = 86400  # KB_JWT_MAX_LIFETIME_S: refuse tokens whose exp is further away / exp - iat longer
 
     extra: Mapping[str, Any] = field(default_factory=dict)
 

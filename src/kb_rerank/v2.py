@@ -3,8 +3,10 @@
 Both routes sit behind the same guard as ``POST /v1/kb/search/rerank`` (Bearer JWT ->
 tenant, per-tenant rate limit, trace id from ``traceparent`` / ``X-Trace-Id``), answer
 errors as ``{"error", "field", "detail"}`` (400 invalid JSON, 422 naming the field, 413
-too large) and write a hash-chained audit row per served request. :func:`routes` returns
-them for ``api.create_app`` to register inside its guarded router.
+too large; bodies decoded by :mod:`kb_rerank.body`, as the rerank route's) and write a
+hash-chained audit row per served request. ``api.create_app`` registers the two handlers
+inside its guarded router, each with its body limit (``max_body_bytes`` for the context
+route, ``v2_max_body_bytes`` for ``/v2/rerank``), enforced while the body is read.
 
 POST /v1/kb/context
 -------------------
@@ -52,7 +54,7 @@ document?: {text}, tier, final_score, mmr: {penalty, max_sim}}], meta: {...}}``;
 ``relevance_score`` is the cross-encoder's score (0..1) and results come in final order.
 No database search: at most ``v2_max_documents`` documents of at most
 ``v2_max_document_chars`` characters (422 ``documents`` / ``documents[i].text``
-otherwise), body up to ``v2_max_body_bytes`` (413). ``max_tokens_per_doc`` truncates each
+otherwise), body up to ``v2_max_body_bytes`` (413, refused while reading). ``max_tokens_per_doc`` truncates each
 document to that many whitespace-separated tokens before scoring. When more than
 ``rerank_max_candidates`` documents are given, the best by caller scores (RRF of the bm25
 and cosine ranks when given, else input order) are scored and the rest are dropped
@@ -83,11 +85,12 @@ from typing import Annotated, Any
 
 import msgspec
 import numpy as np
-from litestar import Request, Response, Router, post
+from litestar import Request, Response, post
 from litestar.datastructures import State
 
 from . import audit, cache, context, guard, pair_cache, ranking, search
-from .api import ApiError  # the app's error type (its auth guard runs in api.create_app's router)
+from . import body
+from .body import ApiError  # the app's error type (its auth guard runs in api.create_app's router)
 from .db import atenant_transaction
 from .rerank import RerankerTimeout, RerankerUnavailable
 from .service import TRACE_ID, canonical_json, normalize_query  # noqa: F401 - canonical_json re-exported
@@ -101,8 +104,6 @@ CONTEXT_SOURCE = "hybrid_lexical_semantic"
 V2_SOURCE = "caller_documents"
 CACHE_KIND_CONTEXT = "kb_context_v1"
 CACHE_KIND_V2 = "kb_v2_rerank_v1"
-# Route-level body ceiling; the settings' v2_max_body_bytes is checked under it.
-V2_HARD_BODY_LIMIT = 64 * 1024 * 1024
 POLICIES = ("exclude", "demote", "allow")
 
 Lambda = Annotated[float, msgspec.Meta(ge=0.0, le=1.0)]
@@ -159,36 +160,8 @@ class V2Request(msgspec.Struct, forbid_unknown_fields=True, rename={"lam": "lamb
 # --------------------------------------------------------------------------- parsing
 
 
-_AT = re.compile(r"at `\$\.?([^`]*)`")
-_UNKNOWN = re.compile(r"unknown field `([^`]+)`")
-_MISSING = re.compile(r"missing required field `([^`]+)`")
-
-
-def _invalid(fld: str | None, detail: str) -> ApiError:
-    return ApiError(422, {"error": "invalid_request", "field": fld, "detail": detail})
-
-
-def _field_of(msg: str) -> str | None:
-    at = _AT.search(msg)
-    path = at.group(1) if at else ""
-    m = _UNKNOWN.search(msg) or _MISSING.search(msg)
-    if m:
-        return f"{path}.{m.group(1)}" if path else m.group(1)
-    return path or None
-
-
-def _decode(raw: bytes, typ: type) -> Any:
-    try:
-        obj = msgspec.json.decode(raw)
-    except msgspec.DecodeError as exc:
-        raise ApiError(400, {"error": "invalid_json", "field": None, "detail": str(exc)}) from None
-    if not isinstance(obj, dict):
-        raise _invalid(None, "the body must be a JSON object")
-    try:
-        return msgspec.json.decode(raw, type=typ)
-    except msgspec.ValidationError as exc:
-        msg = str(exc)
-        raise _invalid(_field_of(msg), msg) from None
+_invalid = body.invalid
+_decode = body.decode  # the one body decoder of every JSON route
 
 
 def _check_query(q: str, settings: Settings) -> None:
@@ -209,9 +182,8 @@ def parse_context_request(raw: bytes, settings: Settings) -> ContextRequest:
 
 
 def parse_v2_request(raw: bytes, settings: Settings) -> V2Request:
-    if len(raw) > settings.v2_max_body_bytes:
-        raise ApiError(413, {"error": "payload_too_large", "field": None,
-                             "detail": f"request body over {settings.v2_max_body_bytes} bytes"})
+    # The body limit (v2_max_body_bytes) is the route's request_max_body_size: a larger body
+    # was refused with 413 while it was read, before it reached here.
     req: V2Request = _decode(raw, V2Request)
     _check_query(req.query, settings)
     n = len(req.documents)
@@ -838,15 +810,9 @@ async def rerank_v2(state: State, tenant: uuid.UUID, req: V2Request, trace_id: s
     return body
 
 
-@post(V2_RERANK_PATH, status_code=200, request_max_body_size=V2_HARD_BODY_LIMIT,
+@post(V2_RERANK_PATH, status_code=200,
       summary="Rerank caller-supplied documents (Cohere v2 shape)",
       description="Cross-encoder scores, MMR diversity, tiers; no database search.")
 async def v2_rerank_handler(request: Request, state: State) -> Response[dict[str, Any]]:
     return await _serve(request, state, parse_v2_request, rerank_v2)
-
-
-def routes() -> Router:
-    """The two routes without guards, for ``api.create_app`` to register inside its
-    guarded ``v1`` router (``v1.register(routes())``: the auth guard runs once)."""
-    return Router(path="/", route_handlers=[context_handler, v2_rerank_handler])
 

@@ -339,7 +339,7 @@ def test_verify_command_accepts_a_clean_chain(app_conn, tenant, monkeypatch, own
     assert "3 MACs verified" in capsys.readouterr().out
 
 
-def test_replayed_row_is_refused(app_conn, tenant):
+def test_replayed_row_is_refused(app_conn, tenant, owner_url):
     real = _row(app_conn, tenant)
     with pytest.raises(psycopg.errors.UniqueViolation):
         with tenant_transaction(app_conn, tenant):
@@ -347,6 +347,18 @@ def test_replayed_row_is_refused(app_conn, tenant):
                 "select kb.audit_append(kind, severity, source, query_hash, trace_id, model, candidate_count,"
                 " returned_count, duration_ms, detail, mac, nonce, key_id)"
                 " from kb.kb_rerank_audit where seq = %s", [real["seq"]])
+    # the same row replayed into another tenant's chain is stored (its own chain) but never
+    # verifies: the tenant is inside the MAC
+    other = uuid.uuid4()
+    with tenant_transaction(app_conn, other):
+        moved = app_conn.execute(
+            "select seq from kb.audit_append(%s, %s::smallint, %s, %s, %s, %s, %s, %s, %s::real, %s, %s, %s, %s)",
+            [real[k] for k in ("kind", "severity", "source", "query_hash", "trace_id", "model", "candidate_count",
+                               "returned_count", "duration_ms", "detail", "mac", "nonce", "key_id")]).fetchone()[0]
+    with psycopg.connect(owner_url) as conn:
+        assert audit.verify_macs(conn, [KEY], tenant_id=tenant).ok
+        assert [(p.seq, p.reason) for p in audit.verify_macs(conn, [KEY], tenant_id=other).problems] == [
+            (moved, "forged")]
 
 
 def test_mac_covers_every_field_and_the_tenant(tenant):
@@ -450,3 +462,35 @@ def test_downgrade_0009_and_up_again_keeps_the_chain(server_url):
     assert report.ok and report.checked == 1 and report.legacy == 2
     with psycopg.connect(server_url, autocommit=True) as conn:
         conn.execute(f'drop database "{name}" with (force)')
+
+
+def test_eviction_loop_evicts_through_the_maintenance_url(owner_url, app_conn, tenant):
+    """The app's periodic loop connects with the maintenance URL (not the app pool) and evicts."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from kb_rerank.api import _evict_loop
+    from kb_rerank.settings import Settings
+
+    with tenant_transaction(app_conn, tenant):
+        app_conn.execute("insert into kb.kb_rerank_cache (cache_id, tenant_id, query_hash, source, results_jsonb,"
+                         " expires_at) values (gen_random_uuid(), kb.current_tenant(), repeat('e', 64),"
+                         " 'lexical_only', '[]', now() - interval '1 minute')")
+    counted: list[int] = []
+    state = SimpleNamespace(settings=Settings(evict_interval_s=1), db_timeout_s=5.0,
+                            metrics=SimpleNamespace(evicted=SimpleNamespace(inc=counted.append)))
+
+    async def run():
+        task = asyncio.create_task(_evict_loop(SimpleNamespace(state=state), owner_url))
+        for _ in range(100):
+            await asyncio.sleep(0.1)
+            if counted:
+                break
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(run())
+    assert counted and counted[0] >= 1
+    with tenant_transaction(app_conn, tenant):
+        assert app_conn.execute("select count(*) from kb.kb_rerank_cache").fetchone()[0] == 0

@@ -18,7 +18,6 @@ import hashlib
 import hmac
 import uuid
 
-import psycopg
 import pytest
 from litestar.testing import TestClient
 

@@ -89,8 +89,9 @@ from litestar import Request, Response, post
 from litestar.datastructures import State
 
 from . import audit, cache, context, guard, pair_cache, ranking, search
-from . import body
 from .body import ApiError  # the app's error type (its auth guard runs in api.create_app's router)
+from .body import decode as _decode  # the one body decoder of every JSON route
+from .body import invalid as _invalid
 from .db import atenant_transaction
 from .rerank import RerankerTimeout, RerankerUnavailable
 from .service import TRACE_ID, canonical_json, normalize_query  # noqa: F401 - canonical_json re-exported
@@ -158,10 +159,6 @@ class V2Request(msgspec.Struct, forbid_unknown_fields=True, rename={"lam": "lamb
 
 
 # --------------------------------------------------------------------------- parsing
-
-
-_invalid = body.invalid
-_decode = body.decode  # the one body decoder of every JSON route
 
 
 def _check_query(q: str, settings: Settings) -> None:

@@ -482,3 +482,35 @@ def test_serve_refuses_placeholder_secret_but_dev_mode_keeps_working(monkeypatch
     monkeypatch.delenv("KB_SERVE_DEV")
     with pytest.raises(ValueError):
         app_from_env()
+
+
+def test_serve_requires_strong_server_keys_in_a_deployment(monkeypatch, capsys, tmp_path):
+    """A deployment (the app role's URL given, no --dev) must set KB_AUDIT_KEY and
+    KB_QUERY_HASH_KEY: a generated key file is per machine, so replicas (or a container
+    restarted without a volume) would disagree. A set key must not be a placeholder."""
+    import secrets
+
+    from kb_rerank import cli
+
+    started = []
+    monkeypatch.setattr("uvicorn.run", lambda *a, **kw: started.append(kw))
+    monkeypatch.setenv("KB_JWT_SECRET", secrets.token_hex(32))
+    monkeypatch.setenv("KB_DATA_DIR", str(tmp_path / "data"))
+    monkeypatch.setenv("KB_APP_DATABASE_URL", "postgresql://cyberos_app@db/kb")
+    for name in ("KB_AUDIT_KEY", "KB_QUERY_HASH_KEY", "KB_JWT_PUBLIC_KEY", "KB_OPS_TOKEN", "KB_SERVE_DEV"):
+        monkeypatch.delenv(name, raising=False)
+    assert cli.main(["serve", "--port", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "KB_AUDIT_KEY" in err and "KB_QUERY_HASH_KEY" in err and not started
+    monkeypatch.setenv("KB_AUDIT_KEY", "change-me-to-a-secret-of-at-least-32-bytes")
+    monkeypatch.setenv("KB_QUERY_HASH_KEY", secrets.token_hex(32))
+    assert cli.main(["serve", "--port", "1"]) == 2
+    assert "KB_AUDIT_KEY" in capsys.readouterr().err and not started
+    monkeypatch.setenv("KB_AUDIT_KEY", secrets.token_hex(32))
+    assert cli.main(["serve", "--port", "1"]) == 0 and started
+    assert not (tmp_path / "data").exists()  # no key file generated behind the operator's back
+    # a single machine without the app URL (embedded server) may use the generated key files
+    monkeypatch.delenv("KB_APP_DATABASE_URL")
+    monkeypatch.delenv("KB_AUDIT_KEY")
+    monkeypatch.delenv("KB_QUERY_HASH_KEY")
+    assert cli.main(["serve", "--port", "1"]) == 0 and len(started) == 2

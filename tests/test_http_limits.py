@@ -10,6 +10,7 @@ every JSON route, and `kb-rerank serve` with nothing but the app role's URL.
 
 from __future__ import annotations
 
+import secrets
 import threading
 import time
 import uuid
@@ -217,10 +218,10 @@ def app_url_only_server(app_url, tmp_path_factory):
     nodata = tmp / "no-embedded-server-here"
     env = {"KB_DATABASE_URL": "", "KB_APP_PASSWORD": "", "KB_APP_DATABASE_URL": app_url, "KB_DATA_DIR": str(nodata),
            "KB_JWT_SECRET": SECRET, "KB_RERANKER_MODEL": str(model_dir), "KB_RATE_LIMIT_PER_MINUTE": "0",
-           "KB_WORKERS": "1"}
+           "KB_WORKERS": "1", "KB_AUDIT_KEY": "a3f1" + secrets.token_hex(20), "KB_QUERY_HASH_KEY": secrets.token_hex(24)}
     with serve_process(env, tmp / "server.log") as (base, proc):
         yield base, proc
-    assert not nodata.exists()
+    assert not nodata.exists()  # nothing written locally: no embedded server, no generated key file
 
 
 def test_serve_with_only_the_app_url(app_url_only_server, owner_conn):

@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 from uuid import UUID
 
+from . import keys
 from .settings import Settings
 
 DEMO_TENANT = UUID("00000000-0000-4000-8000-000000000001")
@@ -265,6 +266,8 @@ def cmd_serve(args, settings: Settings) -> int:
     try:
         # both keys set, a placeholder or weak secret or ops token: refuse before listening
         jwt_config(settings, allow_dev_secret=args.dev)
+        # the audit and query-hash keys: strong when set; required by a deployment
+        keys.check_configured(settings, require=bool(settings.app_database_url) and not args.dev)
     except ValueError as exc:
         print(f"kb-rerank: error: {exc}", file=sys.stderr)
         return 2

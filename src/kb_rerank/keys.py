@@ -60,3 +60,28 @@ def fingerprint(key: bytes) -> str:
     """A short public id of a key (first 16 hex of SHA-256 over a domain label and the key),
     stored beside what it keyed so that verification after a rotation picks the right key."""
     return hashlib.sha256(b"kb-rerank key id\x00" + key).hexdigest()[:16]
+
+
+# (setting's environment variable, Settings field) of every server key
+KEY_SETTINGS = (("KB_AUDIT_KEY", "audit_key"), ("KB_QUERY_HASH_KEY", "query_hash_key"))
+
+
+def check_configured(settings: Settings, *, require: bool) -> None:
+    """Start-up check of the server keys (``kb-rerank serve``). A configured key must be a
+    strong secret (no placeholder, enough entropy). With ``require`` (a deployment: the app
+    role's URL is given and --dev is not), an unset key is an error: the generated key file
+    is per machine and per data folder, so replicas would disagree and a container restart
+    without a volume would change every query hash and orphan every audit MAC."""
+    from .auth import check_secret
+
+    missing = []
+    for env_name, field_name in KEY_SETTINGS:
+        value = getattr(settings, field_name)
+        if value:
+            check_secret(env_name, value)
+        elif require:
+            missing.append(env_name)
+    if missing:
+        raise KeyConfigError(
+            f"set {' and '.join(missing)} (each at least {MIN_KEY_BYTES} random bytes, e.g. `openssl rand -hex 32`,"
+            " the same on every replica); a generated key file is used only with the embedded server or --dev")

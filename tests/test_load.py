@@ -347,9 +347,11 @@ def test_flooding_tenant_does_not_starve_cached_tenant(owner_url, app_url, fair_
 
     a, b = fair_tenants
     model_dir = build_tiny_cross_encoder(tmp_path / "ce", seed=0)
-    # the shipped limits (only the model and the database are the test's)
+    # the shipped costs and caps; the tenant bucket sized for this 2-core VM (10 tokens a second:
+    # the old code's default, one request a second there)
     env = {"KB_DATABASE_URL": owner_url, "KB_APP_DATABASE_URL": app_url, "KB_JWT_SECRET": SECRET,
-           "KB_RERANKER_MODEL": str(model_dir), "KB_WORKERS": "1"}
+           "KB_RERANKER_MODEL": str(model_dir), "KB_WORKERS": "1",
+           "KB_RATE_LIMIT_PER_MINUTE": "600", "KB_RATE_LIMIT_BURST": "60"}
     quiet_query = "zqquiet how do I create a recurring invoice"
     with serve_process(env, tmp_path / "server.log") as (base, _proc):
         warm = httpx.post(base + URL, headers=bearer(b), json={"query": quiet_query}, timeout=30)

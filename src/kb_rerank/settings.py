@@ -98,7 +98,7 @@ class Settings:
     # (kb_rerank.limits). A token of the per-tenant bucket above is one cache hit; a (query,
     # passage) pair sent to the cross-encoder costs rate_cost_per_pair more, a /v2/rerank
     # document rate_cost_per_document more (charged before the work).
-    rate_cost_per_pair: float = 0.1  # KB_RATE_COST_PER_PAIR: tokens per pair scored (a 40-pair miss costs 1 + 4)
+    rate_cost_per_pair: float = 0.1  # KB_RATE_COST_PER_PAIR: tokens per pair sent to the cross-encoder (40 pairs: 4)
     rate_cost_per_document: float = 0.1  # KB_RATE_COST_PER_DOCUMENT: tokens per /v2/rerank document, up front
     rate_cost_per_embedding: float = 4.0  # KB_RATE_COST_PER_EMBEDDING: tokens per text embedded (a query on a miss, MMR passages)
     tenant_model_slots: int = 2  # KB_TENANT_MODEL_SLOTS: cross-encoder (and embedder) calls one tenant may have queued or running; 0 disables

@@ -121,6 +121,18 @@ def serve_in_thread(app, *, startup_timeout: float = 60.0) -> Iterator[str]:
         thread.join(30)
 
 
+def server_keys_env() -> dict[str, str]:
+    """KB_AUDIT_KEY and KB_QUERY_HASH_KEY for a server process (`serve` requires them when it is
+    given the app role's URL): the keys the in-process test apps use (kb_rerank.keys' default
+    files), so tests can compute the hashes the server stores."""
+    from kb_rerank import keys
+    from kb_rerank.settings import Settings
+
+    s = Settings()
+    return {"KB_AUDIT_KEY": keys.server_key(s, "audit", None).decode(),
+            "KB_QUERY_HASH_KEY": keys.server_key(s, "query_hash", None).decode()}
+
+
 @contextlib.contextmanager
 def serve_process(env: dict[str, str], log_path: Path, *, startup_timeout: float = 90.0) -> Iterator[tuple[str, subprocess.Popen]]:
     """``kb-rerank serve`` in a child process (root logger at INFO, to ``log_path``); wait
@@ -131,7 +143,7 @@ def serve_process(env: dict[str, str], log_path: Path, *, startup_timeout: float
             "from kb_rerank.cli import main; sys.exit(main(['serve', '--host', '127.0.0.1', '--port', "
             f"'{port}']))")
     full_env = {**os.environ, "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
-                "KB_OPS_TOKEN": OPS_TOKEN, **env}
+                "KB_OPS_TOKEN": OPS_TOKEN, **server_keys_env(), **env}
     log = open(log_path, "wb")
     proc = subprocess.Popen([sys.executable, "-c", code], env=full_env, stdout=log, stderr=subprocess.STDOUT)
     base = f"http://127.0.0.1:{port}"

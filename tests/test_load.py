@@ -32,7 +32,7 @@ from kb_rerank.settings import SOURCES, Settings
 from kb_rerank.tiny_model import build_tiny_cross_encoder
 
 from .live_server import (
-    OPS, SECRET, URL, bearer, busy_app_backends, advisory_locks, ingest_small_tenant, metric_values,
+    OPS, SECRET, TOPICS, URL, bearer, busy_app_backends, advisory_locks, ingest_small_tenant, metric_values,
     serve_process, wait_until,
 )
 
@@ -145,7 +145,10 @@ async def _drive(base, tenants, seconds, rss_samples, pid):
 def test_load_32_clients(settings, owner_url, app_url, load_tenants, tmp_path):
     model_dir = build_tiny_cross_encoder(tmp_path / "ce", seed=0)
     env = {"KB_DATABASE_URL": owner_url, "KB_APP_DATABASE_URL": app_url, "KB_JWT_SECRET": SECRET,
-           "KB_RERANKER_MODEL": str(model_dir), "KB_RATE_LIMIT_PER_MINUTE": "0", "KB_WORKERS": "1"}
+           "KB_RERANKER_MODEL": str(model_dir), "KB_RATE_LIMIT_PER_MINUTE": "0", "KB_WORKERS": "1",
+           # every client shares 127.0.0.1; the per-tenant caps stay on, with waits long enough
+           # that this test's clients queue rather than get 429 (tests/test_limits.py has those)
+           "KB_ADDRESS_RATE_LIMIT_PER_MINUTE": "0", "KB_TENANT_WAIT_S": "30"}
     log_path = tmp_path / "server.log"
     rss: list[tuple[float, int]] = []
     with serve_process(env, log_path) as (base, proc):
@@ -232,3 +235,155 @@ def test_load_32_clients(settings, owner_url, app_url, load_tenants, tmp_path):
     last = [v for t, v in rss if rss[-1][0] - t <= 5]
     print(f"LOAD: server RSS first 5 s max {max(first) / 2**20:.0f} MiB, last 5 s max {max(last) / 2**20:.0f} MiB")
     assert max(last) <= max(first) * 1.5 + 50 * 2**20
+
+
+# --------------------------------------------------------------------------- fairness (issue 13 item 6)
+#
+# Tenant A floods expensive cache misses from 127.0.0.1 (24 concurrent clients: /v1/kb/search/rerank
+# with distinct queries, and with KB_FAIRNESS_V2=1 /v2/rerank with 200 documents; each client sending its next request
+# as soon as it has an answer, or after Retry-After; from a process of its own so its client work
+# does not slow the measuring client); tenant B repeats one cached query from 127.0.0.2, below
+# its own rate limit. B's cache hits must stay fast (p95 under 50 ms) and B must never see a
+# 5xx; A may be refused (429). The bound is widened to 2.5 times B's own p95 measured just
+# before the flood when the machine is so busy that B alone is already past 20 ms (this 2-core
+# VM shared with other jobs: B alone ranged 11-37 ms at load averages of 3-7; the old code gave
+# B 86-131 ms under the same flood with B alone at 22-29 ms).
+
+FAIR_SECONDS = float(os.environ.get("KB_FAIRNESS_SECONDS", "6"))
+FLOOD_CLIENTS = 24
+V2_DOCS = 200
+# KB_FAIRNESS_V2=1: half of A's clients send /v2/rerank with V2_DOCS documents instead. Off by
+# default: each admitted one runs the guard detectors on 50 documents on the event loop (~40 ms
+# here), a stall for every tenant that issue 13 item 2 removes, not a matter of fairness.
+FLOOD_V2 = os.environ.get("KB_FAIRNESS_V2", "0") == "1"
+RETRY_429_S = float(os.environ.get("KB_FAIRNESS_RETRY_S", "-1"))  # < 0: what Retry-After says
+
+
+def _flood_main(base: str, headers: dict[str, str], seconds: float, clients: int, out) -> None:
+    """Child process: ``clients`` concurrent loopback clients of tenant A until ``seconds`` pass,
+    each sending the next request as soon as it has an answer (after a 429, when Retry-After
+    says). Bodies are pre-encoded so that this process's own CPU use
+    stays small next to the server's."""
+    import collections
+    import json
+
+    async def one(i: int, counts: collections.Counter) -> None:
+        rng = random.Random(i)
+        docs = [" ".join(rng.choice(NEW_WORDS + ["alpha", "beta", "gamma", "delta"]) for _ in range(60)) + f" d{j}"
+                for j in range(V2_DOCS)]
+        # lambda 1: no MMR, so the cross-encoder is the work (MMR embeds up to 50 documents on the
+        # embedder, whose OpenMP threads take every core: see the report of issue 13 item 6)
+        v2_tail = (',"lambda":1.0,"documents":' + json.dumps(docs) + "}").encode()
+        post_headers = {**headers, "Content-Type": "application/json"}
+        deadline = time.monotonic() + seconds
+        n = 0
+        async with httpx.AsyncClient(base_url=base, timeout=30.0) as client:
+            while time.monotonic() < deadline:
+                n += 1
+                query = json.dumps(f"zqflood{i}x{n} " + " ".join(rng.sample(NEW_WORDS, 3))).encode()
+                try:
+                    if i % 2 and FLOOD_V2:  # /v2/rerank, V2_DOCS documents (50 scored by the cross-encoder)
+                        r = await client.post("/v2/rerank", headers=post_headers,
+                                              content=b'{"query":' + query + v2_tail)
+                    else:  # /v1/kb/search/rerank hybrid: up to 40 pairs
+                        r = await client.post(URL, headers=post_headers, content=b'{"query":' + query + b"}")
+                    counts[r.status_code] += 1
+                    if r.status_code == 429:  # Retry-After honoured (KB_FAIRNESS_RETRY_S=0.1: ignored)
+                        wait = RETRY_429_S if RETRY_429_S >= 0 else float(r.headers["retry-after"])
+                        await asyncio.sleep(max(0.0, min(wait, deadline - time.monotonic())))
+                except httpx.HTTPError as exc:
+                    counts[type(exc).__name__] += 1
+
+    async def main() -> dict:
+        counts: collections.Counter = collections.Counter()
+        out.put("started")  # after the imports: the parent measures from now on
+        await asyncio.gather(*[one(i, counts) for i in range(clients)])
+        return dict(counts)
+
+    out.put(asyncio.run(main()))
+
+
+async def _quiet_tenant(base: str, headers: dict[str, str], query: str, seconds: float, interval: float) -> list:
+    """Tenant B from 127.0.0.2: one request every ``interval`` s; (latency, status, from_cache)."""
+    records = []
+    transport = httpx.AsyncHTTPTransport(local_address="127.0.0.2")
+    async with httpx.AsyncClient(base_url=base, timeout=30.0, transport=transport) as client:
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            t0 = time.perf_counter()
+            try:
+                r = await client.post(URL, headers=headers, json={"query": query})
+                status, cached = r.status_code, r.json().get("from_cache")
+            except httpx.HTTPError as exc:
+                status, cached = type(exc).__name__, None
+            dt = time.perf_counter() - t0
+            records.append((dt, status, cached))
+            await asyncio.sleep(max(0.0, interval - dt))
+    return records
+
+
+@pytest.fixture(scope="module")
+def fair_tenants(settings, app_url, embedder, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("fair-docs")
+    tenants = [uuid.uuid4(), uuid.uuid4()]
+    with psycopg.connect(app_url) as conn:
+        db.configure_connection(conn)
+        # A: 8 variants of the topics (40 documents), so that a miss has 40 candidates to score
+        from kb_rerank.ingest import ingest_paths
+
+        folder = tmp / "a"
+        folder.mkdir()
+        for k in range(8):
+            for i, (title, text) in enumerate(TOPICS):
+                (folder / f"v{k}-doc{i}.md").write_text(f"# {title} v{k}\n\n{text}\n\nfloodwords{k} {text}\n",
+                                                        encoding="utf-8")
+        assert ingest_paths(conn, tenants[0], [folder], embedder, settings).added == 40
+        ingest_small_tenant(conn, tenants[1], embedder, settings, tmp, flavour="quietwords")
+    return tenants
+
+
+def test_flooding_tenant_does_not_starve_cached_tenant(owner_url, app_url, fair_tenants, tmp_path):
+    import multiprocessing
+
+    a, b = fair_tenants
+    model_dir = build_tiny_cross_encoder(tmp_path / "ce", seed=0)
+    # the shipped costs and caps; the tenant bucket sized for this 2-core VM (10 tokens a second:
+    # the old code's default, one request a second there)
+    env = {"KB_DATABASE_URL": owner_url, "KB_APP_DATABASE_URL": app_url, "KB_JWT_SECRET": SECRET,
+           "KB_RERANKER_MODEL": str(model_dir), "KB_WORKERS": "1",
+           "KB_RATE_LIMIT_PER_MINUTE": "600", "KB_RATE_LIMIT_BURST": "60"}
+    quiet_query = "zqquiet how do I create a recurring invoice"
+    with serve_process(env, tmp_path / "server.log") as (base, _proc):
+        warm = httpx.post(base + URL, headers=bearer(b), json={"query": quiet_query}, timeout=30)
+        assert warm.status_code == 200, warm.text
+        alone = asyncio.run(_quiet_tenant(base, bearer(b), quiet_query, 3.0, 0.1))  # B without the flood
+        ctx = multiprocessing.get_context("spawn")
+        results = ctx.Queue()
+        flood = ctx.Process(target=_flood_main, args=(base, bearer(a), FAIR_SECONDS + 0.5, FLOOD_CLIENTS, results))
+        flood.start()
+        try:
+            assert results.get(timeout=120) == "started"  # the child has done its imports
+            time.sleep(1.0)  # the flood builds up
+            quiet = asyncio.run(_quiet_tenant(base, bearer(b), quiet_query, FAIR_SECONDS - 1.5, 0.06))
+            flood_counts = results.get(timeout=60)
+        finally:
+            flood.join(30)
+            if flood.is_alive():
+                flood.kill()
+    lat = sorted(r[0] for r in quiet)
+    p95 = lat[int(0.95 * (len(lat) - 1))]
+    lat0 = sorted(r[0] for r in alone)
+    p95_alone = lat0[int(0.95 * (len(lat0) - 1))]
+    statuses = {}
+    for r in quiet:
+        statuses[r[1]] = statuses.get(r[1], 0) + 1
+    print(f"\nFAIRNESS: flooding tenant A {flood_counts}; quiet tenant B {len(quiet)} requests {statuses}, "
+          f"p50 {statistics.median(lat) * 1000:.1f} ms, p95 {p95 * 1000:.1f} ms, max {lat[-1] * 1000:.1f} ms; "
+          f"B alone before the flood: p50 {statistics.median(lat0) * 1000:.1f} ms, p95 {p95_alone * 1000:.1f} ms")
+    assert len(quiet) >= 40
+    assert statuses == {200: len(quiet)}, statuses  # no 503 (nor any refusal) for the quiet tenant
+    assert all(r[2] for r in quiet)  # every answer of B came from the cache
+    assert flood_counts.get(200, 0) > 0, flood_counts  # A is slowed down, not shut out
+    assert not [k for k in flood_counts if not (isinstance(k, int) and k in (200, 429))], flood_counts
+    bound = max(0.050, 2.5 * p95_alone)
+    assert p95 < bound, f"quiet tenant p95 {p95 * 1000:.1f} ms, bound {bound * 1000:.1f} ms"

@@ -35,7 +35,6 @@ writes nothing (no cache row, no audit row); it is counted in the metrics only.
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import hmac
 import logging
@@ -67,6 +66,7 @@ from . import db
 from . import body
 from .auth import AuthError, JwtConfig, check_secret, tenant_from_authorization
 from .body import ApiError  # noqa: F401 - the app's error type, defined with the body decoder
+from .limits import Limits, LimitExceeded, RateLimiter  # noqa: F401 - RateLimiter: moved there, imported from here by older callers
 from .service import (
     TRACE_ID,
     PipelineMetrics,
@@ -121,55 +121,6 @@ def _status_of(exc: BaseException) -> int:
     if isinstance(exc, psycopg.OperationalError):
         return 503
     return 500
-
-
-# --------------------------------------------------------------------------- rate limit
-
-
-class RateLimiter:
-    """Per-tenant token buckets in process memory: ``per_minute`` tokens per minute refill a
-    bucket of ``burst`` tokens (at least 1); a request takes one. ``per_minute <= 0`` disables.
-    At most ``max_tenants`` buckets are kept: full ones are dropped first (a full bucket is
-    the same as none), then the least recently used."""
-
-    def __init__(self, per_minute: int, burst: int, *, max_tenants: int = 100_000, clock=time.monotonic) -> None:
-        self.rate = max(0.0, float(per_minute)) / 60.0
-        self.capacity = float(max(1, int(burst)))
-        self.max_tenants = max_tenants
-        self.clock = clock
-        self._buckets: collections.OrderedDict[Any, tuple[float, float]] = collections.OrderedDict()
-
-    @property
-    def enabled(self) -> bool:
-        return self.rate > 0
-
-    def _level(self, tokens: float, stamp: float, now: float) -> float:
-        return min(self.capacity, tokens + (now - stamp) * self.rate)
-
-    def acquire(self, key: Any) -> float:
-        """Take a token for ``key``: 0.0 when allowed, else the seconds until one is available."""
-        if not self.enabled:
-            return 0.0
-        now = self.clock()
-        tokens, stamp = self._buckets.pop(key, (self.capacity, now))
-        tokens = self._level(tokens, stamp, now)
-        if tokens >= 1.0:
-            self._buckets[key] = (tokens - 1.0, now)
-            self._prune(now)
-            return 0.0
-        self._buckets[key] = (tokens, now)
-        return (1.0 - tokens) / self.rate
-
-    def _prune(self, now: float) -> None:
-        if len(self._buckets) <= self.max_tenants:
-            return
-        for k in [k for k, (t, st) in self._buckets.items() if self._level(t, st, now) >= self.capacity]:
-            del self._buckets[k]
-        while len(self._buckets) > self.max_tenants:
-            self._buckets.popitem(last=False)
-
-    def __len__(self) -> int:
-        return len(self._buckets)
 
 
 # --------------------------------------------------------------------------- request body
@@ -309,6 +260,9 @@ def _auth_guard(connection: ASGIConnection, _: BaseRouteHandler) -> None:
     headers = connection.headers
     tid = trace_id_from_headers(headers.get("traceparent"), headers.get("x-trace-id"))
     connection.scope.setdefault("state", {})["trace_id"] = tid
+    limits: Limits = state.limits  # 429s are LimitExceeded, answered with the trace id set above
+    # per client address, before the token is verified: floods of bad tokens are bounded too
+    limits.charge_address(connection.client.host if connection.client else None)
     try:
         tenant = tenant_from_authorization(headers.get("authorization"), state.jwt)
     except AuthError as exc:
@@ -316,12 +270,7 @@ def _auth_guard(connection: ASGIConnection, _: BaseRouteHandler) -> None:
         raise ApiError(401, {"error": "unauthorized", "reason": exc.reason},
                        headers={"WWW-Authenticate": 'Bearer realm="kb-rerank"', "X-Trace-Id": tid}) from None
     connection.scope["state"]["tenant"] = tenant
-    wait_s = state.rate_limiter.acquire(tenant)
-    if wait_s > 0:
-        state.metrics.rejected.labels("rate_limited").inc()
-        retry = max(1, math.ceil(wait_s))
-        raise ApiError(429, {"error": "rate_limited", "retry_after_s": retry},
-                       headers={"Retry-After": str(retry), "X-Trace-Id": tid})
+    limits.charge(tenant)  # 1 token: the whole cost of a cache hit; costly work is charged before it starts
 
 
 # --------------------------------------------------------------------------- handlers
@@ -545,7 +494,7 @@ async def _lifespan(app: Litestar):
                 timeout_s=settings.rerank_timeout_s,
             )
         st.service = RerankService(settings, pool, st.embedder, st.reranker, embed_executor=embed_executor,
-                                   metrics=st.metrics)
+                                   metrics=st.metrics, limits=st.limits)
         ensure = getattr(st.reranker, "ensure_loaded_async", None)
         if ensure is not None and not getattr(st.reranker, "ready", False):
             tasks.append(asyncio.create_task(ensure(), name="kb-rerank-model-load"))
@@ -614,7 +563,8 @@ def create_app(settings: Settings, *, reranker=None, embedder=None, dev: bool = 
         "reranker": reranker,
         "embedder": embedder,
         "db_timeout_s": max(0.1, float(settings.db_timeout_s)),
-        "rate_limiter": RateLimiter(settings.rate_limit_per_minute, settings.rate_limit_burst),
+        "limits": (limits := Limits.from_settings(settings, on_reject=lambda r: metrics.rejected.labels(r).inc())),
+        "rate_limiter": limits.tenant_rate,
         "head_revision": None,
         "pool": None,
         "service": None,
@@ -638,6 +588,7 @@ def create_app(settings: Settings, *, reranker=None, embedder=None, dev: bool = 
         middleware=[_metrics_middleware(metrics)],
         exception_handlers={
             ApiError: _api_error_handler,
+            LimitExceeded: _api_error_handler,  # 429 with Retry-After and a JSON body (kb_rerank.limits)
             RequestEntityTooLarge: _too_large_handler,
             psycopg.OperationalError: _db_error_handler,
         },

@@ -84,6 +84,7 @@ import msgspec
 from . import audit, cache, pair_cache, search
 from .db import atenant_transaction
 from .keys import server_key
+from .limits import UNLIMITED, Limits
 from .rerank import RerankerTimeout, RerankerUnavailable
 from .settings import SOURCES, Settings
 
@@ -280,10 +281,12 @@ class RerankService:
     """One per app: holds the pool, the embedder, the reranker and the single-flight map."""
 
     def __init__(self, settings: Settings, pool, embedder, reranker, *, embed_executor=None,
-                 metrics: PipelineMetrics | None = None, hash_key: bytes | None = None) -> None:
+                 metrics: PipelineMetrics | None = None, hash_key: bytes | None = None,
+                 limits: Limits | None = None) -> None:
         self.settings = settings
         # the query-hash key, read once here (app start), never per request
         self.hash_key = hash_key if hash_key is not None else query_hash_key(settings)
+        self.limits = limits or UNLIMITED  # per-tenant costs and caps (kb_rerank.limits)
         self.pool = pool
         self.embedder = embedder
         self.reranker = reranker
@@ -360,7 +363,7 @@ class RerankService:
     async def _cache_hit(self, tenant, qh: str, source: str, trace_id: str,
                          t0: float) -> tuple[RerankResponse | None, int]:
         """(the cached response or None, the tenant's knowledge-base generation)."""
-        async with self.pool.connection() as conn:
+        async with self.limits.connection(self.pool, tenant) as conn:
             async with atenant_transaction(conn, tenant):
                 generation, entry = await cache.get_live(conn, qh, source, max_results=self.settings.rerank_top_n)
                 if entry is None:
@@ -387,7 +390,7 @@ class RerankService:
     async def _compute_at(self, tenant, normalized: str, qh: str, source: str, generation: int) -> Outcome:
         s = self.settings
         if source == "manual_curation":
-            async with self.pool.connection() as conn:
+            async with self.limits.connection(self.pool, tenant) as conn:
                 async with atenant_transaction(conn, tenant):
                     cur = await conn.execute(CURATION_SQL, [qh, s.rerank_top_n])
                     rows = await cur.fetchall()
@@ -398,9 +401,10 @@ class RerankService:
         embedding = None
         if source != "lexical_only":
             loop = asyncio.get_running_loop()
-            embedding = await loop.run_in_executor(self.embed_executor, self.embedder.embed_query, normalized)
+            async with self.limits.embedding(tenant):
+                embedding = await loop.run_in_executor(self.embed_executor, self.embedder.embed_query, normalized)
         cached: dict[pair_cache.PairKey, float] | None = None
-        async with self.pool.connection() as conn:
+        async with self.limits.connection(self.pool, tenant) as conn:
             async with atenant_transaction(conn, tenant):
                 if source == "hybrid_lexical_semantic":
                     # fused from lists `fusion_depth` deep; the best 2 x candidates go on
@@ -422,10 +426,10 @@ class RerankService:
                 unique.append(c)
         if not unique:
             return Outcome(results=[], candidate_count=0, model=self.model_name)
-        return await self._rerank_candidates(normalized, unique, source, cached=cached)
+        return await self._rerank_candidates(normalized, unique, source, cached=cached, tenant=tenant)
 
     async def _rerank_candidates(self, normalized: str, cands: list[search.Candidate], source: str, *,
-                                 cached: dict[pair_cache.PairKey, float] | None = None) -> Outcome:
+                                 cached: dict[pair_cache.PairKey, float] | None = None, tenant=None) -> Outcome:
         """Scores ``cands``: pairs found in ``cached`` (the live pair scores read in the
         candidates' transaction; None when the pair cache is off) are not sent to the model."""
         s = self.settings
@@ -447,6 +451,8 @@ class RerankService:
         elif not getattr(rr, "ready", True):
             reason = "model_not_ready"
         else:
+            # the pairs are charged, and one of the tenant's model slots taken, before the work (429 if not)
+            release = await self.limits.enter_model(tenant, len(missing))
             t = time.perf_counter()
             try:
                 scores = await asyncio.wait_for(
@@ -463,6 +469,7 @@ class RerankService:
                 reason = "model_error"
                 log.warning("reranker failed (%s): %s", reason, type(exc).__name__)
             finally:
+                release()
                 elapsed = time.perf_counter() - t
                 rerank_ms = int(round(elapsed * 1000))
                 self.metrics.model_call(elapsed, len(missing))
@@ -503,7 +510,7 @@ class RerankService:
         detail = outcome.fallback_reason
         if detail_extra:
             detail = f"{detail};{detail_extra}" if detail else detail_extra
-        async with self.pool.connection() as conn:
+        async with self.limits.connection(self.pool, tenant) as conn:
             async with atenant_transaction(conn, tenant):
                 if write_cache:
                     await cache.put(conn, qh, source, outcome.results, generation=outcome.generation,

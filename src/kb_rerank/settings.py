@@ -72,8 +72,9 @@ class Settings:
     workers: int = 1
     max_query_chars: int = 2000
     max_body_bytes: int = 65536
-    rate_limit_per_minute: int = 600  # KB_RATE_LIMIT_PER_MINUTE: per tenant, token bucket refill; 0 disables
-    rate_limit_burst: int = 60  # KB_RATE_LIMIT_BURST: bucket size (requests allowed at once)
+    # tokens are costs since issue 13 (kb_rerank.limits): 50 cache hits a second, or about 5 misses of 40 pairs
+    rate_limit_per_minute: int = 3000  # KB_RATE_LIMIT_PER_MINUTE: per tenant, token bucket refill; 0 disables
+    rate_limit_burst: int = 300  # KB_RATE_LIMIT_BURST: bucket size (tokens: a cache hit costs 1)
     jwt_secret: str | None = None
     jwt_public_key: str | None = None
     jwt_issuer: str | None = None
@@ -100,6 +101,17 @@ class Settings:
     query_hash_key: str | None = field(default=None, repr=False)
 
     # Limits and fairness (issue 13: cost-based limits, per-tenant caps, per-address limit)
+    # (kb_rerank.limits). A token of the per-tenant bucket above is one cache hit; a (query,
+    # passage) pair sent to the cross-encoder costs rate_cost_per_pair more, a /v2/rerank
+    # document rate_cost_per_document more (charged before the work).
+    rate_cost_per_pair: float = 0.1  # KB_RATE_COST_PER_PAIR: tokens per pair sent to the cross-encoder (40 pairs: 4)
+    rate_cost_per_document: float = 0.1  # KB_RATE_COST_PER_DOCUMENT: tokens per /v2/rerank document, up front
+    rate_cost_per_embedding: float = 4.0  # KB_RATE_COST_PER_EMBEDDING: tokens per text embedded (a query on a miss, MMR passages)
+    tenant_model_slots: int = 2  # KB_TENANT_MODEL_SLOTS: cross-encoder (and embedder) calls one tenant may have queued or running; 0 disables
+    tenant_pool_slots: int = 0  # KB_TENANT_POOL_SLOTS: pool connections one tenant may hold at once; 0 -> half of pool_max; <0 disables
+    tenant_wait_s: float = 2.0  # KB_TENANT_WAIT_S: a tenant at its cap waits this long for its own slot, then 429
+    address_rate_limit_per_minute: int = 6000  # KB_ADDRESS_RATE_LIMIT_PER_MINUTE: per client address, before authentication; 0 disables
+    address_rate_limit_burst: int = 600  # KB_ADDRESS_RATE_LIMIT_BURST
 
     # Guard detectors (issue 13: time budget off the event loop)
 

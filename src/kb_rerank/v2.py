@@ -93,6 +93,7 @@ from .body import ApiError  # the app's error type (its auth guard runs in api.c
 from .body import decode as _decode  # the one body decoder of every JSON route
 from .body import invalid as _invalid
 from .db import atenant_transaction
+from .limits import LimitExceeded
 from .rerank import RerankerTimeout, RerankerUnavailable
 from .service import TRACE_ID, canonical_json, normalize_query  # noqa: F401 - canonical_json re-exported
 from .settings import Settings
@@ -253,7 +254,8 @@ class Scored:
 
 async def score_with_fallback(state: State, query: str, texts: list[str], *,
                               keys: list[pair_cache.PairKey] | None = None,
-                              cached: dict[pair_cache.PairKey, float] | None = None) -> Scored:
+                              cached: dict[pair_cache.PairKey, float] | None = None,
+                              tenant: uuid.UUID | None = None, prepaid: bool = False) -> Scored:
     """``reranker.ascore`` bounded by ``rerank_timeout_s``; on any failure the reason
     (``model_not_ready`` / ``model_timeout`` / ``model_error`` / ``invalid_scores``) and
     a background reload, as the rerank endpoint does.
@@ -285,6 +287,9 @@ async def score_with_fallback(state: State, query: str, texts: list[str], *,
         return Scored(None, reason, 0)
     reason = None
     scores = None
+    # the tenant's pairs charged (unless its request prepaid them) and one of its model slots
+    # taken before the work; 429 if not (kb_rerank.limits)
+    release = await state.limits.enter_model(tenant, len(missing), charge=not prepaid)
     t = time.perf_counter()
     try:
         scores = await asyncio.wait_for(
@@ -298,6 +303,8 @@ async def score_with_fallback(state: State, query: str, texts: list[str], *,
     except Exception as exc:  # noqa: BLE001 - any model failure means fallback
         reason = "model_error"
         log.warning("reranker failed (%s): %s", reason, type(exc).__name__)
+    finally:
+        release()
     elapsed = time.perf_counter() - t
     metrics.model_call(elapsed, len(missing))
     if reason is None:
@@ -405,7 +412,7 @@ async def _cached_lookup(state: State, tenant: uuid.UUID, normalized: str, make_
     answer does not depend on the knowledge base) and the cache read at it; a hit is
     audited in the same transaction. Returns (policy, params, query_hash, hit or None,
     generation)."""
-    async with state.pool.connection() as conn:
+    async with state.limits.connection(state.pool, tenant) as conn:
         async with atenant_transaction(conn, tenant):
             policy = await _tenant_policy(conn)
             params = make_params(policy)
@@ -436,7 +443,7 @@ async def build_context(state: State, tenant: uuid.UUID, req: ContextRequest, tr
         return {**hit, "from_cache": True, "trace_id": trace_id, "rerank_duration_ms": 0, "candidate_count": 0}
 
     body, fallback_reason, scored = await _compute_context(state, tenant, normalized, req, params, policy, gen)
-    async with state.pool.connection() as conn:
+    async with state.limits.connection(state.pool, tenant) as conn:
         async with atenant_transaction(conn, tenant):
             if scored is not None:
                 await write_pairs(conn, state, model, _hash(state, normalized), scored, generation=gen)
@@ -465,9 +472,10 @@ async def _compute_context(state: State, tenant, normalized: str, req: ContextRe
     settings: Settings = state.settings
     svc = state.service
     loop = asyncio.get_running_loop()
-    embedding = await loop.run_in_executor(getattr(svc, "embed_executor", None), state.embedder.embed_query,
-                                           normalized)
-    async with state.pool.connection() as conn:
+    async with state.limits.embedding(tenant):
+        embedding = await loop.run_in_executor(getattr(svc, "embed_executor", None), state.embedder.embed_query,
+                                               normalized)
+    async with state.limits.connection(state.pool, tenant) as conn:
         async with atenant_transaction(conn, tenant):
             rows = (await search.ahybrid(conn, normalized, embedding, settings.fusion_depth, **settings.fusion))[
                 : 2 * settings.candidates]
@@ -543,7 +551,7 @@ async def _compute_context(state: State, tenant, normalized: str, req: ContextRe
         return body, None, None
     scored = await score_with_fallback(state, normalized, [x.c.content for x in cut],
                                        keys=[pair_cache.content_key(x.c.chunk_id, x.c.content) for x in cut],
-                                       cached=cached)
+                                       cached=cached, tenant=tenant)
     body["rerank_duration_ms"] = scored.ms
     rel = scored.scores if scored.scores is not None else fallback_relevance([x.c.score for x in cut])
     if scored.reason:
@@ -687,6 +695,11 @@ def _v2_params(req: V2Request, settings: Settings, policy: str, model: str) -> d
 async def rerank_v2(state: State, tenant: uuid.UUID, req: V2Request, trace_id: str) -> dict[str, Any]:
     settings: Settings = state.settings
     t0 = time.perf_counter()
+    # the documents, and the passages MMR will embed, are charged before any work on them
+    # (hashing, guard, scoring, embedding); 429 if short
+    mmr_texts = min(len(req.documents), max(1, settings.rerank_max_candidates))
+    state.limits.charge_documents(tenant, len(req.documents),
+                                  mmr_texts if (settings.mmr_lambda if req.lam is None else req.lam) < 1.0 else 0)
     normalized = normalize_query(req.query)
     model = _model_name_for(settings, state.reranker)
     # caller documents only: the answer does not depend on the knowledge base (generation 0)
@@ -731,10 +744,11 @@ async def rerank_v2(state: State, tenant: uuid.UUID, req: V2Request, trace_id: s
     keys = [pair_cache.content_key(None, texts[p]) for p in keep]
     cached: dict[pair_cache.PairKey, float] | None = None
     if settings.pair_cache and keep:
-        async with state.pool.connection() as conn:
+        async with state.limits.connection(state.pool, tenant) as conn:
             async with atenant_transaction(conn, tenant):
                 cached = await pair_cache.get_live(conn, model, pair_qh, keys, generation=gen)
-    scored = await score_with_fallback(state, normalized, [texts[p] for p in keep], keys=keys, cached=cached)
+    scored = await score_with_fallback(state, normalized, [texts[p] for p in keep], keys=keys, cached=cached,
+                                       tenant=tenant, prepaid=True)
     if scored.scores is not None:
         rel = scored.scores
     else:
@@ -744,9 +758,12 @@ async def rerank_v2(state: State, tenant: uuid.UUID, req: V2Request, trace_id: s
     if mmr_used:
         loop = asyncio.get_running_loop()
         try:
-            embs = await loop.run_in_executor(getattr(state.service, "embed_executor", None),
-                                              state.embedder.embed_passages, [texts[p] for p in keep])
+            async with state.limits.embedding(tenant, len(keep), charge=False):  # prepaid above
+                embs = await loop.run_in_executor(getattr(state.service, "embed_executor", None),
+                                                  state.embedder.embed_passages, [texts[p] for p in keep])
             embs = np.asarray(embs, dtype=np.float32)
+        except LimitExceeded:
+            raise  # the tenant's own embedder cap: 429, not a result without diversity
         except Exception as exc:  # noqa: BLE001 - diversity is best effort
             log.warning("embedding documents for MMR failed: %s", type(exc).__name__)
             embs, mmr_used = np.eye(len(keep), dtype=np.float32), False
@@ -792,7 +809,7 @@ async def rerank_v2(state: State, tenant: uuid.UUID, req: V2Request, trace_id: s
         "rerank_duration_ms": scored.ms, "from_cache": False, "trace_id": trace_id,
     }
     body = {"id": trace_id, "results": results, "meta": meta}
-    async with state.pool.connection() as conn:
+    async with state.limits.connection(state.pool, tenant) as conn:
         async with atenant_transaction(conn, tenant):
             await write_pairs(conn, state, model, pair_qh, scored, generation=gen)
             if scored.reason is None:

@@ -1,0 +1,344 @@
+"""Limits and fairness (issue 13 item 6; kb_rerank.limits): cost-based token buckets, the
+per-tenant caps on model work and pool connections, the per-address bucket before
+authentication. Unit tests use a fake clock (no sleeps); the HTTP tests run the app.
+The load test (one tenant floods misses, another's cache hits stay fast) is in
+tests/test_load.py."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import uuid
+
+import httpx
+import pytest
+from litestar.testing import TestClient
+
+from kb_rerank.api import create_app
+from kb_rerank.limits import Limits, LimitExceeded, RateLimiter, Slots
+from kb_rerank.settings import Settings
+
+from .live_server import SECRET, URL, FakeReranker, bearer, serve_in_thread
+
+
+def _clock():
+    now = [0.0]
+    return now, (lambda: now[0])
+
+
+# --------------------------------------------------------------------------- token buckets
+
+
+def test_bucket_charges_by_cost_and_refills():
+    now, clock = _clock()
+    rl = RateLimiter(60, 10, clock=clock)  # 1 token/s, 10 at most
+    assert rl.acquire("a", 5) == 0.0 and rl.acquire("a", 4) == 0.0
+    assert rl.level("a") == pytest.approx(1.0)
+    assert rl.acquire("a", 3) == pytest.approx(2.0)  # refused: 2 s until 3 tokens; nothing taken
+    assert rl.level("a") == pytest.approx(1.0)
+    assert rl.acquire("a", 1) == 0.0  # a cache hit still fits
+    now[0] += 3.0
+    assert rl.acquire("a", 3) == 0.0
+    assert rl.acquire("b", 10) == 0.0  # another key has its own bucket
+
+
+def test_bucket_cost_above_size_needs_a_full_bucket_and_leaves_debt():
+    now, clock = _clock()
+    rl = RateLimiter(60, 10, clock=clock)
+    assert rl.acquire("a", 1) == 0.0
+    # 101 tokens (1000 documents at 0.1): not on a bucket that is not full
+    assert rl.acquire("a", 101) == pytest.approx(1.0)
+    now[0] += 1.0
+    assert rl.acquire("a", 101) == 0.0  # full: let through, 91 tokens in debt
+    assert rl.level("a") == pytest.approx(-91.0)
+    assert rl.acquire("a", 1) == pytest.approx(92.0)  # even a cache hit waits the debt out
+    now[0] += 92.0
+    assert rl.acquire("a", 1) == 0.0
+    # `paid`: the request's first token, taken earlier, counts towards "a full bucket"
+    assert rl.acquire("b", 1) == 0.0
+    assert rl.acquire("b", 101) == pytest.approx(1.0)
+    assert rl.acquire("b", 101, paid=1) == 0.0 and rl.level("b") == pytest.approx(-92.0)
+
+
+def test_bucket_disabled_and_bounded_memory():
+    now, clock = _clock()
+    rl = RateLimiter(60, 2, max_tenants=3, clock=clock)
+    for t in range(10):
+        rl.acquire(f"t{t}", 1)
+    assert len(rl) <= 3
+    off = RateLimiter(0, 60)
+    assert all(off.acquire("x", 1000) == 0.0 for _ in range(100)) and len(off) == 0
+
+
+def test_limits_costs_and_429_payload():
+    now, clock = _clock()
+    rejected = []
+    lim = Limits(tenant_rate=RateLimiter(60, 20, clock=clock), address_rate=RateLimiter(60, 2, clock=clock),
+                 cost_per_pair=0.1, cost_per_document=0.1, on_reject=rejected.append)
+    t = uuid.uuid4()
+    lim.charge(t)  # a cache hit: 1
+    lim.charge_pairs(t, 40)  # a 40-pair miss: 4 more
+    assert lim.tenant_rate.level(t) == pytest.approx(15.0)
+    lim.charge_documents(t, 100)  # 100 documents: 10
+    assert lim.tenant_rate.level(t) == pytest.approx(5.0)
+    lim.charge(t, -1)  # nothing
+    lim.cost_per_embedding = 0.5
+    lim.charge_documents(t, 10, embeddings=4)  # 1 + 2: documents and MMR passages in one charge
+    assert lim.tenant_rate.level(t) == pytest.approx(2.0)
+    now[0] += 3.0
+    with pytest.raises(LimitExceeded) as ei:
+        lim.charge_documents(t, 1000)
+    exc = ei.value
+    # needs the bucket full before the request (20 - its first token = 19 now): 14 s away
+    assert exc.status_code == 429 and exc.headers["Retry-After"] == "14"
+    assert exc.payload == {"error": "rate_limited", "scope": "tenant", "cost": 100.0, "retry_after_s": 14}
+    lim.charge_address("10.0.0.1")
+    lim.charge_address("10.0.0.1")
+    with pytest.raises(LimitExceeded) as ei:
+        lim.charge_address("10.0.0.1")
+    assert ei.value.payload["scope"] == "address"
+    lim.charge_address("10.0.0.2")  # another address is not affected
+    assert rejected == ["rate_limited", "address_rate_limited"]
+
+
+def test_limits_from_settings_defaults_from_the_pool():
+    lim = Limits.from_settings(Settings(pool_max=10))
+    assert lim.pool.cap == 5 and lim.model.cap == 2 and lim.embedder.cap == 2
+    assert lim.cost_per_pair == 0.1 and lim.cost_per_document == 0.1
+    assert lim.address_rate.enabled and lim.tenant_rate.enabled
+    assert Limits.from_settings(Settings(pool_max=3)).pool.cap == 1
+    assert Limits.from_settings(Settings(tenant_pool_slots=7)).pool.cap == 7
+    off = Limits.from_settings(Settings(tenant_pool_slots=-1, tenant_model_slots=0, address_rate_limit_per_minute=0))
+    assert off.pool.cap < 0 and off.model.cap == 0 and not off.address_rate.enabled
+
+
+# --------------------------------------------------------------------------- caps
+
+
+def test_slots_cap_per_key_and_refusal_without_wait():
+    async def main():
+        s = Slots(2, 0.0, "model")
+        await s.acquire("a")
+        await s.acquire("a")
+        with pytest.raises(LimitExceeded) as ei:
+            await s.acquire("a")
+        assert ei.value.payload["error"] == "tenant_busy" and ei.value.payload["resource"] == "model"
+        assert ei.value.status_code == 429 and int(ei.value.headers["Retry-After"]) >= 1
+        await s.acquire("b")  # another tenant is served
+        s.release("a")
+        await s.acquire("a")
+        for k in ("a", "a", "b"):
+            s.release(k)
+        assert s.busy_keys() == 0  # idle keys are forgotten
+
+    asyncio.run(main())
+
+
+def test_slots_waiters_get_released_slots_in_order():
+    async def main():
+        s = Slots(1, 30.0, "database")
+        await s.acquire("a")
+        order = []
+
+        async def waiter(i):
+            await s.acquire("a")
+            order.append(i)
+
+        tasks = [asyncio.create_task(waiter(i)) for i in range(3)]
+        await asyncio.sleep(0)  # let them queue (one loop turn, not a timed wait)
+        assert s.waiting("a") == 3 and s.held("a") == 1
+        for _ in range(3):
+            s.release("a")
+            await asyncio.sleep(0)
+            await asyncio.sleep(0)
+        assert order == [0, 1, 2] and s.held("a") == 1
+        s.release("a")
+        assert s.busy_keys() == 0 and s.waiting("a") == 0
+        await asyncio.gather(*tasks)
+
+    asyncio.run(main())
+
+
+def test_slots_bounded_wait_then_429_and_cancelled_waiter_leaks_nothing():
+    async def main():
+        s = Slots(1, 0.05, "database")
+        await s.acquire("a")
+        with pytest.raises(LimitExceeded):
+            await s.acquire("a")  # waits 0.05 s at most
+        assert s.waiting("a") == 0 and s.held("a") == 1
+        task = asyncio.create_task(s.acquire("a"))
+        await asyncio.sleep(0)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        s.release("a")
+        assert s.busy_keys() == 0 and s.waiting("a") == 0
+        # a slot handed to a waiter that is cancelled at the same moment passes on
+        await s.acquire("a")
+        t1 = asyncio.create_task(s.acquire("a"))
+        await asyncio.sleep(0)
+        s.release("a")  # handed to t1 ...
+        t1.cancel()  # ... which is cancelled before it runs
+        with contextlib.suppress(asyncio.CancelledError):
+            await t1
+        if t1.cancelled():
+            assert s.busy_keys() == 0
+        else:  # it got the slot before the cancel landed
+            s.release("a")
+            assert s.busy_keys() == 0
+
+    asyncio.run(main())
+
+
+class _FakePool:
+    """connection() holds one of ``size`` connections until the block exits."""
+
+    def __init__(self, size):
+        self.sem = asyncio.Semaphore(size)
+        self.in_use = 0
+
+    @contextlib.asynccontextmanager
+    async def connection(self):
+        async with self.sem:
+            self.in_use += 1
+            try:
+                yield object()
+            finally:
+                self.in_use -= 1
+
+
+def test_pool_share_per_tenant_leaves_connections_for_others():
+    async def main():
+        pool = _FakePool(4)
+        lim = Limits(pool_slots=2, wait_s=0.05)
+        a, b = "tenant-a", "tenant-b"
+        release = asyncio.Event()
+        held = 0
+
+        async def hold(t):
+            nonlocal held
+            async with lim.connection(pool, t):
+                held += 1
+                await release.wait()
+
+        flood = [asyncio.create_task(hold(a)) for _ in range(10)]
+        for _ in range(5):
+            await asyncio.sleep(0)
+        assert pool.in_use == 2 and lim.pool.held(a) == 2  # A holds its share, no more
+        async with lim.connection(pool, b):  # B is served at once
+            assert pool.in_use == 3
+        done = await asyncio.gather(*flood[2:], return_exceptions=True)  # A's others time out: 429
+        assert all(isinstance(x, LimitExceeded) and x.payload["resource"] == "database" for x in done)
+        release.set()
+        await asyncio.gather(*flood[:2])
+        assert pool.in_use == 0 and lim.pool.busy_keys() == 0
+
+    asyncio.run(main())
+
+
+def test_model_slot_charges_pairs_before_the_work():
+    async def main():
+        now, clock = _clock()
+        lim = Limits(tenant_rate=RateLimiter(60, 10, clock=clock), model_slots=1, cost_per_pair=0.1)
+        release = await lim.enter_model("a", 40)  # 4 tokens, one slot
+        assert lim.tenant_rate.level("a") == pytest.approx(6.0) and lim.model.held("a") == 1
+        with pytest.raises(LimitExceeded) as ei:
+            await lim.enter_model("a", 10)  # slot busy, no wait
+        assert ei.value.payload["error"] == "tenant_busy"
+        release()
+        with pytest.raises(LimitExceeded) as ei:
+            await lim.enter_model("a", 70)  # 7 tokens: short, refused before taking a slot
+        assert ei.value.payload["error"] == "rate_limited" and lim.model.held("a") == 0
+        release = await lim.enter_model("a", 70, charge=False)  # prepaid (/v2/rerank documents)
+        release()
+        assert lim.tenant_rate.level("a") == pytest.approx(6.0)
+
+    asyncio.run(main())
+
+
+# --------------------------------------------------------------------------- over HTTP
+
+
+def _app(settings, embedder, reranker=None, **changes):
+    return create_app(settings.with_(jwt_secret=SECRET, **changes), reranker=reranker or FakeReranker(),
+                      embedder=embedder)
+
+
+def test_address_limit_applies_before_authentication(settings, embedder):
+    app = _app(settings, embedder, address_rate_limit_per_minute=60, address_rate_limit_burst=3)
+    with TestClient(app) as client:
+        bad = {"Authorization": "Bearer not.a.token"}
+        assert [client.post(URL, json={"query": "x"}, headers=bad).status_code for _ in range(3)] == [401] * 3
+        r = client.post(URL, json={"query": "x"}, headers=bad)
+        assert r.status_code == 429 and r.headers["retry-after"] == "1" and r.headers["x-trace-id"]
+        assert r.json() == {"error": "rate_limited", "scope": "address", "cost": 1.0, "retry_after_s": 1}
+        # a valid token from the same address is refused too: the limit is on the address
+        assert client.post(URL, json={"query": "x"}, headers=bearer(uuid.uuid4())).status_code == 429
+        assert 'kb_rerank_rejected_total{reason="address_rate_limited"} 2.0' in client.get("/metrics").text
+        assert client.get("/healthz").status_code == 200  # unguarded operational routes are not limited
+
+
+def test_cache_hit_costs_one_and_a_miss_its_pairs(settings, embedder, sample_tenant):
+    rr = FakeReranker()
+    app = _app(settings, embedder, rr, rate_limit_per_minute=1, rate_limit_burst=100)  # refill ~0 during the test
+    with TestClient(app) as client:
+        bucket = app.state.limits.tenant_rate
+        body = {"query": "how do refunds work limits test", "source": "lexical_only"}
+        r = client.post(URL, json=body, headers=bearer(sample_tenant))
+        assert r.status_code == 200 and not r.json()["from_cache"]
+        pairs = r.json()["candidate_count"]
+        assert pairs > 0 and rr.calls == 1
+        after_miss = bucket.level(sample_tenant)
+        assert after_miss == pytest.approx(100 - 1 - 0.1 * pairs, abs=0.05)
+        r = client.post(URL, json=body, headers=bearer(sample_tenant))
+        assert r.status_code == 200 and r.json()["from_cache"]
+        assert bucket.level(sample_tenant) == pytest.approx(after_miss - 1, abs=0.05)
+
+
+def test_v2_many_documents_cannot_slip_in_on_one_token(settings, embedder):
+    app = _app(settings, embedder, rate_limit_per_minute=60, rate_limit_burst=60, v2_max_body_bytes=4_000_000)
+    tenant = uuid.uuid4()
+    docs = [f"document number {i} about invoices" for i in range(1000)]
+    # lambda 1: no MMR, so the charge is the documents' alone (MMR passages: test_limits_costs...)
+    with TestClient(app) as client:
+        h = bearer(tenant)
+        assert client.post("/v2/rerank", json={"query": "q1", "documents": docs[:5], "lambda": 1.0}, headers=h).status_code == 200
+        # 1 + 100 tokens: refused on a bucket that is not full, before any work on the documents
+        r = client.post("/v2/rerank", json={"query": "q2", "documents": docs, "lambda": 1.0}, headers=h)
+        assert r.status_code == 429 and r.json()["error"] == "rate_limited" and r.json()["cost"] == 100.0
+        assert int(r.headers["retry-after"]) >= 1
+        other = uuid.uuid4()  # a full bucket lets it through, and the debt is paid by waiting
+        r = client.post("/v2/rerank", json={"query": "q3", "documents": docs, "lambda": 1.0}, headers=bearer(other))
+        assert r.status_code == 200, r.text
+        r = client.post(URL, json={"query": "after the big one"}, headers=bearer(other))
+        assert r.status_code == 429 and int(r.headers["retry-after"]) >= 40  # ~41 tokens of debt at 1/s
+
+
+def test_per_tenant_model_cap_refuses_the_flooder_and_serves_the_others(settings, embedder):
+    """Tenant A sends 4 concurrent /v2/rerank misses; the model (fake, 1.5 s a call) takes
+    one of A's at a time with a short wait: A gets 429 tenant_busy for the rest while
+    tenant B, concurrently, is served."""
+    rr = FakeReranker(delay_s=1.5)
+    app = _app(settings, embedder, rr, rate_limit_per_minute=0, tenant_model_slots=1, tenant_wait_s=0.3)
+    a, b = uuid.uuid4(), uuid.uuid4()
+
+    async def drive(base):
+        async with httpx.AsyncClient(base_url=base, timeout=30) as client:
+            def post(t, i):
+                return client.post("/v2/rerank", headers=bearer(t),
+                                   json={"query": f"cap {i}", "documents": ["one doc", "two doc"], "lambda": 1.0})
+            flood = [post(a, i) for i in range(4)]
+            quiet = asyncio.sleep(0.1, None)
+
+            async def later():
+                await quiet
+                return await post(b, 99)
+            return await asyncio.gather(*flood, later())
+
+    with serve_in_thread(app) as base:
+        *flood, quiet = asyncio.run(drive(base))
+    codes = sorted(r.status_code for r in flood)
+    assert codes == [200, 429, 429, 429], [r.text for r in flood]
+    busy = [r.json() for r in flood if r.status_code == 429]
+    assert all(x["error"] == "tenant_busy" and x["resource"] == "model" for x in busy)
+    assert quiet.status_code == 200, quiet.text

@@ -18,7 +18,7 @@ from kb_rerank.api import create_app
 from kb_rerank.limits import Limits, LimitExceeded, RateLimiter, Slots
 from kb_rerank.settings import Settings
 
-from .live_server import SECRET, URL, FakeReranker, bearer, serve_in_thread
+from .live_server import OPS, OPS_TOKEN, SECRET, URL, FakeReranker, bearer, serve_in_thread
 
 
 def _clock():
@@ -260,7 +260,7 @@ def test_model_slot_charges_pairs_before_the_work():
 
 
 def _app(settings, embedder, reranker=None, **changes):
-    return create_app(settings.with_(jwt_secret=SECRET, **changes), reranker=reranker or FakeReranker(),
+    return create_app(settings.with_(jwt_secret=SECRET, ops_token=OPS_TOKEN, **changes), reranker=reranker or FakeReranker(),
                       embedder=embedder)
 
 
@@ -274,7 +274,7 @@ def test_address_limit_applies_before_authentication(settings, embedder):
         assert r.json() == {"error": "rate_limited", "scope": "address", "cost": 1.0, "retry_after_s": 1}
         # a valid token from the same address is refused too: the limit is on the address
         assert client.post(URL, json={"query": "x"}, headers=bearer(uuid.uuid4())).status_code == 429
-        assert 'kb_rerank_rejected_total{reason="address_rate_limited"} 2.0' in client.get("/metrics").text
+        assert 'kb_rerank_rejected_total{reason="address_rate_limited"} 2.0' in client.get("/metrics", headers=OPS).text
         assert client.get("/healthz").status_code == 200  # unguarded operational routes are not limited
 
 

@@ -507,8 +507,8 @@ async def _lifespan(app: Litestar):
                 log.info("cache eviction loop off: set KB_MAINT_DATABASE_URL, or run `kb-rerank evict` from cron")
             else:
                 tasks.append(asyncio.create_task(_evict_loop(app, maint), name="kb-rerank-evict"))
-        log.info("kb-rerank api ready (model %s loading in background)" if tasks else "kb-rerank api ready",
-                 st.service.model_name)
+        loading = any(t.get_name() == "kb-rerank-model-load" for t in tasks)
+        log.info("kb-rerank api ready (model %s%s)", st.service.model_name, ", loading in background" if loading else "")
         yield
     finally:
         for t in tasks:

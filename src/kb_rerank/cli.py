@@ -82,8 +82,14 @@ def cmd_downgrade(args, settings: Settings) -> int:
 
     from . import db
 
+    from alembic.util import CommandError
+
     url = db.owner_url(settings)
-    db.downgrade(settings, url, revision=args.revision)
+    try:
+        db.downgrade(settings, url, revision=args.revision)
+    except CommandError as exc:  # e.g. -1 at base, an unknown revision
+        print(f"kb-rerank: error: downgrade {args.revision}: {exc}", file=sys.stderr)
+        return 1
     with psycopg.connect(url) as conn:
         print(f"database at revision {db.current_revision(conn) or 'base (no kb schema)'}")
     return 0

@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 export OPENBLAS_NUM_THREADS ?= 1
 export HF_HUB_OFFLINE ?= 1
 
-.PHONY: install demo test test-fast serve soak bench bench-quick clean db-stop
+.PHONY: install demo test test-fast wheel-test serve soak bench bench-quick clean db-stop
 
 install: $(STAMP)
 
@@ -28,6 +28,10 @@ test: install
 
 test-fast: install
 	$(BIN)/python -m pytest -q -m "not slow"
+
+# build the wheel, install it into a fresh venv outside the checkout, run `kb-rerank demo` there
+wheel-test: install
+	PYTHON=$(BIN)/python bash .ci/wheel-demo
 
 # 32 clients for 60 s against a real server process (loopback), then the invariants
 soak: install
@@ -52,4 +56,4 @@ db-stop: install
 
 clean:
 	-$(BIN)/kb-rerank db stop
-	rm -rf .kb-data .pytest_cache
+	rm -rf .kb-data .pytest_cache dist build

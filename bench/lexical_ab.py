@@ -24,6 +24,15 @@ import numpy as np
 import psycopg
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+def _show(rev: str, rel: str) -> str:
+    """A SQL file as of ``rev``: under src/kb_rerank/sql/ since issue 14, sql/ before."""
+    for base in ("src/kb_rerank/sql", "sql"):
+        r = subprocess.run(["git", "-C", str(ROOT), "show", f"{rev}:{base}/{rel}"], capture_output=True, text=True)
+        if r.returncode == 0:
+            return r.stdout
+    raise SystemExit(f"{rel} not found at {rev}")
 SIGNATURE = "(text, integer, double precision, double precision)"
 
 
@@ -48,8 +57,7 @@ def main(argv=None) -> int:
     app.execute("select set_config('auth.tenant_id', %s, false)", [str(tenant)])
     names = {"working tree": "kb.search_lexical"}
     for i, rev in enumerate(args.rev):
-        sql = subprocess.run(["git", "-C", str(ROOT), "show", f"{rev}:sql/functions/10_search_lexical.sql"],
-                             check=True, capture_output=True, text=True).stdout
+        sql = _show(rev, "functions/10_search_lexical.sql")
         name = f"search_lexical_ab{i}"
         sql = sql.replace("kb.search_lexical(", f"kb.{name}(").replace("search_lexical.", f"{name}.")
         owner.execute(sql)

@@ -5,7 +5,7 @@ Starts `kb-rerank serve` (one worker) on a loopback port against the configured 
 process's RSS with psutil. Configurations, measured in the same run:
   * no model: KB_RERANKER_MODEL points at a missing folder (the load fails, the service
     answers with the fused order);
-  * tiny model: the offline tiny cross-encoder (kb_rerank.tiny_model);
+  * tiny model: the offline tiny cross-encoder (kb_rerank.testing.tiny_model);
   * --model PATH: any model folder (e.g. one with bge-reranker-v2-m3's architecture).
 
     python bench/memory_bench.py [--model PATH]
@@ -28,7 +28,7 @@ import psutil
 
 from kb_rerank.auth import JwtConfig, mint_token
 from kb_rerank.cli import DEMO_TENANT
-from kb_rerank.tiny_model import build_tiny_cross_encoder
+from kb_rerank.testing.tiny_model import build_tiny_cross_encoder
 
 SECRET = "kb-rerank-bench-secret-0123456789abcdef"
 

@@ -18,7 +18,7 @@ Models:
   initialised model with bge-reranker-v2-m3's exact architecture built in a
   temporary folder (compute cost depends on architecture and sequence length,
   not on weight values);
-* the tiny random test model (``kb_rerank.tiny_model``), as a floor.
+* the tiny random test model (``kb_rerank.testing.tiny_model``), as a floor.
 
 Outside ``--quick`` the big model also runs ``FlagReranker.compute_score`` once
 (batch 16, max_length 512, uniform) to show its extra per-call probe forward.
@@ -54,7 +54,7 @@ if str(ROOT / "src") not in sys.path:
     sys.path.insert(0, str(ROOT / "src"))
 
 from kb_rerank.rerank import Reranker, plan_batches  # noqa: E402
-from kb_rerank.tiny_model import (  # noqa: E402
+from kb_rerank.testing.tiny_model import (  # noqa: E402
     build_random_bge_reranker_v2_m3,
     build_tiny_cross_encoder,
     sample_words,

@@ -1,5 +1,5 @@
 """Cross-encoder pairs saved by the pair-score cache (kb.kb_rerank_pair_scores) on a realistic
-mix of POST /v1/kb/search/rerank requests against the sample knowledge base (examples/kb).
+mix of POST /v1/kb/search/rerank requests against the sample knowledge base (kb_rerank/demo_kb).
 
 The mix: users iterating on a question. A session starts with a question (hybrid), then,
 at random, switches the source (lexical_only / semantic_only / back to hybrid), rephrases the
@@ -10,7 +10,7 @@ cache and pair scores emptied before each run: once with ``pair_cache=True``
 (KB_PAIR_CACHE, the default) and once with ``pair_cache=False``. The result cache is on in
 both runs, so the saving reported is what the pair cache adds on top of it.
 
-Cross-encoder: the tiny offline model (kb_rerank.tiny_model); what the pair cache saves is
+Cross-encoder: the tiny offline model (kb_rerank.testing.tiny_model); what the pair cache saves is
 counted in pairs (``Reranker.pairs_scored``), which is what costs time with a real model
 (bench/model_cost.py). Database: the embedded server under --data-dir (created and
 migrated on first use), the sample KB ingested into one tenant.
@@ -44,10 +44,10 @@ from kb_rerank.embed import get_embedder  # noqa: E402
 from kb_rerank.ingest import ingest_paths  # noqa: E402
 from kb_rerank.rerank import Reranker  # noqa: E402
 from kb_rerank.settings import Settings  # noqa: E402
-from kb_rerank.tiny_model import build_tiny_cross_encoder  # noqa: E402
+from kb_rerank.testing.tiny_model import build_tiny_cross_encoder  # noqa: E402
 
 SECRET = "kb-rerank-bench-secret-0123456789abcdef"
-EXAMPLES = Path(__file__).resolve().parents[1] / "examples" / "kb"
+EXAMPLES = Path(__file__).resolve().parents[1] / "src" / "kb_rerank" / "demo_kb"
 URL = "/v1/kb/search/rerank"
 
 # One need per entry, in the wordings a user tries while iterating.
@@ -180,7 +180,7 @@ async def main_async(args) -> dict:
         "without_pair_cache": without, "with_pair_cache": with_pc,
         "pairs_saved": saved,
         "ratio_saved": round(saved / without["model_pairs_scored"], 4) if without["model_pairs_scored"] else 0.0,
-        "cross_encoder": "tiny offline model (kb_rerank.tiny_model)", "embedder": settings.embedder,
+        "cross_encoder": "tiny offline model (kb_rerank.testing.tiny_model)", "embedder": settings.embedder,
     }
 
 

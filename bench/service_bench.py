@@ -7,7 +7,7 @@ loop, no network):
   * throughput at 1, 8 and 32 concurrent clients (--clients), cache hits and misses apart:
     requests/s and latency, each against the one-client run of the same kind (on 2 cores,
     more clients add queueing, not throughput; the pool holds KB_POOL_MAX connections);
-  * the cross-encoder used is the tiny offline one (kb_rerank.tiny_model), so the model is a
+  * the cross-encoder used is the tiny offline one (kb_rerank.testing.tiny_model), so the model is a
     small part of the total; bench/model_cost.py reports what the real model costs.
 
 Data: a database loaded by bench/search_bench.py (synthetic clustered vectors, real text);
@@ -45,7 +45,7 @@ from kb_rerank.auth import JwtConfig, mint_token  # noqa: E402
 from kb_rerank.embed import get_embedder  # noqa: E402
 from kb_rerank.rerank import Reranker  # noqa: E402
 from kb_rerank.settings import Settings  # noqa: E402
-from kb_rerank.tiny_model import build_tiny_cross_encoder  # noqa: E402
+from kb_rerank.testing.tiny_model import build_tiny_cross_encoder  # noqa: E402
 
 SECRET = "kb-rerank-bench-secret-0123456789abcdef"
 
@@ -189,7 +189,7 @@ async def run(args) -> dict:
         "miss_minus_cross_encoder_ms": summary(overhead),
         "miss_minus_both_models_ms": summary(overhead_no_embed),
         "throughput": throughput, "pool_max": settings.pool_max,
-        "embedder": settings.embedder, "cross_encoder": "tiny offline model (kb_rerank.tiny_model)",
+        "embedder": settings.embedder, "cross_encoder": "tiny offline model (kb_rerank.testing.tiny_model)",
         "machine": {"nproc": os.cpu_count()},
     }
     return out

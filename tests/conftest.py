@@ -14,6 +14,8 @@ import tempfile
 import uuid
 from pathlib import Path
 
+from importlib import resources
+
 import psycopg
 import pytest
 
@@ -23,7 +25,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 from kb_rerank import db  # noqa: E402
 from kb_rerank.settings import Settings  # noqa: E402
 
-EXAMPLES = Path(__file__).resolve().parents[1] / "examples" / "kb"
+# the sample knowledge base shipped in the package (kb-rerank demo)
+EXAMPLES = Path(str(resources.files("kb_rerank") / "demo_kb"))
 
 
 def _docker_answers() -> bool:

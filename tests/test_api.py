@@ -25,7 +25,7 @@ from kb_rerank.db import tenant_transaction
 from kb_rerank.rerank import Reranker
 from kb_rerank.service import normalize_query, query_hash, query_hash_key, trace_id_from_headers
 from kb_rerank.settings import SOURCES, Settings
-from kb_rerank.tiny_model import build_tiny_cross_encoder
+from kb_rerank.testing.tiny_model import build_tiny_cross_encoder
 
 from .helpers import insert_doc
 from .live_server import OPS, OPS_TOKEN

@@ -19,7 +19,7 @@ from kb_rerank.chunking import (
     parse_front_matter,
 )
 
-KB_DIR = Path(__file__).resolve().parents[1] / "examples" / "kb"
+from .conftest import EXAMPLES as KB_DIR
 
 WORDS = "alpha beta gamma delta epsilon zeta theta iota kappa lambda omicron sigma".split()
 

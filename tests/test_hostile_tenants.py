@@ -59,6 +59,7 @@ FUNCTIONS = {
     "search_hybrid": "filters kb.current_tenant()",
     "audit_append": "writes the current tenant's chain only", "audit_verify": "not executable by the app",
     "evict_expired_cache": "not executable by the app",
+    "schema_layer_version": "pure: returns a constant (the SQL layer's version, issue 14)",
 }
 HOSTILE = [
     "x'); set role postgres; --", "reset role", "'; select set_config('auth.tenant_id', '{a}', false); --",

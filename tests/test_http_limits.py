@@ -22,7 +22,7 @@ import pytest
 from litestar.testing import TestClient
 
 from kb_rerank.api import RERANK_PATH, create_app
-from kb_rerank.tiny_model import build_tiny_cross_encoder
+from kb_rerank.testing.tiny_model import build_tiny_cross_encoder
 from kb_rerank.v2 import CONTEXT_PATH, V2_RERANK_PATH
 
 from .live_server import SECRET, FakeReranker, bearer, serve_process

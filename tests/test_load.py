@@ -29,7 +29,7 @@ from kb_rerank import db
 from kb_rerank.db import tenant_transaction
 from kb_rerank.service import normalize_query, query_hash, query_hash_key
 from kb_rerank.settings import SOURCES, Settings
-from kb_rerank.tiny_model import build_tiny_cross_encoder
+from kb_rerank.testing.tiny_model import build_tiny_cross_encoder
 
 from .live_server import (
     OPS, SECRET, TOPICS, URL, bearer, busy_app_backends, advisory_locks, ingest_small_tenant, metric_values,

@@ -26,7 +26,7 @@ from kb_rerank.rerank import (
     RerankerUnavailable,
     plan_batches,
 )
-from kb_rerank.tiny_model import build_tiny_cross_encoder, sample_words
+from kb_rerank.testing.tiny_model import build_tiny_cross_encoder, sample_words
 
 QUERY = "how do i reset my password"
 PASSAGES = [
@@ -67,7 +67,7 @@ def _close(a, b, tol=1e-5):
 
 # ---------------------------------------------------------------- model builder
 def test_import_is_cheap():
-    code = "import sys, kb_rerank.rerank, kb_rerank.tiny_model; assert 'torch' not in sys.modules; assert 'transformers' not in sys.modules"
+    code = "import sys, kb_rerank.rerank, kb_rerank.testing.tiny_model; assert 'torch' not in sys.modules; assert 'transformers' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True, env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
 
 

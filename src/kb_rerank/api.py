@@ -14,7 +14,7 @@ Endpoints
   ``{"query": str, "source": "hybrid_lexical_semantic"|"lexical_only"|"semantic_only"|"manual_curation"}``.
 * ``GET /healthz`` -- 200 while the process runs.
 * ``GET /readyz`` -- 200 when the database answers and its schema is at the migrations'
-  head (the model state is reported; a model still loading is not a 503 because
+  head with this code's idempotent layer (kb.schema_layer_version()) (the model state is reported; a model still loading is not a 503 because
   requests are served with the fallback); 503 otherwise. Only ``{"status"}`` unless the
   request carries ``Authorization: Bearer <ops_token>``.
 * ``GET /metrics`` -- Prometheus text, from a registry owned by the app; needs the ops
@@ -64,6 +64,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, G
 from . import __version__ as _version
 from . import db
 from . import body
+from . import sqlfiles
 from .auth import AuthError, JwtConfig, check_secret, tenant_from_authorization
 from .body import ApiError  # noqa: F401 - the app's error type, defined with the body decoder
 from .limits import Limits, LimitExceeded, RateLimiter  # noqa: F401 - RateLimiter: moved there, imported from here by older callers
@@ -315,6 +316,15 @@ async def _db_revision(pool, timeout: float) -> str | None:
         return row[0] if row else None
 
 
+async def _db_layer_version(pool, timeout: float) -> str | None:
+    async with pool.connection(timeout=timeout) as conn:
+        cur = await conn.execute("select to_regprocedure('kb.schema_layer_version()') is not null")
+        if not (await cur.fetchone())[0]:
+            return None
+        cur = await conn.execute("select kb.schema_layer_version()")
+        return (await cur.fetchone())[0]
+
+
 # Operational endpoints. /metrics (tenant-independent but revealing: traffic, pool, model
 # timings) and the detail of /readyz (model name and last load error, schema revision,
 # exception names) are for operators only. Chosen: a bearer ops token (KB_OPS_TOKEN) on the
@@ -359,6 +369,12 @@ async def readyz(request: Request, state: State) -> Response[dict[str, Any]]:
         info["revision"] = rev
         if rev != state.head_revision:
             info["schema"] = "behind"
+            status = 503
+        elif await asyncio.wait_for(_db_layer_version(state.pool, state.db_timeout_s),
+                                    state.db_timeout_s + 1) != state.layer_version:
+            # functions, policies or views of another release (kb.schema_layer_version()):
+            # `kb-rerank migrate` re-applies this code's layer
+            info["schema"] = "layer_mismatch"
             status = 503
         else:
             info["schema"] = "ok"
@@ -566,6 +582,7 @@ def create_app(settings: Settings, *, reranker=None, embedder=None, dev: bool = 
         "limits": (limits := Limits.from_settings(settings, on_reject=lambda r: metrics.rejected.labels(r).inc())),
         "rate_limiter": limits.tenant_rate,
         "head_revision": None,
+        "layer_version": sqlfiles.layer_version(embedding_dim=settings.embedding_dim),  # /readyz
         "pool": None,
         "service": None,
     })

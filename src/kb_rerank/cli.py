@@ -14,7 +14,8 @@ from . import keys
 from .settings import Settings
 
 DEMO_TENANT = UUID("00000000-0000-4000-8000-000000000001")
-EXAMPLES_DIR = Path(__file__).resolve().parents[2] / "examples" / "kb"
+# The sample knowledge base ships inside the package (kb_rerank/demo_kb).
+DEMO_KB = "demo_kb"
 # `kb-rerank serve --dev` only: a fixed, public secret (>= 32 bytes, as HS256 wants).
 DEV_JWT_SECRET = "kb-rerank-dev-secret-do-not-use-in-production"
 DEMO_QUERIES = [
@@ -78,10 +79,20 @@ def cmd_migrate(args, settings: Settings) -> int:
 
 
 def cmd_downgrade(args, settings: Settings) -> int:
+    import psycopg
+
     from . import db
 
-    db.downgrade(settings, revision=args.revision)
-    print(f"downgraded to {args.revision}")
+    from alembic.util import CommandError
+
+    url = db.owner_url(settings)
+    try:
+        db.downgrade(settings, url, revision=args.revision)
+    except CommandError as exc:  # e.g. -1 at base, an unknown revision
+        print(f"kb-rerank: error: downgrade {args.revision}: {exc}", file=sys.stderr)
+        return 1
+    with psycopg.connect(url) as conn:
+        print(f"database at revision {db.current_revision(conn) or 'base (no kb schema)'}")
     return 0
 
 
@@ -157,6 +168,8 @@ def cmd_embed(args, settings: Settings) -> int:
 
 
 def cmd_demo(args, settings: Settings) -> int:
+    from importlib import resources
+
     from . import db
     from .embed import get_embedder
     from .ingest import ingest_paths
@@ -165,9 +178,9 @@ def cmd_demo(args, settings: Settings) -> int:
     url = db.migrate(settings)
     print(f"database ready: {db.app_url(settings)} (owner {url})")
     embedder = get_embedder(settings)
-    with _app_conn(settings) as conn:
-        report = ingest_paths(conn, DEMO_TENANT, [EXAMPLES_DIR], embedder, settings, progress=False)
-        print(f"sample knowledge base ({EXAMPLES_DIR.name}) for tenant {DEMO_TENANT}: {report.summary()}")
+    with _app_conn(settings) as conn, resources.as_file(resources.files("kb_rerank") / DEMO_KB) as kb_dir:
+        report = ingest_paths(conn, DEMO_TENANT, [kb_dir], embedder, settings, progress=False)
+        print(f"sample knowledge base ({DEMO_KB}) for tenant {DEMO_TENANT}: {report.summary()}")
         for q in DEMO_QUERIES:
             rows = run_search(conn, settings, embedder, DEMO_TENANT, q, "hybrid", settings.candidates)
             print(f"\nhybrid search {q!r}: {len(rows)} candidates, top 5")
@@ -449,8 +462,9 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--revision", default="head")
     m.set_defaults(func=cmd_migrate)
 
-    dg = sub.add_parser("downgrade", help="revert migrations (alembic downgrade)")
-    dg.add_argument("--revision", default="base")
+    dg = sub.add_parser("downgrade", help="revert migrations (alembic downgrade): one revision unless --revision says")
+    dg.add_argument("--revision", default="-1", help="target: -1 (default, one step), -N, a revision id, or base "
+                    "(drops the kb schema and its data)")
     dg.set_defaults(func=cmd_downgrade)
 
     i = sub.add_parser("ingest", help="ingest Markdown/text files or a BEIR corpus.jsonl for a tenant")
@@ -541,8 +555,9 @@ def main(argv: list[str] | None = None) -> int:
         return args.func(args, settings)
     except Exception as exc:  # noqa: BLE001 - a CLI reports, it does not dump a traceback
         from .db import DatabaseSetupError
+        from .extras import MissingExtra
 
-        if args.verbose or not isinstance(exc, (DatabaseSetupError, ValueError, OSError)):
+        if args.verbose or not isinstance(exc, (DatabaseSetupError, MissingExtra, ValueError, OSError)):
             raise
         print(f"kb-rerank: error: {exc}", file=sys.stderr)
         return 1

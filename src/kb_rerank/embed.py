@@ -71,6 +71,9 @@ class BgeM3Embedder:
     dim = EMBEDDER_DIMS["bge-m3"]
 
     def __init__(self, model: str | None = None) -> None:
+        from .extras import require
+
+        require("FlagEmbedding", "rerank", "KB_EMBEDDER=bge-m3")
         from FlagEmbedding import BGEM3FlagModel
 
         import torch

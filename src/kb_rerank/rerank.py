@@ -274,6 +274,9 @@ class Reranker:
         else:
             name = self._model_name
 
+        from .extras import require
+
+        require("FlagEmbedding", "rerank", "the cross-encoder")  # an error naming the extra when absent
         import torch
         from FlagEmbedding import FlagReranker
         from FlagEmbedding.utils.tokenizer_compat import pad_with_compat, prepare_for_model_compat

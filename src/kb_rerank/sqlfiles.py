@@ -1,36 +1,49 @@
-"""Reading and applying the SQL files under sql/.
+"""Reading and applying the SQL files shipped in the package (kb_rerank/sql/).
 
-sql/schema/NNNN_*.sql are versioned (each run once by its Alembic revision);
+sql/schema/NNNN_*.sql are versioned: each is run once by its Alembic revision, its
+downgrade NNNN_*.down.sql beside it, and neither ever changes once shipped (their hashes
+are frozen in migrations/frozen.sha256, checked by tests/test_migrations.py).
 sql/functions, sql/policies and sql/views are idempotent and re-applied, in that order
-and by file name, once at the end of every upgrade run (migrations/env.py).
+and by file name, once at the end of every upgrade that reaches head (migrations/env.py);
+no revision applies them in the middle of an upgrade. The layer carries a version, the
+hash of its rendered files, that ``kb.schema_layer_version()`` returns and /readyz checks.
+
+The files are read with importlib.resources, so an installed wheel finds them as well as a
+checkout does.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
-
-from .db import SQL_DIR
+import hashlib
+from importlib import resources
+from importlib.resources.abc import Traversable
 
 IDEMPOTENT_DIRS = ("functions", "policies", "views")
 
 
-def render(path: Path, *, embedding_dim: int) -> str:
-    if not isinstance(embedding_dim, int) or not 0 < embedding_dim <= 16000:
+def sql_dir() -> Traversable:
+    return resources.files("kb_rerank") / "sql"
+
+
+def render(path: Traversable, *, embedding_dim: int) -> str:
+    if not isinstance(embedding_dim, int) or isinstance(embedding_dim, bool) or not 0 < embedding_dim <= 16000:
         raise ValueError(f"embedding_dim must be an integer in 1..16000, got {embedding_dim!r}")
     return path.read_text(encoding="utf-8").replace("{{embedding_dim}}", str(embedding_dim))
 
 
-def versioned_file(name: str) -> Path:
-    path = SQL_DIR / "schema" / name
-    if not path.exists():
-        raise FileNotFoundError(path)
+def versioned_file(name: str) -> Traversable:
+    path = sql_dir() / "schema" / name
+    if not path.is_file():
+        raise FileNotFoundError(f"sql/schema/{name}")
     return path
 
 
-def idempotent_files() -> list[Path]:
-    files: list[Path] = []
+def idempotent_files() -> list[tuple[str, Traversable]]:
+    """(path relative to sql/, file) of every idempotent file, in the order applied."""
+    files: list[tuple[str, Traversable]] = []
     for d in IDEMPOTENT_DIRS:
-        files.extend(sorted((SQL_DIR / d).glob("*.sql")))
+        entries = [f for f in (sql_dir() / d).iterdir() if f.is_file() and f.name.endswith(".sql")]
+        files.extend((f"{d}/{f.name}", f) for f in sorted(entries, key=lambda f: f.name))
     return files
 
 
@@ -44,13 +57,50 @@ def apply_versioned(dbapi_conn, name: str, *, embedding_dim: int) -> None:
     execute_script(dbapi_conn, render(versioned_file(name), embedding_dim=embedding_dim))
 
 
-def apply_idempotent(dbapi_conn, *, embedding_dim: int, only: tuple[str, ...] | None = None) -> None:
-    """Apply the idempotent files (all, or those whose path relative to sql/ is in ``only``,
-    for a revision whose data step needs a function before the end of the upgrade)."""
-    for path in idempotent_files():
-        if only is not None and path.relative_to(SQL_DIR).as_posix() not in only:
-            continue
+def layer_version(*, embedding_dim: int) -> str:
+    """SHA-256 over the idempotent files as applied (relative path and rendered text)."""
+    h = hashlib.sha256()
+    for rel, path in idempotent_files():
+        h.update(rel.encode() + b"\0" + render(path, embedding_dim=embedding_dim).encode("utf-8") + b"\0")
+    return h.hexdigest()
+
+
+# Written after the idempotent files, in the same transaction: the function's body is the
+# version of the layer just applied. SECURITY INVOKER; /readyz calls it as the app role.
+_LAYER_VERSION_SQL = """
+create or replace function kb.schema_layer_version()
+returns text
+language sql
+immutable
+parallel safe
+security invoker
+set search_path = pg_catalog, pg_temp
+as $$ select '{version}'::text $$;
+comment on function kb.schema_layer_version() is
+  'SHA-256 of the idempotent SQL layer (functions, policies, views) applied by the last upgrade to head';
+revoke execute on function kb.schema_layer_version() from public;
+grant execute on function kb.schema_layer_version() to cyberos_app;
+"""
+
+
+def apply_idempotent(dbapi_conn, *, embedding_dim: int) -> str:
+    """Apply every idempotent file, then record the layer's version; return it."""
+    for rel, path in idempotent_files():
         try:
             execute_script(dbapi_conn, render(path, embedding_dim=embedding_dim))
         except Exception as exc:
-            raise RuntimeError(f"applying {path.relative_to(SQL_DIR.parent)} failed: {exc}") from exc
+            raise RuntimeError(f"applying sql/{rel} failed: {exc}") from exc
+    version = layer_version(embedding_dim=embedding_dim)
+    execute_script(dbapi_conn, _LAYER_VERSION_SQL.format(version=version))
+    return version
+
+
+def applied_layer_version(dbapi_conn) -> str | None:
+    """The layer version recorded in the database, or None when none is (a database
+    migrated before the layer carried a version, or not migrated)."""
+    row = dbapi_conn.execute(
+        "select case when to_regprocedure('kb.schema_layer_version()') is not null"
+        " then 1 end").fetchone()
+    if row[0] is None:
+        return None
+    return dbapi_conn.execute("select kb.schema_layer_version()").fetchone()[0]

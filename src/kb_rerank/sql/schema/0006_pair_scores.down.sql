@@ -1,31 +1,7 @@
-"""pair-score cache: kb.kb_rerank_pair_scores (cross-encoder score per model, query hash, chunk, content hash)
-
-Revision ID: 0006_pair_scores
-Revises: 0005_tenant_scoped_chunk_key
-"""
-from alembic import context, op
-
-from kb_rerank import sqlfiles
-
-revision = "0006_pair_scores"
-down_revision = "0005_tenant_scoped_chunk_key"
-branch_labels = None
-depends_on = None
-
-
-def _raw():
-    return op.get_bind().connection.driver_connection
-
-
-def upgrade() -> None:
-    dim = context.config.attributes["kb_embedding_dim"]
-    sqlfiles.apply_versioned(_raw(), "0006_pair_scores.sql", embedding_dim=dim)
-
-
-# Drops the table (its policies and grants go with it) and puts back the 0002..0005 body of
-# kb.evict_expired_cache (cache rows only), which would otherwise name a missing table: the
-# idempotent files are re-applied only by an upgrade that reaches head.
-DOWNGRADE = """
+-- Downgrade of 0006_pair_scores (run by its Alembic revision).
+-- Drops the table (its policies and grants go with it) and puts back the 0002..0005 body of
+-- kb.evict_expired_cache (cache rows only), which would otherwise name a missing table: the
+-- idempotent files are re-applied only by an upgrade that reaches head.
 drop table if exists kb.kb_rerank_pair_scores;
 do $do$
 begin
@@ -63,8 +39,3 @@ begin
   end if;
 end
 $do$;
-"""
-
-
-def downgrade() -> None:
-    sqlfiles.execute_script(_raw(), DOWNGRADE)

@@ -17,20 +17,21 @@ down_revision = "0009_ts_rank_tf"
 branch_labels = None
 depends_on = None
 
-PARTS = ("0010_trust_privileges", "0010_trust_cache")
+# Versioned files under sql/schema/ (frozen once shipped: migrations/frozen.sha256).
+UPGRADE = ("0010_trust_privileges.sql", "0010_trust_cache.sql")
+DOWNGRADE = ("0010_trust_cache.down.sql", "0010_trust_privileges.down.sql")
 
 
-def _raw():
-    return op.get_bind().connection.driver_connection
+def _run(files: tuple[str, ...]) -> None:
+    dim = context.config.attributes["kb_embedding_dim"]
+    raw = op.get_bind().connection.driver_connection
+    for name in files:
+        sqlfiles.apply_versioned(raw, name, embedding_dim=dim)
 
 
 def upgrade() -> None:
-    dim = context.config.attributes["kb_embedding_dim"]
-    for part in PARTS:
-        sqlfiles.apply_versioned(_raw(), f"{part}.sql", embedding_dim=dim)
+    _run(UPGRADE)
 
 
 def downgrade() -> None:
-    dim = context.config.attributes["kb_embedding_dim"]
-    for part in reversed(PARTS):
-        sqlfiles.apply_versioned(_raw(), f"{part}.down.sql", embedding_dim=dim)
+    _run(DOWNGRADE)

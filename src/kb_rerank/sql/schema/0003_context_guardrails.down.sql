@@ -1,29 +1,5 @@
-"""context guardrails: injection / stuffing flags on chunks, kb.tenant_policy
-
-Revision ID: 0003_context_guardrails
-Revises: 0002_rerank_service
-"""
-from alembic import context, op
-
-from kb_rerank import sqlfiles
-
-revision = "0003_context_guardrails"
-down_revision = "0002_rerank_service"
-branch_labels = None
-depends_on = None
-
-
-def _raw():
-    return op.get_bind().connection.driver_connection
-
-
-def upgrade() -> None:
-    dim = context.config.attributes["kb_embedding_dim"]
-    sqlfiles.apply_versioned(_raw(), "0003_context_guardrails.sql", embedding_dim=dim)
-
-
-# Drops what 0003 added (the policies of sql/policies/tenant_policy.sql die with the table).
-DOWNGRADE = """
+-- Downgrade of 0003_context_guardrails (run by its Alembic revision).
+-- Drops what 0003 added (the policies of sql/policies/tenant_policy.sql die with the table).
 drop table if exists kb.tenant_policy;
 alter table kb.chunks
   drop column if exists injection_flag,
@@ -49,8 +25,3 @@ begin
   end if;
 end
 $$;
-"""
-
-
-def downgrade() -> None:
-    sqlfiles.execute_script(_raw(), DOWNGRADE)

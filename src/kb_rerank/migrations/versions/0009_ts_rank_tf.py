@@ -14,6 +14,10 @@ down_revision = "0008_term_tops"
 branch_labels = None
 depends_on = None
 
+# No versioned file: functions only (frozen once shipped: migrations/frozen.sha256).
+UPGRADE: tuple[str, ...] = ()
+DOWNGRADE: tuple[str, ...] = ()
+
 
 def upgrade() -> None:
     pass  # functions only: applied with the other idempotent files once head is reached

@@ -1,4 +1,4 @@
-"""Alembic environment: thin revisions that execute the SQL files under sql/.
+"""Alembic environment: thin revisions that execute the SQL files under kb_rerank/sql/.
 
 The URL comes from kb_rerank (KB_DATABASE_URL or the embedded server), or from
 ``config.attributes['kb_url']`` when called through ``kb_rerank.db.migrate``.
@@ -42,11 +42,16 @@ def run_migrations_online() -> None:
             # idempotent and written for the head schema: re-applied once, after the last
             # revision of an upgrade that reaches head, in the same transaction. An upgrade to
             # an intermediate revision gets that revision's tables only.
+            # A database already at head is brought up to this package's layer when its
+            # recorded version (kb.schema_layer_version(), checked by /readyz) differs: a
+            # release may change functions or policies without a new revision.
             at_head = context.get_context().get_current_revision() == context.script.get_current_head()
-            if upgrades and all(upgrades) and at_head:
+            if at_head and all(upgrades):
                 from kb_rerank import sqlfiles
 
-                sqlfiles.apply_idempotent(connection.connection.driver_connection, embedding_dim=dim)
+                raw = connection.connection.driver_connection
+                if upgrades or sqlfiles.applied_layer_version(raw) != sqlfiles.layer_version(embedding_dim=dim):
+                    sqlfiles.apply_idempotent(raw, embedding_dim=dim)
 
 
 if context.is_offline_mode():

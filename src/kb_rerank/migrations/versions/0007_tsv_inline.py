@@ -1,0 +1,32 @@
+"""tsvector stored in the heap row (storage main): BM25 reads it for every candidate
+
+Revision ID: 0007_tsv_inline
+Revises: 0006_pair_scores
+"""
+from alembic import context, op
+
+from kb_rerank import sqlfiles
+
+revision = "0007_tsv_inline"
+down_revision = "0006_pair_scores"
+branch_labels = None
+depends_on = None
+
+# Versioned files under sql/schema/ (frozen once shipped: migrations/frozen.sha256).
+UPGRADE = ("0007_tsv_inline.sql",)
+DOWNGRADE = ("0007_tsv_inline.down.sql",)
+
+
+def _run(files: tuple[str, ...]) -> None:
+    dim = context.config.attributes["kb_embedding_dim"]
+    raw = op.get_bind().connection.driver_connection
+    for name in files:
+        sqlfiles.apply_versioned(raw, name, embedding_dim=dim)
+
+
+def upgrade() -> None:
+    _run(UPGRADE)
+
+
+def downgrade() -> None:
+    _run(DOWNGRADE)

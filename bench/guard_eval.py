@@ -4,15 +4,17 @@ Prints precision, recall, F1 and the confusion matrix for the injection detector
 whole set, on the holdout split and per language, and the same for the stuffing detector.
 
     python bench/guard_eval.py [--verbose]   # --verbose lists misses and false alarms
+    python bench/guard_eval.py --timing      # also: each detector on the issue-13 inputs
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import time
 from pathlib import Path
 
-from kb_rerank.guard import detect_injection, detect_stuffing
+from kb_rerank.guard import detect_injection, detect_stuffing, sanitize_for_prompt
 
 DATA = Path(__file__).resolve().parents[1] / "tests" / "data"
 
@@ -42,6 +44,7 @@ def evaluate(title: str, pos: list[dict], neg: list[dict], predict, verbose: boo
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--verbose", action="store_true")
+    ap.add_argument("--timing", action="store_true")
     args = ap.parse_args()
     benign = load(DATA / "injection" / "benign.jsonl")
     hostile = load(DATA / "injection" / "hostile.jsonl")
@@ -58,6 +61,24 @@ def main() -> None:
     print("== stuffing ==")
     evaluate("all", load(DATA / "spam" / "stuffed.jsonl"), load(DATA / "spam" / "normal.jsonl"),
              lambda t: detect_stuffing(t).flagged, args.verbose)
+    if args.timing:
+        timing()
+
+
+def timing() -> None:
+    """Seconds per call on the inputs of issue 13 (the backtracking ones before the fix)."""
+    print("== timing (s per call) ==")
+    cases = {f"'\\n' * {n} + 'x'": "\n" * n + "x" for n in (250, 500, 1000, 19_999)}
+    cases["'user:\\n' * 4000"] = "user:\n" * 4000
+    cases["'<!--' * 5000"] = "<!--" * 5000
+    cases["'ignore all ' + '-' * 20000"] = "ignore all " + "-" * 20_000
+    for name, text in cases.items():
+        row = []
+        for fn in (detect_injection, detect_stuffing, sanitize_for_prompt):
+            t0 = time.perf_counter()
+            fn(text)
+            row.append(f"{fn.__name__}={time.perf_counter() - t0:.4f}")
+        print(f"{name:<30} " + " ".join(row))
 
 
 if __name__ == "__main__":

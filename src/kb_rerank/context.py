@@ -50,7 +50,8 @@ NO_CONTEXT_NOTE = (
     "(\"I don't know based on the available documentation\")."
 )
 
-_TAG = re.compile(r"<(\s*/?\s*(?:context|passage)\b)", re.IGNORECASE)
+# possessive: "<" + a long run of spaces was quadratic (two "\s*" around an optional "/")
+_TAG = re.compile(r"<(\s*+/?\s*+(?:context|passage)\b)", re.IGNORECASE)
 _LINE = re.compile(r"[\r\n\t]+")
 
 

@@ -24,11 +24,17 @@ Languages with dedicated patterns: English, Vietnamese, French, Spanish, German,
 
 from __future__ import annotations
 
+import asyncio
+import bisect
 import math
 import re
+import threading
+import time
 import unicodedata
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Sequence
 
 __all__ = [
     "INJECTION_THRESHOLD",
@@ -37,6 +43,7 @@ __all__ = [
     "SpamVerdict",
     "detect_injection",
     "detect_stuffing",
+    "inspect_documents",
     "sanitize_for_prompt",
 ]
 
@@ -101,8 +108,15 @@ def _strip_accents(s: str) -> str:
 # except the few marked "raw" which run on the NFKC text with case kept.
 
 _F = re.DOTALL  # text is casefolded already; IGNORECASE would defeat prefix scans
-_W = r"[\w'’-]+"  # a word
-_GAP = rf"(?:\W+{_W}){{0,4}}?\W+"  # up to 4 words in between
+# A word: \w runs joined by ' ’ - (a dash or apostrophe at either end belongs to the
+# separator). With the separators possessive (\W++, see _c) no run of dashes or
+# apostrophes can be split between words and separators in every possible way -- the
+# former "[\w'’-]+" with "\W+" on both sides was exponential on "ignore" + "-" * n.
+# The number of words a gap needs is unchanged: one per chain of \w runs (a bare run of
+# dashes still counts as a word where no separator precedes it: "you are now --> ...").
+# One difference: a word glued by a dash to the literal after it ("ignore x-instructions")
+# no longer splits at that dash.
+_W = r"(?:\w++(?:['’-]++\w++)*+|['’-]++)"
 
 _OVERRIDE_VERB = (
     r"(?:ignore|disregard|forget|skip|bypass|override|overwrite|discard|drop|abandon|"
@@ -221,6 +235,8 @@ def _c(name: str, pattern: str, flags: int = _F) -> None:
     instead of trying every alternative at every position; the text is searched with a
     leading space. Other alternatives are compiled as they are.
     """
+    # separators are possessive: whatever follows a \W run starts with a word character
+    pattern = pattern.replace(r"\W+", r"\W++")
     _RX[name] = re.compile(pattern, flags)
     bounded, other = [], []
     for alt in _split_top(pattern):
@@ -273,7 +289,7 @@ _c(
 )
 _c(
     "new_instructions_header",
-    r"(?:^\s*|[\n.!]\s*)(?:new|updated|revised) (?:instructions?|directives?|rules|orders|task)\s*:"
+    r"(?:^\s*+|[\n.!][^\S\n]*+)(?:new|updated|revised) (?:instructions?|directives?|rules|orders|task)\s*:"
     r"|\b(?:huong dan|chi dan|chi thi|quy tac) moi\s*:"
     r"|\bnouvelles? (?:instructions|consignes)\s*:|\bnuevas instrucciones\s*:"
     r"|\bneue anweisungen\s*:",
@@ -298,7 +314,9 @@ _c(
     r"|\ba partir de maintenant\b|\bdesormais,? tu\b|\ba partir de ahora\b|\bab jetzt\b[^.!?\n]{0,20}\bdu\b"
     r"|从现在开始|从现在起",
 )
-_IMPERATIVE_START = r"(?:^\s*|[\n.!?:;]\s*|\b(?:please|now|hay|ahora|jetzt|maintenant|then)\s+)"
+# "[\n.!?:;][^\S\n]*+" not "[\n.!?:;]\s*": the same starts (when the run holds a newline,
+# the last newline is in the class), but a run of n newlines is not rescanned n times.
+_IMPERATIVE_START = r"(?:^\s*+|[\n.!?:;][^\S\n]*+|\b(?:please|now|hay|ahora|jetzt|maintenant|then)\s++)"
 _c(
     "roleplay_imperative",
     _IMPERATIVE_START + r"(?:act as|pretend (?:to be|you are|you're)|role-?play as|roleplay as|"
@@ -377,12 +395,12 @@ _c(
     "addressed_to_model",
     r"\b(?:note|message|attention|attn|instructions?|reminder) (?:to|for) (?:the |any |all )?"
     r"(?:ai|assistant|model|llm|chatbot|bot|language model|gpt|chatgpt|claude|gemini|copilot)s?\b"
-    r"|(?:^\s*|[\n.!?]\s*)(?:dear|hey|hi|hello|attention|attn|to the|note to)\W+(?:the\W+)?(?:ai|assistant|model|llm|"
+    r"|(?:^\s*+|[\n.!?][^\S\n]*+)(?:dear|hey|hi|hello|attention|attn|to the|note to)\W+(?:the\W+)?(?:ai|assistant|model|llm|"
     r"chatbot|chatgpt|gpt|language model|bot)s?\b"
     r"|\bif you are (?:an?|the) (?:ai|llm|language model|chatbot|assistant|model|bot|gpt)\b"
     r"|\b(?:ai|llm|language model|chatbot|assistant|model|gpt)s? (?:reading|processing|summari[sz]ing|"
     r"parsing|indexing) this\b"
-    r"|(?:^\s*|[\n.!?:>]\s*)(?:ai assistant|assistant|ai|llm|chatbot|model|tro ly(?: ai)?)\s*[,:]\s*"
+    r"|(?:^\s*+|[\n.!?:>][^\S\n]*+)(?:ai assistant|assistant|ai|llm|chatbot|model|tro ly(?: ai)?)\s*[,:]\s*"
     r"(?:ignore|reveal|tell|say|respond|answer|print|output|you must|post|send|bo qua|hay|please)"
     r"|\bneu ban la (?:mot )?(?:mo hinh|chatbot|tro ly ai|ai|llm)"
     r"|\b(?:gui|chu y|luu y cho|kinh gui) (?:mo hinh ngon ngu|chatbot|tro ly ai)"
@@ -419,9 +437,18 @@ _c(
     r"chat so far|user'?s? messages|session token|all user data|"
     r"toan bo cuoc tro chuyen|lich su tro chuyen|conversation complete|conversacion completa)\b",
 )
-_c("md_image_query", r"!\[[^\]]*\]\(\s*https?://[^)\s]+\?[^)\s]*\)")
+# Markdown images with a query string. Linear forms of "!\[[^\]]*\]\(\s*https?://[^)\s]+\?...":
+# the alt text stops at "[" too and the URL at the next "![", so the runs scanned from two
+# image openers never overlap ("![a](http://x?" * n was cubic); the URL splits at its first
+# "?" (any later "?" is the same URL). A "{" placeholder is matched from the last "{"
+# before its "}".
+_MD_URL = r"(?:[^)\s!]|!(?!\[))"
+_MD_URL_NO_Q = r"(?:[^)\s!?]|!(?!\[))"
+_MD_IMAGE_URL_Q = rf"!\[[^\][]*+\]\(\s*+https?://{_MD_URL}{_MD_URL_NO_Q}*+\?"
+_c("md_image_query", rf"{_MD_IMAGE_URL_Q}{_MD_URL}*+\)")
 _c("md_image_render", r"\b(?:render|display|show|include|output|embed|hien thi|chen|affiche|muestra)\b[^.\n]{0,40}\b(?:image|picture|hinh anh|anh|imagen)\b")
-_c("md_image_placeholder", r"!\[[^\]]*\]\(\s*https?://[^)\s]+\?[^)\s]*(?:\{[^}]*\}|conversation|history|chat|messages|user|secret|token)")
+_c("md_image_placeholder",
+   rf"{_MD_IMAGE_URL_Q}{_MD_URL}*?(?:\{{[^{{}}]*+\}}|conversation|history|chat|messages|user|secret|token)")
 _c("system_override_banner", r"\b(?:system override|admin override|safety (?:filters?|checks?) (?:disabled|off)|disable (?:all )?safety (?:checks|filters))\b")
 _c("new_persona_from_now", r"\bfollow only the (?:instructions|rules) (?:in|of) this\b")
 
@@ -431,18 +458,37 @@ _RAW_ROLE_TOKEN = re.compile(
     r"|\[/?INST\]|<<\s*/?SYS\s*>>|</?(?:system|sys|instructions?)\s*>|<start_of_turn>|<end_of_turn>",
     re.IGNORECASE,
 )
-_RAW_HASH_ROLE = re.compile(r"(?m)^\s*#{2,}\s*(?:system|instructions?|assistant|user)\s*:?\s*$|^\s*#{2,}\s*(?:system|instruction)s?\s*:", re.IGNORECASE)
-_RAW_SYSTEM_LINE = re.compile(r"(?m)(?:^|(?<=>))\s*(?:system|sys)\s*:\s*\S", re.IGNORECASE)
-_RAW_USER_ASSISTANT = re.compile(r"(?ms)^\s*(?:user|human)\s*:.*?^\s*(?:assistant|ai|gpt)\s*:", re.IGNORECASE)
-_RAW_DAN = re.compile(r"\bDAN\b")
-_RAW_HTML_COMMENT = re.compile(r"<!--(.*?)-->", re.DOTALL)
-_RAW_HIDDEN_ELEMENT = re.compile(
-    r"<(span|div|p|font|small|section)\b[^>]*\bstyle\s*=\s*[\"'][^\"']*(?:display\s*:\s*none|"
-    r"visibility\s*:\s*hidden|font-size\s*:\s*0|opacity\s*:\s*0(?:\.0+)?\s*(?=;|[\"'])|"
-    r"color\s*:\s*(?:white|#fff\b|#ffffff|transparent)|height\s*:\s*0|width\s*:\s*0)"
-    r"[^\"']*[\"'][^>]*>(.*?)</\1\s*>|<(span|div|p)\b[^>]*\bhidden\b[^>]*>(.*?)</\3\s*>",
-    re.IGNORECASE | re.DOTALL,
+# Linear-time rules for every pattern below (issue 13: one 20,000-character document must
+# not take seconds): a line start is followed by horizontal whitespace only ([^\S\n]*+)
+# -- "^\s*" rescans a run of n newlines from each of its n line starts --, and every
+# quantifier whose run the next element cannot continue is possessive (*+, ++), so a
+# failed match gives nothing back. "^\s*X" and "^[^\S\n]*X" find the same lines: when
+# "\s*" crosses a newline, X's own line also starts a match.
+_RAW_HASH_ROLE = re.compile(
+    r"(?m)^[^\S\n]*+#{2,}+\s*+(?:system|instructions?|assistant|user)[^\S\n]*+:?[^\S\n]*+$"
+    r"|^[^\S\n]*+#{2,}+\s*+(?:system|instruction)s?\s*+:",
+    re.IGNORECASE,
 )
+_RAW_SYSTEM_LINE = re.compile(r"(?m)(?:^|(?<=>))[^\S\n]*+(?:system|sys)\s*+:\s*+\S", re.IGNORECASE)
+# "a user turn, later an assistant turn" as two searches (the second from the end of the
+# first): one lazy ".*?" across the text from every "user:" line was quadratic.
+_RAW_USER_TURN = re.compile(r"(?m)^[^\S\n]*+(?:user|human)\s*+:", re.IGNORECASE)
+_RAW_ASSISTANT_TURN = re.compile(r"(?m)^[^\S\n]*+(?:assistant|ai|gpt)\s*+:", re.IGNORECASE)
+_RAW_DAN = re.compile(r"\bDAN\b")
+# Hidden HTML (comments, CSS-hidden elements) is found by a scanner built from small
+# patterns (see _hidden_chunks): the one-regex form (`<!--(.*?)-->`, `<span\b[^>]*...(.*?)
+# </\1\s*>`) rescanned the rest of the text from every opener that had no closer.
+_HTML_OPEN = re.compile(r"<(span|div|p|font|small|section)\b", re.IGNORECASE)
+_HTML_CLOSE = re.compile(r"</(span|div|p|font|small|section)\s*+>", re.IGNORECASE)
+_HTML_STYLE_ATTR = re.compile(r"\bstyle\s*+=\s*+[\"']", re.IGNORECASE)
+_HTML_HIDDEN_STYLE = re.compile(
+    r"display\s*+:\s*+none|visibility\s*+:\s*+hidden|font-size\s*+:\s*+0|"
+    r"opacity\s*+:\s*+0(?:\.0++)?\s*+(?=;|[\"'])|color\s*+:\s*+(?:white|#fff\b|#ffffff|transparent)|"
+    r"height\s*+:\s*+0|width\s*+:\s*+0",
+    re.IGNORECASE,
+)
+_HTML_HIDDEN_ATTR = re.compile(r"\bhidden\b", re.IGNORECASE)
+_QUOTE = re.compile(r"[\"']")
 _HIDDEN_CONTENT_HINT = re.compile(
     r"\b(?:ai|assistant|model|llm|chatbot|you must|you are|ignore|tell the user|system|"
     r"instructions?|tro ly|bo qua|huong dan)\b",
@@ -554,11 +600,93 @@ def _text_signals(norm: str) -> set[str]:
     return found
 
 
+def _html_comments(text: str) -> list[str]:
+    """The bodies of ``<!-- ... -->`` comments, as ``re.finditer("<!--(.*?)-->", DOTALL)``
+    finds them, in linear time: an opener without a closer after it ends the scan (no
+    later opener has one either)."""
+    out, i = [], text.find("<!--")
+    while i >= 0:
+        j = text.find("-->", i + 4)
+        if j < 0:
+            break
+        out.append(text[i + 4 : j])
+        i = text.find("<!--", j + 3)
+    return out
+
+
+def _hidden_elements(text: str) -> list[str]:
+    """The contents of CSS-hidden / ``hidden`` elements, as the former one-regex form
+    found them (non-overlapping, leftmost first)::
+
+        <(span|div|p|font|small|section)\\b[^>]*\\bstyle\\s*=\\s*["'][^"']*HIDDEN_STYLE[^"']*["'][^>]*>(.*?)</\\1\\s*>
+        | <(span|div|p)\\b[^>]*\\bhidden\\b[^>]*>(.*?)</\\3\\s*>
+
+    in linear time. The closers of each tag are listed once (the content ends at the
+    first closer after the opening tag), and an opener that fails is remembered by (tag,
+    end of its attribute region): a later opener of the same tag in the same region
+    sees a subset of the same attributes and fails too -- without that, ``"<span " * n``
+    rescanned the region from each of its n openers.
+    """
+    if "<" not in text:
+        return []
+    closers: dict[str, list[tuple[int, int]]] = {}
+    for m in _HTML_CLOSE.finditer(text):
+        closers.setdefault(m.group(1).lower(), []).append((m.start(), m.end()))
+    if not closers:
+        return []
+    close_starts = {t: [c[0] for c in cs] for t, cs in closers.items()}
+
+    def close_after(tag: str, i: int) -> tuple[int, int] | None:
+        starts = close_starts.get(tag)
+        if not starts:
+            return None
+        k = bisect.bisect_left(starts, i)
+        return closers[tag][k] if k < len(starts) else None
+
+    out: list[str] = []
+    failed: set[tuple[str, int]] = set()
+    pos, n = 0, len(text)
+    gt0 = -2  # the first ">" at or after the current opener (-1: none), kept across openers
+    while True:
+        m = _HTML_OPEN.search(text, pos)
+        if m is None:
+            return out
+        tag = m.group(1).lower()
+        a = m.end()
+        if gt0 == -2 or (0 <= gt0 < a):
+            gt0 = text.find(">", a)
+        region_end = gt0 if gt0 >= 0 else n
+        if (tag, region_end) in failed or tag not in closers:
+            pos = m.start() + 1
+            continue
+        hit: tuple[int, tuple[int, int]] | None = None  # (content start, closer span)
+        # alternative 1: a style attribute that hides; regex order = the last one first
+        for st in reversed(list(_HTML_STYLE_ATTR.finditer(text, a, region_end))):
+            q = _QUOTE.search(text, st.end())
+            if q is None or not _HTML_HIDDEN_STYLE.search(text, st.end(), q.end()):
+                continue
+            gt = text.find(">", q.end())
+            c = close_after(tag, gt + 1) if gt >= 0 else None
+            if c is not None:
+                hit = (gt + 1, c)
+                break
+        # alternative 2: a bare `hidden` attribute (span / div / p)
+        if hit is None and gt0 >= 0 and tag in ("span", "div", "p") and _HTML_HIDDEN_ATTR.search(text, a, gt0):
+            c = close_after(tag, gt0 + 1)
+            if c is not None:
+                hit = (gt0 + 1, c)
+        if hit is None:
+            failed.add((tag, region_end))
+            pos = m.start() + 1
+            continue
+        start, (c0, c1) = hit
+        out.append(text[start:c0])
+        pos = c1
+
+
 def _hidden_html_signals(nfkc: str) -> set[str]:
     found: set[str] = set()
-    chunks = [m.group(1) for m in _RAW_HTML_COMMENT.finditer(nfkc)]
-    for m in _RAW_HIDDEN_ELEMENT.finditer(nfkc):
-        chunks.append(m.group(2) or m.group(4) or "")
+    chunks = _html_comments(nfkc) + _hidden_elements(nfkc)
     for chunk in chunks:
         if not chunk.strip():
             continue
@@ -602,7 +730,8 @@ def detect_injection(text: str) -> InjectionVerdict:
         signals.add("markdown_role_header")
     if _RAW_SYSTEM_LINE.search(raw):
         signals.add("system_line")
-    if _RAW_USER_ASSISTANT.search(raw):
+    turn = _RAW_USER_TURN.search(raw)
+    if turn and _RAW_ASSISTANT_TURN.search(raw, turn.end()):
         signals.add("user_assistant_turns")
     if _RAW_DAN.search(raw) and ({"roleplay_imperative", "roleplay_any", "unrestricted", "dan_name",
                                  "you_are_now_ai", "from_now_on"} & signals):
@@ -682,7 +811,13 @@ def sanitize_for_prompt(text: str) -> str:
 
 _TOKEN_RE = re.compile(r"\w+", re.UNICODE)
 _CODE_FENCE_BLOCK_RE = re.compile(r"```.*?(?:```|$)|~~~.*?(?:~~~|$)", re.DOTALL)
-_TABLE_SEP_RE = re.compile(r"(?m)^\s*\|?\s*:?-{2,}:?\s*(?:\|\s*:?-{2,}:?\s*)*\|?\s*$")
+# One separator row per line, horizontal whitespace only, possessive runs: the former
+# "(?m)^\s*\|?\s*:?-{2,}:?\s*(...)*\|?\s*$" let "\s*" cross newlines, so a run of n blank
+# lines was cubic (3.7 s for n = 1,000). A row split over two lines ("|" then "---") now
+# leaves its "|" line in place; rows with words in them were never matched.
+_TABLE_SEP_RE = re.compile(
+    r"(?m)^[^\S\n]*+\|?[^\S\n]*+:?-{2,}+:?[^\S\n]*+(?:\|[^\S\n]*+:?-{2,}+:?[^\S\n]*+)*+\|?[^\S\n]*+$"
+)
 _STOPWORDS = frozenset(
     """
     a an the and or of to in on at for from by with as is are was were be been being it its this
@@ -797,3 +932,41 @@ def detect_stuffing(text: str) -> SpamVerdict:
 
     score = round(min(1.0, score), 4)
     return SpamVerdict(score >= SPAM_THRESHOLD, score, tuple(reasons))
+
+
+# --------------------------------------------------------------------------- request path
+
+# Detectors called from an async handler run here, not on the event loop. Two threads:
+# the detectors hold the GIL, so more would not run faster; what keeps the loop
+# responsive is that every pattern above is linear (the loop gets the GIL back between
+# regex calls), and the budget below bounds how long a request waits.
+_EXECUTOR = ThreadPoolExecutor(max_workers=2, thread_name_prefix="kb-guard")
+
+
+async def inspect_documents(texts: Sequence[str], budget_s: float) -> list[tuple[InjectionVerdict, SpamVerdict] | None]:
+    """``(detect_injection, detect_stuffing)`` of each text, computed in a worker thread;
+    ``None`` for a text not inspected within ``budget_s`` seconds.
+
+    The budget starts now, so time spent queued behind other requests counts: under a
+    flood a request gets "not inspected" answers quickly instead of waiting in line. The
+    worker checks the deadline before each text and a stop flag set when the caller stops
+    waiting, so it overruns by at most one text (about 45 ms for 20,000 characters).
+    """
+    results: list[tuple[InjectionVerdict, SpamVerdict] | None] = [None] * len(texts)
+    if not texts:
+        return results
+    deadline = time.monotonic() + budget_s
+    stop = threading.Event()
+
+    def work() -> None:
+        for i, text in enumerate(texts):
+            if stop.is_set() or time.monotonic() >= deadline:
+                return
+            results[i] = (detect_injection(text), detect_stuffing(text))
+
+    fut = asyncio.get_running_loop().run_in_executor(_EXECUTOR, work)
+    try:
+        await asyncio.wait_for(asyncio.shield(fut), timeout=max(0.0, budget_s))
+    except asyncio.TimeoutError:
+        stop.set()
+    return list(results)

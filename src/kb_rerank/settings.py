@@ -114,6 +114,8 @@ class Settings:
     address_rate_limit_burst: int = 600  # KB_ADDRESS_RATE_LIMIT_BURST
 
     # Guard detectors (issue 13: time budget off the event loop)
+    guard_budget_ms: int = 200  # KB_GUARD_BUDGET_MS: per-request time for the /v2/rerank detectors (worker thread);
+    # documents not inspected in time are demoted (allowed under policy allow): 50 x 2,000 chars take ~110 ms
 
     # Operational endpoints (issue 13: /metrics, /readyz detail)
     # /metrics and the detail of /readyz need `Authorization: Bearer <ops_token>`; unset: /metrics

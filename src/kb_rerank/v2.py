@@ -721,8 +721,19 @@ async def rerank_v2(state: State, tenant: uuid.UUID, req: V2Request, trace_id: s
     filtered: list[dict[str, Any]] = []
     keep: list[int] = []  # positions in cut
     demote: dict[int, float] = {}
+    # Detectors in a worker thread with a per-request budget (issue 13): a document not
+    # inspected in time is demoted like a flagged one (allowed under policy "allow"), not
+    # excluded -- a budget spent by other tenants' load must not drop a caller's documents.
+    verdicts = await guard.inspect_documents(texts, settings.guard_budget_ms / 1000.0)
     for p, i in enumerate(cut):
-        inj = guard.detect_injection(texts[p])
+        v = verdicts[p]
+        if v is None:
+            d = 1.0 if policy == "allow" else settings.demote_factor
+            filtered.append({"index": i, "reason": "not_inspected", "action": "allowed" if policy == "allow" else "demoted"})
+            demote[p] = d
+            keep.append(p)
+            continue
+        inj, spam = v
         d = 1.0
         if inj.flagged:
             entry = {"index": i, "reason": "prompt_injection", "score": _r(inj.score, 4), "signals": list(inj.reasons)}
@@ -732,7 +743,7 @@ async def rerank_v2(state: State, tenant: uuid.UUID, req: V2Request, trace_id: s
             if policy == "demote":
                 d *= settings.demote_factor
             filtered.append({**entry, "action": "demoted" if policy == "demote" else "allowed"})
-        if guard.detect_stuffing(texts[p]).flagged:
+        if spam.flagged:
             d *= settings.demote_factor
             filtered.append({"index": i, "reason": "keyword_stuffing", "action": "demoted"})
         demote[p] = d

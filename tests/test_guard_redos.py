@@ -37,7 +37,7 @@ from hypothesis import HealthCheck, example, given, settings as hsettings, strat
 
 from kb_rerank import guard
 from kb_rerank.settings import Settings
-from kb_rerank.tiny_model import build_tiny_cross_encoder
+from kb_rerank.testing.tiny_model import build_tiny_cross_encoder
 
 from .live_server import SECRET, bearer, serve_process
 
@@ -280,3 +280,9 @@ def test_documents_not_inspected_in_budget_are_demoted(settings, embedder, app_c
     assert all(x["stages"]["demote"] == settings.demote_factor for x in dm["results"])
     assert sorted((f["index"], f["action"]) for f in al["meta"]["filtered"]) == [(0, "allowed"), (1, "allowed")]
     assert [x["index"] for x in al["results"]] == [1, 0]
+    # an answer with uninspected documents is not cached: the same request with time to
+    # inspect is computed afresh and sees the injection
+    with client_for(settings, r, embedder) as client:
+        again = call(client, t_default, {"query": "refunds", "documents": docs, "lambda": 1.0, "explain": True})
+    assert again["meta"]["from_cache"] is False
+    assert [(f["index"], f["reason"] == "not_inspected") for f in again["meta"]["filtered"]] == [(1, False)]

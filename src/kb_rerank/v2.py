@@ -823,7 +823,10 @@ async def rerank_v2(state: State, tenant: uuid.UUID, req: V2Request, trace_id: s
     async with state.limits.connection(state.pool, tenant) as conn:
         async with atenant_transaction(conn, tenant):
             await write_pairs(conn, state, model, pair_qh, scored, generation=gen)
-            if scored.reason is None:
+            # a fallback, or an answer with documents the guard had no time to inspect (load
+            # of the moment, not a property of the request), is served but not cached
+            uninspected = any(f["reason"] == "not_inspected" for f in filtered)
+            if scored.reason is None and not uninspected:
                 await cache.put(conn, qh, V2_SOURCE, {"kind": CACHE_KIND_V2, "response": body},  # type: ignore[arg-type]
                                 generation=gen, ttl_s=settings.cache_ttl_s, trace_id=trace_id, model=model)
             await audit.append(conn, audit.AuditRecord(

@@ -256,6 +256,28 @@ def test_model_slot_charges_pairs_before_the_work():
     asyncio.run(main())
 
 
+def test_a_miss_is_charged_whole_before_its_work_and_settled_after():
+    """Concurrent misses of one tenant: each reserves its embedding and its most pairs in one
+    charge, so the bucket admits whole misses and refuses the rest before any work (charged
+    stage by stage, every miss paid an embedding and then all were refused their pairs: a
+    flood served nothing). Unsent pairs are given back."""
+    now, clock = _clock()
+    lim = Limits(tenant_rate=RateLimiter(60, 20, clock=clock), cost_per_pair=0.1, cost_per_embedding=4.0)
+    # the auth guard's token, then the miss: 4 + 40 x 0.1 = 8
+    admitted = []
+    for _ in range(3):
+        lim.charge("a")
+        try:
+            admitted.append(lim.reserve_miss("a", embeddings=1, max_pairs=40))
+        except LimitExceeded as exc:
+            assert exc.payload["cost"] == 8.0
+    assert admitted == [pytest.approx(4.0)] * 2  # 20 tokens: two whole misses, the third refused up front
+    assert lim.tenant_rate.level("a") == pytest.approx(20 - 3 - 16)
+    lim.settle_pairs("a", admitted[0], 25)  # sent 25 of 40 pairs: 1.5 back
+    lim.settle_pairs("a", admitted[1], 0)  # all pairs cached: 4 back
+    assert lim.tenant_rate.level("a") == pytest.approx(1 + 1.5 + 4.0)
+
+
 # --------------------------------------------------------------------------- over HTTP
 
 

@@ -268,6 +268,20 @@ class Limits:
         self.charge(tenant, self.cost_per_document * documents + self.cost_per_embedding * embeddings,
                     paid=REQUEST_COST)
 
+    def reserve_miss(self, tenant: Any, *, embeddings: int, max_pairs: int) -> float:
+        """A cache miss's whole cost in one charge before any of its work: its query
+        embeddings and the most pairs it can send to the cross-encoder. Charging stage by stage
+        let concurrent misses of one tenant each pay for an embedding and then all be refused
+        their pairs: tokens spent, work wasted, none served. Returns the pairs' share, to be
+        settled with :meth:`settle_pairs` once the pairs actually sent are known."""
+        pairs_cost = self.cost_per_pair * max_pairs
+        self.charge(tenant, self.cost_per_embedding * embeddings + pairs_cost, paid=REQUEST_COST)
+        return pairs_cost
+
+    def settle_pairs(self, tenant: Any, reserved: float, pairs: int) -> None:
+        """Give back what :meth:`reserve_miss` reserved for pairs that were not sent."""
+        self.tenant_rate.refund(tenant, max(0.0, reserved - self.cost_per_pair * pairs))
+
     # ------------------------------------------------------------------ caps
     async def enter_model(self, tenant: Any, pairs: int, *, charge: bool = True) -> Callable[[], None]:
         """Before a cross-encoder call of ``pairs`` pairs: charge them (unless prepaid), then

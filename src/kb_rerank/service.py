@@ -398,10 +398,14 @@ class RerankService:
             results = [_result(c, _rank_score(i, len(cands)), source) for i, c in enumerate(cands)]
             return Outcome(results=results, candidate_count=len(cands), model=CURATION_MODEL)
 
+        # the whole miss (query embedding, at most `max_pairs` pairs) is charged before any
+        # work; the pairs not sent are given back in _rerank_candidates
+        max_pairs = 2 * s.candidates if source == "hybrid_lexical_semantic" else s.candidates
+        reserved = self.limits.reserve_miss(tenant, embeddings=int(source != "lexical_only"), max_pairs=max_pairs)
         embedding = None
         if source != "lexical_only":
             loop = asyncio.get_running_loop()
-            async with self.limits.embedding(tenant):
+            async with self.limits.embedding(tenant, charge=False):
                 embedding = await loop.run_in_executor(self.embed_executor, self.embedder.embed_query, normalized)
         cached: dict[pair_cache.PairKey, float] | None = None
         async with self.limits.connection(self.pool, tenant) as conn:
@@ -425,11 +429,14 @@ class RerankService:
                 seen.add(c.chunk_id)
                 unique.append(c)
         if not unique:
+            self.limits.settle_pairs(tenant, reserved, 0)
             return Outcome(results=[], candidate_count=0, model=self.model_name)
-        return await self._rerank_candidates(normalized, unique, source, cached=cached, tenant=tenant)
+        return await self._rerank_candidates(normalized, unique, source, cached=cached, tenant=tenant,
+                                             reserved=reserved)
 
     async def _rerank_candidates(self, normalized: str, cands: list[search.Candidate], source: str, *,
-                                 cached: dict[pair_cache.PairKey, float] | None = None, tenant=None) -> Outcome:
+                                 cached: dict[pair_cache.PairKey, float] | None = None, tenant=None,
+                                 reserved: float = 0.0) -> Outcome:
         """Scores ``cands``: pairs found in ``cached`` (the live pair scores read in the
         candidates' transaction; None when the pair cache is off) are not sent to the model."""
         s = self.settings
@@ -446,13 +453,16 @@ class RerankService:
                 seen.add(k)
                 missing.append(i)
         new: dict[pair_cache.PairKey, float] = {}
+        model_ready = bool(missing) and getattr(rr, "ready", True)
+        self.limits.settle_pairs(tenant, reserved, len(missing) if model_ready else 0)
         if not missing:
             scores = [known[k] for k in keys]
-        elif not getattr(rr, "ready", True):
+        elif not model_ready:
             reason = "model_not_ready"
         else:
-            # the pairs are charged, and one of the tenant's model slots taken, before the work (429 if not)
-            release = await self.limits.enter_model(tenant, len(missing))
+            # the pairs were charged with the miss (reserve_miss); one of the tenant's model
+            # slots is taken before the work (429 if not)
+            release = await self.limits.enter_model(tenant, len(missing), charge=False)
             t = time.perf_counter()
             try:
                 scores = await asyncio.wait_for(

@@ -57,6 +57,17 @@ def apply_versioned(dbapi_conn, name: str, *, embedding_dim: int) -> None:
     execute_script(dbapi_conn, render(versioned_file(name), embedding_dim=embedding_dim))
 
 
+def run_versioned(files: tuple[str, ...]) -> None:
+    """Apply versioned files from inside an Alembic revision (its upgrade() or downgrade()),
+    on the migration's connection, with the embedding dimension the run was given."""
+    from alembic import context, op
+
+    dim = context.config.attributes["kb_embedding_dim"]
+    raw = op.get_bind().connection.driver_connection
+    for name in files:
+        apply_versioned(raw, name, embedding_dim=dim)
+
+
 def layer_version(*, embedding_dim: int) -> str:
     """SHA-256 over the idempotent files as applied (relative path and rendered text)."""
     h = hashlib.sha256()

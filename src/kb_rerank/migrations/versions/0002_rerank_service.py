@@ -3,8 +3,6 @@
 Revision ID: 0002_rerank_service
 Revises: 0001_foundation
 """
-from alembic import context, op
-
 from kb_rerank import sqlfiles
 
 revision = "0002_rerank_service"
@@ -17,16 +15,9 @@ UPGRADE = ("0002_rerank_service.sql",)
 DOWNGRADE = ("0002_rerank_service.down.sql",)
 
 
-def _run(files: tuple[str, ...]) -> None:
-    dim = context.config.attributes["kb_embedding_dim"]
-    raw = op.get_bind().connection.driver_connection
-    for name in files:
-        sqlfiles.apply_versioned(raw, name, embedding_dim=dim)
-
-
 def upgrade() -> None:
-    _run(UPGRADE)
+    sqlfiles.run_versioned(UPGRADE)
 
 
 def downgrade() -> None:
-    _run(DOWNGRADE)
+    sqlfiles.run_versioned(DOWNGRADE)

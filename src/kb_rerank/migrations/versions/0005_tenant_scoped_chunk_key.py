@@ -3,8 +3,6 @@
 Revision ID: 0005_tenant_scoped_chunk_key
 Revises: 0004_accent_exact
 """
-from alembic import context, op
-
 from kb_rerank import sqlfiles
 
 revision = "0005_tenant_scoped_chunk_key"
@@ -17,16 +15,9 @@ UPGRADE = ("0005_tenant_scoped_chunk_key.sql",)
 DOWNGRADE = ("0005_tenant_scoped_chunk_key.down.sql",)
 
 
-def _run(files: tuple[str, ...]) -> None:
-    dim = context.config.attributes["kb_embedding_dim"]
-    raw = op.get_bind().connection.driver_connection
-    for name in files:
-        sqlfiles.apply_versioned(raw, name, embedding_dim=dim)
-
-
 def upgrade() -> None:
-    _run(UPGRADE)
+    sqlfiles.run_versioned(UPGRADE)
 
 
 def downgrade() -> None:
-    _run(DOWNGRADE)
+    sqlfiles.run_versioned(DOWNGRADE)

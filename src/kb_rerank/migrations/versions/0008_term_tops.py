@@ -3,8 +3,6 @@
 Revision ID: 0008_term_tops
 Revises: 0007_tsv_inline
 """
-from alembic import context, op
-
 from kb_rerank import sqlfiles
 
 revision = "0008_term_tops"
@@ -17,16 +15,9 @@ UPGRADE = ("0008_term_tops.sql",)
 DOWNGRADE = ("0008_term_tops.down.sql",)
 
 
-def _run(files: tuple[str, ...]) -> None:
-    dim = context.config.attributes["kb_embedding_dim"]
-    raw = op.get_bind().connection.driver_connection
-    for name in files:
-        sqlfiles.apply_versioned(raw, name, embedding_dim=dim)
-
-
 def upgrade() -> None:
-    _run(UPGRADE)
+    sqlfiles.run_versioned(UPGRADE)
 
 
 def downgrade() -> None:
-    _run(DOWNGRADE)
+    sqlfiles.run_versioned(DOWNGRADE)

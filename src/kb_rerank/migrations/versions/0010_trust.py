@@ -8,8 +8,6 @@ Each part has its own versioned file under sql/schema/ and its own downgrade fil
 Revision ID: 0010_trust
 Revises: 0009_ts_rank_tf
 """
-from alembic import context, op
-
 from kb_rerank import sqlfiles
 
 revision = "0010_trust"
@@ -22,16 +20,9 @@ UPGRADE = ("0010_trust_privileges.sql", "0010_trust_cache.sql")
 DOWNGRADE = ("0010_trust_cache.down.sql", "0010_trust_privileges.down.sql")
 
 
-def _run(files: tuple[str, ...]) -> None:
-    dim = context.config.attributes["kb_embedding_dim"]
-    raw = op.get_bind().connection.driver_connection
-    for name in files:
-        sqlfiles.apply_versioned(raw, name, embedding_dim=dim)
-
-
 def upgrade() -> None:
-    _run(UPGRADE)
+    sqlfiles.run_versioned(UPGRADE)
 
 
 def downgrade() -> None:
-    _run(DOWNGRADE)
+    sqlfiles.run_versioned(DOWNGRADE)

@@ -514,3 +514,14 @@ def test_serve_requires_strong_server_keys_in_a_deployment(monkeypatch, capsys, 
     monkeypatch.delenv("KB_AUDIT_KEY")
     monkeypatch.delenv("KB_QUERY_HASH_KEY")
     assert cli.main(["serve", "--port", "1"]) == 0 and len(started) == 2
+
+
+def test_token_command_refuses_a_lifetime_the_server_would_refuse(monkeypatch, capsys):
+    from kb_rerank import cli
+
+    monkeypatch.delenv("KB_JWT_MAX_LIFETIME_S", raising=False)
+    tenant = "6f1c2a4e-0000-4000-8000-000000000001"
+    assert cli.main(["token", "--tenant", tenant, "--ttl", str(100 * 365 * 86400)]) == 2
+    assert "KB_JWT_MAX_LIFETIME_S" in capsys.readouterr().err
+    assert cli.main(["token", "--tenant", tenant, "--ttl", "600"]) == 0
+    assert capsys.readouterr().out.count(".") == 2  # a JWT: header.payload.signature

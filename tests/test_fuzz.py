@@ -250,7 +250,8 @@ def _forge_hs_with(pub: str, tenant) -> str:
 
 def test_rate_limit_per_tenant_429_with_retry_after(settings, embedder, owner_conn):
     app = create_app(settings.with_(jwt_secret=SECRET, ops_token=OPS_TOKEN, rate_limit_per_minute=60,
-                                    rate_limit_burst=5, rate_cost_per_embedding=0),
+                                    rate_limit_burst=5, rate_cost_per_embedding=0,
+                                    rate_cost_per_pair=0),  # one token a request here (costs: test_limits)
                      reranker=FakeReranker(), embedder=embedder)
     noisy, quiet = uuid.uuid4(), uuid.uuid4()
     with TestClient(app) as client:

@@ -294,6 +294,11 @@ def cmd_serve(args, settings: Settings) -> int:
 def cmd_token(args, settings: Settings) -> int:
     from .auth import JwtConfig, mint_token
 
+    if not 0 < args.ttl <= settings.jwt_max_lifetime_s:
+        print(f"kb-rerank: error: --ttl must be between 1 and KB_JWT_MAX_LIFETIME_S ({settings.jwt_max_lifetime_s} s):"
+              " the server refuses longer-lived tokens", file=sys.stderr)
+        return 2
+
     secret = settings.jwt_secret
     if not secret:
         secret = DEV_JWT_SECRET

@@ -164,3 +164,50 @@ def test_real_answers_match_the_documented_schemas(client, spec, settings, sampl
         _assert_valid(spec, op["responses"][status]["content"]["application/json"]["schema"], r.json(),
                       (path, status))
     assert provoked["422"].json()["field"]
+
+
+@pytest.mark.parametrize("path", [CONTEXT, V2])
+def test_typed_answers_are_the_dicts_the_handlers_built(client, sample_tenant, monkeypatch, path):
+    """The conversion at the edge (kb_rerank.schemas.to_response) adds, drops and changes
+    nothing: a computed answer encodes to the same bytes as the handler's dict, a cached
+    one (its dict read back from jsonb, whose key order differs) to the same keys and
+    values; ``null`` stays ``null`` and an absent optional key stays absent."""
+    import msgspec
+
+    from kb_rerank import schemas, v2
+
+    pairs = []
+
+    def recording(body, typ):
+        typed = schemas.to_response(body, typ)
+        pairs.append((msgspec.json.encode(body), msgspec.json.encode(typed)))
+        return typed
+
+    monkeypatch.setattr(v2, "to_response", recording)
+    tenant = uuid.uuid4() if path == V2 else sample_tenant
+    for body in BODIES[path]:
+        body = {**body, "query": body["query"] + " " + uuid.uuid4().hex[:6]}  # computed first, then cached
+        for _ in range(2):
+            r = client.post(path, json=body, headers=bearer(tenant))
+            assert r.status_code == 200, r.text
+    assert len(pairs) == 2 * len(BODIES[path])
+    for i, (raw, typed) in enumerate(pairs):
+        if i % 2 == 0:
+            assert raw == typed
+        else:
+            assert msgspec.json.decode(raw) == msgspec.json.decode(typed)
+
+
+def test_429_answer_matches_the_documented_error_body(settings, embedder, spec):
+    """The rate limiter's 429 (a body of its own: scope, cost, retry_after_s) is documented
+    by the shared error body, on each route."""
+    app = create_app(settings.with_(jwt_secret=SECRET, rate_limit_per_minute=1, rate_limit_burst=1),
+                     reranker=FakeReranker(), embedder=embedder)
+    with TestClient(app) as c:
+        for path in ENDPOINTS:
+            tenant = uuid.uuid4()
+            codes = [c.post(path, json=BAD_BODIES[path], headers=bearer(tenant)) for _ in range(2)]
+            assert [r.status_code for r in codes] == [422, 429], codes[-1].text
+            _assert_valid(spec, spec["paths"][path]["post"]["responses"]["429"]["content"]["application/json"]
+                          ["schema"], codes[-1].json(), (path, 429))
+            assert codes[-1].json()["error"] == "rate_limited"

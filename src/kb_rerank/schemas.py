@@ -72,8 +72,9 @@ def json_schema(typ: type, extra: dict[str, dict[str, Any]] | None = None) -> di
     """The JSON Schema msgspec generates for ``typ`` -- the library that decodes the body
     (kb_rerank.body), so the document says what the decoder accepts -- with its ``$defs``
     inlined (a ``#/$defs`` reference would resolve against the OpenAPI document, not this
-    schema). ``extra``: keys merged into the named top-level properties (descriptions,
-    ordering of an enum)."""
+    schema). Inline, not a component: Litestar fills ``components/schemas`` only with the
+    types it documents itself (the responses) and drops any other. ``extra``: keys merged
+    into the named top-level properties (descriptions, ordering of an enum)."""
     schema = msgspec.json.schema(typ)
     defs = schema.pop("$defs", {})
 

@@ -19,7 +19,9 @@ Endpoints
   request carries ``Authorization: Bearer <ops_token>``.
 * ``GET /metrics`` -- Prometheus text, from a registry owned by the app; needs the ops
   token (401 without it; 404 when no ops token is configured).
-* ``GET /schema/openapi.json`` and ``/schema`` (docs page).
+* ``GET /schema/openapi.json`` and ``/schema`` (docs page): the three JSON routes' request
+  bodies, answers and error responses (:mod:`kb_rerank.schemas`), and the bearer scheme
+  (HTTP bearer, JWT) they require, so the docs page can send a token.
 
 Errors are JSON: ``{"error": ..., ...}``. 401 ``unauthorized`` with ``reason``; 400
 ``invalid_json``; 422 ``invalid_request`` with ``field`` and ``detail`` (and ``allowed``
@@ -58,7 +60,6 @@ from litestar.exceptions.http_exceptions import RequestEntityTooLarge
 from litestar.handlers import BaseRouteHandler
 from litestar.openapi import OpenAPIConfig
 from litestar.openapi.plugins import SwaggerRenderPlugin
-from litestar.openapi.spec import OpenAPIMediaType, OpenAPIType, Operation, RequestBody, Schema
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from . import __version__ as _version
@@ -68,6 +69,7 @@ from . import sqlfiles
 from .auth import AuthError, JwtConfig, check_secret, tenant_from_authorization
 from .body import ApiError  # noqa: F401 - the app's error type, defined with the body decoder
 from .limits import Limits, LimitExceeded, RateLimiter  # noqa: F401 - RateLimiter: moved there, imported from here by older callers
+from .schemas import ERROR_RESPONSES, SECURITY, SECURITY_COMPONENTS, body_operation
 from .service import (
     TRACE_ID,
     PipelineMetrics,
@@ -147,29 +149,12 @@ def parse_request(raw: bytes, settings: Settings) -> RerankRequest:
     return req
 
 
-@dataclass
-class RerankOperation(Operation):
-    """Documents the JSON body (the handler decodes it itself to control the errors)."""
-
-    def __post_init__(self) -> None:
-        self.request_body = RequestBody(
-            required=True,
-            content={
-                "application/json": OpenAPIMediaType(
-                    schema=Schema(
-                        type=OpenAPIType.OBJECT,
-                        required=["query"],
-                        additional_properties=False,
-                        properties={
-                            "query": Schema(type=OpenAPIType.STRING, min_length=1,
-                                            description="search text; NFC, trimmed, whitespace collapsed"),
-                            "source": Schema(type=OpenAPIType.STRING, enum=list(SOURCES),
-                                             default="hybrid_lexical_semantic"),
-                        },
-                    )
-                )
-            },
-        )
+# Documents the JSON body (the handler decodes it itself, to control the errors): the
+# schema msgspec derives from RerankRequest, with the sources in their documented order.
+RerankOperation = body_operation(RerankRequest, {
+    "query": {"minLength": 1, "description": "search text; NFC, trimmed, whitespace collapsed"},
+    "source": {"enum": list(SOURCES)},
+})
 
 
 # --------------------------------------------------------------------------- metrics
@@ -277,7 +262,8 @@ def _auth_guard(connection: ASGIConnection, _: BaseRouteHandler) -> None:
 # --------------------------------------------------------------------------- handlers
 
 
-@post(RERANK_PATH, status_code=200, operation_class=RerankOperation, summary="Rerank search results",
+@post(RERANK_PATH, status_code=200, operation_class=RerankOperation, responses=ERROR_RESPONSES,
+      summary="Rerank search results",
       description="Hybrid/lexical/semantic retrieval, cross-encoder rerank, per-tenant cache and audit.")
 async def rerank_handler(request: Request, state: State) -> Response[RerankResponse]:
     scope_state = request.scope["state"]
@@ -592,7 +578,9 @@ def create_app(settings: Settings, *, reranker=None, embedder=None, dev: bool = 
     # the limit Litestar enforces while reading (from the Content-Length before reading, then
     # on the bytes streamed): nothing over it is buffered. The handlers set no limit of their
     # own (a handler's would win over its router's).
-    v1 = Router(path="/", guards=[_auth_guard], route_handlers=[
+    # security: the bearer scheme on every guarded route (not /healthz, /readyz), so that the
+    # interactive docs (/schema) send the token
+    v1 = Router(path="/", guards=[_auth_guard], security=SECURITY, route_handlers=[
         Router(path="/", route_handlers=[rerank_handler, context_handler],
                request_max_body_size=settings.max_body_bytes),  # POST /v1/kb/search/rerank, /v1/kb/context
         Router(path="/", route_handlers=[v2_rerank_handler],
@@ -616,6 +604,7 @@ def create_app(settings: Settings, *, reranker=None, embedder=None, dev: bool = 
             description="Multi-tenant hybrid search with cross-encoder reranking.",
             path="/schema",
             render_plugins=[SwaggerRenderPlugin()],
+            components=SECURITY_COMPONENTS,
         ),
     )
 

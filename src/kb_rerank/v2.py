@@ -95,6 +95,7 @@ from .body import invalid as _invalid
 from .db import atenant_transaction
 from .limits import LimitExceeded
 from .rerank import RerankerTimeout, RerankerUnavailable
+from .schemas import ERROR_RESPONSES, ContextResponse, V2Response, body_operation, to_response
 from .service import TRACE_ID, canonical_json, normalize_query  # noqa: F401 - canonical_json re-exported
 from .settings import Settings
 
@@ -112,6 +113,7 @@ Lambda = Annotated[float, msgspec.Meta(ge=0.0, le=1.0)]
 NonNeg = Annotated[float, msgspec.Meta(ge=0.0)]
 Positive = Annotated[float, msgspec.Meta(gt=0.0)]
 PosInt = Annotated[int, msgspec.Meta(ge=1)]
+_QUERY_DOC = {"query": {"minLength": 1, "description": "search text; NFC, trimmed, whitespace collapsed"}}  # OpenAPI
 
 
 # --------------------------------------------------------------------------- wire types
@@ -628,9 +630,10 @@ async def _compute_context(state: State, tenant, normalized: str, req: ContextRe
     return body, scored.reason, scored
 
 
-async def _serve(request: Request, state: State, parse, build) -> Response[dict[str, Any]]:
+async def _serve(request: Request, state: State, parse, build, response_type: type):
     """Shared by the handlers: the request's trace id (set by the auth guard) in the log
-    context, the body parsed (a rejection is counted and re-raised), the answer built."""
+    context, the body parsed (a rejection is counted and re-raised), the answer built and
+    converted to its response Struct (:mod:`kb_rerank.schemas`)."""
     scope_state = request.scope["state"]
     trace_id: str = scope_state["trace_id"]
     tenant: uuid.UUID = scope_state["tenant"]
@@ -642,16 +645,17 @@ async def _serve(request: Request, state: State, parse, build) -> Response[dict[
             state.metrics.rejected.labels(exc.payload.get("error", "invalid")).inc()
             raise
         body = await build(state, tenant, req, trace_id)
-        return Response(body, headers={"X-Trace-Id": trace_id})
+        return Response(to_response(body, response_type), headers={"X-Trace-Id": trace_id})
     finally:
         TRACE_ID.reset(token)
 
 
-@post(CONTEXT_PATH, status_code=200, summary="Ranked, guarded context for a language model",
+@post(CONTEXT_PATH, status_code=200, operation_class=body_operation(ContextRequest, _QUERY_DOC), responses=ERROR_RESPONSES,
+      summary="Ranked, guarded context for a language model",
       description="Hybrid retrieval, relevance gate, injection policy, cross-encoder, MMR, tiers, "
                   "and a fenced <context> block with a system prompt template.")
-async def context_handler(request: Request, state: State) -> Response[dict[str, Any]]:
-    return await _serve(request, state, parse_context_request, build_context)
+async def context_handler(request: Request, state: State) -> Response[ContextResponse]:
+    return await _serve(request, state, parse_context_request, build_context, ContextResponse)
 
 
 # --------------------------------------------------------------------------- /v2/rerank
@@ -838,9 +842,9 @@ async def rerank_v2(state: State, tenant: uuid.UUID, req: V2Request, trace_id: s
     return body
 
 
-@post(V2_RERANK_PATH, status_code=200,
+@post(V2_RERANK_PATH, status_code=200, operation_class=body_operation(V2Request, _QUERY_DOC), responses=ERROR_RESPONSES,
       summary="Rerank caller-supplied documents (Cohere v2 shape)",
       description="Cross-encoder scores, MMR diversity, tiers; no database search.")
-async def v2_rerank_handler(request: Request, state: State) -> Response[dict[str, Any]]:
-    return await _serve(request, state, parse_v2_request, rerank_v2)
+async def v2_rerank_handler(request: Request, state: State) -> Response[V2Response]:
+    return await _serve(request, state, parse_v2_request, rerank_v2, V2Response)
 

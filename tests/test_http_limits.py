@@ -100,6 +100,38 @@ def test_v2_field_paths_are_named(client):
         assert r.status_code == 422 and r.json()["field"] == field, r.text
 
 
+@pytest.mark.parametrize("path", [CONTEXT_PATH, V2_RERANK_PATH])
+@pytest.mark.parametrize("extra, field", [
+    ({"recency_weight": 1.621614858874118e+308, "half_life_days": 1.621614858874118e+308}, "recency_weight"),
+    ({"half_life_days": 1e308}, "half_life_days"),
+    ({"authority_weight": 1e300}, "authority_weight"),
+])
+def test_numbers_that_would_overflow_the_composite_are_422(client, path, extra, field):
+    """The schema fuzzer found a 500: a recency weight of 1.6e308 overflowed the composite
+    score. Every caller number that enters it is bounded and named when out of range."""
+    r = client.post(path, json={**VALID[path], **extra}, headers=bearer(uuid.uuid4()))
+    assert r.status_code == 422 and r.json()["field"] == field, r.text
+
+
+def test_v2_caller_scores_and_authority_are_finite(client):
+    base = VALID[V2_RERANK_PATH]
+    for doc, field in (({"text": "a", "scores": {"bm25": 1e300}}, "documents[0].scores.bm25"),
+                       ({"text": "a", "metadata": {"authority": 1e300}}, "documents[0].metadata.authority")):
+        r = client.post(V2_RERANK_PATH, json={**base, "documents": [doc]}, headers=bearer(uuid.uuid4()))
+        assert r.status_code == 422 and r.json()["field"] == field, r.text
+
+
+def test_v2_nul_in_any_echoed_string_is_422(client):
+    """NUL in a document id (echoed in the answer, stored in jsonb) was a 500 (fuzzer)."""
+    base = VALID[V2_RERANK_PATH]
+    for body, field in (({**base, "documents": [{"text": "a", "id": "x\u0000"}]}, "documents[0].id"),
+                        ({**base, "documents": [{"text": "a", "metadata": {"source": "\u0000"}}]},
+                         "documents[0].metadata.source"),
+                        ({**base, "model": "m\u0000"}, "model")):
+        r = client.post(V2_RERANK_PATH, json=body, headers=bearer(uuid.uuid4()))
+        assert r.status_code == 422 and r.json()["field"] == field, r.text
+
+
 def test_valid_bodies_still_served(client, sample_tenant):
     for path in ROUTES:
         r = client.post(path, json=VALID[path], headers=bearer(sample_tenant))

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta, timezone
 
+import math
+
 import numpy as np
 import pytest
 
@@ -152,3 +154,15 @@ def test_similarity_floor_removes_anisotropic_offset():
     assert mmr_select(rel, E2, 0.6, 2, "auto")[0] == [0, 2]
     # basis vectors: median 0, nothing changes
     assert np.allclose(ranking.similarity_matrix(np.eye(3), "auto"), np.eye(3))
+
+
+@pytest.mark.parametrize("lam", [0.0, 2.225073858507203e-309, 5e-324, 1e-7])
+def test_composite_reports_finite_numbers_for_any_lambda(lam):
+    """A subnormal lambda made (1 - lam) / lam overflow and inf x 0 similarity gave a NaN
+    penalty, which the cache (jsonb) refused: a 500 found by the schema fuzzer."""
+    cands = [Candidate("a", 0.9), Candidate("b", 0.8), Candidate("c", 0.1)]
+    E = np.array([[1.0, 0, 0], [1.0, 0, 0], [0, 1.0, 0]])
+    r = composite(cands, E, lam=lam, k=3, now=NOW, recency_weight=1.0, half_life_days=9.1e-294)
+    values = [v for x in r for v in (x.final_score, x.mmr_penalty, x.boosted, x.max_sim)]
+    assert all(math.isfinite(v) for v in values), values
+    assert r[0].mmr_penalty == 0.0 and r[1].mmr_penalty == pytest.approx(r[1].max_sim)

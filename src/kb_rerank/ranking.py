@@ -61,6 +61,9 @@ __all__ = [
 _WORD = re.compile(r"\w+", re.UNICODE)
 
 
+
+LAMBDA_DIVERSITY_ONLY = 1e-6  # see composite()
+
 def information_density(text: str) -> float:
     toks = [t.casefold() for t in _WORD.findall(text or "")]
     if not toks:
@@ -220,7 +223,10 @@ def composite(
     boosted = [r + a + b for r, a, b in zip(rel, rec, auth)]
     emb = np.asarray(embeddings)[pre] if n else np.zeros((0, 1))
     order, sims = mmr_select(boosted, emb, lam, k, sim_floor)
-    coef = (1.0 - lam) / lam if lam > 0 else 1.0
+    # below LAMBDA_DIVERSITY_ONLY the order is diversity alone, as at 0, and so is the report:
+    # (1 - lam) / lam overflows for a subnormal lam and inf x 0 similarity is NaN (a 500
+    # found by the schema fuzzer with lambda 2.2e-309)
+    coef = (1.0 - lam) / lam if lam >= LAMBDA_DIVERSITY_ONLY else 1.0
     out = []
     for j, s in zip(order, sims):
         i = pre[j]

@@ -110,9 +110,13 @@ CACHE_KIND_V2 = "kb_v2_rerank_v1"
 POLICIES = ("exclude", "demote", "allow")
 
 Lambda = Annotated[float, msgspec.Meta(ge=0.0, le=1.0)]
-NonNeg = Annotated[float, msgspec.Meta(ge=0.0)]
-Positive = Annotated[float, msgspec.Meta(gt=0.0)]
 PosInt = Annotated[int, msgspec.Meta(ge=1)]
+# Caller-supplied numbers that enter the composite score are bounded, so no arithmetic on them
+# overflows to inf/NaN (a recency weight of 1.6e308 did: a 500 found by the schema fuzzer).
+Weight = Annotated[float, msgspec.Meta(ge=0.0, le=100.0)]  # relevance is in 0..1: 100 already swamps it
+HalfLife = Annotated[float, msgspec.Meta(gt=0.0, le=36500.0)]  # days: at most 100 years
+Authority = Annotated[float, msgspec.Meta(ge=0.0, le=1e6)]  # enters as a / (1 + a)
+CallerScore = Annotated[float, msgspec.Meta(ge=-1e12, le=1e12)]  # finite; only ranks are used
 _QUERY_DOC = {"query": {"minLength": 1, "description": "search text; NFC, trimmed, whitespace collapsed"}}  # OpenAPI
 
 
@@ -123,20 +127,20 @@ class ContextRequest(msgspec.Struct, forbid_unknown_fields=True, rename={"lam": 
     query: str
     top_n: PosInt | None = None
     lam: Lambda | None = None
-    recency_weight: NonNeg = 0.0
-    half_life_days: Positive = 30.0
-    authority_weight: NonNeg = 0.0
+    recency_weight: Weight = 0.0
+    half_life_days: HalfLife = 30.0
+    authority_weight: Weight = 0.0
     explain: bool = False
 
 
 class V2Scores(msgspec.Struct, forbid_unknown_fields=True):
-    bm25: float | None = None
-    cosine: float | None = None
+    bm25: CallerScore | None = None
+    cosine: CallerScore | None = None
 
 
 class V2Metadata(msgspec.Struct, forbid_unknown_fields=True):
     source: str | None = None
-    authority: NonNeg | None = None
+    authority: Authority | None = None
     updated_at: datetime | None = None
 
 
@@ -155,9 +159,9 @@ class V2Request(msgspec.Struct, forbid_unknown_fields=True, rename={"lam": "lamb
     max_tokens_per_doc: PosInt | None = None
     return_documents: bool = False
     lam: Lambda | None = None
-    recency_weight: NonNeg = 0.0
-    half_life_days: Positive = 30.0
-    authority_weight: NonNeg = 0.0
+    recency_weight: Weight = 0.0
+    half_life_days: HalfLife = 30.0
+    authority_weight: Weight = 0.0
     explain: bool = False
 
 
@@ -200,6 +204,13 @@ def parse_v2_request(raw: bytes, settings: Settings) -> V2Request:
             raise _invalid(where, "document text must not contain NUL characters")
         if len(text) > settings.v2_max_document_chars:
             raise _invalid(where, f"document text is longer than {settings.v2_max_document_chars} characters")
+        if not isinstance(d, str):
+            # echoed in the answer and stored with it (jsonb refuses NUL): a 500 found by the fuzzer
+            for name, value in (("id", d.id), ("metadata.source", d.metadata and d.metadata.source)):
+                if value and "\x00" in value:
+                    raise _invalid(f"documents[{i}].{name}", f"{name} must not contain NUL characters")
+    if req.model and "\x00" in req.model:
+        raise _invalid("model", "model must not contain NUL characters")
     # `model` is accepted (Cohere clients always send one) and echoed in meta.requested_model;
     # the deployment's cross-encoder serves (meta.model).
     return req

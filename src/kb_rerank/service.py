@@ -81,11 +81,10 @@ from typing import Any, Literal, Mapping
 
 import msgspec
 
-from . import audit, cache, pair_cache, search
+from . import audit, cache, pair_cache, scoring, search
 from .db import atenant_transaction
 from .keys import server_key
 from .limits import UNLIMITED, Limits
-from .rerank import RerankerTimeout, RerankerUnavailable
 from .settings import SOURCES, Settings
 
 log = logging.getLogger("kb_rerank.service")
@@ -437,76 +436,27 @@ class RerankService:
     async def _rerank_candidates(self, normalized: str, cands: list[search.Candidate], source: str, *,
                                  cached: dict[pair_cache.PairKey, float] | None = None, tenant=None,
                                  reserved: float = 0.0) -> Outcome:
-        """Scores ``cands``: pairs found in ``cached`` (the live pair scores read in the
-        candidates' transaction; None when the pair cache is off) are not sent to the model."""
+        """Scores ``cands`` (:func:`kb_rerank.scoring.score`): pairs found in ``cached`` (the
+        live pair scores read in the candidates' transaction; None when the pair cache is off)
+        are not sent to the model; the pairs reserved with the miss are settled to those sent."""
         s = self.settings
-        rr = self.reranker
-        reason: str | None = None
-        scores: list[float] | None = None
-        rerank_ms = 0
-        keys = [pair_cache.content_key(c.chunk_id, c.content) for c in cands]
-        known = cached or {}
-        missing: list[int] = []  # first index of each key the pair cache does not hold
-        seen: set = set()
-        for i, k in enumerate(keys):
-            if k not in known and k not in seen:
-                seen.add(k)
-                missing.append(i)
-        new: dict[pair_cache.PairKey, float] = {}
-        model_ready = bool(missing) and getattr(rr, "ready", True)
-        self.limits.settle_pairs(tenant, reserved, len(missing) if model_ready else 0)
-        if not missing:
-            scores = [known[k] for k in keys]
-        elif not model_ready:
-            reason = "model_not_ready"
-        else:
-            # the pairs were charged with the miss (reserve_miss); one of the tenant's model
-            # slots is taken before the work (429 if not)
-            release = await self.limits.enter_model(tenant, len(missing), charge=False)
-            t = time.perf_counter()
-            try:
-                scores = await asyncio.wait_for(
-                    rr.ascore(normalized, [cands[i].content for i in missing]),
-                    s.rerank_timeout_s if s.rerank_timeout_s and s.rerank_timeout_s > 0 else None,
-                )
-            except (TimeoutError, asyncio.TimeoutError):
-                reason = "model_timeout"
-            except RerankerTimeout:
-                reason = "model_timeout"
-            except RerankerUnavailable:
-                reason = "model_not_ready"
-            except Exception as exc:  # noqa: BLE001 - any model failure means fallback
-                reason = "model_error"
-                log.warning("reranker failed (%s): %s", reason, type(exc).__name__)
-            finally:
-                release()
-                elapsed = time.perf_counter() - t
-                rerank_ms = int(round(elapsed * 1000))
-                self.metrics.model_call(elapsed, len(missing))
-            if reason is None:
-                try:
-                    scores = [float(x) for x in scores]  # type: ignore[union-attr]
-                except (TypeError, ValueError):
-                    scores = None
-                if (scores is None or len(scores) != len(missing)
-                        or not all(math.isfinite(x) and 0.0 <= x <= 1.0 for x in scores)):
-                    reason = "invalid_scores"
-                else:
-                    new = {keys[i]: pair_cache.as_real(x) for i, x in zip(missing, scores)}
-                    scores = [known[k] if k in known else new[k] for k in keys]
-        if reason is not None:
-            self.metrics.fallback(source, reason)
-            self._reload_model_later()
+        scored = await scoring.score(
+            reranker=self.reranker, settings=s, metrics=self.metrics, limits=self.limits,
+            reload_later=self.reload_model_later, query=normalized, texts=[c.content for c in cands],
+            keys=[pair_cache.content_key(c.chunk_id, c.content) for c in cands], cached=cached,
+            tenant=tenant, reserved=reserved, source=source)
+        if scored.scores is None:
             return Outcome(results=fallback_results(cands, s.rerank_top_n, source),
                            candidate_count=len(cands), model=self.model_name,
-                           fallback_reason=reason, rerank_ms=rerank_ms, kind=audit.FALLBACK)
-        self.metrics.pair_scores(len(cands) - len(missing), len(missing))
-        order = sorted(range(len(cands)), key=lambda i: (-scores[i], str(cands[i].chunk_id)))  # type: ignore[index]
-        results = [_result(cands[i], _round(scores[i]), source) for i in order[: s.rerank_top_n]]  # type: ignore[index]
-        return Outcome(results=results, candidate_count=len(cands), model=self.model_name, rerank_ms=rerank_ms,
-                       new_pairs=new if s.pair_cache else {})
+                           fallback_reason=scored.reason, rerank_ms=scored.ms, kind=audit.FALLBACK)
+        scores = scored.scores
+        order = sorted(range(len(cands)), key=lambda i: (-scores[i], str(cands[i].chunk_id)))
+        results = [_result(cands[i], _round(scores[i]), source) for i in order[: s.rerank_top_n]]
+        return Outcome(results=results, candidate_count=len(cands), model=self.model_name, rerank_ms=scored.ms,
+                       new_pairs=scored.new_pairs)
 
-    def _reload_model_later(self) -> None:
+    def reload_model_later(self) -> None:
+        """(Re)load the model in the background when it is not ready (after a fallback)."""
         ensure = getattr(self.reranker, "ensure_loaded_async", None)
         if ensure is None or getattr(self.reranker, "ready", False):
             return

@@ -81,20 +81,20 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Annotated, Any
+from typing import Annotated, Any, Awaitable
 
 import msgspec
 import numpy as np
 from litestar import Request, Response, post
 from litestar.datastructures import State
 
-from . import audit, cache, context, guard, pair_cache, ranking, search
+from . import audit, cache, context, guard, pair_cache, ranking, scoring, search
 from .body import ApiError  # the app's error type (its auth guard runs in api.create_app's router)
 from .body import decode as _decode  # the one body decoder of every JSON route
 from .body import invalid as _invalid
 from .db import atenant_transaction
 from .limits import LimitExceeded
-from .rerank import RerankerTimeout, RerankerUnavailable
+from .scoring import Scored
 from .schemas import ERROR_RESPONSES, ContextResponse, V2Response, body_operation, to_response
 from .service import TRACE_ID, canonical_json, normalize_query  # noqa: F401 - canonical_json re-exported
 from .settings import Settings
@@ -256,88 +256,12 @@ async def _cache_read(conn, qh: str, source: str, kind: str, *,
     return gen, payload["response"]
 
 
-@dataclass
-class Scored:
-    scores: list[float] | None
-    reason: str | None
-    ms: int
-    # pair scores the model computed (to write into the pair cache; empty on fallback)
-    new_pairs: dict[pair_cache.PairKey, float] = field(default_factory=dict)
-
-
-async def score_with_fallback(state: State, query: str, texts: list[str], *,
-                              keys: list[pair_cache.PairKey] | None = None,
-                              cached: dict[pair_cache.PairKey, float] | None = None,
-                              tenant: uuid.UUID | None = None, prepaid: bool = False) -> Scored:
-    """``reranker.ascore`` bounded by ``rerank_timeout_s``; on any failure the reason
-    (``model_not_ready`` / ``model_timeout`` / ``model_error`` / ``invalid_scores``) and
-    a background reload, as the rerank endpoint does.
-
-    With ``keys`` (the pair-cache key of each text) only the texts whose key is not in
-    ``cached`` are sent to the model (each distinct key once); the new scores come back in
-    ``new_pairs``. Model scores are taken at ``real`` precision (``pair_cache.as_real``)."""
-    s: Settings = state.settings
-    rr = state.reranker
-    metrics = state.metrics
-    if not texts:
-        return Scored([], None, 0)
-    known = cached or {}
-    if keys is None:
-        missing = list(range(len(texts)))
-    else:
-        missing, seen = [], set()
-        for i, k in enumerate(keys):
-            if k not in known and k not in seen:
-                seen.add(k)
-                missing.append(i)
-        if not missing:
-            metrics.pair_scores(len(texts), 0)
-            return Scored([known[k] for k in keys], None, 0)
-    if rr is None or not getattr(rr, "ready", True):
-        reason = "model_not_ready"
-        metrics.fallback(CONTEXT_SOURCE, reason)
-        _reload_later(state)
-        return Scored(None, reason, 0)
-    reason = None
-    scores = None
-    # the tenant's pairs charged (unless its request prepaid them) and one of its model slots
-    # taken before the work; 429 if not (kb_rerank.limits)
-    release = await state.limits.enter_model(tenant, len(missing), charge=not prepaid)
-    t = time.perf_counter()
-    try:
-        scores = await asyncio.wait_for(
-            rr.ascore(query, [texts[i] for i in missing]),
-            s.rerank_timeout_s if s.rerank_timeout_s and s.rerank_timeout_s > 0 else None,
-        )
-    except (TimeoutError, asyncio.TimeoutError, RerankerTimeout):
-        reason = "model_timeout"
-    except RerankerUnavailable:
-        reason = "model_not_ready"
-    except Exception as exc:  # noqa: BLE001 - any model failure means fallback
-        reason = "model_error"
-        log.warning("reranker failed (%s): %s", reason, type(exc).__name__)
-    finally:
-        release()
-    elapsed = time.perf_counter() - t
-    metrics.model_call(elapsed, len(missing))
-    if reason is None:
-        try:
-            scores = [float(x) for x in scores]  # type: ignore[union-attr]
-        except (TypeError, ValueError):
-            scores = None
-        if scores is None or len(scores) != len(missing) or not all(math.isfinite(x) and 0 <= x <= 1 for x in scores):
-            reason, scores = "invalid_scores", None
-    if reason is not None:
-        metrics.fallback(CONTEXT_SOURCE, reason)
-        _reload_later(state)
-        return Scored(None, reason, int(round(elapsed * 1000)))
-    real = [pair_cache.as_real(x) for x in scores]  # type: ignore[union-attr]
-    new: dict[pair_cache.PairKey, float] = {}
-    if keys is not None:
-        new = {keys[i]: x for i, x in zip(missing, real)}
-        real = [known[k] if k in known else new[k] for k in keys]
-    metrics.pair_scores(len(texts) - len(missing), len(missing))
-    return Scored(real, None, int(round(elapsed * 1000)), new_pairs=new if s.pair_cache else {})
+def _score(state: State, source: str, query: str, texts: list[str], **kw: Any) -> Awaitable[Scored]:
+    """:func:`kb_rerank.scoring.score` with the app's reranker, settings, metrics and limits;
+    a fallback is counted under ``source`` (the endpoint's) and reloads the model."""
+    return scoring.score(reranker=state.reranker, settings=state.settings, metrics=state.metrics,
+                         limits=state.limits, reload_later=lambda: _reload_later(state),
+                         query=query, texts=texts, source=source, **kw)
 
 
 async def write_pairs(conn, state: State, model: str, pair_qh: str, scored: Scored, *, generation: int) -> None:
@@ -350,8 +274,8 @@ async def write_pairs(conn, state: State, model: str, pair_qh: str, scored: Scor
 
 def _reload_later(state: State) -> None:
     svc = getattr(state, "service", None)
-    if svc is not None and hasattr(svc, "_reload_model_later"):
-        svc._reload_model_later()
+    if svc is not None:
+        svc.reload_model_later()
 
 
 def fallback_relevance(first_stage: list[float]) -> list[float]:
@@ -562,9 +486,9 @@ async def _compute_context(state: State, tenant, normalized: str, req: ContextRe
     body["reranked_count"] = len(cut)
     if not cut:
         return body, None, None
-    scored = await score_with_fallback(state, normalized, [x.c.content for x in cut],
-                                       keys=[pair_cache.content_key(x.c.chunk_id, x.c.content) for x in cut],
-                                       cached=cached, tenant=tenant)
+    scored = await _score(state, CONTEXT_SOURCE, normalized, [x.c.content for x in cut],
+                          keys=[pair_cache.content_key(x.c.chunk_id, x.c.content) for x in cut],
+                          cached=cached, tenant=tenant)
     body["rerank_duration_ms"] = scored.ms
     rel = scored.scores if scored.scores is not None else fallback_relevance([x.c.score for x in cut])
     if scored.reason:
@@ -773,8 +697,8 @@ async def rerank_v2(state: State, tenant: uuid.UUID, req: V2Request, trace_id: s
         async with state.limits.connection(state.pool, tenant) as conn:
             async with atenant_transaction(conn, tenant):
                 cached = await pair_cache.get_live(conn, model, pair_qh, keys, generation=gen)
-    scored = await score_with_fallback(state, normalized, [texts[p] for p in keep], keys=keys, cached=cached,
-                                       tenant=tenant, prepaid=True)
+    scored = await _score(state, V2_SOURCE, normalized, [texts[p] for p in keep], keys=keys, cached=cached,
+                          tenant=tenant, prepaid=True)
     if scored.scores is not None:
         rel = scored.scores
     else:

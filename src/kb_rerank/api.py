@@ -42,7 +42,6 @@ import hmac
 import logging
 import math
 import os
-import re
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -50,7 +49,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import anyio
-import msgspec
 import psycopg
 from litestar import Litestar, MediaType, Request, Response, Router, get, post
 from litestar.connection import ASGIConnection

@@ -76,11 +76,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-import re
 import time
 import uuid
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import datetime
 from typing import Annotated, Any, Awaitable
 
 import msgspec

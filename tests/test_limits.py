@@ -278,6 +278,34 @@ def test_a_miss_is_charged_whole_before_its_work_and_settled_after():
     assert lim.tenant_rate.level("a") == pytest.approx(1 + 1.5 + 4.0)
 
 
+def test_a_refused_slot_gives_the_miss_reservation_back():
+    """A miss reserved whole, then refused its embedder slot (or, after settling, its model
+    slot) as tenant_busy, keeps no tokens for work it never did."""
+    async def main():
+        now, clock = _clock()
+        lim = Limits(tenant_rate=RateLimiter(60, 20, clock=clock), model_slots=1, cost_per_pair=0.1,
+                     cost_per_embedding=4.0)
+        held_e = await lim.embedding("a", charge=False).__aenter__()  # noqa: F841 - the tenant's one embedder slot
+        reserved = lim.reserve_miss("a", embeddings=1, max_pairs=40)
+        assert lim.tenant_rate.level("a") == pytest.approx(12.0)
+        with pytest.raises(LimitExceeded) as ei:
+            async with lim.embedding("a", charge=False, paid=lim.cost_per_embedding + reserved):
+                pass
+        assert ei.value.payload["error"] == "tenant_busy"
+        assert lim.tenant_rate.level("a") == pytest.approx(20.0)
+        # the model slot: 25 pairs settled as sent, then the slot is busy
+        release = await lim.enter_model("a", 0)
+        reserved = lim.reserve_miss("a", embeddings=0, max_pairs=40)
+        lim.settle_pairs("a", reserved, 25)
+        assert lim.tenant_rate.level("a") == pytest.approx(17.5)
+        with pytest.raises(LimitExceeded):
+            await lim.enter_model("a", 25, charge=False, paid=0.1 * 25)
+        assert lim.tenant_rate.level("a") == pytest.approx(20.0)
+        release()
+
+    asyncio.run(main())
+
+
 # --------------------------------------------------------------------------- over HTTP
 
 

@@ -5,12 +5,13 @@ The catalog tests cover every object of its kind, found in the catalog."""
 
 from __future__ import annotations
 
+import re
 import uuid
 
 import psycopg
 import pytest
 
-from kb_rerank import audit, cli, db
+from kb_rerank import audit, cli, db, sqlfiles
 from kb_rerank.db import tenant_transaction
 
 from .helpers import basis, insert_doc
@@ -62,6 +63,30 @@ def test_every_definer_pins_search_path_with_pg_temp_last(owner_conn):
     for fn, config in pinned:
         path = _search_path(config)
         assert path[-1] == "pg_temp" and "public" not in path and not set(path) & creatable, (fn, path)
+
+
+_DEFINER_HEADER = re.compile(r"^\s*security\s+definer\s*$(?P<rest>.*?)^\s*as\s+\$", re.I | re.M | re.S)
+_SEARCH_PATH = re.compile(r"^\s*set\s+search_path\s*=\s*(?P<path>[^\n;]+)$", re.I | re.M)
+
+
+def test_every_definer_in_every_shipped_sql_file_pins_pg_temp_last():
+    """The catalog test sees head only; a downgrade file puts older definer functions back
+    (0006's down restores the old eviction function), so every SQL file shipped, versioned,
+    downgrade or idempotent, is read too: each SECURITY DEFINER header pins a search_path
+    ending with pg_temp and without public."""
+    files = [(f"{d}/{f.name}", f.read_text(encoding="utf-8"))
+             for d in ("schema", "functions", "policies", "views") for f in (sqlfiles.sql_dir() / d).iterdir()
+             if f.name.endswith(".sql")]
+    headers = 0
+    for name, text in files:
+        text = re.sub(r"--[^\n]*", "", text)  # comments may name SECURITY DEFINER
+        for m in _DEFINER_HEADER.finditer(text):
+            headers += 1
+            sp = _SEARCH_PATH.search(m.group("rest"))
+            assert sp, f"{name}: a SECURITY DEFINER function pins no search_path"
+            path = [p.strip().strip('"') for p in sp.group("path").split(",")]
+            assert path[-1] == "pg_temp" and "public" not in path, (name, path)
+    assert headers >= 8  # search, statistics, lists, audit, generation, eviction (and the 0006 downgrade)
 
 
 def test_app_role_has_no_temp_and_no_create_anywhere(owner_conn):

@@ -498,9 +498,6 @@ async def _lifespan(app: Litestar):
         ensure = getattr(st.reranker, "ensure_loaded_async", None)
         if ensure is not None and not getattr(st.reranker, "ready", False):
             tasks.append(asyncio.create_task(ensure(), name="kb-rerank-model-load"))
-        from . import audit
-
-        audit.configure(settings)  # the key that signs audit rows (kb_rerank.keys)
         if settings.evict_interval_s and settings.evict_interval_s > 0:
             maint = _maint_url(settings)
             if maint is None:

@@ -2,7 +2,7 @@
 
 Rows are appended inside the caller's tenant transaction, so an audit row commits or
 rolls back together with the work it describes (a cache write, for example). The row
-never holds the query text: ``query_hash`` (sha256 of the normalised query) only, and
+never holds the query text: ``query_hash`` (HMAC-SHA256 of the normalised query: service.query_hash) only, and
 ``detail`` is a short machine reason.
 
 Keyed chain (issue 13): each row carries an HMAC-SHA256, computed here with the audit key
@@ -21,6 +21,7 @@ import hmac
 import json
 import secrets
 import struct
+import uuid
 from dataclasses import dataclass
 
 from . import keys
@@ -54,7 +55,10 @@ def canonical(tenant_id, nonce: str, kind: str, severity: int, source: str, quer
     (unambiguous whatever the fields hold) of a version label, the tenant, the nonce and the
     caller-supplied fields. seq, prev_hash and created_at are the database's, covered by the
     SQL chain instead."""
-    fields = [MAC_VERSION, str(tenant_id), nonce, kind, int(severity), source, query_hash.rstrip(" "), trace_id,
+    # the tenant in the database's text form whatever the caller holds (UUID or string);
+    # none set: the database refuses the append anyway
+    tenant = "" if tenant_id is None else str(uuid.UUID(str(tenant_id)))
+    fields = [MAC_VERSION, tenant, nonce, kind, int(severity), source, query_hash.rstrip(" "), trace_id,
               model, int(candidate_count or 0), int(returned_count or 0), _real(duration_ms), detail]
     return json.dumps(fields, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
 
@@ -74,22 +78,6 @@ class AuditKey:
     @classmethod
     def from_settings(cls, settings: Settings) -> "AuditKey":
         return cls(keys.server_key(settings, "audit", settings.audit_key))
-
-
-_default_key: AuditKey | None = None
-
-
-def configure(settings: Settings) -> None:
-    """Set the key that append() uses when none is passed (the API's lifespan calls it)."""
-    global _default_key
-    _default_key = AuditKey.from_settings(settings)
-
-
-def default_key() -> AuditKey:
-    global _default_key
-    if _default_key is None:
-        _default_key = AuditKey.from_settings(Settings.from_env())
-    return _default_key
 
 
 @dataclass(frozen=True)
@@ -119,21 +107,22 @@ class AuditRecord:
         return f + [mac(key.key, canonical(tenant_id, nonce, *f)), nonce, key.key_id]
 
 
-async def append(conn, record: AuditRecord, *, tenant_id=None, key: AuditKey | None = None) -> None:
-    """Append one row for the tenant of the current transaction (read from the transaction
-    when ``tenant_id`` is not given)."""
-    if tenant_id is None:
-        cur = await conn.execute("select kb.current_tenant()")
-        tenant_id = (await cur.fetchone())[0]
-    await conn.execute(APPEND, record.params(tenant_id, key or default_key()))
+async def append(conn, record: AuditRecord, *, tenant_id, key: AuditKey) -> None:
+    """Append one row in the caller's tenant transaction. ``tenant_id``: that transaction's
+    tenant, which the MAC covers (the row is written for the transaction's tenant; a MAC over
+    another would not verify). ``key``: the service's audit key (read once at start:
+    ``RerankService.audit_key``). No extra round trip: the caller knows its tenant."""
+    await conn.execute(APPEND, record.params(tenant_id, key))
 
 
 def append_sync(conn, record: AuditRecord, *, tenant_id=None, key: AuditKey | None = None):
-    """append() for a sync connection; returns the stored row as a dict."""
+    """append() for a sync connection (administration, tests); the tenant read from the
+    transaction and the key from the environment's settings unless given. Returns the
+    stored row as a dict."""
     if tenant_id is None:
         tenant_id = conn.execute("select kb.current_tenant()").fetchone()[0]
     cur = conn.execute(APPEND.replace("select kb.audit_append(", "select * from kb.audit_append(", 1),
-                       record.params(tenant_id, key or default_key()))
+                       record.params(tenant_id, key or AuditKey.from_settings(Settings.from_env())))
     return dict(zip([d.name for d in cur.description], cur.fetchone()))
 
 

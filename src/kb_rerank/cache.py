@@ -48,7 +48,6 @@ LOOKUP = (
     "   on c.tenant_id = kb.current_tenant() and c.query_hash = %s and c.source = %s"
     "  and c.generation = g.generation and c.expires_at > now()"
 )
-GENERATION = "select coalesce((select generation from kb.kb_generation where tenant_id = kb.current_tenant()), 0)"
 DELETE_ROW = "delete from kb.kb_rerank_cache where cache_id = %s"
 DELETE_STALE = (
     "delete from kb.kb_rerank_cache"
@@ -102,12 +101,6 @@ def valid_results(value: Any, max_results: int) -> bool:
             return False
         seen.add(item["chunk_id"])
     return True
-
-
-async def generation(conn) -> int:
-    """The current tenant's knowledge-base generation (0 when it has none yet)."""
-    cur = await conn.execute(GENERATION)
-    return int((await cur.fetchone())[0])
 
 
 async def lookup(conn, query_hash: str, source: str, *, generation: int | None = None) -> tuple[int, tuple | None]:

@@ -273,7 +273,8 @@ class Limits:
         embeddings and the most pairs it can send to the cross-encoder. Charging stage by stage
         let concurrent misses of one tenant each pay for an embedding and then all be refused
         their pairs: tokens spent, work wasted, none served. Returns the pairs' share, to be
-        settled with :meth:`settle_pairs` once the pairs actually sent are known."""
+        settled with :meth:`settle_pairs` once the pairs actually sent are known. A refused
+        embedder or model slot gives back what is still held (their ``paid`` argument)."""
         pairs_cost = self.cost_per_pair * max_pairs
         self.charge(tenant, self.cost_per_embedding * embeddings + pairs_cost, paid=REQUEST_COST)
         return pairs_cost
@@ -283,15 +284,18 @@ class Limits:
         self.tenant_rate.refund(tenant, max(0.0, reserved - self.cost_per_pair * pairs))
 
     # ------------------------------------------------------------------ caps
-    async def enter_model(self, tenant: Any, pairs: int, *, charge: bool = True) -> Callable[[], None]:
+    async def enter_model(self, tenant: Any, pairs: int, *, charge: bool = True,
+                          paid: float = 0.0) -> Callable[[], None]:
         """Before a cross-encoder call of ``pairs`` pairs: charge them (unless prepaid), then
-        take one of the tenant's model slots. Returns the release (call it once, in a finally)."""
+        take one of the tenant's model slots. ``paid``: tokens the request took ahead for this
+        work (a reservation), given back with the charge if the slot is refused. Returns the
+        release (call it once, in a finally)."""
         cost = self.cost_per_pair * pairs if charge else 0.0
         self.charge(tenant, cost, paid=REQUEST_COST)
         try:
             await self._take(self.model, tenant)
         except BaseException:
-            self.tenant_rate.refund(tenant, cost)  # refused (or cancelled): the work is not done
+            self.tenant_rate.refund(tenant, cost + paid)  # refused (or cancelled): the work is not done
             raise
         return lambda: self.model.release(tenant)
 
@@ -303,16 +307,17 @@ class Limits:
             raise
 
     @contextlib.asynccontextmanager
-    async def embedding(self, tenant: Any, texts: int = 1, *, charge: bool = True) -> AsyncIterator[None]:
+    async def embedding(self, tenant: Any, texts: int = 1, *, charge: bool = True,
+                        paid: float = 0.0) -> AsyncIterator[None]:
         """Around an embedder call of ``texts`` texts: charge them (unless prepaid), then take
         one of the tenant's embedder slots (429 if either is short; a refused slot gives the
-        tokens back)."""
+        tokens back, with ``paid``: what the request took ahead for this work)."""
         cost = self.cost_per_embedding * texts if charge else 0.0
         self.charge(tenant, cost, paid=REQUEST_COST)
         try:
             await self._take(self.embedder, tenant)
         except BaseException:
-            self.tenant_rate.refund(tenant, cost)
+            self.tenant_rate.refund(tenant, cost + paid)
             raise
         try:
             yield

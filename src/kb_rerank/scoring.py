@@ -71,7 +71,9 @@ async def score(*, reranker: Any, settings: Any, metrics: Any, limits: Any, relo
         reason = "model_not_ready"
     else:
         # one of the tenant's model slots taken before the work (429 if not)
-        release = await limits.enter_model(tenant, len(missing), charge=not prepaid and reserved is None)
+        # (settled reserved pairs go back if the slot is refused)
+        release = await limits.enter_model(tenant, len(missing), charge=not prepaid and reserved is None,
+                                           paid=limits.cost_per_pair * len(missing) if reserved is not None else 0.0)
         t = time.perf_counter()
         timeout = settings.rerank_timeout_s if settings.rerank_timeout_s and settings.rerank_timeout_s > 0 else None
         try:

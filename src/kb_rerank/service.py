@@ -285,6 +285,7 @@ class RerankService:
         self.settings = settings
         # the query-hash key, read once here (app start), never per request
         self.hash_key = hash_key if hash_key is not None else query_hash_key(settings)
+        self.audit_key = audit.AuditKey.from_settings(settings)  # signs audit rows; read once too
         self.limits = limits or UNLIMITED  # per-tenant costs and caps (kb_rerank.limits)
         self.pool = pool
         self.embedder = embedder
@@ -293,6 +294,10 @@ class RerankService:
         self.metrics = metrics or PipelineMetrics()
         self._inflight: dict[tuple[str, str, str], asyncio.Future] = {}
         self._background: set[asyncio.Task] = set()
+
+    async def audit(self, conn, tenant, record: audit.AuditRecord) -> None:
+        """One audit row in ``conn``'s tenant transaction, signed with this service's key."""
+        await audit.append(conn, record, tenant_id=tenant, key=self.audit_key)
 
     def hash_query(self, normalized: str, params: Mapping[str, Any] | None = None) -> str:
         """:func:`query_hash` under this service's key."""
@@ -345,6 +350,7 @@ class RerankService:
                 return hit
             self.metrics.cache_miss(source)
             outcome = await self._compute(tenant, normalized, qh, source, generation)
+            outcome.generation = generation  # its cache row and pair scores are written under it
             await self._record(tenant, qh, source, trace_id, outcome, t0,
                                write_cache=outcome.fallback_reason is None)
             return self._response(outcome, trace_id, from_cache=False)
@@ -368,7 +374,7 @@ class RerankService:
                 if entry is None:
                     return None, generation
                 model = entry.model or self.model_name
-                await audit.append(conn, audit.AuditRecord(
+                await self.audit(conn, tenant, audit.AuditRecord(
                     kind=audit.CACHE_HIT, source=source, query_hash=qh, trace_id=trace_id, model=model,
                     candidate_count=0, returned_count=len(entry.results),
                     duration_ms=(time.perf_counter() - t0) * 1000.0,
@@ -382,11 +388,6 @@ class RerankService:
 
     # ------------------------------------------------------------------ steps 3-4
     async def _compute(self, tenant, normalized: str, qh: str, source: str, generation: int) -> Outcome:
-        outcome = await self._compute_at(tenant, normalized, qh, source, generation)
-        outcome.generation = generation
-        return outcome
-
-    async def _compute_at(self, tenant, normalized: str, qh: str, source: str, generation: int) -> Outcome:
         s = self.settings
         if source == "manual_curation":
             async with self.limits.connection(self.pool, tenant) as conn:
@@ -404,7 +405,8 @@ class RerankService:
         embedding = None
         if source != "lexical_only":
             loop = asyncio.get_running_loop()
-            async with self.limits.embedding(tenant, charge=False):
+            # a refused embedder slot refuses the whole miss: its reservation goes back
+            async with self.limits.embedding(tenant, charge=False, paid=self.limits.cost_per_embedding + reserved):
                 embedding = await loop.run_in_executor(self.embed_executor, self.embedder.embed_query, normalized)
         cached: dict[pair_cache.PairKey, float] | None = None
         async with self.limits.connection(self.pool, tenant) as conn:
@@ -478,7 +480,7 @@ class RerankService:
                 if write_cache and outcome.fallback_reason is None and outcome.new_pairs:
                     await pair_cache.put(conn, outcome.model, qh, outcome.new_pairs, generation=outcome.generation,
                                          ttl_s=self.settings.cache_ttl_s)
-                await audit.append(conn, audit.AuditRecord(
+                await self.audit(conn, tenant, audit.AuditRecord(
                     kind=audit.FALLBACK if outcome.fallback_reason else audit.SERVED,
                     source=source, query_hash=qh, trace_id=trace_id, model=outcome.model,
                     candidate_count=outcome.candidate_count, returned_count=len(outcome.results),

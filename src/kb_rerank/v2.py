@@ -355,7 +355,7 @@ async def _cached_lookup(state: State, tenant: uuid.UUID, normalized: str, make_
             qh = _hash(state, normalized, params)
             gen, hit = await _cache_read(conn, qh, source, kind, generation=generation)
             if hit is not None:
-                await audit.append(conn, audit.AuditRecord(
+                await state.service.audit(conn, tenant, audit.AuditRecord(
                     kind=audit.CACHE_HIT, source=source, query_hash=qh, trace_id=trace_id, model=model,
                     candidate_count=0, returned_count=len(hit.get("results", [])),
                     duration_ms=(time.perf_counter() - t0) * 1000.0, detail=detail,
@@ -392,7 +392,7 @@ async def build_context(state: State, tenant: uuid.UUID, req: ContextRequest, tr
                 detail = "context;gate_closed"
             if fallback_reason:
                 detail = f"{fallback_reason};context"
-            await audit.append(conn, audit.AuditRecord(
+            await state.service.audit(conn, tenant, audit.AuditRecord(
                 kind=audit.FALLBACK if fallback_reason else audit.SERVED, source=CONTEXT_SOURCE, query_hash=qh,
                 trace_id=trace_id, model=model, candidate_count=body["candidate_count"],
                 returned_count=len(body["results"]), duration_ms=(time.perf_counter() - t0) * 1000.0, detail=detail,
@@ -767,7 +767,7 @@ async def rerank_v2(state: State, tenant: uuid.UUID, req: V2Request, trace_id: s
             if scored.reason is None and not uninspected:
                 await cache.put(conn, qh, V2_SOURCE, {"kind": CACHE_KIND_V2, "response": body},  # type: ignore[arg-type]
                                 generation=gen, ttl_s=settings.cache_ttl_s, trace_id=trace_id, model=model)
-            await audit.append(conn, audit.AuditRecord(
+            await state.service.audit(conn, tenant, audit.AuditRecord(
                 kind=audit.FALLBACK if scored.reason else audit.SERVED, source=V2_SOURCE, query_hash=qh,
                 trace_id=trace_id, model=model, candidate_count=n, returned_count=len(results),
                 duration_ms=(time.perf_counter() - t0) * 1000.0,

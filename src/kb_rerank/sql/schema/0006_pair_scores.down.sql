@@ -11,7 +11,7 @@ begin
     language plpgsql
     volatile
     security definer
-    set search_path = pg_catalog, kb
+    set search_path = pg_catalog, kb, pg_temp
     as $$
     declare
       n bigint;

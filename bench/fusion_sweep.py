@@ -50,15 +50,9 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-from kb_rerank import search  # noqa: E402
-from kb_rerank.evaluate import (  # noqa: E402
-    CachedEmbedder,
-    _default_conn_factory,
-    _doc_map,
-    embed_cache_dir,
-    load_collection,
-)
-from kb_rerank.metrics import evaluate_run, load_beir  # noqa: E402
+from kb_rerank.store import search  # noqa: E402
+from kb_rerank.eval.runs import CachedEmbedder, _default_conn_factory, _doc_map, embed_cache_dir, load_collection
+from kb_rerank.eval.measures import evaluate_run, load_beir  # noqa: E402
 from kb_rerank.settings import Settings  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
@@ -107,7 +101,7 @@ def dedup_docs(rows, docmap) -> list[str]:
 
 def fetch_lists(settings: Settings, path: Path, embedder, conn_factory, verify: int, verify_configs):
     """Load (idempotent) and fetch both lists per query at DEPTH; check fusion against the SQL."""
-    from kb_rerank.db import tenant_transaction
+    from kb_rerank.store.session import tenant_transaction
 
     coll = load_beir(path)
     qids = sorted(q for q in coll.queries if q in coll.qrels)
@@ -190,7 +184,7 @@ def main(argv=None) -> int:
     ap.add_argument("--json", type=Path, default=RESULTS / "fusion-sweep.json")
     args = ap.parse_args(argv)
     settings = Settings.from_env()
-    from kb_rerank.embed import get_embedder
+    from kb_rerank.models.embedders import get_embedder
 
     embedder = CachedEmbedder(get_embedder(settings), embed_cache_dir(settings))
     conn_factory = _default_conn_factory(settings)

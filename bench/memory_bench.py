@@ -26,7 +26,7 @@ from pathlib import Path
 
 import psutil
 
-from kb_rerank.auth import JwtConfig, mint_token
+from kb_rerank.http.auth import JwtConfig, mint_token
 from kb_rerank.cli import DEMO_TENANT
 from kb_rerank.testing.tiny_model import build_tiny_cross_encoder
 

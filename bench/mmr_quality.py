@@ -22,10 +22,14 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 import numpy as np  # noqa: E402
 import psycopg  # noqa: E402
 
-from kb_rerank import db, ranking, search  # noqa: E402
-from kb_rerank.embed import get_embedder  # noqa: E402
-from kb_rerank.evaluate import CachedEmbedder, _dedup, _doc_map, embed_cache_dir, load_collection  # noqa: E402
-from kb_rerank.metrics import evaluate_run, load_beir  # noqa: E402
+from kb_rerank.store import session
+from kb_rerank.admin import database as db  # noqa: E402
+from kb_rerank.candidate import Candidate
+from kb_rerank.pipeline import diversify as ranking
+from kb_rerank.store import search
+from kb_rerank.models.embedders import get_embedder  # noqa: E402
+from kb_rerank.eval.runs import CachedEmbedder, _dedup, _doc_map, embed_cache_dir, load_collection  # noqa: E402
+from kb_rerank.eval.measures import evaluate_run, load_beir  # noqa: E402
 from kb_rerank.settings import Settings  # noqa: E402
 
 
@@ -41,7 +45,7 @@ def main() -> int:
     emb = CachedEmbedder(get_embedder(settings), embed_cache_dir(settings))
     out = {}
     with psycopg.connect(db.app_url(settings)) as conn:
-        db.configure_connection(conn)
+        session.configure_connection(conn)
         for path in args.datasets:
             coll = load_beir(path)
             tenant = uuid.UUID(load_collection(conn, path, settings, emb, coll=coll)["tenant"])
@@ -50,7 +54,7 @@ def main() -> int:
             runs: dict[float, dict] = {lam: {} for lam in lams}
             for qid in qids:
                 q = coll.queries[qid]
-                with db.tenant_transaction(conn, tenant):
+                with session.tenant_transaction(conn, tenant):
                     rows = search.hybrid(conn, q, emb.embed_query(q), settings.fusion_depth,
                                          **settings.fusion)[: 2 * settings.candidates]
                     ids = [r.chunk_id for r in rows]
@@ -62,7 +66,7 @@ def main() -> int:
                     continue
                 best = max(r.score for r in rows)
                 E = np.stack([np.asarray(embs[i].to_numpy(), dtype=np.float32) for i in ids])
-                cands = [ranking.Candidate(id=str(r.chunk_id), relevance=r.score / best, text=r.content) for r in rows]
+                cands = [Candidate(id=str(r.chunk_id), relevance=r.score / best, content=r.content) for r in rows]
                 for lam in lams:
                     ranked = ranking.composite(cands, E, lam=lam, k=len(rows))
                     runs[lam][qid] = _dedup(docmap[rows[x.index].doc_id] for x in ranked)

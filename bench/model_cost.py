@@ -53,7 +53,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT / "src") not in sys.path:
     sys.path.insert(0, str(ROOT / "src"))
 
-from kb_rerank.rerank import Reranker, plan_batches  # noqa: E402
+from kb_rerank.models.cross_encoder import Reranker, plan_batches  # noqa: E402
 from kb_rerank.testing.tiny_model import (  # noqa: E402
     build_random_bge_reranker_v2_m3,
     build_tiny_cross_encoder,

@@ -36,15 +36,16 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import psycopg  # noqa: E402
 
-from kb_rerank import db  # noqa: E402
-from kb_rerank.api import create_app  # noqa: E402
-from kb_rerank.auth import JwtConfig, mint_token  # noqa: E402
-from kb_rerank.db import tenant_transaction  # noqa: E402
-from kb_rerank.embed import get_embedder  # noqa: E402
-from kb_rerank.ingest import ingest_paths  # noqa: E402
-from kb_rerank.rerank import Reranker  # noqa: E402
+from kb_rerank.admin import database as db  # noqa: E402
+from kb_rerank.http.app import create_app  # noqa: E402
+from kb_rerank.http.auth import JwtConfig, mint_token  # noqa: E402
+from kb_rerank.store.session import tenant_transaction  # noqa: E402
+from kb_rerank.models.embedders import get_embedder  # noqa: E402
+from kb_rerank.ingest.loader import ingest_paths  # noqa: E402
+from kb_rerank.models.cross_encoder import Reranker  # noqa: E402
 from kb_rerank.settings import Settings  # noqa: E402
 from kb_rerank.testing.tiny_model import build_tiny_cross_encoder  # noqa: E402
+from kb_rerank.store import session
 
 SECRET = "kb-rerank-bench-secret-0123456789abcdef"
 EXAMPLES = Path(__file__).resolve().parents[1] / "src" / "kb_rerank" / "demo_kb"
@@ -115,7 +116,7 @@ def load_tenant(settings: Settings, embedder) -> uuid.UUID:
 
 def reset_tenant_caches(settings: Settings, tenant: uuid.UUID) -> None:
     with psycopg.connect(db.app_url(settings)) as conn:
-        db.configure_connection(conn)
+        session.configure_connection(conn)
         with tenant_transaction(conn, tenant):
             conn.execute("delete from kb.kb_rerank_cache where tenant_id = kb.current_tenant()")
             conn.execute("delete from kb.kb_rerank_pair_scores where tenant_id = kb.current_tenant()")

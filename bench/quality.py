@@ -50,14 +50,8 @@ import numpy as np  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-from kb_rerank.evaluate import (  # noqa: E402
-    CachedEmbedder,
-    embed_cache_dir,
-    evaluate_collection,
-    passage_texts,
-    source_docs,
-)
-from kb_rerank.metrics import evaluate_run, load_beir  # noqa: E402
+from kb_rerank.eval.runs import CachedEmbedder, embed_cache_dir, evaluate_collection, passage_texts, source_docs
+from kb_rerank.eval.measures import evaluate_run, load_beir  # noqa: E402
 from kb_rerank.settings import Settings  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
@@ -146,7 +140,7 @@ def rrf(*runs: dict[str, list[str]], k: int = 60, depth: int = DEPTH) -> dict[st
 
 
 def evaluate_dataset(path: Path, settings: Settings, limit: int | None) -> dict:
-    from kb_rerank.embed import get_embedder
+    from kb_rerank.models.embedders import get_embedder
 
     coll = load_beir(path)
     qids = sorted(coll.queries)[: limit if limit else None]

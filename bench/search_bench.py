@@ -25,7 +25,7 @@ Data
 Measured (each p50/p95/p99 over ``--queries`` queries after ``--warmup`` warm-up queries,
 per transaction: set tenant + statement(s) + commit; the operations interleaved query by
 query, in a rotating order), on the largest and a small tenant:
-  lexical / semantic / hybrid      kb.search_* through kb_rerank.search (k=20)
+  lexical / semantic / hybrid      kb.search_* through kb_rerank.store.search (k=20)
   base: client fusion              search_lexical + search_semantic, two statements in one
                                    transaction, RRF (k=60) in Python
   base: sql fusion (RLS)           the common single-statement recipe: ts_rank_cd +
@@ -66,8 +66,11 @@ import psycopg  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-from kb_rerank import db, search, sqlfiles  # noqa: E402
-from kb_rerank.ingest import refresh_term_lists  # noqa: E402
+from kb_rerank.store import session
+from kb_rerank import sqlfiles
+from kb_rerank.admin import database as db  # noqa: E402
+from kb_rerank.store import search
+from kb_rerank.ingest.loader import refresh_term_lists  # noqa: E402
 from kb_rerank.settings import Settings  # noqa: E402
 
 DIM = 384
@@ -198,7 +201,7 @@ def prepare_database(args, size: int, n_tenants: int, sents: list[str], centres:
     nrng = np.random.default_rng(size * 1000 + n_tenants)
     done = 0
     with psycopg.connect(app) as conn:
-        db.configure_connection(conn)
+        session.configure_connection(conn)
         for ti, (tenant, tsize) in enumerate(zip(tenants, sizes)):
             pos_in_tenant = 0
             while pos_in_tenant < tsize:
@@ -207,7 +210,7 @@ def prepare_database(args, size: int, n_tenants: int, sents: list[str], centres:
                 vecs = clustered(nrng, centres, nb)
                 texts = [chunk_text(rng, sents, ti) for _ in range(nb)]
                 docs = [uuid.uuid4() for _ in range((nb + CHUNKS_PER_DOC - 1) // CHUNKS_PER_DOC)]
-                with db.tenant_transaction(conn, tenant):
+                with session.tenant_transaction(conn, tenant):
                     with conn.cursor() as cur:
                         cur.executemany(
                             "insert into kb.documents (doc_id, tenant_id, source_uri, title, content_hash)"
@@ -270,7 +273,7 @@ def lists_step(args, settings: Settings, tenants, info: dict) -> None:
         t0 = time.perf_counter()
         n = 0
         for t in tenants:
-            with db.tenant_transaction(conn, t):
+            with session.tenant_transaction(conn, t):
                 n += refresh_term_lists(conn, settings)
         info["lists"] = f"built ({n})"
         info["lists_s"] = round(time.perf_counter() - t0, 1)
@@ -409,7 +412,7 @@ def measure(conn, tenant, fns: dict, queries, warmup):
         for j in range(len(names)):
             name = names[(i + j) % len(names)]
             t0 = time.perf_counter()
-            with db.tenant_transaction(conn, tenant):
+            with session.tenant_transaction(conn, tenant):
                 res = fns[name](q, v)
             dt = (time.perf_counter() - t0) * 1000
             if i >= warmup:
@@ -448,7 +451,7 @@ def run_config(args, size, n_tenants, sents, centres) -> dict:
     rows = []
     recall_summary = {}
     with psycopg.connect(db.app_url(settings)) as conn:
-        db.configure_connection(conn)
+        session.configure_connection(conn)
         for label, ti in picks:
             tenant = tenants[ti]
             queries = tenant_queries(ti, sents, centres, args.warmup + args.queries)
@@ -481,9 +484,9 @@ def run_config(args, size, n_tenants, sents, centres) -> dict:
             rec = []
             for q, v in make_queries(rng, nrng, sents, centres, args.recall_queries):
                 t = tenants[rng.randrange(n_tenants)]
-                with db.tenant_transaction(conn, t):
+                with session.tenant_transaction(conn, t):
                     a = fns["semantic"](q, v)
-                with db.tenant_transaction(conn, t):
+                with session.tenant_transaction(conn, t):
                     b = fns["base: exact semantic"](q, v)
                 rec.append(len(set(a) & set(b)) / max(1, min(K, len(b))))
             recall_summary["random tenants"] = {f"recall@{K}": statistics.mean(rec), "min": min(rec), "queries": len(rec)}

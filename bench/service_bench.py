@@ -39,11 +39,11 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import httpx  # noqa: E402
 import psycopg  # noqa: E402
 
-from kb_rerank import db  # noqa: E402
-from kb_rerank.api import create_app  # noqa: E402
-from kb_rerank.auth import JwtConfig, mint_token  # noqa: E402
-from kb_rerank.embed import get_embedder  # noqa: E402
-from kb_rerank.rerank import Reranker  # noqa: E402
+from kb_rerank.admin import database as db  # noqa: E402
+from kb_rerank.http.app import create_app  # noqa: E402
+from kb_rerank.http.auth import JwtConfig, mint_token  # noqa: E402
+from kb_rerank.models.embedders import get_embedder  # noqa: E402
+from kb_rerank.models.cross_encoder import Reranker  # noqa: E402
 from kb_rerank.settings import Settings  # noqa: E402
 from kb_rerank.testing.tiny_model import build_tiny_cross_encoder  # noqa: E402
 

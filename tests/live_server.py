@@ -20,7 +20,7 @@ from typing import Iterator
 import httpx
 import psycopg
 
-from kb_rerank.auth import JwtConfig, mint_token
+from kb_rerank.http.auth import JwtConfig, mint_token
 
 SECRET = "kb-rerank-test-secret-0123456789abcdef"
 URL = "/v1/kb/search/rerank"
@@ -56,7 +56,7 @@ def free_port() -> int:
 
 def ingest_small_tenant(conn, tenant, embedder, settings, tmp: Path, flavour: str = "") -> int:
     """Ingest the TOPICS (with a tenant-specific ``flavour`` word) as real documents."""
-    from kb_rerank.ingest import ingest_paths
+    from kb_rerank.ingest.loader import ingest_paths
 
     folder = tmp / f"docs-{tenant}"
     folder.mkdir(parents=True, exist_ok=True)

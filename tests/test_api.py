@@ -19,11 +19,12 @@ import pytest
 from litestar.testing import TestClient
 
 from kb_rerank import cli
-from kb_rerank.api import create_app
-from kb_rerank.auth import JwtConfig, mint_token
-from kb_rerank.db import tenant_transaction
-from kb_rerank.rerank import Reranker
-from kb_rerank.service import normalize_query, query_hash, query_hash_key, trace_id_from_headers
+from kb_rerank.http.app import create_app
+from kb_rerank.http.auth import JwtConfig, mint_token
+from kb_rerank.store.session import tenant_transaction
+from kb_rerank.models.cross_encoder import Reranker
+from kb_rerank.pipeline.query import normalize_query, query_hash, query_hash_key
+from kb_rerank.http.telemetry import trace_id_from_headers
 from kb_rerank.settings import SOURCES, Settings
 from kb_rerank.testing.tiny_model import build_tiny_cross_encoder
 
@@ -576,6 +577,6 @@ def test_cli_serve_refuses_without_key_and_token_mints(monkeypatch, capsys):
     tenant = uuid.uuid4()
     assert cli.main(["token", "--tenant", str(tenant), "--ttl", "60"]) == 0
     token = capsys.readouterr().out.strip()
-    from kb_rerank.auth import tenant_from_authorization
+    from kb_rerank.http.auth import tenant_from_authorization
 
     assert tenant_from_authorization("Bearer " + token, JWT) == tenant

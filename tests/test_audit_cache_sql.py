@@ -12,8 +12,9 @@ from datetime import timezone
 import psycopg
 import pytest
 
-from kb_rerank import audit, db
-from kb_rerank.db import tenant_transaction
+from kb_rerank.store import audit
+from kb_rerank.admin import database as db
+from kb_rerank.store.session import tenant_transaction
 from kb_rerank.settings import Settings
 
 from .helpers import basis, insert_doc

@@ -12,7 +12,7 @@ import uuid
 import jwt
 import pytest
 
-from kb_rerank.auth import AuthError, JwtConfig, mint_token, tenant_from_authorization, verify_token
+from kb_rerank.http.auth import AuthError, JwtConfig, mint_token, tenant_from_authorization, verify_token
 
 SECRET = "s3cret-for-tests-only-0123456789abcdef"  # >= 32 bytes
 TENANT = uuid.UUID("0b6f4c1e-6d0a-4c1b-9a55-1f2e3d4c5b6a")
@@ -376,7 +376,7 @@ def test_lifetime_cap_is_configurable():
 
 
 def test_lifetime_setting_reaches_the_api_config():
-    from kb_rerank.api import jwt_config
+    from kb_rerank.http.app import jwt_config
     from kb_rerank.settings import Settings
 
     assert jwt_config(Settings(jwt_secret=SECRET)).max_lifetime_s == DAY
@@ -397,7 +397,7 @@ def test_both_keys_configured_is_a_startup_error(rsa_keys, monkeypatch, capsys):
     """Both KB_JWT_SECRET and KB_JWT_PUBLIC_KEY set silently chose HS256; now the app and
     `kb-rerank serve` refuse to start, naming both."""
     from kb_rerank import cli
-    from kb_rerank.api import create_app, jwt_config
+    from kb_rerank.http.app import create_app, jwt_config
     from kb_rerank.settings import Settings
 
     both = Settings(jwt_secret=SECRET, jwt_public_key=rsa_keys[1])
@@ -434,8 +434,8 @@ PLACEHOLDERS = [
 
 @pytest.mark.parametrize("value", PLACEHOLDERS)
 def test_placeholder_and_weak_secrets_refused(value):
-    from kb_rerank.api import jwt_config
-    from kb_rerank.auth import check_secret
+    from kb_rerank.http.app import jwt_config
+    from kb_rerank.http.auth import check_secret
     from kb_rerank.settings import Settings
 
     with pytest.raises(ValueError) as ei:
@@ -451,7 +451,7 @@ def test_placeholder_and_weak_secrets_refused(value):
 def test_random_secrets_accepted():
     import secrets
 
-    from kb_rerank.auth import check_secret
+    from kb_rerank.http.auth import check_secret
 
     for _ in range(200):
         check_secret("KB_JWT_SECRET", secrets.token_hex(16))  # 32 hex digits, the shortest accepted form
@@ -476,7 +476,7 @@ def test_serve_refuses_placeholder_secret_but_dev_mode_keeps_working(monkeypatch
     monkeypatch.setattr("uvicorn.run", lambda *a, **kw: started.append((a, kw)))
     monkeypatch.delenv("KB_JWT_SECRET")
     assert cli.main(["serve", "--dev", "--port", "1"]) == 0 and started
-    from kb_rerank.api import app_from_env
+    from kb_rerank.http.app import app_from_env
 
     assert app_from_env().state.jwt.secret == cli.DEV_JWT_SECRET  # KB_SERVE_DEV=1 set by --dev
     monkeypatch.delenv("KB_SERVE_DEV")

@@ -20,10 +20,10 @@ import psycopg
 import pytest
 from litestar.testing import TestClient
 
-from kb_rerank.api import create_app
-from kb_rerank.chunking import SourceDoc
-from kb_rerank.db import tenant_transaction
-from kb_rerank.ingest import delete_document, ingest_documents
+from kb_rerank.http.app import create_app
+from kb_rerank.ingest.readers import SourceDoc
+from kb_rerank.store.session import tenant_transaction
+from kb_rerank.ingest.loader import delete_document, ingest_documents
 
 from .test_api import SECRET, bearer, reranker, tiny_model_dir  # noqa: F401 - module fixtures
 

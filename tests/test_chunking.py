@@ -10,14 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from kb_rerank.chunking import (
-    BadFile,
-    SourceDoc,
-    chunk_text,
-    guess_language,
-    iter_documents,
-    parse_front_matter,
-)
+from kb_rerank.ingest.readers import BadFile, SourceDoc, guess_language, iter_documents, parse_front_matter
+from kb_rerank.ingest.chunking import chunk_text
 
 from .conftest import EXAMPLES as KB_DIR
 

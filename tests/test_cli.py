@@ -27,7 +27,7 @@ def test_db_url_prints_the_configured_urls(capsys, monkeypatch):
 def test_lists_rebuilds_a_tenants_bm25_term_lists(capsys, monkeypatch, settings, app_conn):
     import uuid
 
-    from kb_rerank.db import tenant_transaction
+    from kb_rerank.store.session import tenant_transaction
 
     from .helpers import basis, insert_doc
 

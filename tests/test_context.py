@@ -20,10 +20,10 @@ import numpy as np
 import pytest
 from litestar.testing import TestClient
 
-from kb_rerank.api import create_app
-from kb_rerank.context import Passage, build_context_block, system_prompt
-from kb_rerank.db import tenant_transaction
-from kb_rerank.service import normalize_query
+from kb_rerank.http.app import create_app
+from kb_rerank.pipeline.prompt import Passage, build_context_block, system_prompt
+from kb_rerank.store.session import tenant_transaction
+from kb_rerank.pipeline.query import normalize_query
 
 from .helpers import basis, unit
 from .test_api import SECRET, bearer, reranker, tiny_model_dir  # noqa: F401 - module fixtures
@@ -342,8 +342,8 @@ def test_injection_policy(api_scripted, scripted, app_conn, policy):
 
 
 def test_stuffed_chunk_does_not_outrank_the_genuine_answer(api_scripted, scripted, app_conn, embedder, settings):
-    from kb_rerank.ingest import ingest_documents
-    from kb_rerank.chunking import SourceDoc
+    from kb_rerank.ingest.loader import ingest_documents
+    from kb_rerank.ingest.readers import SourceDoc
 
     tenant = uuid.uuid4()
     genuine = ("GENUINE To reset your password, click 'Forgot password' on the sign-in page, enter your work "

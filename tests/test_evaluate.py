@@ -9,15 +9,9 @@ import numpy as np
 import psycopg
 import pytest
 
-from kb_rerank import db
-from kb_rerank.evaluate import (
-    CachedEmbedder,
-    EvaluationError,
-    RerankUnavailable,
-    collection_tenant,
-    document_text,
-    evaluate_collection,
-)
+from kb_rerank.store import session
+from kb_rerank.admin import database as db
+from kb_rerank.eval.runs import CachedEmbedder, EvaluationError, RerankUnavailable, collection_tenant, document_text, evaluate_collection
 
 DOCS = {
     "photo": ("Photosynthesis in plants",
@@ -85,7 +79,7 @@ def counting(embedder):
 def factory(app_url):
     def make():
         conn = psycopg.connect(app_url)
-        db.configure_connection(conn)
+        session.configure_connection(conn)
         return conn
 
     return make

@@ -19,16 +19,20 @@ import psycopg_pool
 import pytest
 from litestar.testing import TestClient
 
-from kb_rerank import db
-from kb_rerank.api import create_app
-from kb_rerank.db import tenant_transaction
-from kb_rerank.service import normalize_query, query_hash, query_hash_key
+from kb_rerank.pipeline.flow import Pipeline
+from kb_rerank.pipeline.rerank import SearchFlow
+from kb_rerank.pipeline.requests import RerankRequest
+from kb_rerank.admin import database as db
+from kb_rerank.http.app import create_app
+from kb_rerank.store.session import tenant_transaction
+from kb_rerank.pipeline.query import normalize_query, query_hash, query_hash_key
 from kb_rerank.settings import Settings
 
 from .live_server import (
     OPS, OPS_TOKEN, SECRET, URL, FakeReranker, advisory_locks, bearer, busy_app_backends, ingest_small_tenant,
     metric_values, serve_in_thread, wait_until,
 )
+from kb_rerank.store import session
 
 
 def _cache_audit(owner_conn, tenant, query, source="hybrid_lexical_semantic"):
@@ -54,7 +58,7 @@ def own_server(embedder, tmp_path_factory):
         db.migrate(s)
         tenants = [uuid.uuid4(), uuid.uuid4()]
         with psycopg.connect(db.app_url(s)) as conn:
-            db.configure_connection(conn)
+            session.configure_connection(conn)
             for i, t in enumerate(tenants):
                 ingest_small_tenant(conn, t, embedder, s, tmp_path_factory.mktemp("fault-docs"), flavour=f"f{i}")
         yield pg, s, tenants
@@ -270,10 +274,11 @@ def test_client_disconnect_and_cancellation_leave_nothing_behind(settings, embed
 
         # 2) tasks cancelled at every stage: in the model call, and inside the audit
         #    transaction while it waits for the tenant's audit lock
-        service = app.state.service
+        pipe = app.state.pipeline
 
         async def cancel_at(delay, query):
-            task = asyncio.ensure_future(service.rerank(sample_tenant, query, "hybrid_lexical_semantic", uuid.uuid4().hex))
+            flow = SearchFlow(RerankRequest(query=query, source="hybrid_lexical_semantic"), pipe.settings)
+            task = asyncio.ensure_future(pipe.run(flow, sample_tenant, uuid.uuid4().hex))
             await asyncio.sleep(delay)
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -384,19 +389,20 @@ class _DownPool:
 def test_single_flight_followers_fail_with_the_leader_without_a_second_wait(settings):
     """Identical requests that wait for a leader whose database is unavailable fail with the
     leader's error when it does: they do not each wait out another pool timeout."""
-    from kb_rerank.service import RerankService
-
     pool = _DownPool()
-    svc = RerankService(settings, pool, embedder=None, reranker=None)
+    svc = Pipeline(settings, pool, embedder=None, reranker=None)
+
+    def flow():
+        return SearchFlow(RerankRequest(query="same query", source="lexical_only"), settings)
 
     async def scenario():
-        leader = asyncio.create_task(svc.rerank(uuid.UUID(int=1), "same query", "lexical_only", "t0"))
+        leader = asyncio.create_task(svc.run(flow(), uuid.UUID(int=1), "t0"))
         await asyncio.sleep(0.05)  # the leader is registered and waiting on the pool
-        followers = [asyncio.create_task(svc.rerank(uuid.UUID(int=1), "same query", "lexical_only", f"t{i}"))
+        followers = [asyncio.create_task(svc.run(flow(), uuid.UUID(int=1), f"t{i}"))
                      for i in range(1, 4)]
         return await asyncio.gather(leader, *followers, return_exceptions=True)
 
     results = asyncio.run(scenario())
     assert all(isinstance(r, psycopg_pool.PoolTimeout) for r in results), results
     assert pool.checkouts == 1  # only the leader asked the pool
-    assert svc._inflight == {}
+    assert svc.inflight == 0

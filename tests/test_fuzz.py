@@ -14,8 +14,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings as hsettings, strategies as st
 from litestar.testing import TestClient
 
-from kb_rerank.api import RateLimiter, create_app
-from kb_rerank.db import tenant_transaction
+from kb_rerank.pipeline.limits import RateLimiter
+from kb_rerank.http.app import create_app
+from kb_rerank.store.session import tenant_transaction
 
 from .helpers import basis
 from .live_server import OPS, OPS_TOKEN, SECRET, URL, FakeReranker, bearer

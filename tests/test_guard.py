@@ -13,13 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from kb_rerank.guard import (
-    InjectionVerdict,
-    SpamVerdict,
-    detect_injection,
-    detect_stuffing,
-    sanitize_for_prompt,
-)
+from kb_rerank.ingest.detectors import InjectionVerdict, SpamVerdict, detect_injection, detect_stuffing, sanitize_for_prompt
 
 DATA = Path(__file__).resolve().parent / "data"
 

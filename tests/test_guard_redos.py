@@ -35,7 +35,7 @@ import httpx
 import pytest
 from hypothesis import HealthCheck, example, given, settings as hsettings, strategies as st
 
-from kb_rerank import guard
+from kb_rerank.ingest import detectors as guard
 from kb_rerank.settings import Settings
 from kb_rerank.testing.tiny_model import build_tiny_cross_encoder
 

@@ -11,11 +11,12 @@ import psycopg
 import pytest
 from litestar.testing import TestClient
 
-from kb_rerank.api import create_app
-from kb_rerank.db import tenant_transaction
+from kb_rerank.http.app import create_app
+from kb_rerank.store.session import tenant_transaction
 
 from .helpers import basis, insert_doc
 from .live_server import SECRET, URL, FakeReranker, bearer
+from kb_rerank.store import session
 
 # table -> insert statement for a row of tenant %(t)s (the app role's point of view), or
 # None where the app has no INSERT privilege at all.
@@ -74,8 +75,8 @@ def ab(app_url):
     a, b = uuid.uuid4(), uuid.uuid4()
     ids = {}
     with psycopg.connect(app_url) as conn:
-        from kb_rerank import db
-        db.configure_connection(conn)
+        from kb_rerank.admin import database as db
+        session.configure_connection(conn)
         for t, word in ((a, "alphasecret"), (b, "betapublic")):
             doc = insert_doc(conn, t, f"{word} title", [f"{word} zebra invoice"], [basis(3)])
             with tenant_transaction(conn, t):
@@ -83,7 +84,7 @@ def ab(app_url):
                 conn.execute("insert into kb.kb_rerank_cache (cache_id, tenant_id, query_hash, source, results_jsonb,"
                              " expires_at) values (gen_random_uuid(), kb.current_tenant(), repeat('b', 64),"
                              " 'lexical_only', '[]', now() + interval '1 hour')")
-                from kb_rerank import audit
+                from kb_rerank.store import audit
                 audit.append_sync(conn, audit.AuditRecord(kind="served", source="lexical_only", query_hash="c" * 64,
                                                           trace_id="t"), key=audit.AuditKey(b"h" * 32))
                 conn.execute("insert into kb.kb_rerank_curation (tenant_id, query_hash, position, chunk_id)"
@@ -227,7 +228,7 @@ def test_functions_as_b_return_nothing_of_a(app_conn, owner_conn, ab):
                             ("select chunk_id from kb.search_hybrid(%s, %s, 50)", [f"{word} zebra", basis(3)])):
             got = {r[0] for r in app_conn.execute(sql, params)}
             assert ids[a]["chunk"] not in got and got <= {ids[b]["chunk"]}, sql
-        from kb_rerank import audit
+        from kb_rerank.store import audit
         row = audit.append_sync(app_conn, audit.AuditRecord(kind="served", source="lexical_only", query_hash="e" * 64,
                                                             trace_id="hostile"), key=audit.AuditKey(b"h" * 32))
         assert row["tenant_id"] == b

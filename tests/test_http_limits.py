@@ -21,9 +21,11 @@ import httpx
 import pytest
 from litestar.testing import TestClient
 
-from kb_rerank.api import RERANK_PATH, create_app
+from kb_rerank.http.routes.rerank import PATH as RERANK_PATH
+from kb_rerank.http.app import create_app
 from kb_rerank.testing.tiny_model import build_tiny_cross_encoder
-from kb_rerank.v2 import CONTEXT_PATH, V2_RERANK_PATH
+from kb_rerank.http.routes.context import PATH as CONTEXT_PATH
+from kb_rerank.http.routes.v2_rerank import PATH as V2_RERANK_PATH
 
 from .live_server import SECRET, FakeReranker, bearer, serve_process
 

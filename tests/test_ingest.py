@@ -5,8 +5,8 @@ from __future__ import annotations
 import shutil
 from collections import Counter
 
-from kb_rerank.db import tenant_transaction
-from kb_rerank.ingest import delete_document, ingest_paths
+from kb_rerank.store.session import tenant_transaction
+from kb_rerank.ingest.loader import delete_document, ingest_paths
 
 from .conftest import EXAMPLES
 

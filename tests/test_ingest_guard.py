@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import uuid
 
-from kb_rerank.chunking import SourceDoc
-from kb_rerank.db import tenant_transaction
-from kb_rerank.guard import detect_injection, detect_stuffing
-from kb_rerank.ingest import chunk_flags, ingest_documents
+from kb_rerank.ingest.readers import SourceDoc
+from kb_rerank.store.session import tenant_transaction
+from kb_rerank.ingest.detectors import detect_injection, detect_stuffing
+from kb_rerank.ingest.loader import chunk_flags, ingest_documents
 
 GENUINE = ("To reset your password, click 'Forgot password' on the sign-in page, enter your work email and "
            "follow the link we send you. The link expires after 30 minutes.")

@@ -14,8 +14,8 @@ import httpx
 import pytest
 from litestar.testing import TestClient
 
-from kb_rerank.api import create_app
-from kb_rerank.limits import Limits, LimitExceeded, RateLimiter, Slots
+from kb_rerank.http.app import create_app
+from kb_rerank.pipeline.limits import Limits, LimitExceeded, RateLimiter, Slots
 from kb_rerank.settings import Settings
 
 from .live_server import OPS, OPS_TOKEN, SECRET, URL, FakeReranker, bearer, serve_in_thread

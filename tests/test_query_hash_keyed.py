@@ -22,10 +22,12 @@ import pytest
 from litestar.testing import TestClient
 
 from kb_rerank import cli, keys
-from kb_rerank.api import create_app
-from kb_rerank.db import tenant_transaction
-from kb_rerank.service import RerankService, normalize_query, query_hash, query_hash_key
-from kb_rerank.v2 import ContextRequest, _context_params
+from kb_rerank.http.app import create_app
+from kb_rerank.store.session import tenant_transaction
+from kb_rerank.pipeline.flow import Pipeline
+from kb_rerank.pipeline.query import normalize_query, query_hash, query_hash_key
+from kb_rerank.pipeline.requests import ContextRequest
+from kb_rerank.pipeline.context import ContextFlow
 
 from .test_api import SECRET, bearer, reranker, tiny_model_dir  # noqa: F401 - module fixtures
 
@@ -127,17 +129,17 @@ def test_no_plain_sha256_of_a_query_is_stored_anywhere(settings, reranker, embed
         post(client, "/v1/kb/context", tenant, {"query": QUERY})
         post(client, "/v2/rerank", tenant, {"query": QUERY, "documents": ["zebracorn launch code is 0000",
                                                                           "unrelated text"]})
-        model = client.app.state.service.model_name
+        model = client.app.state.pipeline.model_name
 
     keyed = hmac_hex(KEY, n)
     assert where_stored(owner_conn, tenant, keyed) == {"kb_rerank_audit", "kb_rerank_cache",
                                                        "kb_rerank_pair_scores", "kb_rerank_curation"}
     assert where_stored(owner_conn, tenant, sha(n)) == set()
     # /v1/kb/context's cache key: the query and its parameters, keyed the same way
-    params = _context_params(ContextRequest(query=QUERY), settings, "exclude", model)
+    params = ContextFlow(ContextRequest(query=QUERY), settings, model).params("exclude")
     assert where_stored(owner_conn, tenant, query_hash(n, KEY.encode(), params)) == {"kb_rerank_audit",
                                                                                      "kb_rerank_cache"}
-    from kb_rerank.service import canonical_json
+    from kb_rerank.pipeline.query import canonical_json
 
     assert where_stored(owner_conn, tenant, sha(n + "\x1f" + canonical_json(params))) == set()
     # and no stored hash of these requests is the plain SHA-256 of anything they hashed: every
@@ -180,8 +182,8 @@ def test_service_takes_the_key_once(settings, monkeypatch):
         reads.append(a[1])
         return real(*a, **kw)
 
-    monkeypatch.setattr("kb_rerank.service.server_key", counting)
-    svc = RerankService(settings.with_(query_hash_key=KEY), pool=None, embedder=None, reranker=None)
+    monkeypatch.setattr("kb_rerank.pipeline.query.server_key", counting)
+    svc = Pipeline(settings.with_(query_hash_key=KEY), pool=None, embedder=None, reranker=None)
     for _ in range(3):
         assert svc.hash_query(normalize_query(QUERY)) == hmac_hex(KEY, normalize_query(QUERY))
     assert reads == ["query_hash"]

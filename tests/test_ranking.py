@@ -9,13 +9,19 @@ import math
 import numpy as np
 import pytest
 
-from kb_rerank import ranking
-from kb_rerank.ranking import Candidate, composite, information_density, mmr, mmr_select, recency_factor, tier
+from kb_rerank.pipeline import diversify as ranking
+from kb_rerank.candidate import Candidate
+from kb_rerank.pipeline.diversify import composite, information_density, mmr, mmr_select, recency_factor, tier
 
 NOW = datetime(2026, 1, 31, tzinfo=timezone.utc)
 
 # a, a' near-duplicates (cos 0.8), b orthogonal to both
 E = np.array([[1.0, 0.0, 0.0], [0.8, 0.6, 0.0], [0.0, 0.0, 1.0]])
+
+
+def C(id: str, relevance: float, text: str = "", **kw) -> Candidate:
+    """A reranked candidate as the composite sees it."""
+    return Candidate(id=id, content=text, relevance=relevance, **kw)
 
 
 def test_mmr_lambda_one_is_relevance_order():
@@ -43,12 +49,12 @@ def test_mmr_lambda_zero_diversity_only_and_k():
 
 def test_single_candidate_kept():
     assert mmr([0.7], np.array([[1.0, 0, 0]]), 0.6, 10) == [0]
-    r = composite([Candidate("a", 0.7)], np.array([[1.0, 0, 0]]), lam=0.6, k=10, now=NOW)
+    r = composite([C("a", 0.7)], np.array([[1.0, 0, 0]]), lam=0.6, k=10, now=NOW)
     assert [x.index for x in r] == [0] and r[0].final_score == pytest.approx(0.7)
 
 
 def test_composite_final_is_mmr_objective_over_lambda():
-    cands = [Candidate("a", 0.9), Candidate("b", 0.85), Candidate("c", 0.3)]
+    cands = [C("a", 0.9), C("b", 0.85), C("c", 0.3)]
     r = composite(cands, E, lam=0.5, k=3, now=NOW)
     assert [x.index for x in r] == [0, 2, 1]
     # final = boosted - (1-lam)/lam * max_sim: 0.9, 0.3, 0.85 - 1*0.8 = 0.05
@@ -59,16 +65,16 @@ def test_composite_final_is_mmr_objective_over_lambda():
 
 
 def test_composite_boosts_zero_by_default_leave_relevance_order():
-    cands = [Candidate("a", 0.4, authority=5.0, updated_at=NOW),
-             Candidate("b", 0.8, authority=0.0, updated_at=NOW - timedelta(days=900))]
+    cands = [C("a", 0.4, authority=5.0, updated_at=NOW),
+             C("b", 0.8, authority=0.0, updated_at=NOW - timedelta(days=900))]
     r = composite(cands, np.eye(2), lam=1.0, k=2, now=NOW)
     assert [x.index for x in r] == [1, 0]
     assert [x.final_score for x in r] == pytest.approx([0.8, 0.4])
 
 
 def test_composite_recency_and_authority_boosts_hand_computed():
-    cands = [Candidate("old", 0.5, authority=1.0, updated_at=NOW - timedelta(days=30)),
-             Candidate("new", 0.5, authority=3.0, updated_at=NOW)]
+    cands = [C("old", 0.5, authority=1.0, updated_at=NOW - timedelta(days=30)),
+             C("new", 0.5, authority=3.0, updated_at=NOW)]
     r = composite(cands, np.eye(2), lam=1.0, k=2, recency_weight=0.2, half_life_days=30, authority_weight=0.1,
                   now=NOW)
     by = {cands[x.index].id: x for x in r}
@@ -79,7 +85,7 @@ def test_composite_recency_and_authority_boosts_hand_computed():
 
 
 def test_demote_multiplies_relevance():
-    cands = [Candidate("stuffed", 0.9, demote=0.5), Candidate("genuine", 0.6)]
+    cands = [C("stuffed", 0.9, demote=0.5), C("genuine", 0.6)]
     r = composite(cands, np.eye(2), lam=0.6, k=2, now=NOW)
     assert [cands[x.index].id for x in r] == ["genuine", "stuffed"]
     assert r[1].final_score == pytest.approx(0.45)
@@ -90,11 +96,11 @@ def test_ties_break_by_authority_recency_density_id():
     dense = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron pi rho sigma tau"
     sparse = "alpha alpha alpha alpha alpha alpha alpha alpha alpha alpha alpha alpha alpha alpha alpha alpha"
     cands = [
-        Candidate("z", 0.5, text=dense, authority=1.0, updated_at=t),
-        Candidate("y", 0.5, text=dense, authority=2.0, updated_at=t - timedelta(days=1)),  # authority first
-        Candidate("x", 0.5, text=dense, authority=1.0, updated_at=t - timedelta(days=3)),  # older
-        Candidate("w", 0.5, text=sparse, authority=1.0, updated_at=t),  # less dense
-        Candidate("v", 0.5, text=dense, authority=1.0, updated_at=t),  # same as z: id decides
+        C("z", 0.5, text=dense, authority=1.0, updated_at=t),
+        C("y", 0.5, text=dense, authority=2.0, updated_at=t - timedelta(days=1)),  # authority first
+        C("x", 0.5, text=dense, authority=1.0, updated_at=t - timedelta(days=3)),  # older
+        C("w", 0.5, text=sparse, authority=1.0, updated_at=t),  # less dense
+        C("v", 0.5, text=dense, authority=1.0, updated_at=t),  # same as z: id decides
     ]
     for lam in (1.0, 0.6):
         r = composite(cands, np.eye(5), lam=lam, k=5, now=NOW)
@@ -134,7 +140,7 @@ def test_recency_factor_half_life():
 
 def test_negative_boosts_rejected():
     with pytest.raises(ValueError):
-        ranking.composite([Candidate("a", 0.5)], np.eye(1), recency_weight=-1)
+        ranking.composite([C("a", 0.5)], np.eye(1), recency_weight=-1)
 
 
 def test_similarity_floor_removes_anisotropic_offset():
@@ -160,7 +166,7 @@ def test_similarity_floor_removes_anisotropic_offset():
 def test_composite_reports_finite_numbers_for_any_lambda(lam):
     """A subnormal lambda made (1 - lam) / lam overflow and inf x 0 similarity gave a NaN
     penalty, which the cache (jsonb) refused: a 500 found by the schema fuzzer."""
-    cands = [Candidate("a", 0.9), Candidate("b", 0.8), Candidate("c", 0.1)]
+    cands = [C("a", 0.9), C("b", 0.8), C("c", 0.1)]
     E = np.array([[1.0, 0, 0], [1.0, 0, 0], [0, 1.0, 0]])
     r = composite(cands, E, lam=lam, k=3, now=NOW, recency_weight=1.0, half_life_days=9.1e-294)
     values = [v for x in r for v in (x.final_score, x.mmr_penalty, x.boosted, x.max_sim)]

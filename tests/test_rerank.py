@@ -19,13 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from kb_rerank.rerank import (
-    Reranker,
-    RerankerError,
-    RerankerTimeout,
-    RerankerUnavailable,
-    plan_batches,
-)
+from kb_rerank.models.cross_encoder import Reranker, RerankerError, RerankerTimeout, RerankerUnavailable, plan_batches
 from kb_rerank.testing.tiny_model import build_tiny_cross_encoder, sample_words
 
 QUERY = "how do i reset my password"
@@ -67,7 +61,7 @@ def _close(a, b, tol=1e-5):
 
 # ---------------------------------------------------------------- model builder
 def test_import_is_cheap():
-    code = "import sys, kb_rerank.rerank, kb_rerank.testing.tiny_model; assert 'torch' not in sys.modules; assert 'transformers' not in sys.modules"
+    code = "import sys, kb_rerank.models.cross_encoder, kb_rerank.testing.tiny_model; assert 'torch' not in sys.modules; assert 'transformers' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True, env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
 
 

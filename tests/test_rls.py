@@ -7,7 +7,7 @@ import uuid
 import psycopg
 import pytest
 
-from kb_rerank.db import tenant_transaction
+from kb_rerank.store.session import tenant_transaction
 
 from .helpers import basis, insert_doc
 

@@ -13,8 +13,8 @@ import psycopg
 import pytest
 from hypothesis import HealthCheck, given, settings as hsettings, strategies as st
 
-from kb_rerank import search
-from kb_rerank.db import tenant_transaction
+from kb_rerank.store import search
+from kb_rerank.store.session import tenant_transaction
 
 from .helpers import basis, insert_doc, unit
 
@@ -116,7 +116,7 @@ def rrf_tenant(app_url):
     semantic(e0, k=2)            = [B, C]   (B = e0, C close to e0, A orthogonal)"""
     t = uuid.uuid4()
     with psycopg.connect(app_url) as conn:
-        from kb_rerank.db import configure_connection
+        from kb_rerank.store.session import configure_connection
 
         configure_connection(conn)
         a = insert_doc(conn, t, "A", ["apple banana apple banana"], [basis(1)])
@@ -287,7 +287,7 @@ def own_database(server_url):
     """A freshly migrated database of its own, so that planner statistics do not depend on
     what other tests left in the shared one (hundreds of small tenants make the generic
     estimate of one tenant's rows tiny)."""
-    from kb_rerank import db
+    from kb_rerank.admin import database as db
     from kb_rerank.settings import Settings
 
     name = f"kb_plan_{uuid.uuid4().hex[:8]}"
@@ -301,7 +301,8 @@ def own_database(server_url):
 def test_indexes_are_used_inside_search_functions_as_app_role(own_database):
     """EXPLAIN (via auto_explain of nested statements) of the search functions called as
     cyberos_app: the (tenant_id, tsv) GIN index and the HNSW index serve them."""
-    from kb_rerank.db import app_url, configure_connection
+    from kb_rerank.admin.database import app_url
+    from kb_rerank.store.session import configure_connection
     from kb_rerank.settings import Settings
 
     owner_url = own_database
@@ -326,7 +327,7 @@ def test_indexes_are_used_inside_search_functions_as_app_role(own_database):
                 [(doc, i, x, "0" * 64, v) for i, (x, v) in enumerate(zip(texts, vecs))])
     plans: list[str] = []
     with psycopg.connect(owner_url, autocommit=True) as conn:
-        from kb_rerank.db import configure_connection
+        from kb_rerank.store.session import configure_connection
 
         configure_connection(conn)
         conn.add_notice_handler(lambda d: plans.append(d.message_primary or ""))

@@ -11,8 +11,11 @@ import uuid
 import psycopg
 import pytest
 
-from kb_rerank import audit, cli, db, sqlfiles
-from kb_rerank.db import tenant_transaction
+from kb_rerank.store import audit
+from kb_rerank import cli
+from kb_rerank import sqlfiles
+from kb_rerank.admin import database as db
+from kb_rerank.store.session import tenant_transaction
 
 from .helpers import basis, insert_doc
 
@@ -447,7 +450,7 @@ def test_app_cannot_evict_or_count_other_tenants_rows(app_conn, owner_url, two_t
 
 
 def test_eviction_loop_uses_the_maintenance_url_only():
-    from kb_rerank.api import _maint_url
+    from kb_rerank.http.app import _maint_url
     from kb_rerank.settings import Settings
 
     assert _maint_url(Settings(database_url="postgresql://o@h/d", maint_database_url="postgresql://m@h/d")) \
@@ -494,7 +497,7 @@ def test_eviction_loop_evicts_through_the_maintenance_url(owner_url, app_conn, t
     import asyncio
     from types import SimpleNamespace
 
-    from kb_rerank.api import _evict_loop
+    from kb_rerank.http.app import _evict_loop
     from kb_rerank.settings import Settings
 
     with tenant_transaction(app_conn, tenant):

@@ -1,5 +1,8 @@
-"""The `kb-rerank` command line."""
+"""The `kb-rerank` command line.
 
+Long on purpose: one small function per sub-command and its argparse setup, kept in one
+file so that `kb-rerank --help` and the code read in the same order.
+"""
 from __future__ import annotations
 
 import argparse
@@ -10,8 +13,9 @@ import time
 from pathlib import Path
 from uuid import UUID
 
-from . import keys
-from .settings import Settings
+from kb_rerank import keys
+from kb_rerank.settings import Settings
+from kb_rerank.store import session
 
 DEMO_TENANT = UUID("00000000-0000-4000-8000-000000000001")
 # The sample knowledge base ships inside the package (kb_rerank/demo_kb).
@@ -37,16 +41,16 @@ def _uuid(value: str) -> UUID:
 def _app_conn(settings: Settings):
     import psycopg
 
-    from . import db
+    from kb_rerank.admin import database as db
 
     conn = psycopg.connect(db.app_url(settings))
-    db.configure_connection(conn)
+    session.configure_connection(conn)
     db.check_embedding_dim(conn, settings)
     return conn
 
 
 def cmd_db(args, settings: Settings) -> int:
-    from . import db
+    from kb_rerank.admin import database as db
 
     if args.action == "start":
         if settings.database_url:
@@ -68,7 +72,7 @@ def cmd_db(args, settings: Settings) -> int:
 
 
 def cmd_migrate(args, settings: Settings) -> int:
-    from . import db
+    from kb_rerank.admin import database as db
 
     url = db.migrate(settings, revision=args.revision)
     import psycopg
@@ -81,7 +85,7 @@ def cmd_migrate(args, settings: Settings) -> int:
 def cmd_downgrade(args, settings: Settings) -> int:
     import psycopg
 
-    from . import db
+    from kb_rerank.admin import database as db
 
     from alembic.util import CommandError
 
@@ -97,8 +101,8 @@ def cmd_downgrade(args, settings: Settings) -> int:
 
 
 def cmd_ingest(args, settings: Settings) -> int:
-    from .embed import get_embedder
-    from .ingest import ingest_paths
+    from kb_rerank.models.embedders import get_embedder
+    from kb_rerank.ingest.loader import ingest_paths
 
     embedder = get_embedder(settings)
     with _app_conn(settings) as conn:
@@ -112,12 +116,11 @@ def cmd_ingest(args, settings: Settings) -> int:
 
 
 def cmd_lists(args, settings: Settings) -> int:
-    from . import db
-    from .ingest import refresh_term_lists
+    from kb_rerank.ingest.loader import refresh_term_lists
 
     with _app_conn(settings) as conn:
         t0 = time.perf_counter()
-        with db.tenant_transaction(conn, args.tenant):
+        with session.tenant_transaction(conn, args.tenant):
             n = refresh_term_lists(conn, settings)
         dt = time.perf_counter() - t0
     print(f"{n} BM25 term lists rebuilt for tenant {args.tenant} in {dt:.1f}s")
@@ -134,8 +137,8 @@ def _print_results(rows) -> None:
 
 
 def run_search(conn, settings: Settings, embedder, tenant: UUID, query: str, mode: str, k: int):
-    from . import search
-    from .db import tenant_transaction
+    from kb_rerank.store import search
+    from kb_rerank.store.session import tenant_transaction
 
     with tenant_transaction(conn, tenant):
         if mode == "lexical":
@@ -147,7 +150,7 @@ def run_search(conn, settings: Settings, embedder, tenant: UUID, query: str, mod
 
 
 def cmd_search(args, settings: Settings) -> int:
-    from .embed import get_embedder
+    from kb_rerank.models.embedders import get_embedder
 
     embedder = None if args.mode == "lexical" else get_embedder(settings)
     with _app_conn(settings) as conn:
@@ -160,7 +163,7 @@ def cmd_search(args, settings: Settings) -> int:
 def cmd_embed(args, settings: Settings) -> int:
     """Print the query embedding as a pgvector literal, e.g. for psql:
     \\set qvec `kb-rerank embed 'how do I emit hóa đơn'`"""
-    from .embed import get_embedder
+    from kb_rerank.models.embedders import get_embedder
 
     vec = get_embedder(settings).embed_query(args.text)
     print("[" + ",".join(f"{x:.7g}" for x in vec) + "]")
@@ -170,9 +173,9 @@ def cmd_embed(args, settings: Settings) -> int:
 def cmd_demo(args, settings: Settings) -> int:
     from importlib import resources
 
-    from . import db
-    from .embed import get_embedder
-    from .ingest import ingest_paths
+    from kb_rerank.admin import database as db
+    from kb_rerank.models.embedders import get_embedder
+    from kb_rerank.ingest.loader import ingest_paths
 
     t0 = time.perf_counter()
     url = db.migrate(settings)
@@ -201,7 +204,7 @@ def _demo_http(settings: Settings) -> None:
     import urllib.error
     import urllib.request
 
-    from .auth import JwtConfig, mint_token
+    from kb_rerank.http.auth import JwtConfig, mint_token
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -263,7 +266,7 @@ def cmd_serve(args, settings: Settings) -> int:
     serving never uses the owner URL; migrations are `kb-rerank migrate`, run apart."""
     import uvicorn
 
-    from .api import jwt_config
+    from kb_rerank.http.app import jwt_config
 
     if not (settings.jwt_secret or settings.jwt_public_key):
         if not args.dev:
@@ -286,13 +289,13 @@ def cmd_serve(args, settings: Settings) -> int:
         return 2
     host = args.host or settings.host
     port = args.port or settings.port
-    uvicorn.run("kb_rerank.api:app_from_env", factory=True, host=host, port=port,
+    uvicorn.run("kb_rerank.http.app:app_from_env", factory=True, host=host, port=port,
                 workers=max(1, settings.workers), log_level="info")
     return 0
 
 
 def cmd_token(args, settings: Settings) -> int:
-    from .auth import JwtConfig, mint_token
+    from kb_rerank.http.auth import JwtConfig, mint_token
 
     if not 0 < args.ttl <= settings.jwt_max_lifetime_s:
         print(f"kb-rerank: error: --ttl must be between 1 and KB_JWT_MAX_LIFETIME_S ({settings.jwt_max_lifetime_s} s):"
@@ -314,7 +317,7 @@ def cmd_evict(args, settings: Settings) -> int:
     as the maintenance role (KB_MAINT_DATABASE_URL) or the owner: the app role may not."""
     import psycopg
 
-    from . import db
+    from kb_rerank.admin import database as db
 
     total = 0
     with psycopg.connect(settings.maint_database_url or db.owner_url(settings), autocommit=True) as conn:
@@ -333,7 +336,8 @@ def cmd_audit(args, settings: Settings) -> int:
     one with --tenant. Exit 1 when a chain is broken or a row is forged."""
     import psycopg
 
-    from . import audit, db
+    from kb_rerank.store import audit
+    from kb_rerank.admin import database as db
 
     audit_keys = audit.verify_keys(settings)
     with psycopg.connect(db.owner_url(settings)) as conn:
@@ -341,7 +345,7 @@ def cmd_audit(args, settings: Settings) -> int:
             rows = audit.verify(conn)
             macs = audit.verify_macs(conn, audit_keys)
         else:
-            with db.tenant_transaction(conn, args.tenant):
+            with session.tenant_transaction(conn, args.tenant):
                 rows = [r for r in audit.verify(conn) if r.tenant_id == args.tenant]
                 macs = audit.verify_macs(conn, audit_keys, tenant_id=args.tenant)
     broken = [r for r in rows if not r.ok]
@@ -361,8 +365,9 @@ def cmd_audit(args, settings: Settings) -> int:
 def cmd_curate(args, settings: Settings) -> int:
     import psycopg
 
-    from . import cache, db
-    from .service import normalize_query, query_hash, query_hash_key
+    from kb_rerank.store import result_cache as cache
+    from kb_rerank.admin import database as db
+    from kb_rerank.pipeline.query import normalize_query, query_hash, query_hash_key
 
     normalized = normalize_query(args.query)
     qh = query_hash(normalized, query_hash_key(settings))
@@ -372,7 +377,7 @@ def cmd_curate(args, settings: Settings) -> int:
         if old_qh is None:
             return 2
     with psycopg.connect(db.app_url(settings)) as conn:
-        with db.tenant_transaction(conn, args.tenant):
+        with session.tenant_transaction(conn, args.tenant):
             if args.action == "rekey":
                 # After a rotation of the query-hash key (or an upgrade from plain SHA-256
                 # hashes, migration 0010): move the list pinned under the previous hash of
@@ -431,8 +436,8 @@ def _previous_query_hash(args, normalized: str, settings: Settings) -> str | Non
     lists pinned before migration 0010)."""
     import hashlib
 
-    from .keys import KeyConfigError, server_key
-    from .service import query_hash
+    from kb_rerank.keys import KeyConfigError, server_key
+    from kb_rerank.pipeline.query import query_hash
 
     if args.legacy_sha256 == bool(args.old_key_file):
         print("kb-rerank: error: curate rekey needs exactly one of --old-key-file PATH, --legacy-sha256",
@@ -537,7 +542,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="rekey: the list was pinned before migration 0010 (plain SHA-256 query hash)")
     cu.set_defaults(func=cmd_curate)
 
-    from .cli_eval import add_eval_parser
+    from kb_rerank.eval.command import add_eval_parser
 
     add_eval_parser(sub)
     return p
@@ -559,8 +564,8 @@ def main(argv: list[str] | None = None) -> int:
         settings = Settings.from_env()
         return args.func(args, settings)
     except Exception as exc:  # noqa: BLE001 - a CLI reports, it does not dump a traceback
-        from .db import DatabaseSetupError
-        from .extras import MissingExtra
+        from kb_rerank.admin.database import DatabaseSetupError
+        from kb_rerank.extras import MissingExtra
 
         if args.verbose or not isinstance(exc, (DatabaseSetupError, MissingExtra, ValueError, OSError)):
             raise

@@ -15,7 +15,7 @@ import os
 import secrets
 from pathlib import Path
 
-from .settings import Settings
+from kb_rerank.settings import Settings
 
 MIN_KEY_BYTES = 32
 
@@ -72,7 +72,7 @@ def check_configured(settings: Settings, *, require: bool) -> None:
     role's URL is given and --dev is not), an unset key is an error: the generated key file
     is per machine and per data folder, so replicas would disagree and a container restart
     without a volume would change every query hash and orphan every audit MAC."""
-    from .auth import check_secret
+    from kb_rerank.http.auth import check_secret
 
     missing = []
     for env_name, field_name in KEY_SETTINGS:

@@ -79,7 +79,7 @@ class Settings:
     jwt_public_key: str | None = None
     jwt_issuer: str | None = None
     jwt_audience: str | None = None
-    # Context ranking and guardrails (POST /v1/kb/context, POST /v2/rerank; kb_rerank.v2)
+    # Context ranking and guardrails (POST /v1/kb/context, POST /v2/rerank; kb_rerank.pipeline.context, kb_rerank.pipeline.caller_documents)
     mmr_lambda: float = 0.6  # KB_MMR_LAMBDA: 0 diversity only .. 1 relevance only (request `lambda` overrides);
     # costs at most 0.0026 nDCG@10 on the four shared collections (bench/mmr_quality.py)
     tier_high: float = 0.7  # KB_TIER_HIGH: final score >= this -> "high"

@@ -1,5 +1,7 @@
 """Reading and applying the SQL files shipped in the package (kb_rerank/sql/).
 
+The stable interface of the frozen Alembic revisions (they import `kb_rerank.sqlfiles`): it stays at this path.
+
 sql/schema/NNNN_*.sql are versioned: each is run once by its Alembic revision, its
 downgrade NNNN_*.down.sql beside it, and neither ever changes once shipped (their hashes
 are frozen in migrations/frozen.sha256, checked by tests/test_migrations.py).

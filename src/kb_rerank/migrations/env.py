@@ -14,7 +14,7 @@ config = context.config
 
 
 def _settings_and_url():
-    from kb_rerank.db import owner_url
+    from kb_rerank.admin.database import owner_url
     from kb_rerank.settings import Settings
 
     settings = Settings.from_env()

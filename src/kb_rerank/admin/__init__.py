@@ -1,0 +1,1 @@
+"""Administration: the database server (embedded or given), migrations and the SQL files."""

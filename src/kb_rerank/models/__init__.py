@@ -1,0 +1,1 @@
+"""The models: the cross-encoder (:mod:`.cross_encoder`) and the embedders (:mod:`.embedders`)."""

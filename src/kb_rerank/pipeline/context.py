@@ -1,0 +1,211 @@
+"""The flow behind ``POST /v1/kb/context``: ranked, guarded context for a language model
+(run by :class:`kb_rerank.pipeline.flow.Pipeline`: single flight, cache, audit, writes).
+
+Key: ``query_hash`` of the normalised query + ``"\\x1f"`` + the canonical JSON of every
+parameter that changes the answer (the request's, defaults filled in; the tenant's injection
+policy; the settings used: candidates, fusion, cut-off, gate, tiers, demote factor, model
+name); source ``hybrid_lexical_semantic``, at the tenant's knowledge-base generation. The
+cache row holds ``{"kind": "kb_context_v1", "response": ...}``.
+
+Compute (a miss):
+1. Embed the query; one tenant transaction: kb.search_hybrid (:mod:`.retrieval`), the
+   candidates' stored guard flags, embeddings and document metadata, and their live pair
+   scores.
+2. Gate ("nothing relevant"), separate from fusion: best semantic similarity below
+   ``gate_min_similarity`` and no lexical hit -> ``answerable: false``, no results, the
+   model is not called.
+3. Guard policy (:mod:`.guard_policy`): flagged chunks excluded / demoted / allowed per the
+   tenant's policy, keyword-stuffed ones demoted; reported in ``filtered``.
+4. Cut-off: at most ``rerank_max_candidates`` by fused score (desc, chunk_id) go to the
+   cross-encoder (:meth:`Pipeline.score`, pair cache and fallback; a fallback uses fused
+   score / best and is not cached).
+5. MMR + composite (:mod:`.diversify`) over the reranked candidates, tiers from
+   ``tier_high`` / ``tier_medium``, the top ``top_n`` assembled by :mod:`.prompt`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import numpy as np
+
+from kb_rerank.candidate import Candidate
+from kb_rerank.pipeline import diversify, prompt
+from kb_rerank.pipeline.compose import fallback_relevance, rank_map, rounded, tiers
+from kb_rerank.pipeline.flow import Lookup, Outcome, Pipeline, Served, StoredResponse
+from kb_rerank.pipeline.guard_policy import apply as apply_policy
+from kb_rerank.pipeline.query import normalize_query
+from kb_rerank.pipeline.requests import ContextRequest
+from kb_rerank.pipeline.retrieval import pair_keys, retrieve
+from kb_rerank.settings import Settings
+
+SOURCE = "hybrid_lexical_semantic"
+CACHE_KIND = "kb_context_v1"
+
+
+class ContextFlow(StoredResponse):
+    """``POST /v1/kb/context``."""
+
+    source = SOURCE
+    cache_kind = CACHE_KIND
+    tag = "context"
+    fixed_generation = None
+    keyed_on_policy = True
+
+    def __init__(self, req: ContextRequest, settings: Settings, model: str) -> None:
+        self.req = req
+        self.settings = settings
+        self.model = model
+        self.normalized = normalize_query(req.query)
+
+    def admit(self, pipe: Pipeline, tenant) -> None:
+        pass  # the embedding and the pairs are charged when they are used
+
+    def params(self, policy: str | None) -> Mapping[str, Any]:
+        req, s = self.req, self.settings
+        return {
+            "endpoint": "context/v1",
+            "top_n": req.top_n or s.context_top_n,
+            "lambda": s.mmr_lambda if req.lam is None else req.lam,
+            "recency_weight": req.recency_weight,
+            "half_life_days": req.half_life_days,
+            "authority_weight": req.authority_weight,
+            "explain": req.explain,
+            "injection_policy": policy,
+            "candidates": s.candidates,
+            "fusion_depth": s.fusion_depth,
+            **s.fusion,
+            "rerank_max_candidates": s.rerank_max_candidates,
+            "gate_min_similarity": s.gate_min_similarity,
+            "tiers": [s.tier_high, s.tier_medium],
+            "demote_factor": s.demote_factor,
+            "model": self.model,
+        }
+
+    def answer(self, served: Served, trace_id: str) -> dict[str, Any]:
+        if served.from_cache:
+            return {**served.body, "from_cache": True, "trace_id": trace_id, "rerank_duration_ms": 0,
+                    "candidate_count": 0}
+        return {**served.body, "from_cache": False, "trace_id": trace_id}
+
+    async def compute(self, pipe: Pipeline, look: Lookup) -> Outcome:
+        s, req, tenant = self.settings, self.req, look.tenant
+        params = look.params or {}
+        async with pipe.limits.embedding(tenant):
+            embedding = await pipe.embed(pipe.embedder.embed_query, self.normalized)
+        got = await retrieve(pipe, tenant, SOURCE, self.normalized, embedding, generation=look.generation,
+                             details=True)
+        cands = got.candidates
+        top_n, lam = int(params["top_n"]), float(params["lambda"])
+        best_sim = max((c.semantic_score for c in cands if c.semantic_score is not None), default=None)
+        lexical_hits = sum(1 for c in cands if c.lexical_rank is not None)
+        gate_closed = lexical_hits == 0 and (best_sim is None or best_sim < s.gate_min_similarity)
+        body: dict[str, Any] = {
+            "answerable": False, "results": [], "filtered": [],
+            "gate": {"closed": gate_closed, "best_similarity": rounded(best_sim), "lexical_hits": lexical_hits,
+                     "threshold": s.gate_min_similarity},
+            "context": prompt.build_context_block([]), "system_prompt": prompt.system_prompt(0),
+            "model": self.model, "fallback": False, "fallback_reason": None,
+            "candidate_count": len(cands), "reranked_count": 0, "rerank_duration_ms": 0,
+            "lambda": lam, "injection_policy": look.policy,
+        }
+        if req.explain:
+            body["stages"] = []
+        done = Outcome(body, len(cands), 0, self.model,
+                       detail="context;gate_closed" if gate_closed else "context")
+        if not cands or gate_closed:
+            return done
+
+        kept, filtered = apply_policy(cands, look.policy, s.demote_factor, lambda c: {"chunk_id": c.id})
+        body["filtered"] = filtered
+        kept.sort(key=lambda c: (-(c.score if c.score is not None else 0.0), c.id))
+        cut = kept[: max(1, s.rerank_max_candidates)]
+        body["reranked_count"] = len(cut)
+        if not cut:
+            done.detail = "context;unanswerable"
+            return done
+        scored = await pipe.score(tenant, SOURCE, self.normalized, [c.content for c in cut], keys=pair_keys(cut),
+                                  cached=got.cached_pairs)
+        body["rerank_duration_ms"] = scored.ms
+        rel = scored.scores if scored.scores is not None else fallback_relevance([c.score for c in cut])
+        if scored.reason:
+            body["fallback"], body["fallback_reason"] = True, scored.reason
+        for c, r in zip(cut, rel):
+            c.relevance = float(r)
+        ranked = diversify.composite(cut, _embeddings(cut), lam=lam, k=len(cut), recency_weight=req.recency_weight,
+                                     half_life_days=req.half_life_days, authority_weight=req.authority_weight)
+        results, passages = self._results(ranked, cut, kept, top_n)
+        body["results"] = results
+        body["answerable"] = bool(results)
+        body["context"] = prompt.build_context_block(passages)
+        body["system_prompt"] = prompt.system_prompt(len(passages))
+        if req.explain:
+            body["stages"] = self._stages(ranked, cut, kept, cands, filtered, top_n)
+        return Outcome(body, len(cands), len(results), self.model, fallback_reason=scored.reason,
+                       rerank_ms=scored.ms, new_pairs=scored.new_pairs,
+                       detail="context" if results else "context;unanswerable")
+
+    def _results(self, ranked, cut: list[Candidate], kept: list[Candidate], top_n: int):
+        fused_rank = {c.id: i + 1 for i, c in enumerate(kept)}
+        rerank_rank = rank_map([c.id for c in cut], [c.relevance for c in cut])
+        results, passages = [], []
+        for pos, r in enumerate(ranked[:top_n]):
+            c = cut[r.index]
+            results.append({
+                "rank": pos + 1,
+                "chunk_id": c.id, "doc_id": str(c.doc_id), "doc_title": c.doc_title,
+                "source_path": c.source_uri, "snippet": c.snippet,
+                "final_score": r.final_score, "tier": diversify.tier(r.final_score, tiers(self.settings)),
+                "rerank_score": rounded(c.relevance),
+                "scores": {"lexical": rounded(c.lexical_score), "semantic": rounded(c.semantic_score),
+                           "fused": rounded(c.score), "rerank": rounded(c.relevance), "final": r.final_score},
+                "ranks": {"lexical": c.lexical_rank, "semantic": c.semantic_rank, "fused": fused_rank[c.id],
+                          "rerank": rerank_rank.get(c.id), "final": pos + 1},
+                "mmr": {"penalty": r.mmr_penalty, "max_sim": r.max_sim},
+                "boosts": {"recency": rounded(r.recency_boost), "authority": rounded(r.authority_boost)},
+                "flags": {"injection": c.injection_flag, "spam": c.spam_flag, "demoted": c.demote < 1.0},
+                "citation": pos + 1,
+            })
+            passages.append(prompt.Passage(text=c.content, source=c.source_uri, title=c.doc_title))
+        return results, passages
+
+    def _stages(self, ranked, cut, kept, cands, filtered, top_n: int) -> list[dict[str, Any]]:
+        fused_rank = {c.id: i + 1 for i, c in enumerate(kept)}
+        rerank_rank = rank_map([c.id for c in cut], [c.relevance for c in cut])
+        by_id = {cut[r.index].id: (pos + 1, r) for pos, r in enumerate(ranked)}
+        in_cut = {c.id for c in cut}
+        stages = []
+        for c in kept:
+            final_rank, r = by_id.get(c.id, (None, None))
+            stages.append({
+                "chunk_id": c.id,
+                "lexical": {"score": rounded(c.lexical_score), "rank": c.lexical_rank},
+                "semantic": {"score": rounded(c.semantic_score), "rank": c.semantic_rank},
+                "fused": {"score": rounded(c.score), "rank": fused_rank[c.id]},
+                "rerank": {"score": rounded(c.relevance) if c.id in in_cut else None, "rank": rerank_rank.get(c.id)},
+                "mmr": {"penalty": r.mmr_penalty if r else None, "max_sim": r.max_sim if r else None},
+                "final": {"score": r.final_score if r else None, "rank": final_rank},
+                "selected": (final_rank or top_n + 1) <= top_n,
+                "cut_off": c.id not in in_cut,
+                "demote": rounded(c.demote),
+            })
+        excluded = {f["chunk_id"]: f["reason"] for f in filtered if f.get("action") == "excluded"}
+        for c in cands:
+            if c.id in excluded:
+                stages.append({
+                    "chunk_id": c.id,
+                    "lexical": {"score": rounded(c.lexical_score), "rank": c.lexical_rank},
+                    "semantic": {"score": rounded(c.semantic_score), "rank": c.semantic_rank},
+                    "fused": {"score": rounded(c.score), "rank": None},
+                    "rerank": {"score": None, "rank": None}, "mmr": {"penalty": None, "max_sim": None},
+                    "final": {"score": None, "rank": None}, "selected": False, "cut_off": False,
+                    "excluded": excluded[c.id],
+                })
+        return stages
+
+
+def _embeddings(cands: list[Candidate]) -> np.ndarray:
+    """The candidates' stored embeddings as rows (a zero row where one is missing)."""
+    dim = max((c.embedding.shape[0] for c in cands if c.embedding is not None), default=1)
+    return np.stack([c.embedding if c.embedding is not None and c.embedding.shape[0] == dim
+                     else np.zeros(dim, np.float32) for c in cands])

@@ -1,0 +1,59 @@
+"""Candidates from the tenant's knowledge base, one tenant transaction: the search the
+source names (kb.search_hybrid fused from lists ``fusion_depth`` deep, the best
+2 x ``candidates`` kept; kb.search_lexical with the BM25 parameters; kb.search_semantic),
+deduplicated by chunk, optionally with each chunk's stored details, and the live pair
+scores of the candidates (read in the same snapshot, keyed by the generation the request
+read first)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from kb_rerank.candidate import Candidate
+from kb_rerank.settings import Settings
+from kb_rerank.store import pair_cache, search
+from kb_rerank.store.session import atenant_transaction
+
+
+@dataclass
+class Retrieved:
+    candidates: list[Candidate]
+    cached_pairs: dict[pair_cache.PairKey, float] | None  # None with the pair cache off
+
+
+def pair_keys(cands: list[Candidate]) -> list[pair_cache.PairKey]:
+    return [pair_cache.content_key(c.chunk_id, c.content) for c in cands]
+
+
+async def search_source(conn, source: str, normalized: str, embedding: Any, s: Settings) -> list[Candidate]:
+    if source == "hybrid_lexical_semantic":
+        rows = (await search.ahybrid(conn, normalized, embedding, s.fusion_depth, **s.fusion))[: 2 * s.candidates]
+    elif source == "lexical_only":
+        rows = await search.alexical(conn, normalized, s.candidates, k1=s.bm25_k1, b=s.bm25_b)
+    elif source == "semantic_only":
+        rows = await search.asemantic(conn, embedding, s.candidates)
+    else:
+        raise ValueError(f"unknown source {source!r}")
+    seen: set = set()
+    unique = []
+    for c in rows:
+        if c.chunk_id not in seen:
+            seen.add(c.chunk_id)
+            unique.append(c)
+    return unique
+
+
+async def retrieve(pipe, tenant, source: str, normalized: str, embedding: Any, *, generation: int,
+                   details: bool = False) -> Retrieved:
+    s = pipe.settings
+    cached = None
+    async with pipe.connection(tenant) as conn:
+        async with atenant_transaction(conn, tenant):
+            cands = await search_source(conn, source, normalized, embedding, s)
+            if details:
+                await search.adetails(conn, cands)
+            if s.pair_cache and cands:
+                cached = await pair_cache.get_live(conn, pipe.model_name, pipe.hash_query(normalized),
+                                                   pair_keys(cands), generation=generation)
+    return Retrieved(cands, cached)

@@ -1,0 +1,115 @@
+"""Python side of the search functions: one call each to kb.search_lexical,
+kb.search_semantic and kb.search_hybrid, inside the caller's tenant transaction."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from kb_rerank.candidate import Candidate, from_row
+
+
+LEXICAL_SQL = (
+    "select chunk_id, doc_id, doc_title, snippet, content, score, rank"
+    " from kb.search_lexical(%s, %s, %s, %s)"
+)
+SEMANTIC_SQL = (
+    "select chunk_id, doc_id, doc_title, snippet, content, score, rank"
+    " from kb.search_semantic(%s::vector, %s)"
+)
+HYBRID_SQL = (
+    "select chunk_id, doc_id, doc_title, snippet, content, lexical_rank, semantic_rank,"
+    " lexical_score, semantic_score, score"
+    " from kb.search_hybrid(%s, %s::vector, %s, %s, %s, %s, %s)"
+)
+
+
+def _lexical_rows(rows) -> list[Candidate]:
+    return [from_row(*r[:6], lexical_rank=r[6], lexical_score=r[5]) for r in rows]
+
+
+def _semantic_rows(rows) -> list[Candidate]:
+    return [from_row(*r[:6], semantic_rank=r[6], semantic_score=r[5]) for r in rows]
+
+
+def _hybrid_rows(rows) -> list[Candidate]:
+    return [from_row(*r[:5], r[9], lexical_rank=r[5], semantic_rank=r[6], lexical_score=r[7], semantic_score=r[8])
+            for r in rows]
+
+
+def _vec(embedding: Any) -> np.ndarray:
+    return np.asarray(embedding, dtype=np.float32).reshape(-1)
+
+
+def lexical(conn, query: str, k: int = 20, *, k1: float = 1.2, b: float = 0.75) -> list[Candidate]:
+    return _lexical_rows(conn.execute(LEXICAL_SQL, [query, k, k1, b]).fetchall())
+
+
+def semantic(conn, embedding, k: int = 20) -> list[Candidate]:
+    return _semantic_rows(conn.execute(SEMANTIC_SQL, [_vec(embedding), k]).fetchall())
+
+
+def hybrid(conn, query: str, embedding, k: int = 20, *, rrf_k: int = 60, fusion: str = "rrf",
+           lexical_weight: float = 1.0, semantic_weight: float = 1.0) -> list[Candidate]:
+    return _hybrid_rows(
+        conn.execute(HYBRID_SQL, [query, _vec(embedding), k, rrf_k, fusion, lexical_weight, semantic_weight]).fetchall()
+    )
+
+
+async def alexical(conn, query: str, k: int = 20, *, k1: float = 1.2, b: float = 0.75) -> list[Candidate]:
+    cur = await conn.execute(LEXICAL_SQL, [query, k, k1, b])
+    return _lexical_rows(await cur.fetchall())
+
+
+async def asemantic(conn, embedding, k: int = 20) -> list[Candidate]:
+    cur = await conn.execute(SEMANTIC_SQL, [_vec(embedding), k])
+    return _semantic_rows(await cur.fetchall())
+
+
+async def ahybrid(conn, query: str, embedding, k: int = 20, *, rrf_k: int = 60, fusion: str = "rrf",
+                  lexical_weight: float = 1.0, semantic_weight: float = 1.0) -> list[Candidate]:
+    cur = await conn.execute(HYBRID_SQL, [query, _vec(embedding), k, rrf_k, fusion, lexical_weight, semantic_weight])
+    return _hybrid_rows(await cur.fetchall())
+
+
+# The chunk's stored guard verdict, embedding and document metadata (the context flow).
+DETAILS_SQL = (
+    "select c.chunk_id, c.embedding, c.injection_flag, c.injection_score, c.injection_reasons, c.spam_flag,"
+    " d.source_uri, d.authority, d.updated_at"
+    " from kb.chunks c join kb.documents d on d.doc_id = c.doc_id and d.tenant_id = c.tenant_id"
+    " where c.chunk_id = any(%s)"
+)
+
+CURATION_SQL = (
+    "select c.chunk_id, c.doc_id, d.title, left(c.content, 300), c.content"
+    " from kb.kb_rerank_curation cu"
+    " join kb.chunks c on c.chunk_id = cu.chunk_id and c.tenant_id = cu.tenant_id"
+    " join kb.documents d on d.doc_id = c.doc_id and d.tenant_id = c.tenant_id"
+    " where cu.tenant_id = kb.current_tenant() and cu.query_hash = %s"
+    " order by cu.position"
+    " limit %s"
+)
+
+
+async def adetails(conn, cands: list[Candidate]) -> None:
+    """Fill each candidate's stored guard verdict, embedding and document metadata."""
+    if not cands:
+        return
+    cur = await conn.execute(DETAILS_SQL, [[c.chunk_id for c in cands]])
+    rows = {r[0]: r for r in await cur.fetchall()}
+    for c in cands:
+        r = rows.get(c.chunk_id)
+        if r is None:
+            continue
+        emb = r[1].to_numpy() if hasattr(r[1], "to_numpy") else r[1]
+        c.embedding = None if emb is None else np.asarray(emb, dtype=np.float32)
+        c.injection_flag, c.injection_score = bool(r[2]), float(r[3] or 0.0)
+        c.injection_reasons, c.spam_flag = list(r[4] or []), bool(r[5])
+        c.source_uri, c.authority, c.updated_at = r[6], float(r[7]), r[8]
+
+
+async def acurated(conn, query_hash: str, limit: int) -> list[Candidate]:
+    """The tenant's curated list for ``query_hash``, in curated order."""
+    cur = await conn.execute(CURATION_SQL, [query_hash, limit])
+    return [from_row(*r, 0.0) for r in await cur.fetchall()]

@@ -1,31 +1,45 @@
 """Sweep the hybrid fusion parameters of kb.search_hybrid over BEIR collections.
 
-For every collection (loaded into its scratch tenant by ``kb_rerank.evaluate.load_collection``,
+For every collection (loaded into its scratch tenant by ``kb_rerank.eval.runs.load_collection``,
 so nothing is re-embedded when ``bench/quality.py`` / ``kb-rerank eval`` ran before), each query's
-two lists are fetched **once** at depth 100 (``kb.search_lexical`` and ``kb.search_semantic``,
-the functions ``kb.search_hybrid`` calls) and fused in Python exactly as
-``sql/functions/12_search_hybrid.sql`` does for ``fusion='rrf'``:
+two lists are fetched **once** (``kb.search_lexical`` at depth 100: documents, best chunk each;
+``kb.search_semantic`` at depth 200 chunks, and 1000 for the queries whose 200 chunks hold fewer
+than 100 documents), the functions ``kb.search_hybrid`` calls, and fused in Python exactly as
+``sql/functions/12_search_hybrid.sql`` does (per document, issue 15):
 
-    top-k of each list (rank = position), full outer join on chunk_id,
-    score = lexical_weight / (rrf_k + lexical_rank) + semantic_weight / (rrf_k + semantic_rank)
-            (a missing rank contributes 0), order by score desc, chunk_id (uuid byte order),
+    lexical documents = the top-k of the lexical list (rank = position);
+    semantic documents = first-seen documents of the first n chunks, n = 2k, then x4 (up to
+        1000) while they hold fewer than k documents and the tenant has more chunks; top k;
+    full outer join on doc_id; carried chunk = that of the list ranking the document higher
+        (semantic on a tie);
+    rrf:    score = lexical_weight / (rrf_k + lexical_rank) + semantic_weight / (rrf_k + semantic_rank)
+            (a missing rank contributes 0)
+    convex: score = (lexical_weight * lexn + semantic_weight * semn) / (lexical_weight + semantic_weight),
+            lexn / semn = min-max normalised score within the list's top k (1 if max = min; missing 0)
+    order by score desc, chunk_id (uuid byte order),
 
-then mapped to document ids (first occurrence) and scored with ``kb_rerank.metrics.evaluate_run``
-(nDCG@10). Taking the top-k of a depth-100 list is the depth-k list because both functions are
-deterministic top-k with the same tie-break (and HNSW runs with ef_search = 100 >= k); this is
-checked: ``--verify N`` queries per collection (default 8) are also sent through
+then scored with ``kb_rerank.eval.measures.evaluate_run`` (nDCG@10). Taking a prefix of a deeper list is
+the shallower list because both functions are deterministic top-k with the same tie-break; this
+is checked: ``--verify N`` queries per collection (default 8) are also sent through
 ``kb.search_hybrid`` for several configurations and the chunk order must be identical (scores
-equal to 1e-12); the script exits non-zero otherwise. A full-collection check comes free: the
-(c=20, rrf_k=60, 1/1) and (c=100, rrf_k=60, 1/1) rows equal ``hybrid c=20`` / ``hybrid c=100``
-of ``bench/results/quality-<dataset>.json`` when those were produced by the same SQL.
+equal to 1e-12); the script exits non-zero otherwise.
 
-Grid: candidates k in {20, 40, 60, 100}, rrf_k in {10, 30, 60},
-(lexical_weight, semantic_weight) in {(1,1), (1,1.5), (1,2), (1.5,1), (0.7,1.3)}: 60 configurations.
+``chunk rrf`` is the fusion before issue 15 (full outer join on chunk_id of the top-k lexical
+documents and the top-k semantic *chunks*; a document reached through two chunks counts twice),
+computed in Python only, for the before/after comparison on the same lists.
+
+Grid: candidates k in {20, 40, 60, 100} x
+  rrf (and chunk rrf): rrf_k in {10, 30, 60} x (lexical_weight, semantic_weight) in
+      {(1,1), (1,1.5), (1,2), (1.5,1), (0.7,1.3)};
+  convex: (lexical_weight, semantic_weight) in {(0.7,0.3), (0.6,0.4), (0.5,0.5), (0.4,0.6), (0.3,0.7)}.
+``--fusions`` picks which families are swept (default: rrf convex chunk).
 
 Selection criterion (never on one collection): margin(c, config) = hybrid nDCG@10 - max(lexical,
 semantic nDCG@10) on collection c; choose the configuration with the largest *minimum* margin over
-the collections (ties: larger mean nDCG@10, then fewer candidates, then the grid order). Also
-leave-one-collection-out: choose on all but one, report the held-out one.
+the collections (ties: larger mean nDCG@10, then fewer candidates, then the grid order), among the
+per-document fusions (rrf, convex); chunk rrf is reported, never chosen. Also
+leave-one-collection-out: choose on all but one, report the held-out one. The best rrf and the best
+convex configuration are compared the same way (the score-aware fusion is kept only if it wins).
 
 Writes ``bench/results/fusion-sweep.json`` and prints Markdown tables on stdout.
 
@@ -57,33 +71,91 @@ from kb_rerank.settings import Settings  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
 DEPTH = 100
+SEM_DEPTH = 2 * DEPTH  # chunks: kb.search_hybrid reads 2k chunks first
+SEM_MAX = 1000  # its cap
 CANDIDATES = (20, 40, 60, 100)
 RRF_KS = (10, 30, 60)
 WEIGHTS = ((1.0, 1.0), (1.0, 1.5), (1.0, 2.0), (1.5, 1.0), (0.7, 1.3))
-GRID = [(c, r, lw, sw) for c in CANDIDATES for r in RRF_KS for (lw, sw) in WEIGHTS]
+CONVEX_WEIGHTS = ((0.7, 0.3), (0.6, 0.4), (0.5, 0.5), (0.4, 0.6), (0.3, 0.7))
+FUSIONS = ("rrf", "convex", "chunk")
+
+
+def make_grid(fusions) -> list[tuple]:
+    """(fusion, candidates, rrf_k, lexical_weight, semantic_weight); rrf_k is 0 for convex."""
+    grid = []
+    for f in fusions:
+        if f == "convex":
+            grid += [(f, c, 0, lw, sw) for c in CANDIDATES for (lw, sw) in CONVEX_WEIGHTS]
+        else:
+            grid += [(f, c, r, lw, sw) for c in CANDIDATES for r in RRF_KS for (lw, sw) in WEIGHTS]
+    return grid
+
+
+GRID = make_grid(FUSIONS)
 _S = Settings()
-PRODUCTION = (_S.fusion_depth, _S.rrf_k, _S.lexical_weight, _S.semantic_weight)  # the current defaults
+PRODUCTION = (_S.fusion_method, _S.fusion_depth, _S.rrf_k, _S.lexical_weight, _S.semantic_weight)  # the defaults
 # SQL defaults of kb.search_lexical, which kb.search_hybrid calls without k1/b
 SQL_K1, SQL_B = 1.2, 0.75
 
 
-def fuse(lex, sem, k: int, rrf_k: int, lw: float, sw: float):
-    """Python twin of kb.search_hybrid(fusion='rrf'): [(chunk_id, doc_id, score)] in SQL order.
+def semantic_docs(sem, k: int):
+    """The semantic document list kb.search_hybrid builds: [(chunk_id, doc_id, doc_rank, score)].
 
-    ``lex`` / ``sem``: [(chunk_id, doc_id, rank)] at depth >= k, rank = 1-based position.
+    ``sem``: [(chunk_id, doc_id, chunk_rank, score)], the chunk list read deep enough (see
+    fetch_lists)."""
+    n = min(2 * k, SEM_MAX)
+    while True:
+        part = sem[:n]
+        docs, seen = [], set()
+        for cid, did, _rank, score in part:
+            if did not in seen:
+                seen.add(did)
+                docs.append((cid, did, len(docs) + 1, score))
+        if len(docs) >= k or len(part) < n or n >= SEM_MAX:
+            return docs[:k], n
+        n = min(4 * n, SEM_MAX)
+
+
+def _minmax(scores: dict) -> dict:
+    if not scores:
+        return {}
+    lo, hi = min(scores.values()), max(scores.values())
+    return {d: (1.0 if hi == lo else (s - lo) / (hi - lo)) for d, s in scores.items()}
+
+
+def fuse(lex, sem, fusion: str, k: int, rrf_k: int, lw: float, sw: float):
+    """Python twin of kb.search_hybrid: [(chunk_id, doc_id, score)] in SQL order.
+
+    ``lex``: [(chunk_id, doc_id, rank, score)] documents at depth >= k; ``sem``: the chunk list.
+    fusion ``chunk`` is the chunk-id fusion before issue 15 (RRF).
     """
-    joined: dict = {}
-    for cid, did, rank in lex[:k]:
-        joined[cid] = [did, rank, None]
-    for cid, did, rank in sem[:k]:
-        if cid in joined:
-            joined[cid][2] = rank
-        else:
-            joined[cid] = [did, None, rank]
+    if fusion == "chunk":
+        joined: dict = {}
+        for cid, did, rank, _s in lex[:k]:
+            joined[cid] = [did, rank, None]
+        for cid, did, rank, _s in sem[:k]:
+            if cid in joined:
+                joined[cid][2] = rank
+            else:
+                joined[cid] = [did, None, rank]
+        out = [(cid, did, (lw / (rrf_k + lr) if lr is not None else 0.0) + (sw / (rrf_k + sr) if sr is not None else 0.0))
+               for cid, (did, lr, sr) in joined.items()]
+        out.sort(key=lambda t: (-t[2], t[0]))
+        return out
+    ldocs = {did: (cid, rank, score) for cid, did, rank, score in lex[:k]}
+    sdocs = {did: (cid, rank, score) for cid, did, rank, score in semantic_docs(sem, k)[0]}
+    lnorm = _minmax({d: v[2] for d, v in ldocs.items()})
+    snorm = _minmax({d: v[2] for d, v in sdocs.items()})
     out = []
-    for cid, (did, lr, sr) in joined.items():
-        # same float8 arithmetic as SQL: weight / (integer rrf_k + integer rank), coalesce(.., 0)
-        score = (lw / (rrf_k + lr) if lr is not None else 0.0) + (sw / (rrf_k + sr) if sr is not None else 0.0)
+    for did in ldocs.keys() | sdocs.keys():
+        l, s_ = ldocs.get(did), sdocs.get(did)
+        lr, sr = (l[1] if l else None), (s_[1] if s_ else None)
+        cid = s_[0] if sr is not None and (lr is None or sr <= lr) else l[0]
+        if fusion == "rrf":
+            # same float8 arithmetic as SQL: weight / (integer rrf_k + integer rank), coalesce(.., 0)
+            score = (lw / (rrf_k + lr) if lr is not None else 0.0) + (sw / (rrf_k + sr) if sr is not None else 0.0)
+        else:
+            score = (lw * lnorm.get(did, 0.0) + sw * snorm.get(did, 0.0)) / (lw + sw)
         out.append((cid, did, score))
     out.sort(key=lambda t: (-t[2], t[0]))  # uuid: Python int order == PostgreSQL byte order
     return out
@@ -97,6 +169,17 @@ def dedup_docs(rows, docmap) -> list[str]:
             seen.add(d)
             out.append(d)
     return out
+
+
+def _read_lists(conn, query: str, qemb):
+    """Lexical documents at DEPTH and semantic chunks at SEM_DEPTH, deeper (SEM_MAX) when those
+    chunks hold fewer than DEPTH documents: [(chunk_id, doc_id, rank, score)] each."""
+    lex = [(x.chunk_id, x.doc_id, x.lexical_rank, x.score)
+           for x in search.lexical(conn, query, DEPTH, k1=SQL_K1, b=SQL_B)]
+    sem = [(x.chunk_id, x.doc_id, x.semantic_rank, x.score) for x in search.semantic(conn, qemb, SEM_DEPTH)]
+    if semantic_docs(sem, DEPTH)[1] > SEM_DEPTH:
+        sem = [(x.chunk_id, x.doc_id, x.semantic_rank, x.score) for x in search.semantic(conn, qemb, SEM_MAX)]
+    return lex, sem
 
 
 def fetch_lists(settings: Settings, path: Path, embedder, conn_factory, verify: int, verify_configs):
@@ -122,10 +205,8 @@ def fetch_lists(settings: Settings, path: Path, embedder, conn_factory, verify: 
         t0 = time.perf_counter()
         for qid in qids:
             with tenant_transaction(conn, tenant):
-                lex = search.lexical(conn, coll.queries[qid], DEPTH, k1=SQL_K1, b=SQL_B)
-                sem = search.semantic(conn, qembs[qid], DEPTH)
-            lists[qid] = ([(r.chunk_id, r.doc_id, r.lexical_rank) for r in lex],
-                          [(r.chunk_id, r.doc_id, r.semantic_rank) for r in sem])
+                lex, sem = _read_lists(conn, coll.queries[qid], qembs[qid])
+            lists[qid] = (lex, sem)
             for L in lists[qid]:
                 assert [t[2] for t in L] == list(range(1, len(L) + 1)), "rank != position"
         info["fetch_s"] = round(time.perf_counter() - t0, 1)
@@ -133,25 +214,24 @@ def fetch_lists(settings: Settings, path: Path, embedder, conn_factory, verify: 
         # verification: evenly spaced queries, every verify config, against kb.search_hybrid
         step = max(1, len(qids) // max(verify, 1))
         for qid in qids[::step][:verify]:
-            for (c, r, lw, sw) in verify_configs:
+            for (f, c, r, lw, sw) in verify_configs:
                 # the lists are re-read in the same transaction as the kb.search_hybrid call: the
                 # HNSW graph is shared by all tenants, so concurrent ingestion elsewhere can move
                 # the approximate semantic list between two transactions
                 with tenant_transaction(conn, tenant):
-                    lex = [(x.chunk_id, x.doc_id, x.lexical_rank)
-                           for x in search.lexical(conn, coll.queries[qid], DEPTH, k1=SQL_K1, b=SQL_B)]
-                    sem = [(x.chunk_id, x.doc_id, x.semantic_rank) for x in search.semantic(conn, qembs[qid], DEPTH)]
-                    rows = search.hybrid(conn, coll.queries[qid], qembs[qid], c, rrf_k=r,
+                    lex, sem = _read_lists(conn, coll.queries[qid], qembs[qid])
+                    rows = search.hybrid(conn, coll.queries[qid], qembs[qid], c, rrf_k=r, fusion=f,
                                          lexical_weight=lw, semantic_weight=sw)
                 if (lex, sem) != lists[qid]:
                     lists_moved += 1
                 sql = [(x.chunk_id, x.score) for x in rows]
-                py = [(cid, s) for cid, _d, s in fuse(lex, sem, c, r, lw, sw)]
+                py = [(cid, s) for cid, _d, s in fuse(lex, sem, f, c, r, lw, sw)]
                 checked += 1
                 same = [a for a, _ in sql] == [a for a, _ in py] and all(
                     abs(a - b) <= 1e-12 for (_, a), (_, b) in zip(sql, py))
                 if not same:
-                    mismatches.append({"qid": qid, "config": [c, r, lw, sw], "sql_len": len(sql), "py_len": len(py)})
+                    mismatches.append({"qid": qid, "config": [f, c, r, lw, sw], "sql_len": len(sql),
+                                       "py_len": len(py)})
     info["verify"] = {"queries": min(verify, len(qids)), "configs": [list(v) for v in verify_configs],
                       "checked": checked, "mismatches": mismatches,
                       "lists_changed_since_fetch": lists_moved}
@@ -163,18 +243,21 @@ def ndcg(run, qrels) -> tuple[float, dict[str, float]]:
     return res["ndcg@10"], {q: v["ndcg@10"] for q, v in res["per_query"].items()}
 
 
-def choose(configs: dict, names: list[str]):
-    """Max over configs of min margin over `names`; ties: mean nDCG, fewer candidates, grid order."""
+def choose(configs: dict, names: list[str], fusions=("rrf", "convex")):
+    """Max over configs of the given fusions of min margin over `names`; ties: mean nDCG, fewer
+    candidates, grid order."""
     def key(cfg):
         m = configs[cfg]
         return (min(m[n]["margin"] for n in names), sum(m[n]["ndcg"] for n in names) / len(names),
-                -cfg[0], -GRID.index(cfg))
-    return max(configs, key=key)
+                -cfg[1], -GRID.index(cfg))
+    return max((c for c in configs if c[0] in fusions), key=key)
 
 
 def fmt_cfg(cfg) -> str:
-    c, r, lw, sw = cfg
-    return f"c={c} rrf_k={r} w={lw:g}/{sw:g}"
+    f, c, r, lw, sw = cfg
+    if f == "convex":
+        return f"convex c={c} w={lw:g}/{sw:g}"
+    return f"{'chunk rrf' if f == 'chunk' else 'rrf'} c={c} rrf_k={r} w={lw:g}/{sw:g}"
 
 
 def main(argv=None) -> int:
@@ -182,13 +265,20 @@ def main(argv=None) -> int:
     ap.add_argument("--datasets", nargs="+", type=Path, required=True)
     ap.add_argument("--verify", type=int, default=8, help="queries per collection checked against kb.search_hybrid")
     ap.add_argument("--json", type=Path, default=RESULTS / "fusion-sweep.json")
+    ap.add_argument("--fusions", nargs="+", choices=FUSIONS, default=list(FUSIONS),
+                    help="fusion families to sweep (chunk: the chunk-id RRF before issue 15, never chosen)")
     args = ap.parse_args(argv)
+    global GRID
+    GRID = make_grid(args.fusions)
+    if PRODUCTION not in GRID:
+        GRID.append(PRODUCTION)
     settings = Settings.from_env()
     from kb_rerank.models.embedders import get_embedder
 
     embedder = CachedEmbedder(get_embedder(settings), embed_cache_dir(settings))
     conn_factory = _default_conn_factory(settings)
-    verify_configs = [PRODUCTION, (100, 10, 1.0, 2.0), (40, 30, 0.7, 1.3), (60, 10, 1.5, 1.0)]
+    verify_configs = [PRODUCTION, ("rrf", 100, 10, 1.0, 2.0), ("rrf", 40, 30, 0.7, 1.3), ("rrf", 60, 10, 1.5, 1.0),
+                      ("convex", 40, 0, 0.5, 0.5), ("convex", 100, 0, 0.3, 0.7)]
 
     per: dict[str, dict] = {}
     infos: dict[str, dict] = {}
@@ -231,12 +321,12 @@ def main(argv=None) -> int:
         p = per[n]
         print(f"### {n} ({p['num_queries']} queries): lexical {p['lexical']:.4f}, semantic {p['semantic']:.4f}\n",
               file=out)
-        print("| candidates | rrf_k | w_lex / w_sem | hybrid nDCG@10 | margin vs best single |", file=out)
-        print("|---:|---:|---|---:|---:|", file=out)
+        print("| fusion | candidates | rrf_k | w_lex / w_sem | hybrid nDCG@10 | margin vs best single |", file=out)
+        print("|---|---:|---:|---|---:|---:|", file=out)
         for cfg in GRID:
             m = configs[cfg][n]
-            print(f"| {cfg[0]} | {cfg[1]} | {cfg[2]:g} / {cfg[3]:g} | {m['ndcg']:.4f} | {m['margin']:+.4f} |",
-                  file=out)
+            print(f"| {cfg[0]} | {cfg[1]} | {cfg[2] if cfg[0] != 'convex' else '-'} | {cfg[3]:g} / {cfg[4]:g} "
+                  f"| {m['ndcg']:.4f} | {m['margin']:+.4f} |", file=out)
         print(file=out)
 
     def summary_row(cfg, cols):
@@ -248,7 +338,7 @@ def main(argv=None) -> int:
     print("### All collections: hybrid nDCG@10 (margin) per configuration, sorted by minimum margin\n", file=out)
     print("| configuration | " + " | ".join(names) + " | min margin | mean nDCG@10 |", file=out)
     print("|---|" + "---:|" * (len(names) + 2), file=out)
-    ranked = sorted(GRID, key=lambda c: (-summary_row(c, names)[0], -summary_row(c, names)[1], c[0]))
+    ranked = sorted(GRID, key=lambda c: (-summary_row(c, names)[0], -summary_row(c, names)[1], c[1]))
     for cfg in ranked:
         mins, mean = summary_row(cfg, names)
         cells = " | ".join(f"{configs[cfg][n]['ndcg']:.4f} ({configs[cfg][n]['margin']:+.4f})" for n in names)
@@ -282,17 +372,36 @@ def main(argv=None) -> int:
                   f"{configs[chosen][n]['margin']:+.4f} |", file=out)
         print(file=out)
 
+    # per fusion family: its best configuration on all collections, and leave-one-out within the
+    # family (the score-aware fusion is kept only if it wins across collections)
+    best_per_fusion = {}
+    print("### Best configuration per fusion (all collections; held-out nDCG@10 when chosen on the others)\n",
+          file=out)
+    print("| fusion | best on all | " + " | ".join(names) + " | min margin | held-out nDCG@10 (LOO) |", file=out)
+    print("|---|---|" + "---:|" * (len(names) + 2), file=out)
+    for fam in args.fusions:
+        cfg = choose(configs, names, (fam,))
+        fam_loo = {n: configs[choose(configs, [x for x in names if x != n], (fam,))][n]["ndcg"]
+                   for n in names} if len(names) > 2 else {}
+        best_per_fusion[fam] = {"config": list(cfg), "per_collection": configs[cfg], "leave_one_out_ndcg": fam_loo}
+        cells = " | ".join(f"{configs[cfg][n]['ndcg']:.4f}" for n in names)
+        held = ", ".join(f"{n} {v:.4f}" for n, v in fam_loo.items())
+        print(f"| {fam} | {fmt_cfg(cfg)} | {cells} | {summary_row(cfg, names)[0]:+.4f} | {held} |", file=out)
+    print(file=out)
+
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps({
         "date": date, "machine": machine, "embedder": embedder.name, "depth": DEPTH,
-        "grid": {"candidates": CANDIDATES, "rrf_k": RRF_KS, "weights": WEIGHTS},
+        "grid": {"fusions": args.fusions, "candidates": CANDIDATES, "rrf_k": RRF_KS, "weights": WEIGHTS,
+                 "convex_weights": CONVEX_WEIGHTS},
         "criterion": "max over configs of min over collections of (hybrid nDCG@10 - max(lexical, semantic)); "
                      "ties: mean nDCG@10, fewer candidates",
         "collections": {n: per[n] | {"info": infos[n]} for n in names},
-        "configs": [{"candidates": c, "rrf_k": r, "lexical_weight": lw, "semantic_weight": sw,
-                     "per_collection": configs[(c, r, lw, sw)]} for (c, r, lw, sw) in GRID],
-        "chosen": {"candidates": chosen[0], "rrf_k": chosen[1], "lexical_weight": chosen[2],
-                   "semantic_weight": chosen[3], "per_collection": configs[chosen]},
+        "configs": [{"fusion": f, "candidates": c, "rrf_k": r, "lexical_weight": lw, "semantic_weight": sw,
+                     "per_collection": configs[(f, c, r, lw, sw)]} for (f, c, r, lw, sw) in GRID],
+        "chosen": {"fusion": chosen[0], "candidates": chosen[1], "rrf_k": chosen[2], "lexical_weight": chosen[3],
+                   "semantic_weight": chosen[4], "per_collection": configs[chosen]},
+        "best_per_fusion": best_per_fusion,
         "production": {"config": list(PRODUCTION), "per_collection": configs[PRODUCTION]},
         "leave_one_out": loo,
     }, indent=1, default=str) + "\n", encoding="utf-8")

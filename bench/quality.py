@@ -2,7 +2,7 @@
 
 For each dataset folder, one table (Markdown on stdout) and ``bench/results/quality-<dataset>.json``:
 
-ours (through the database, ``kb_rerank.evaluate.evaluate_collection``):
+ours (through the database, ``kb_rerank.eval.runs.evaluate_collection``):
   * ``lexical``  kb.search_lexical (BM25 in SQL, best chunk per document)
   * ``semantic`` kb.search_semantic (pgvector HNSW, cosine)
   * ``hybrid``   kb.search_hybrid with the production fusion (lists KB_FUSION_DEPTH deep,
@@ -16,11 +16,18 @@ baselines (same run, in process):
     kb.query_term_counts
   * ``bm25s en-stop`` bm25s's own tokenizer (\\w\\w+, lower-case) with English stop words,
     no stemmer
+  * ``bm25s stem`` the BM25 people run (BEIR / Anserini style): bm25s's tokenizer, English
+    stop words and the Snowball English stemmer (PyStemmer), Lucene scoring k1 1.2, b 0.75
   * ``dense exact`` exact cosine search in numpy over the same chunk embeddings (same
     embedder, read from the embedding cache), best chunk per document
   * ``rrf(bm25s, dense)`` RRF k=60 over the top 100 of ``bm25s lucene`` and ``dense exact``
+  * ``rrf(bm25s stem, dense)`` the textbook hybrid: RRF k=60 over the top 100 of ``bm25s stem``
+    and ``dense exact`` (per document)
 
-Every method indexes the same document text (``kb_rerank.evaluate.document_text``: title +
+Metrics per row: nDCG@10, MRR@10, Recall@40 (the candidate pool a cross-encoder reorders)
+and Recall@100.
+
+Every method indexes the same document text (``kb_rerank.eval.runs.document_text``: title +
 text). ``Δ nDCG`` is the row's nDCG@10 minus the best baseline's.
 
 Dev only (bm25s is in the dev extra). Example, on a scratch data dir:
@@ -50,8 +57,15 @@ import numpy as np  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-from kb_rerank.eval.runs import CachedEmbedder, embed_cache_dir, evaluate_collection, passage_texts, source_docs
 from kb_rerank.eval.measures import evaluate_run, load_beir  # noqa: E402
+from kb_rerank.eval.runs import (  # noqa: E402
+    POOL_RECALL_K,
+    CachedEmbedder,
+    embed_cache_dir,
+    evaluate_collection,
+    passage_texts,
+    source_docs,
+)
 from kb_rerank.settings import Settings  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
@@ -149,9 +163,13 @@ def evaluate_dataset(path: Path, settings: Settings, limit: int | None) -> dict:
     embedder = CachedEmbedder(get_embedder(settings), embed_cache_dir(settings))
     rows: list[dict] = []
 
+    def score(run):
+        return evaluate_run(run, qrels, extra_recall_ks=(POOL_RECALL_K,))
+
     def add(name, kind, res, seconds, note=""):
         rows.append({"method": name, "kind": kind, "ndcg@10": res["ndcg@10"], "mrr@10": res["mrr@10"],
-                     "recall@100": res["recall@100"], "seconds": round(seconds, 2), "note": note,
+                     "recall@40": res["recall@40"], "recall@100": res["recall@100"],
+                     "seconds": round(seconds, 2), "note": note,
                      "per_query_ndcg@10": {q: v["ndcg@10"] for q, v in res["per_query"].items()}})
         print(f"  {name}: nDCG@10 {res['ndcg@10']:.4f} ({seconds:.1f}s)", file=sys.stderr, flush=True)
 
@@ -169,7 +187,7 @@ def evaluate_dataset(path: Path, settings: Settings, limit: int | None) -> dict:
     t0 = time.perf_counter()
     lucene = bm25s_run(doc_ids, [analyse(d.text) for d in docs], {q: analyse_query(t) for q, t in queries.items()},
                        dedup_query=False)
-    add("bm25s lucene (our analysis)", "baseline", evaluate_run(lucene, qrels), time.perf_counter() - t0)
+    add("bm25s lucene (our analysis)", "baseline", score(lucene), time.perf_counter() - t0)
 
     import bm25s
 
@@ -177,14 +195,26 @@ def evaluate_dataset(path: Path, settings: Settings, limit: int | None) -> dict:
     tok = lambda texts: bm25s.tokenize(texts, stopwords="en", stemmer=None, return_ids=False, show_progress=False)  # noqa: E731
     stock = bm25s_run(doc_ids, tok([d.text for d in docs]), dict(zip(queries, tok(list(queries.values())))),
                       dedup_query=False)
-    add("bm25s en-stop", "baseline", evaluate_run(stock, qrels), time.perf_counter() - t0)
+    add("bm25s en-stop", "baseline", score(stock), time.perf_counter() - t0)
+
+    import Stemmer
+
+    t0 = time.perf_counter()
+    stemmer = Stemmer.Stemmer("english")
+    tok_stem = lambda texts: bm25s.tokenize(texts, stopwords="en", stemmer=stemmer, return_ids=False,  # noqa: E731
+                                            show_progress=False)
+    stem = bm25s_run(doc_ids, tok_stem([d.text for d in docs]), dict(zip(queries, tok_stem(list(queries.values())))),
+                     dedup_query=False)
+    add("bm25s stem (en stop words, Snowball)", "baseline", score(stem), time.perf_counter() - t0)
 
     t0 = time.perf_counter()
     dense = dense_run(settings, docs, queries, embedder)
-    add(f"dense exact ({embedder.name})", "baseline", evaluate_run(dense, qrels), time.perf_counter() - t0)
+    add(f"dense exact ({embedder.name})", "baseline", score(dense), time.perf_counter() - t0)
 
     t0 = time.perf_counter()
-    add("rrf(bm25s lucene, dense) k=60", "baseline", evaluate_run(rrf(lucene, dense), qrels), time.perf_counter() - t0)
+    add("rrf(bm25s lucene, dense) k=60", "baseline", score(rrf(lucene, dense)), time.perf_counter() - t0)
+    t0 = time.perf_counter()
+    add("rrf(bm25s stem, dense) k=60 (textbook)", "baseline", score(rrf(stem, dense)), time.perf_counter() - t0)
 
     best = max((r for r in rows if r["kind"] == "baseline"), key=lambda r: r["ndcg@10"])
     for r in rows:
@@ -209,11 +239,11 @@ def evaluate_dataset(path: Path, settings: Settings, limit: int | None) -> dict:
 def markdown(res: dict) -> str:
     head = (f"### {res['dataset']} ({res['num_docs']} docs, {res['num_queries']} queries"
             + (f", first {res['limit_queries']} only" if res["limit_queries"] else "") + ")\n\n")
-    lines = ["| method | nDCG@10 | MRR@10 | Recall@100 | Δ nDCG@10 vs best baseline |",
-             "|---|---:|---:|---:|---:|"]
+    lines = ["| method | nDCG@10 | MRR@10 | Recall@40 | Recall@100 | Δ nDCG@10 vs best baseline |",
+             "|---|---:|---:|---:|---:|---:|"]
     for r in res["rows"]:
         name = r["method"] if r["kind"] == "ours" else f"*{r['method']}*"
-        lines.append(f"| {name} | {r['ndcg@10']:.4f} | {r['mrr@10']:.4f} | {r['recall@100']:.4f} "
+        lines.append(f"| {name} | {r['ndcg@10']:.4f} | {r['mrr@10']:.4f} | {r['recall@40']:.4f} | {r['recall@100']:.4f} "
                      f"| {r['delta_ndcg@10']:+.4f} |")
     return head + "\n".join(lines) + f"\n\nBest baseline: {res['best_baseline']}.\n"
 

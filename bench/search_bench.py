@@ -2,7 +2,7 @@
 kb.search_hybrid against baselines, on a synthetic multi-tenant corpus.
 
 Per (size, tenants) configuration one database ``kb_bench_<size>_<tenants>`` on an
-embedded server under ``--data-dir`` (migrated with ``kb_rerank.db.migrate``; reused on
+embedded server under ``--data-dir`` (migrated with ``kb_rerank.admin.database.migrate``; reused on
 later runs when it already holds the configured rows, so an SQL change can be re-measured
 without reloading: the idempotent SQL files (functions, policies, views) are re-applied on
 every run).

@@ -9,9 +9,18 @@ import numpy as np
 import psycopg
 import pytest
 
-from kb_rerank.store import session
 from kb_rerank.admin import database as db
-from kb_rerank.eval.runs import CachedEmbedder, EvaluationError, RerankUnavailable, collection_tenant, document_text, evaluate_collection
+from kb_rerank.eval.runs import (
+    CachedEmbedder,
+    EvaluationError,
+    RerankUnavailable,
+    collection_tenant,
+    document_text,
+    evaluate_collection,
+)
+from kb_rerank.store import session
+
+from .test_rerank import tiny_model_dir  # noqa: F401 - session fixture
 
 DOCS = {
     "photo": ("Photosynthesis in plants",
@@ -108,11 +117,11 @@ def test_lexical_exact_values(lexical_result, counting):
     assert res["run"]["q1"][0] == "photo" and "solar" not in res["run"]["q1"]
     assert pq["q1"]["mrr@10"] == 1.0
     assert pq["q1"]["ndcg@10"] == pytest.approx(2 / (2 + 1 / math.log2(3)))
-    assert pq["q1"]["recall@100"] == 0.5
+    assert pq["q1"]["recall@100"] == pq["q1"]["recall@40"] == 0.5
     for q in ("q2", "q3", "q4"):  # q4 matches only through accent folding
-        assert pq[q] == {"ndcg@10": 1.0, "mrr@10": 1.0, "recall@100": 1.0}, q
+        assert pq[q] == {"ndcg@10": 1.0, "mrr@10": 1.0, "recall@100": 1.0, "recall@40": 1.0}, q
     assert res["mrr@10"] == 1.0
-    assert res["recall@100"] == pytest.approx((0.5 + 3) / 4)
+    assert res["recall@100"] == res["recall@40"] == pytest.approx((0.5 + 3) / 4)
     assert set(res["timing"]) >= {"load_s", "search_s", "per_query_ms", "total_s"}
 
 
@@ -129,7 +138,7 @@ def test_semantic_and_hybrid_reuse_tenant(lexical_result, eval_settings, beir_di
         assert res["num_queries"] == 4
         assert 0.0 <= res["ndcg@10"] <= 1.0
         assert res["ndcg@10"] > 0.75, res["per_query"]
-        assert res["recall@100"] == 1.0  # 8 docs: every list reaches them all
+        assert res["recall@100"] == res["recall@40"] == 1.0  # 8 docs: every list reaches them all
         for qid, m in res["per_query"].items():
             assert m["mrr@10"] >= 0.5, (res["mode"], qid, res["run"][qid])
     # hybrid keeps the lexical winners on top where both lists agree
@@ -173,3 +182,48 @@ def test_bad_mode_and_missing_reranker(eval_settings, beir_dir, counting, factor
     with pytest.raises(RerankUnavailable, match="cannot be loaded"):
         evaluate_collection(eval_settings.with_(reranker_model="/nonexistent/model"), beir_dir, "rerank",
                             embedder=counting, conn_factory=factory)
+
+
+def test_recall_at_40_is_the_candidate_pool_cut():
+    """recall@40 counts only what the first 40 of the list hold (what a cross-encoder reorders)."""
+    from kb_rerank.eval.measures import evaluate_run
+
+    ranked = [f"d{i}" for i in range(100)]
+    res = evaluate_run({"q": ranked}, {"q": {"d5": 1, "d39": 2, "d40": 1, "d99": 1}}, extra_recall_ks=(40,))
+    assert res["recall@40"] == 0.5 and res["recall@100"] == 1.0
+    assert res["per_query"]["q"]["recall@40"] == 0.5
+
+
+def test_eval_mode_rerank_with_the_tiny_cross_encoder(capsys, monkeypatch, settings, eval_settings, beir_dir,
+                                                      counting, factory, tiny_model_dir, tmp_path):
+    """`kb-rerank eval --mode rerank`, the one command a deployment with the model runs."""
+    from kb_rerank import cli
+    from kb_rerank.models.cross_encoder import Reranker
+
+    hyb = evaluate_collection(eval_settings, beir_dir, "hybrid", embedder=counting, conn_factory=factory)
+    monkeypatch.setenv("KB_DATABASE_URL", settings.database_url)
+    if settings.app_password:
+        monkeypatch.setenv("KB_APP_PASSWORD", settings.app_password)
+    monkeypatch.setenv("KB_DATA_DIR", str(eval_settings.data_dir))  # the embedding cache of the runs above
+    monkeypatch.setenv("KB_RERANKER_MODEL", str(tiny_model_dir))
+    out = tmp_path / "rerank.json"
+    assert cli.main(["eval", str(beir_dir), "--mode", "rerank", "--quiet", "--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert " · rerank · 4 queries" in text and "nDCG@10" in text and "Recall@40" in text
+    res = json.loads(out.read_text(encoding="utf-8"))
+    assert res["mode"] == "rerank" and res["config"]["reranker"] == str(tiny_model_dir)
+    assert res["tenant"] == hyb["tenant"] and res["load"]["already_loaded"]
+    assert res["timing"]["rerank_s"] > 0
+    # the cross-encoder reorders the hybrid candidates: same documents, same recall ...
+    for qid in hyb["run"]:
+        assert sorted(res["run"][qid]) == sorted(hyb["run"][qid]), qid
+    assert res["recall@40"] == hyb["recall@40"] and res["recall@100"] == hyb["recall@100"]
+    # ... in the order of the model's scores (single-chunk documents: chunk text = document text)
+    r = Reranker(str(tiny_model_dir), device="cpu")
+    r.load()
+    try:
+        for qid, ranked in res["run"].items():
+            scores = r.score(QUERIES[qid], [document_text(*DOCS[d]) for d in ranked])
+            assert all(a >= b - 1e-6 for a, b in zip(scores, scores[1:])), (qid, ranked, scores)
+    finally:
+        r.close()

@@ -157,10 +157,29 @@ def test_interleave_is_round_robin_without_duplicates(app_conn, rrf_tenant):
     assert [(r.doc_title, round(r.score, 6)) for r in rows] == [("A", 1.0), ("B", 0.5), ("C", round(1 / 3, 6))]
 
 
+def test_convex_fusion_of_min_max_normalised_scores(app_conn, rrf_tenant):
+    t, _ = rrf_tenant
+    with tenant_transaction(app_conn, t):
+        rows = search.hybrid(app_conn, "apple banana", basis(0), k=3, fusion="convex",
+                             lexical_weight=1.0, semantic_weight=2.0)
+    # lexical top 3 = [A, B] (C has neither word): normalised A 1, B 0
+    # semantic top 3 = [B 1.0, C 1/sqrt(1.09), A 0.0]: normalised B 1, C 0.957826, A 0
+    # score = (1 * lexn + 2 * semn) / 3
+    assert [(r.doc_title, round(r.score, 6)) for r in rows] == [
+        ("B", round(2 / 3, 6)), ("C", round(2 / math.sqrt(1.09) / 3, 6)), ("A", round(1 / 3, 6))]
+    with tenant_transaction(app_conn, t):
+        rows = search.hybrid(app_conn, "apple banana", basis(0), k=2, fusion="convex",
+                             lexical_weight=3.0, semantic_weight=1.0)
+    # semantic top 2 = [B, C]: C is the list's minimum, normalised to 0 like a missing score
+    assert [(r.doc_title, round(r.score, 6)) for r in rows] == [("A", 0.75), ("B", 0.25), ("C", 0.0)]
+
+
 @pytest.mark.parametrize("args,message", [
     ({"k": 0}, "k must be between 1 and 1000"),
     ({"fusion": "max"}, "fusion must be"),
     ({"rrf_k": -1}, "rrf_k must be >= 0"),
+    ({"fusion": "convex", "lexical_weight": 0.0, "semantic_weight": 0.0}, "convex fusion needs weights"),
+    ({"fusion": "convex", "lexical_weight": -1.0}, "convex fusion needs weights"),
 ])
 def test_hybrid_rejects_bad_arguments(app_conn, rrf_tenant, args, message):
     t, _ = rrf_tenant
@@ -204,23 +223,56 @@ def test_bm25_matches_hand_computation(app_conn, rrf_tenant):
         assert [r.lexical_rank for r in rows] == list(range(1, len(rows) + 1))
 
 
-def test_lexical_dedups_by_document_and_hybrid_by_chunk(app_conn, tenant):
+def test_lexical_dedups_by_document_and_hybrid_fuses_per_document(app_conn, tenant):
+    """A document found by the two lists through different chunks is one row with both ranks."""
     insert_doc(app_conn, tenant, "Long", ["walrus one", "walrus two walrus", "walrus three"],
                [basis(3), basis(4), basis(5)])
     insert_doc(app_conn, tenant, "Short", ["walrus seen"], [basis(6)])
     with tenant_transaction(app_conn, tenant):
         lex = search.lexical(app_conn, "walrus", 20)
-        sem = search.semantic(app_conn, basis(4), 20)
-        hyb = search.hybrid(app_conn, "walrus", basis(4), 20)
+        sem = search.semantic(app_conn, basis(3), 20)
+        hyb = search.hybrid(app_conn, "walrus", basis(3), 20)
     assert Counter(r.doc_id for r in lex).most_common(1)[0][1] == 1  # one chunk per document
-    assert len(lex) == 2
+    assert _titles(lex) == ["Long", "Short"]
     assert lex[0].content == "walrus two walrus"  # the document's best chunk
     assert len(sem) == 4  # semantic is per chunk
-    ids = [r.chunk_id for r in hyb]
-    assert len(ids) == len(set(ids)) == 4  # the chunk in both lists appears once
-    both = {r.content for r in hyb if r.lexical_rank and r.semantic_rank}
-    assert both == {"walrus two walrus", "walrus seen"}  # found by both lists, listed once
-    assert hyb[0].content == "walrus two walrus"
+    assert sem[0].content == "walrus one"  # Long's best semantic chunk is another chunk
+    # chunk fusion listed Long twice ("walrus two walrus" lexical 1, "walrus one" semantic 1);
+    # per document it is one row with both ranks, and so is Short
+    got = {r.doc_title: (r.lexical_rank, r.semantic_rank, r.content) for r in hyb}
+    assert len(hyb) == 2
+    assert got == {"Long": (1, 1, "walrus one"), "Short": (2, 2, "walrus seen")}
+    assert [round(r.score, 7) for r in hyb] == [round(2 / 61, 7), round(2 / 62, 7)]
+    assert hyb[0].semantic_score == pytest.approx(1.0)  # the document's best similarity
+
+
+def test_hybrid_carries_the_chunk_of_the_better_rank(app_conn, tenant):
+    insert_doc(app_conn, tenant, "Long", ["walrus one", "walrus two walrus", "walrus three"],
+               [basis(3), basis(4), basis(5)])
+    insert_doc(app_conn, tenant, "Short", ["walrus seen"], [basis(6)])
+    q = unit(basis(6) + 0.5 * basis(3))  # semantic: Short 1, Long 2 (through "walrus one")
+    with tenant_transaction(app_conn, tenant):
+        lex = search.lexical(app_conn, "walrus", 20)
+        hyb = search.hybrid(app_conn, "walrus", q, 20)
+    assert _titles(lex) == ["Long", "Short"]
+    got = {r.doc_title: (r.lexical_rank, r.semantic_rank, r.content, round(r.semantic_score, 6)) for r in hyb}
+    # Long ranks higher lexically, so it carries its lexical chunk; semantic_score stays the
+    # document's best similarity (of "walrus one"), which the relevance gate reads
+    assert got == {"Long": (1, 2, "walrus two walrus", round(0.5 / math.sqrt(1.25), 6)),
+                   "Short": (2, 1, "walrus seen", round(1 / math.sqrt(1.25), 6))}
+
+
+def test_semantic_list_reads_deeper_until_it_holds_k_documents(app_conn, tenant):
+    """Five chunks of one document are closer than any other document's: with k = 2 the first
+    2k = 4 chunks hold one document, so the function reads deeper and still ranks the second."""
+    insert_doc(app_conn, tenant, "Long", [f"part {i}" for i in range(5)],
+               [unit(basis(0) + 0.05 * (i + 1) * basis(10 + i)) for i in range(5)])
+    insert_doc(app_conn, tenant, "Far", ["far away"], [unit(basis(0) + basis(20))])
+    insert_doc(app_conn, tenant, "Farther", ["farther away"], [unit(basis(0) + 2 * basis(21))])
+    with tenant_transaction(app_conn, tenant):
+        hyb = search.hybrid(app_conn, "zyxwv", basis(0), 2)
+    assert [(r.doc_title, r.semantic_rank, r.lexical_rank) for r in hyb] == [("Long", 1, None), ("Far", 2, None)]
+    assert hyb[0].content == "part 0"
 
 
 @hsettings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

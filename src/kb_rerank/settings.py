@@ -46,6 +46,8 @@ class Settings:
     # most 2 x `candidates` (40) fused candidates to the cross-encoder. The SQL function's own
     # defaults stay rrf_k 60, weights 1/1.
     fusion_depth: int = 40  # KB_FUSION_DEPTH: top-k of each list that kb.search_hybrid fuses
+    # KB_FUSION_METHOD: rrf (rank-based) | convex (min-max normalised scores, weighted; issue 15)
+    fusion_method: str = "rrf"
     rrf_k: int = 10  # KB_RRF_K
     lexical_weight: float = 1.0  # KB_LEXICAL_WEIGHT: RRF weight of the lexical list
     semantic_weight: float = 1.0  # KB_SEMANTIC_WEIGHT: RRF weight of the semantic list
@@ -145,7 +147,8 @@ class Settings:
     @property
     def fusion(self) -> dict[str, Any]:
         """Keyword arguments of kb_rerank.search.hybrid / ahybrid for the configured fusion."""
-        return {"rrf_k": self.rrf_k, "lexical_weight": self.lexical_weight, "semantic_weight": self.semantic_weight}
+        return {"fusion": self.fusion_method, "rrf_k": self.rrf_k, "lexical_weight": self.lexical_weight,
+                "semantic_weight": self.semantic_weight}
 
     @property
     def embedding_dim(self) -> int:

@@ -14,7 +14,7 @@ from kb_rerank.settings import Settings
 
 
 def add_eval_parser(sub) -> argparse.ArgumentParser:
-    e = sub.add_parser("eval", help="evaluate ranking quality (nDCG@10, MRR@10, Recall@100) on a BEIR folder")
+    e = sub.add_parser("eval", help="evaluate ranking quality (nDCG@10, MRR@10, Recall@40, Recall@100) on a BEIR folder")
     e.add_argument("dataset", type=Path, help="BEIR folder: corpus.jsonl, queries.jsonl, qrels/test.tsv")
     e.add_argument("--mode", choices=["lexical", "semantic", "hybrid", "rerank"], default="hybrid")
     e.add_argument("--k", type=int, default=10, help="cut-off of nDCG and MRR (default 10)")
@@ -35,6 +35,7 @@ def format_result(res: dict) -> str:
         f"{res['dataset']} · {res['mode']} · {res['num_queries']} queries · tenant {res['tenant']}",
         f"  nDCG@{k}   {res[f'ndcg@{k}']:.4f}",
         f"  MRR@{k}    {res[f'mrr@{k}']:.4f}",
+        *([f"  Recall@40  {res['recall@40']:.4f}"] if "recall@40" in res else []),
         f"  Recall@{rk} {res[f'recall@{rk}']:.4f}",
         f"  load {t['load_s']:.1f}s ({res['load']['ingest']}), query embeddings {t['embed_queries_s']:.1f}s, "
         f"search {t['search_s']:.1f}s" + (f", rerank {t['rerank_s']:.1f}s" if "rerank_s" in t else "")

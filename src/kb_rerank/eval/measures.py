@@ -98,8 +98,12 @@ def evaluate_run(
     qrels: Mapping[str, Mapping[str, int]],
     k: int = 10,
     recall_k: int = 100,
+    extra_recall_ks: Sequence[int] = (),
 ) -> dict[str, Any]:
     """Score a run (query id -> ranked doc ids) against qrels.
+
+    ``extra_recall_ks``: further recall cut-offs, reported as ``recall@{r}`` beside the others
+    (e.g. 40: the candidate pool a cross-encoder reorders).
 
     Evaluated queries are those in ``qrels`` with at least one relevant
     (judgment > 0) document; a query missing from ``run`` scores 0 on every
@@ -118,7 +122,10 @@ def evaluate_run(
     """
     _check_k(k)
     _check_k(recall_k)
+    for r in extra_recall_ks:
+        _check_k(r)
     names = (f"ndcg@{k}", f"mrr@{k}", f"recall@{recall_k}")
+    extra = {f"recall@{r}": r for r in extra_recall_ks if r != recall_k}
     per_query: dict[str, dict[str, float]] = {}
     missing = 0
     for qid in sorted(qrels):
@@ -133,10 +140,11 @@ def evaluate_run(
             names[0]: ndcg_at_k(ranked, judged, k),
             names[1]: mrr_at_k(ranked, judged, k),
             names[2]: recall_at_k(ranked, judged, recall_k),
+            **{name: recall_at_k(ranked, judged, r) for name, r in extra.items()},
         }
     n = len(per_query)
     out: dict[str, Any] = {
-        name: (math.fsum(v[name] for v in per_query.values()) / n if n else 0.0) for name in names
+        name: (math.fsum(v[name] for v in per_query.values()) / n if n else 0.0) for name in (*names, *extra)
     }
     out["num_queries"] = n
     out["num_missing"] = missing

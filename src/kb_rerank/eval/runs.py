@@ -38,6 +38,12 @@ Depth
     second call with 100 candidates per list. ``rerank`` reorders the hybrid candidates
     (production depth) with the cross-encoder; Recall@100 is the hybrid one (the reranker
     only reorders).
+
+Candidate-pool recall
+    ``recall@40`` (:data:`POOL_RECALL_K`) of the evaluated list: for hybrid and rerank the
+    fused list the service builds (its best ``2 x candidates`` documents, 40 by default), i.e.
+    the share of relevant documents the cross-encoder can at best bring to the top; for
+    lexical and semantic the first 40 of the depth-100 list.
 """
 
 from __future__ import annotations
@@ -78,6 +84,7 @@ __all__ = [
 EVAL_NAMESPACE = uuid.UUID("6f1d9c52-3b7e-5a41-9d0e-6b2c1e7a4f10")
 MODES = ("lexical", "semantic", "hybrid", "rerank")
 BEIR_PREFIX = "beir:"
+POOL_RECALL_K = 40  # the fused candidates the service sends to the cross-encoder (2 x KB_CANDIDATES)
 
 
 class EvaluationError(RuntimeError):
@@ -320,7 +327,7 @@ def evaluate_collection(
     already is one. ``conn_factory``: returns a connection as the app role (default: the
     app URL of ``settings``). ``limit_queries``: the first N evaluated queries (sorted ids).
 
-    Returns ``{"dataset", "mode", "k", "ndcg@k", "mrr@k", "recall@R", "num_queries",
+    Returns ``{"dataset", "mode", "k", "ndcg@k", "mrr@k", "recall@R", "recall@40", "num_queries",
     "per_query", "run", "tenant", "timing": {...}, "load": {...}, "config": {...}}``
     where ``run`` maps query id -> ranked doc ids (depth max(k, recall_k)).
     """
@@ -394,7 +401,7 @@ def evaluate_collection(
     timing["per_query_ms"] = 1000 * (timing["search_s"] + timing.get("rerank_s", 0.0)) / len(qids)
 
     qrels = {qid: coll.qrels[qid] for qid in qids}
-    res = evaluate_run(run, qrels, k=k, recall_k=recall_k)
+    res = evaluate_run(run, qrels, k=k, recall_k=recall_k, extra_recall_ks=(POOL_RECALL_K,))
     if recall_run:
         rec = evaluate_run(recall_run, qrels, k=k, recall_k=recall_k)
         name = f"recall@{recall_k}"

@@ -1,14 +1,30 @@
 -- kb.search_hybrid(query, query_embedding, k, rrf_k, fusion, lexical_weight, semantic_weight)
 --
--- Takes the top-k of kb.search_lexical (best chunk per document) and the top-k of
--- kb.search_semantic (per chunk), joins them on chunk_id so a chunk found by both appears
--- once, and fuses:
+-- Fuses per DOCUMENT (issue 15): a document's lexical rank and semantic rank meet in one
+-- row, so a document found by both lists through different chunks counts once, with both
+-- ranks (fusing on chunk ids counted it twice, each time with one rank).
+--   lexical list  = kb.search_lexical(query, k): the top-k documents by BM25 (it already
+--                   returns the best chunk per document; rank = document rank)
+--   semantic list = the top-k documents by their best chunk's cosine similarity: the
+--                   first-seen order of documents in kb.search_semantic's chunk list, read
+--                   2k chunks deep and deeper (x4, up to 1000) while that holds fewer than
+--                   k documents and the tenant has more chunks, so the list is the exact
+--                   prefix of the document ranking (ranks as a per-document dense search
+--                   gives them) up to that cap.
+-- Each row carries ONE chunk of the document for the reranker: the chunk of the list that
+-- ranks the document higher (semantic on a tie); it is the evidence for its better rank.
+-- lexical_score is the document's BM25 score, semantic_score its best chunk's similarity
+-- (whichever chunk is carried), so the relevance gate still sees the best similarity.
 --   fusion = 'rrf'        score = lexical_weight / (rrf_k + lexical_rank)
 --                               + semantic_weight / (rrf_k + semantic_rank)   (missing rank: 0)
+--   fusion = 'convex'     score = (lexical_weight * lexn + semantic_weight * semn)
+--                                 / (lexical_weight + semantic_weight)
+--                         lexn / semn = min-max normalised score within the list's top-k
+--                         ((s - min) / (max - min); 1 when max = min; missing: 0)
 --   fusion = 'interleave' the spec's round-robin: lexical[1], semantic[1], lexical[2], ...
---                         skipping chunks already taken; score = 1 / position
--- Returns up to 2k rows ordered by score desc, chunk_id. SECURITY INVOKER: it sees
--- exactly what the two search functions return for the caller's tenant.
+--                         skipping documents already taken; score = 1 / position
+-- Returns up to 2k rows (documents) ordered by score desc, chunk_id. SECURITY INVOKER: it
+-- sees exactly what the two search functions return for the caller's tenant.
 create or replace function kb.search_hybrid(
   query text,
   query_embedding public.vector,
@@ -36,6 +52,15 @@ security invoker
 set search_path = pg_catalog, kb, pg_temp
 as $$
 #variable_conflict use_column
+declare
+  depth integer;
+  n_chunks integer;
+  s_doc uuid[];
+  s_chunk uuid[];
+  s_title text[];
+  s_snippet text[];
+  s_content text[];
+  s_score float8[];
 begin
   if k is null or k < 1 or k > 1000 then
     raise exception 'k must be between 1 and 1000, got %', k using errcode = '22023';
@@ -43,47 +68,95 @@ begin
   if rrf_k is null or rrf_k < 0 then
     raise exception 'rrf_k must be >= 0, got %', rrf_k using errcode = '22023';
   end if;
-  if fusion is null or fusion not in ('rrf', 'interleave') then
-    raise exception 'fusion must be ''rrf'' or ''interleave'', got %', fusion using errcode = '22023';
+  if fusion is null or fusion not in ('rrf', 'convex', 'interleave') then
+    raise exception 'fusion must be ''rrf'', ''convex'' or ''interleave'', got %', fusion using errcode = '22023';
   end if;
+  if fusion = 'convex' and (lexical_weight is null or semantic_weight is null or lexical_weight < 0
+                            or semantic_weight < 0 or lexical_weight + semantic_weight <= 0) then
+    raise exception 'convex fusion needs weights >= 0 with a positive sum, got % and %',
+      lexical_weight, semantic_weight using errcode = '22023';
+  end if;
+
+  -- semantic documents: best chunk per document in chunk-rank order, read deep enough for
+  -- k documents (one kNN call in the usual case: 2k chunks rarely hold fewer than k documents)
+  depth := least(2 * k, 1000);
+  loop
+    select count(*)::integer,
+           array_agg(b.doc_id order by b.rank) filter (where b.is_first),
+           array_agg(b.chunk_id order by b.rank) filter (where b.is_first),
+           array_agg(b.doc_title order by b.rank) filter (where b.is_first),
+           array_agg(b.snippet order by b.rank) filter (where b.is_first),
+           array_agg(b.content order by b.rank) filter (where b.is_first),
+           array_agg(b.score order by b.rank) filter (where b.is_first)
+      into n_chunks, s_doc, s_chunk, s_title, s_snippet, s_content, s_score
+    from (select s.*, row_number() over (partition by s.doc_id order by s.rank) = 1 as is_first
+          from kb.search_semantic(query_embedding, depth) s) b;
+    exit when coalesce(cardinality(s_doc), 0) >= k or n_chunks < depth or depth >= 1000;
+    depth := least(depth * 4, 1000);
+  end loop;
 
   return query
   with lex as (
-    select * from kb.search_lexical(query, k)
+    select l.chunk_id, l.doc_id, l.doc_title, l.snippet, l.content, l.score, l.rank
+    from kb.search_lexical(query, k) l
   ),
   sem as (
-    select * from kb.search_semantic(query_embedding, k)
+    select u.doc_id, u.chunk_id, u.doc_title, u.snippet, u.content, u.score, u.rank::integer as rank
+    from unnest(s_doc, s_chunk, s_title, s_snippet, s_content, s_score)
+           with ordinality as u(doc_id, chunk_id, doc_title, snippet, content, score, rank)
+    where u.rank <= k
   ),
   joined as (
-    select coalesce(l.chunk_id, s.chunk_id) as chunk_id,
-           coalesce(l.doc_id, s.doc_id) as doc_id,
-           coalesce(l.doc_title, s.doc_title) as doc_title,
-           coalesce(l.snippet, s.snippet) as snippet,
-           coalesce(l.content, s.content) as content,
-           l.rank as lexical_rank,
+    select l.rank as lexical_rank,
            s.rank as semantic_rank,
            l.score as lexical_score,
-           s.score as semantic_score
+           s.score as semantic_score,
+           -- the carried chunk: from the list that ranks the document higher (semantic on a tie)
+           (s.rank is not null and (l.rank is null or s.rank <= l.rank)) as sem_chunk,
+           l.chunk_id as l_chunk, l.doc_id as l_doc, l.doc_title as l_title, l.snippet as l_snippet,
+           l.content as l_content,
+           s.chunk_id as s_chunk, s.doc_id as s_doc, s.doc_title as s_title, s.snippet as s_snippet,
+           s.content as s_content
     from lex l
-    full outer join sem s on s.chunk_id = l.chunk_id
+    full outer join sem s on s.doc_id = l.doc_id
+  ),
+  normed as (
+    select j.*,
+           case when j.lexical_score is null then 0
+                when max(j.lexical_score) over () = min(j.lexical_score) over () then 1
+                else (j.lexical_score - min(j.lexical_score) over ())
+                     / (max(j.lexical_score) over () - min(j.lexical_score) over ()) end as lexn,
+           case when j.semantic_score is null then 0
+                when max(j.semantic_score) over () = min(j.semantic_score) over () then 1
+                else (j.semantic_score - min(j.semantic_score) over ())
+                     / (max(j.semantic_score) over () - min(j.semantic_score) over ()) end as semn
+    from joined j
   ),
   fused as (
-    select j.*,
+    select case when n.sem_chunk then n.s_chunk else n.l_chunk end as chunk_id,
+           case when n.sem_chunk then n.s_doc else n.l_doc end as doc_id,
+           case when n.sem_chunk then n.s_title else n.l_title end as doc_title,
+           case when n.sem_chunk then n.s_snippet else n.l_snippet end as snippet,
+           case when n.sem_chunk then n.s_content else n.l_content end as content,
+           n.lexical_rank, n.semantic_rank, n.lexical_score, n.semantic_score,
            case when fusion = 'rrf' then
-                  coalesce(lexical_weight / (rrf_k + j.lexical_rank), 0)
-                + coalesce(semantic_weight / (rrf_k + j.semantic_rank), 0)
-                else 0 end as rrf_score,
-           least(coalesce(2 * (j.lexical_rank - 1), 2147483647),
-                 coalesce(2 * (j.semantic_rank - 1) + 1, 2147483647)) as rr_order
-    from joined j
+                  coalesce(lexical_weight / (rrf_k + n.lexical_rank), 0)
+                + coalesce(semantic_weight / (rrf_k + n.semantic_rank), 0)
+                when fusion = 'convex' then
+                  (lexical_weight * n.lexn + semantic_weight * n.semn) / (lexical_weight + semantic_weight)
+                else 0 end as fused_score,
+           least(coalesce(2 * (n.lexical_rank - 1), 2147483647),
+                 coalesce(2 * (n.semantic_rank - 1) + 1, 2147483647)) as rr_order
+    from normed n
   )
   select f.chunk_id, f.doc_id, f.doc_title, f.snippet, f.content,
          f.lexical_rank, f.semantic_rank, f.lexical_score, f.semantic_score,
-         (case when fusion = 'rrf' then f.rrf_score
-               else 1.0 / row_number() over (order by f.rr_order, f.chunk_id) end)::float8
+         (case when fusion = 'interleave' then 1.0 / row_number() over (order by f.rr_order, f.chunk_id)
+               else f.fused_score end)::float8
   from fused f
   order by 10 desc, f.chunk_id;
 end
 $$;
 comment on function kb.search_hybrid(text, public.vector, integer, integer, text, double precision, double precision) is
-  'Hybrid search: lexical (BM25) and semantic top-k fused by RRF (default) or round-robin interleave';
+  'Hybrid search per document: lexical (BM25) and semantic top-k documents fused by RRF (default), '
+  'convex combination of min-max normalised scores, or round-robin interleave; one chunk per document';

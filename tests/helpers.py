@@ -10,13 +10,14 @@ import numpy as np
 from kb_rerank.store.session import tenant_transaction
 
 
-def insert_doc(conn, tenant, title: str, chunks: list[str], vectors, *, source_uri: str | None = None) -> uuid.UUID:
+def insert_doc(conn, tenant, title: str, chunks: list[str], vectors, *, source_uri: str | None = None,
+               language: str | None = None) -> uuid.UUID:
     """Insert a document and its chunks for ``tenant`` as the connected role (RLS applies)."""
     with tenant_transaction(conn, tenant):
         doc_id = conn.execute(
-            "insert into kb.documents (tenant_id, source_uri, title, content_hash)"
-            " values (kb.current_tenant(), %s, %s, %s) returning doc_id",
-            [source_uri or f"test:{uuid.uuid4()}", title, hashlib.sha256(title.encode()).hexdigest()],
+            "insert into kb.documents (tenant_id, source_uri, title, content_hash, language)"
+            " values (kb.current_tenant(), %s, %s, %s, %s) returning doc_id",
+            [source_uri or f"test:{uuid.uuid4()}", title, hashlib.sha256(title.encode()).hexdigest(), language],
         ).fetchone()[0]
         for pos, (text, vec) in enumerate(zip(chunks, vectors)):
             conn.execute(

@@ -172,7 +172,7 @@ def test_0007_moves_existing_tsvectors_in_line_and_keeps_statistics(server_url):
         before = conn.execute("select tsv::text, pg_column_toast_chunk_id(tsv) is not null from kb.chunks").fetchone()
         stats = conn.execute(stats_sql).fetchone()
     assert before[1]  # out of line at 0006
-    db.migrate(s)
+    db.migrate(s, revision="0010_trust")  # (0011 adds the stemmed lexemes: tested on its own)
     with psycopg.connect(url) as conn:
         after = conn.execute("select tsv::text, pg_column_toast_chunk_id(tsv) is not null from kb.chunks").fetchone()
         assert after == (before[0], False)
@@ -202,7 +202,8 @@ def test_0008_downgrade_keeps_search_and_writes_working(server_url):
             "insert into kb.documents (tenant_id, source_uri, title, content_hash)"
             " values (%s, 'a', 'a', repeat('0', 64)) returning doc_id", [tenant]).fetchone()[0]
         conn.execute(insert, [tenant, doc, 0, "zebra crossing"])
-        assert conn.execute("select kb.refresh_term_tops(4, 1)").fetchone()[0] == 2
+        # zebra, crossing and their stemmed lexemes (0011): `~ zebra`, `~ cross`
+        assert conn.execute("select kb.refresh_term_tops(4, 1)").fetchone()[0] == 4
         conn.commit()
         assert conn.execute(search_sql).fetchone()[0] == ["zebra crossing"]
     db.downgrade(s, revision="0007_tsv_inline")
@@ -217,7 +218,7 @@ def test_0008_downgrade_keeps_search_and_writes_working(server_url):
     with psycopg.connect(url) as conn:
         conn.execute("select set_config('auth.tenant_id', %s, false)", [str(tenant)])
         assert conn.execute("select count(*) from kb.term_tops").fetchone()[0] == 0
-        assert conn.execute("select kb.refresh_term_tops(4, 1)").fetchone()[0] == 2
+        assert conn.execute("select kb.refresh_term_tops(4, 1)").fetchone()[0] == 4
 
 
 def test_0009_upgrade_installs_the_tf_table_the_search_needs(server_url):
@@ -239,7 +240,7 @@ def test_0009_upgrade_installs_the_tf_table_the_search_needs(server_url):
             conn.execute("select * from kb.search_lexical('zebra', 5)")
     db.migrate(s)
     with psycopg.connect(url) as conn:
-        assert db.current_revision(conn) == db.head_revision() == "0010_trust"
+        assert db.current_revision(conn) == db.head_revision() == "0011_english_stem"
         conn.execute("select set_config('auth.tenant_id', %s, false)", [str(tenant)])
         rows = conn.execute("select content, score from kb.search_lexical('zebra', 5)").fetchall()
     assert [r[0] for r in rows] == ["zebra zebra crossing"] and rows[0][1] > 0
@@ -515,3 +516,58 @@ def test_upgrade_from_every_released_head_equals_a_fresh_install(server_url, set
         if got != fresh:
             drifted[f"{rev} ({commit})"] = sorted(set(got) ^ set(fresh))
     assert drifted == {}
+
+
+def test_0011_downgrade_removes_the_stemmed_field_and_upgrade_adds_it_to_existing_chunks(server_url):
+    """Down to 0010, the stemmed lexemes go with their statistics and columns, and the search
+    (put back as it was at 0010) and writes still work; up again, the chunks written at 0010
+    gain the stemmed lexemes, their length and statistics, and an English query finds
+    another inflection through them."""
+    url, s = _new_database(server_url)
+    db.migrate(s)
+    tenant = uuid.uuid4()
+    insert = ("insert into kb.chunks (tenant_id, doc_id, position, content, content_hash, embedding)"
+              " select %s, %s, %s, %s, repeat('0', 64), array_fill(0.1::real, array[dim])::vector"
+              " from kb.embedding_config")
+    terms_sql = "select array_agg(term || ':' || df order by term) from kb.term_stats"
+    search_sql = "select array_agg(content order by rank) from kb.search_lexical(%s, 5)"
+    stems_sql = ("select array(select u.lexeme from unnest(tsv) as u where u.lexeme like '~ %%' order by 1),"
+                 " stem_len from kb.chunks order by position")
+    with psycopg.connect(url) as conn:
+        conn.execute("select set_config('auth.tenant_id', %s, false)", [str(tenant)])
+        doc = conn.execute(
+            "insert into kb.documents (tenant_id, source_uri, title, content_hash, language)"
+            " values (%s, 'a', 'a', repeat('0', 64), 'en') returning doc_id", [tenant]).fetchone()[0]
+        conn.execute(insert, [tenant, doc, 0, "The servers were connected"])
+        conn.execute(insert, [tenant, doc, 1, "Invoices ERR_402"])
+        conn.commit()
+        assert conn.execute(stems_sql).fetchall() == [(["~ connect", "~ server"], 2),
+                                                      (["~ 402", "~ err", "~ invoic"], 3)]
+        head_terms = conn.execute(terms_sql).fetchone()[0]
+        assert "~ connect:1" in head_terms
+        corpus = conn.execute("select n_chunks, total_len, stem_total_len from kb.corpus_stats").fetchone()
+        assert corpus == (2, 7, 5)
+        assert conn.execute(search_sql, ["connections"]).fetchone()[0] == ["The servers were connected"]
+    db.downgrade(s, revision="0010_trust")
+    with psycopg.connect(url) as conn:
+        conn.execute("select set_config('auth.tenant_id', %s, false)", [str(tenant)])
+        assert conn.execute(terms_sql).fetchone()[0] == [t for t in head_terms if not t.startswith("~ ")]
+        assert conn.execute("select n_chunks, total_len from kb.corpus_stats").fetchone() == (2, 7)
+        assert conn.execute("select count(*) from kb.chunks where tsv::text like '%%~ %%'").fetchone()[0] == 0
+        assert conn.execute("select to_regprocedure('kb.stem_tsv(text, text)')").fetchone()[0] is None
+        assert conn.execute(search_sql, ["connections"]).fetchone()[0] is None  # exact, as at 0010
+        conn.execute(insert, [tenant, doc, 2, "connections"])
+        conn.commit()
+        assert conn.execute(search_sql, ["connections"]).fetchone()[0] == ["connections"]
+    db.migrate(s)
+    with psycopg.connect(url) as conn:
+        conn.execute("select set_config('auth.tenant_id', %s, false)", [str(tenant)])
+        assert conn.execute(stems_sql).fetchall() == [(["~ connect", "~ server"], 2),
+                                                      (["~ 402", "~ err", "~ invoic"], 3), (["~ connect"], 1)]
+        assert conn.execute("select n_chunks, total_len, stem_total_len from kb.corpus_stats").fetchone() == (3, 8, 6)
+        terms = conn.execute(terms_sql).fetchone()[0]
+        assert [t for t in terms if t.startswith("~ ")] == ["~ 402:1", "~ connect:2", "~ err:1", "~ invoic:1",
+                                                           "~ server:1"]
+        # one document: its best chunk for the stem (`connections`: the shorter one)
+        assert conn.execute(search_sql, ["connected"]).fetchone()[0] == ["connections"]
+        assert conn.execute(search_sql, ["ERR_402"]).fetchone()[0] == ["Invoices ERR_402"]

@@ -649,3 +649,206 @@ def test_query_term_counts(app_conn):
     english = app_conn.execute("select term, qtf from kb.query_term_counts(%s) order by term",
                                ["the cache of the cache and the CACHE"]).fetchall()
     assert english == [("cache", 3)]
+
+
+# --------------------------------------------------------------------------- issue 15, item 1:
+# the stemmed field ('~ ' lexemes, kb.stem_tsv) beside the exact one
+
+
+def test_english_query_finds_other_inflections_through_the_stemmed_field(app_conn, tenant):
+    insert_doc(app_conn, tenant, "connected", ["The two servers were connected by a private link."], [basis(1)],
+               language="en")
+    insert_doc(app_conn, tenant, "unrelated", ["Invoices are sent on the first day of the month."], [basis(2)],
+               language="en")
+    with tenant_transaction(app_conn, tenant):
+        hits = {q: [r.doc_title for r in search.lexical(app_conn, q, 10)]
+                for q in ("connections", "How do I connect the server?", "linking servers")}
+        exact_only = [r.doc_title for r in search.lexical(app_conn, "connexion", 10)]
+    assert hits == {"connections": ["connected"], "How do I connect the server?": ["connected"],
+                    "linking servers": ["connected"]}
+    assert exact_only == []  # a different word, not an inflection
+
+
+def test_stemmed_field_lexemes_and_length(app_conn):
+    """Plain words of two characters or more, stop words left out, stemmed in an English or
+    Vietnamese document (Vietnamese syllables are fixed points of the English stemmer), kept
+    as they are in another language; code tokens stay in the exact field only."""
+    got = app_conn.execute(
+        "select kb.stem_tsv(%(en)s, 'en')::text, kb.stem_length(kb.to_tsv(%(en)s) || kb.stem_tsv(%(en)s, 'en')),"
+        " kb.stem_tsv(%(vi)s, 'vi')::text, kb.stem_tsv('les connexions', 'fr')::text",
+        {"en": "The connected Connections: a SKU-7781 of iPhones", "vi": "nhiều người không ngày hóa"}).fetchone()
+    # (the parser reads SKU-7781 as `sku` and the number `-7781`, not a plain word)
+    assert got[0] == "'~ connect':2,3 '~ iphon':8 '~ sku':5"
+    assert got[1] == 4  # connected, connections, sku, iphones: `the`, `a`, `of` are stop words
+    assert got[2] == "'~ hoa':5 '~ khong':3 '~ ngay':4 '~ nguoi':2 '~ nhieu':1"
+    assert got[3] == "'~ connexions':2 '~ les':1"
+    with_stems = app_conn.execute("select kb.to_tsv('SKU-7781') || kb.stem_tsv('SKU-7781', 'en')").fetchone()[0]
+    assert "sku-7781" in with_stems and "~ sku-7781" not in with_stems
+
+
+@pytest.mark.parametrize("query,expected", [
+    # English (a word that cannot be a Vietnamese syllable): stemmed, stop words of both lists out
+    ("What connections are in the boundary layers?", ["~ boundari", "~ connect", "~ layer"]),
+    ("connections", ["~ connect"]),
+    ("connect connected connecting", None),  # one stem, qtf 3: checked below
+    # identifiers stay whole and exact in an English query
+    ("ERR_402 invoices", ["err_402", "~ invoic"]),
+    ("SKU-7781 v2.3.1 prices", ["sku-7781", "v2.3.1", "~ price"]),
+    # Vietnamese with diacritics, or only syllable-shaped words: the exact field, as before
+    ("hóa đơn điện tử", ["hóa", "tử", "điện", "đơn"]),
+    ("hoa don dien tu", ["dien", "don", "hoa", "tu"]),
+    ("hoa don the to no", ["don", "hoa", "no", "the", "to"]),
+    # only stop words: the exact terms, so the query still finds something
+    ("to be or not to be", ["be", "not", "or", "to"]),
+])
+def test_each_query_picks_its_field(app_conn, query, expected):
+    terms = app_conn.execute("select kb.search_terms(%s)", [query]).fetchone()[0]
+    if expected is None:
+        assert app_conn.execute("select array_agg(array[term, qtf::text]) from kb.search_term_counts(%s)",
+                                [query]).fetchone()[0] == [["~ connect", "3"]]
+        return
+    assert terms == expected
+    if not any(t.startswith("~ ") for t in expected):  # not stemmed: searched exactly as before 0011
+        assert terms == app_conn.execute("select kb.query_terms(%s)", [query]).fetchone()[0]
+
+
+def test_identifiers_stay_exact_in_english_queries(app_conn, tenant, embedder):
+    """An English sentence around an identifier: the stemmed words may match the sibling pages
+    (`means`), the identifier decides, and a sibling identifier never matches."""
+    for title, text in ERROR_PAGES.items():
+        insert_doc(app_conn, tenant, title, [text], embedder.embed_passages([f"{title}\n{text}"]), language="en")
+    with tenant_transaction(app_conn, tenant):
+        rows = search.lexical(app_conn, "What does the ERR_402 banner mean?", 20)
+        sibling = search.lexical(app_conn, "ERR_409 conflicts", 20)
+    assert rows[0].doc_title == "Subscription lapsed"
+    assert "Error ERR_409" not in _titles(rows)
+    assert {"Error ERR_401", "Error ERR_403"} <= set(_titles(rows))  # `means` ~ `mean`, below
+    assert _titles(sibling)[0] == "Error ERR_409" and "Subscription lapsed" not in _titles(sibling)
+
+
+def test_vietnamese_search_is_unchanged_by_the_stemmed_field(app_conn, tenant):
+    """Vietnamese documents get a stemmed field too, but a Vietnamese query never reads it:
+    its scores are BM25 over the exact lexemes and the exact length (doc_len) alone."""
+    insert_doc(app_conn, tenant, "invoice", ["xuất hóa đơn điện tử cho khách hàng"], [basis(7)], language="vi")
+    insert_doc(app_conn, tenant, "peace", ["hòa bình và hòa giải"], [basis(8)], language="vi")
+    insert_doc(app_conn, tenant, "english", ["electronic invoices for customers"], [basis(9)], language="en")
+    with tenant_transaction(app_conn, tenant):
+        for query in ("hóa đơn điện tử", "hoa don", "hòa"):
+            rows = search.lexical(app_conn, query, 10)
+            terms = app_conn.execute("select kb.search_terms(%s)", [query]).fetchone()[0]
+            assert terms == app_conn.execute("select kb.query_terms(%s)", [query]).fetchone()[0]
+            assert not any(t.startswith("~ ") for t in terms)
+            n, avg = app_conn.execute("select n_chunks, total_len::float8 / n_chunks from kb.corpus_stats").fetchone()
+            for r in rows:
+                tsv, dl = app_conn.execute("select tsv, doc_len from kb.chunks where chunk_id = %s",
+                                           [r.chunk_id]).fetchone()
+                expected = 0.0
+                for t in terms:
+                    df = app_conn.execute("select df from kb.term_stats where term = %s", [t]).fetchone()
+                    tf = app_conn.execute("select count(*) from unnest(%s::tsvector) u, unnest(u.positions) p"
+                                          " where u.lexeme = %s", [tsv, t]).fetchone()[0]
+                    if tf:
+                        idf = math.log(1 + (n - df[0] + 0.5) / (df[0] + 0.5))
+                        expected += idf * tf * 2.2 / (tf + 1.2 * (0.25 + 0.75 * dl / avg))
+                assert math.isclose(r.score, expected, rel_tol=1e-7), (query, r.doc_title)
+        assert _titles(search.lexical(app_conn, "hóa đơn", 10)) == ["invoice"]
+        assert _titles(search.lexical(app_conn, "hòa", 10)) == ["peace"]
+
+
+def _stem_corpus(app_conn, tenant, seed=21):
+    """An English corpus for the stemmed field: Zipf-distributed base words, each written with
+    one of five endings (one stem, several forms), English stop words and single letters
+    (in no stemmed lexeme, and in the exact length only), and code tokens (searched in the
+    exact field). Returns (words per document title, base words, code tokens)."""
+    import random
+
+    rng = random.Random(seed)
+    # consonant, consonant, vowel, two different consonants: `blart` (blarts, blarting,
+    # blarted: one stem; blarter another)
+    cons = "bcdfghklmnprstv"
+    bases = sorted({rng.choice(cons) + rng.choice("lr") + rng.choice("aou") + "".join(rng.sample("dkmnprt", 2))
+                    for _ in range(300)})
+    weights = [1 / (i + 1) for i in range(len(bases))]
+    codes = [f"zq_{i}" for i in range(1, 10)]  # (parts: `zq`, a word, and one digit, none)
+    endings = ["", "s", "ing", "ed", "er"]
+    docs = {}
+    for i in range(360):
+        words = [b + rng.choice(endings) for b in rng.choices(bases, weights, k=rng.randint(3, 40))]
+        words += rng.choices(["the", "of", "which", "x", "q"], k=rng.randint(0, 12))
+        if rng.random() < 0.3:
+            words.append(rng.choice(codes))
+        rng.shuffle(words)
+        docs[f"d{i:03d}"] = words
+    for i, b in enumerate(bases[10:40]):  # short, repetitive: must not be pruned away
+        docs[f"s{i:03d}"] = [b + e for e in rng.choices(endings, k=rng.randint(2, 5))]
+    for title, words in docs.items():
+        insert_doc(app_conn, tenant, title, [" ".join(words)], [basis(len(title) % 384)], language="en")
+    return docs, bases, codes
+
+
+def test_pruned_bm25_top_k_equals_exhaustive_scoring_on_the_stemmed_field(app_conn, tenant):
+    """The pruned search (staged MaxScore, champion lists) with stemmed terms, each normalised
+    by the stemmed field's length, and code tokens, normalised by the exact one, in one
+    query: its top k equals BM25 computed here over every document, with and without
+    champion lists."""
+    docs, bases, codes = _stem_corpus(app_conn, tenant)
+    vocab = sorted({w for ws in docs.values() for w in ws} | {b + e for b in bases for e in ("", "s", "ing", "ed", "er")})
+    stem = dict(app_conn.execute("select w, (ts_lexize('english_stem', w))[1] from unnest(%s::text[]) as w",
+                                 [vocab]).fetchall())
+    assert all(len({stem[b + e] for e in ("", "s", "ing", "ed")}) == 1 for b in bases)  # one stem
+    stop = {"the", "of", "which"}
+    with tenant_transaction(app_conn, tenant):
+        lens = {t: (dl, sl) for t, dl, sl in app_conn.execute(
+            "select d.title, c.doc_len, c.stem_len from kb.chunks c join kb.documents d using (doc_id)")}
+    fields = {}
+    for title, words in docs.items():
+        stems = Counter("~ " + stem[w] for w in words if len(w) >= 2 and w not in stop and w not in codes)
+        stems.update("~ zq" for w in words if w in codes)  # the code token's letters, as a word
+        fields[title] = stems + Counter(w for w in words if w in codes)
+        assert lens[title] == (len(words) + sum(w in codes for w in words), sum(stems.values())), title
+    n = len(docs)
+    avg = {False: sum(d for d, _ in lens.values()) / n, True: sum(s for _, s in lens.values()) / n}
+    df = Counter(t for f in fields.values() for t in f)
+
+    def bm25(terms, d):
+        s = 0.0
+        for t, qtf in Counter(terms).items():
+            tf = min(fields[d][t], 1) if t in codes else fields[d][t]  # a code token counts once
+            if tf:
+                stemmed = t.startswith("~ ")
+                idf = math.log(1 + (n - df[t] + 0.5) / (df[t] + 0.5))
+                s += qtf * idf * tf * 2.2 / (tf + 1.2 * (0.25 + 0.75 * lens[d][stemmed] / avg[stemmed]))
+        return s
+
+    import random
+
+    rng = random.Random(22)
+    by_df = sorted(bases, key=lambda b: -df["~ " + stem[b]])
+    queries = [[by_df[0] + "s", by_df[-1] + "ing"], by_df[:4], [by_df[1] + "ed", codes[0]], [by_df[0], by_df[0] + "er"],
+               [codes[3], codes[5], by_df[2]], ["the", by_df[30], "of", by_df[0]]]
+    queries += [[b + rng.choice(["", "s", "ing", "ed", "er"]) for b in rng.sample(by_df[:60], rng.randint(1, 5))]
+                + rng.sample(codes, rng.randint(0, 2)) for _ in range(25)]
+    queries += [[m + "s", r] for m, r in zip(bases[10:40], rng.sample(by_df[60:200], 30))]
+
+    def check(ks=(5, 20), first_postings=("1", "40", "")):
+        for words, k, first in itertools.product(queries, ks, first_postings):
+            q = " ".join(words)
+            terms = ["~ " + stem[w] if w not in codes else w for w in words if w not in stop]
+            with tenant_transaction(app_conn, tenant):
+                assert sorted(set(terms)) == app_conn.execute("select kb.search_terms(%s)", [q]).fetchone()[0]
+                app_conn.execute("select set_config('kb.lexical_essential_postings', %s, true)", [first])
+                rows = search.lexical(app_conn, q, k)
+            expected = sorted(((round(bm25(terms, d), 9), d) for d in docs), key=lambda x: (-x[0], x[1]))
+            expected = [e for e in expected if e[0] > 0][:k]
+            got = [(r.score, r.doc_title) for r in rows]
+            assert len(got) == len(expected), words
+            for (gs, gd), (es, ed) in zip(got, expected):
+                assert math.isclose(gs, es, rel_tol=1e-7, abs_tol=1e-8), (words, k, got, expected)
+                assert gd == ed or math.isclose(bm25(terms, gd), es, rel_tol=1e-7), (words, k, gd, ed)
+
+    check()
+    with tenant_transaction(app_conn, tenant):
+        n_lists = app_conn.execute("select kb.refresh_term_tops(20, 30)").fetchone()[0]
+        listed = {t for (t,) in app_conn.execute("select term from kb.term_tops")}
+    assert n_lists >= 5 and any(t.startswith("~ ") for t in listed)
+    check(first_postings=("1", ""))

@@ -64,6 +64,87 @@ as $$
   from exact
 $$;
 
+-- The stemmed field (migration 0011), what an English query is searched in, as the
+-- `text.english` sub-field of a search engine's multi-field: the document's plain words
+-- (letters and digits only: no code tokens, compounds, hosts or emails, which the exact
+-- field keeps whole) of two characters or more, without stop words, each stemmed, written
+-- with the prefix '~ ' (tilde, space: no parser token holds a space, so it never meets an
+-- exact lexeme). Positions are kept (BM25 counts them); the field's own length
+-- (kb.chunks.stem_len: its number of positions) normalises it. Stop words are those of
+-- PostgreSQL's Snowball English dictionary (english_stem: the Snowball project's list, 179
+-- words) and of kb.stop_words_en(); they and single characters are left out as standard
+-- English analysers leave them out: they are never searched in this field, and counting
+-- them would only make every document look longer. Chosen on the shared collections
+-- (docs/quality.md): with Lucene's 33 stop words instead, a bm25s simulation of this
+-- analysis gave 0.007-0.024 less nDCG@10 on the three English ones.
+--
+-- kb.stem_config(language): the dictionary that stems a document's words:
+-- pg_catalog.english_stem (Snowball English) for English, for Vietnamese and for an
+-- unknown language (NULL; ingestion always guesses one, 'en' unless the text is
+-- Vietnamese: kb_rerank.chunking.guess_language); NULL (words kept as they are) for any
+-- other language. Vietnamese has no Snowball stemmer, and its syllables typed without
+-- diacritics are fixed points of the English one (hoa, nhieu, khong, nguoi, ngay stay;
+-- tested), while the English words its pages carry (emails, iPhones) are stemmed like an
+-- English query's, so an English query finds them as it finds an English page. A
+-- Vietnamese query never reads this field (kb.search_term_counts): Vietnamese search is
+-- unchanged.
+create or replace function kb.stem_config(language text)
+returns regdictionary
+language sql
+immutable
+parallel safe
+security invoker
+set search_path = pg_catalog, pg_temp
+as $$
+  select case when language is null
+                or lower(language) ~ '^(en|eng|english|vi|vie|vietnamese)([-_].*)?$'
+              then 'pg_catalog.english_stem'::regdictionary end
+$$;
+
+-- kb.stem_tsv(content, language): the stemmed field of a text (see above). It is
+-- concatenated to kb.to_tsv's lexemes in one tsvector (kb.chunks_derive): the statistics
+-- (kb.term_stats), the champion lists (kb.term_tops) and the pruned search treat
+-- '~ connect' as one more term, per tenant. Words with one stem merge their positions (a
+-- lexeme keeps at most 256, as to_tsvector does).
+create or replace function kb.stem_tsv(content text, language text)
+returns tsvector
+language sql
+immutable
+parallel safe
+security invoker
+set search_path = pg_catalog, pg_temp
+as $$
+  select coalesce(string_agg(format('''~ %s'':%s',
+                                    replace(replace(s.stem, '\', '\\'), '''', ''''''),
+                                    array_to_string(s.pos[1:256], ',')), ' ')::tsvector,
+                  ''::tsvector)
+  from (select x.stem, array_agg(x.pos order by x.pos) as pos
+        from (select case when dict.d is null then u.lexeme
+                          else (ts_lexize(dict.d, u.lexeme))[1] end as stem,  -- a stop word: '{}'[1], NULL
+                     p.pos
+              from (select kb.stem_config(language) as d) as dict
+              cross join lateral unnest(to_tsvector('kb.kb_text'::regconfig, coalesce(content, ''))) as u
+              cross join lateral unnest(u.positions) as p(pos)
+              where u.lexeme ~ '^[[:alnum:]]{2,}$' and u.lexeme <> all (kb.stop_words_en())) as x
+        where x.stem is not null
+        group by x.stem) as s
+$$;
+
+-- The number of positions of a tsvector's stemmed lexemes: the stemmed field's length.
+create or replace function kb.stem_length(tsv tsvector)
+returns integer
+language sql
+immutable
+strict
+parallel safe
+security invoker
+set search_path = pg_catalog, pg_temp
+as $$
+  select coalesce(sum(coalesce(array_length(u.positions, 1), 1)), 0)::integer
+  from unnest(tsv) as u
+  where u.lexeme like '~ %'
+$$;
+
 -- Number of (folded) word tokens of a text: the document length BM25 normalises by.
 create or replace function kb.doc_length(content text)
 returns integer
@@ -125,6 +206,26 @@ as $$
      and exists (select 1
                  from regexp_split_to_table(lower(left(coalesce(query, ''), 4000)), '[^a-z]+') as w
                  where w = any (kb.stop_words_en()) and not kb.vi_syllable_shape(w))
+$$;
+
+-- True when a query is searched with stemmed terms (the '~ ' field, kb.stem_tsv): every
+-- letter in it is ASCII and it is English by kb.query_is_english (an unambiguous English
+-- stop word), or one of its words of two letters or more cannot be a Vietnamese syllable
+-- typed without diacritics (`connections`, `boundary`, `err`). A query with diacritics,
+-- or whose words could all be Vietnamese syllables ("hoa don dien tu"), is searched with
+-- exact terms, as before 0011.
+create or replace function kb.query_stems(query text)
+returns boolean
+language sql
+immutable
+parallel safe
+security invoker
+set search_path = pg_catalog, pg_temp
+as $$
+  select coalesce(query, '') !~ '[^\x01-\x7f]'
+     and exists (select 1
+                 from regexp_split_to_table(lower(left(coalesce(query, ''), 4000)), '[^a-z]+') as w
+                 where (length(w) >= 2 or w = any (kb.stop_words_en())) and not kb.vi_syllable_shape(w))
 $$;
 
 -- The lexemes a query is searched with, each with its count in the query (qtf: BM25 weighs
@@ -191,6 +292,55 @@ as $$
   select c.lexeme, c.n from content_terms c
   union all
   select t.lexeme, t.n from terms t where not exists (select 1 from content_terms)
+$$;
+
+-- The terms kb.search_lexical scores a query with, each with its qtf. For a query that
+-- kb.query_stems accepts, the stemmed field: each plain word of kb.query_term_counts of two
+-- characters or more that is not a stop word (see kb.stem_config), as its stem (`connections` -> '~ connect';
+-- words with one stem add their counts, as repeated clauses do in Lucene), and every term
+-- that is not a plain word (code tokens ERR_402, SKU-1234, v2.3.1, hosts, emails) as typed,
+-- in the exact field, so identifiers stay exact. Otherwise, or when that leaves nothing
+-- ("to be or not to be"): kb.query_term_counts, the exact field, as before 0011.
+create or replace function kb.search_term_counts(query text)
+returns table (term text, qtf integer)
+language sql
+immutable
+parallel safe
+rows 8
+security invoker
+set search_path = pg_catalog, pg_temp
+as $$
+  with t as (
+    select q.term, q.qtf from kb.query_term_counts(query) as q
+  ),
+  stemmed as (
+    select x.term, sum(x.qtf)::integer as qtf
+    from (select case when t.term ~ '^[[:alnum:]]+$'
+                      then '~ ' || (ts_lexize('pg_catalog.english_stem'::regdictionary, t.term))[1]
+                      else t.term end as term,  -- NULL for a stop word
+                 t.qtf
+          from t
+          where kb.query_stems(query)
+            and (t.term !~ '^[[:alnum:]]+$' or (length(t.term) >= 2 and t.term <> all (kb.stop_words_en())))) as x
+    where x.term is not null
+    group by x.term
+  )
+  select s.term, s.qtf from stemmed s
+  union all
+  select t.term, t.qtf from t where not exists (select from stemmed)
+$$;
+
+-- The distinct terms of kb.search_term_counts, sorted (what kb.search_lexical searches).
+create or replace function kb.search_terms(query text)
+returns text[]
+language sql
+immutable
+parallel safe
+security invoker
+set search_path = pg_catalog, pg_temp
+as $$
+  select coalesce(array_agg(c.term order by c.term), '{}')
+  from kb.search_term_counts(query) as c
 $$;
 
 -- The distinct lexemes of kb.query_term_counts, sorted.

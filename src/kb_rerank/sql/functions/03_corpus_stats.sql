@@ -1,5 +1,6 @@
--- BM25 statistics per tenant (kb.term_stats: document frequency per lexeme;
--- kb.corpus_stats: chunk count and total length), kept exact under insert, update and
+-- BM25 statistics per tenant (kb.term_stats: document frequency per lexeme, stemmed
+-- lexemes included; kb.corpus_stats: chunk count and total length of each field: doc_len
+-- for the exact field, stem_len for the stemmed one), kept exact under insert, update and
 -- delete by statement-level triggers with transition tables.
 --
 -- SECURITY DEFINER, owned by kb_stats (BYPASSRLS; SELECT on kb.chunks and write on the
@@ -14,14 +15,15 @@ language sql
 security definer
 set search_path = pg_catalog, kb, pg_temp
 as $$
-  insert into kb.corpus_stats as cs (tenant_id, n_chunks, total_len)
-  select r.tenant_id, sign * count(*), sign * sum(r.doc_len)
+  insert into kb.corpus_stats as cs (tenant_id, n_chunks, total_len, stem_total_len)
+  select r.tenant_id, sign * count(*), sign * sum(r.doc_len), sign * sum(r.stem_len)
   from unnest(rows) as r
   group by r.tenant_id
   order by r.tenant_id
   on conflict (tenant_id) do update
     set n_chunks = cs.n_chunks + excluded.n_chunks,
-        total_len = cs.total_len + excluded.total_len;
+        total_len = cs.total_len + excluded.total_len,
+        stem_total_len = cs.stem_total_len + excluded.stem_total_len;
 
   insert into kb.term_stats as ts (tenant_id, term, df)
   select r.tenant_id, l.lexeme, sign * count(*)

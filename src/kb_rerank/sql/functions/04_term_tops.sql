@@ -38,6 +38,7 @@ as $$
 declare
   v_tenant uuid := kb.current_tenant();
   v_avglen float8;
+  v_stem_avglen float8;
   v_n integer;
 begin
   if v_tenant is null then
@@ -53,7 +54,8 @@ begin
     raise exception 'k1 must be >= 0 and b between 0 and 1, got k1 = %, b = %', k1, b using errcode = '22023';
   end if;
   -- the tenant's statistics row, locked: writers of the tenant's chunks wait (see above)
-  select cs.total_len::float8 / nullif(cs.n_chunks, 0) into v_avglen
+  select cs.total_len::float8 / nullif(cs.n_chunks, 0), cs.stem_total_len::float8 / nullif(cs.n_chunks, 0)
+    into v_avglen, v_stem_avglen
   from kb.corpus_stats cs where cs.tenant_id = v_tenant
   for update;
   delete from kb.term_tops tt where tt.tenant_id = v_tenant;
@@ -61,14 +63,19 @@ begin
     return 0;
   end if;
   insert into kb.term_tops (tenant_id, term, chunk_ids, tail, avglen, k1, b)
+  -- a stemmed term ('~ ...') is weighed with its field's length and average length
   select v_tenant, r.term,
          array_agg(r.chunk_id order by r.rn) filter (where r.rn <= list_length),
          coalesce(max(r.w) filter (where r.rn > list_length), 0),
-         v_avglen, k1, b
+         case when r.term like '~ %' then greatest(v_stem_avglen, 1e-9) else v_avglen end, k1, b
   from (select p.term, p.chunk_id, p.w,
                row_number() over (partition by p.term order by p.w desc, p.chunk_id) as rn
         from (select u.lexeme as term, c.chunk_id,
-                     kb.bm25_tf_part(coalesce(array_length(u.positions, 1), 1), c.doc_len, k1, b, v_avglen) as w
+                     case when u.lexeme like '~ %'
+                          then kb.bm25_tf_part(coalesce(array_length(u.positions, 1), 1), c.stem_len, k1, b,
+                                               greatest(v_stem_avglen, 1e-9))
+                          else kb.bm25_tf_part(coalesce(array_length(u.positions, 1), 1), c.doc_len, k1, b, v_avglen)
+                     end as w
               from kb.chunks c
               cross join lateral unnest(c.tsv) as u
               where c.tenant_id = v_tenant
@@ -120,7 +127,9 @@ begin
         from new_rows n
         cross join lateral unnest(n.tsv) as u
         join kb.term_tops t2 on t2.tenant_id = n.tenant_id and t2.term = u.lexeme
-        where kb.bm25_tf_part(coalesce(array_length(u.positions, 1), 1), n.doc_len, t2.k1, t2.b, t2.avglen) > t2.tail
+        where kb.bm25_tf_part(coalesce(array_length(u.positions, 1), 1),
+                              case when u.lexeme like '~ %' then n.stem_len else n.doc_len end,
+                              t2.k1, t2.b, t2.avglen) > t2.tail
           and not (n.chunk_id = any (t2.chunk_ids))
         group by n.tenant_id, u.lexeme) as x
   where tt.tenant_id = x.tenant_id and tt.term = x.lexeme;

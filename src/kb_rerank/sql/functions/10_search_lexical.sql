@@ -12,9 +12,12 @@
 --   idf(t)   = ln(1 + (N - df + 0.5) / (df + 0.5))
 --   score(d) = sum over distinct query terms t in d of
 --              qtf(t) * idf(t) * tf * (k1 + 1) / (tf + k1 * (1 - b + b * len(d) / avglen))
--- with N, df and avglen taken from the caller's tenant only (kb.corpus_stats, kb.term_stats),
--- and qtf(t) the number of times t occurs in the query (kb.query_term_counts), as in Lucene,
--- where a repeated query word is a repeated clause.
+-- with N, df and avglen (of the term's field) taken from the caller's tenant only (kb.corpus_stats, kb.term_stats),
+-- and qtf(t) the number of times t occurs in the query (kb.search_term_counts), as in Lucene,
+-- where a repeated query word is a repeated clause. The terms t are those of one field: an
+-- English query's stemmed terms ('~ connect', with its identifiers exact), another query's
+-- exact ones (kb.search_term_counts); both fields live in kb.chunks.tsv, and len(d) is the
+-- term's field's: doc_len for an exact term, stem_len for a stemmed one.
 -- Documents are deduplicated by doc_id: each document contributes its best chunk.
 create or replace function kb.search_lexical(
   query text,
@@ -63,6 +66,7 @@ declare
   v_k integer := greatest(least(k, 1000), 0);
   v_n float8;
   v_avglen float8;
+  v_stem_avglen float8;
   v_terms text[];
   v_df bigint[];
   v_w float8[];
@@ -94,8 +98,9 @@ begin
   if v_tenant is null or v_k = 0 then
     return;
   end if;
-  select cs.n_chunks::float8, cs.total_len::float8 / greatest(cs.n_chunks, 1)
-    into v_n, v_avglen
+  select cs.n_chunks::float8, cs.total_len::float8 / greatest(cs.n_chunks, 1),
+         cs.stem_total_len::float8 / greatest(cs.n_chunks, 1)
+    into v_n, v_avglen, v_stem_avglen
   from kb.corpus_stats cs where cs.tenant_id = v_tenant;
   if v_n is null then
     return;
@@ -105,7 +110,7 @@ begin
          array_agg(ts.df order by ts.df, ts.term),
          array_agg(q.qtf * ln(1 + (v_n - ts.df + 0.5) / (ts.df + 0.5)) order by ts.df, ts.term)
     into v_terms, v_df, v_w
-  from kb.query_term_counts(query) as q
+  from kb.search_term_counts(query) as q
   join kb.term_stats ts on ts.tenant_id = v_tenant and ts.term = q.term
   where ts.df > 0;
   v_nt := coalesce(array_length(v_terms, 1), 0);
@@ -123,9 +128,12 @@ begin
      or ts_rank('{1,1,1,1}', 'x:1,2,3'::tsvector, 'x'::tsquery, 0) is distinct from v_tf[3] then
     v_tf := kb.ts_rank_tf_compute();
   end if;
+  -- A stemmed term ('~ ...') is normalised by its field's length (c.stem_len, average $15),
+  -- any other by the exact field's (c.doc_len, average $7).
   select array_agg(kb.terms_tsquery(array[t.term]) order by t.i),
          string_agg(format('case when c.tsv @@ $8[%s] then $2[%s] * kb.bm25_tf_part(width_bucket(ts_rank('
-                           '''{1,1,1,1}'', c.tsv, $8[%s], 0), $9), c.doc_len, $5, $6, $7) else 0 end', t.i, t.i, t.i),
+                           '''{1,1,1,1}'', c.tsv, $8[%s], 0), $9), %s) else 0 end', t.i, t.i, t.i,
+                           case when t.term like '~ %' then 'c.stem_len, $5, $6, $15' else 'c.doc_len, $5, $6, $7' end),
                     ' + ' order by t.i)
     into v_tq, v_score
   from unnest(v_terms) with ordinality as t(term, i);
@@ -138,7 +146,8 @@ begin
   -- drops it) still searches.
   v_u := array(select v_w[i] * (k1 + 1) from generate_series(1, v_nt) as i);
   if v_exact and to_regclass('kb.term_tops') is not null then
-    select array_agg(coalesce(tt.tail * greatest(1, v_avglen / tt.avglen), search_lexical.k1 + 1)
+    select array_agg(coalesce(tt.tail * greatest(1, (case when t.term like '~ %' then v_stem_avglen else v_avglen end)
+                                                    / tt.avglen), search_lexical.k1 + 1)
                      * v_w[t.i] order by t.i),
            array_agg(tt.term is not null order by t.i),
            bool_or(tt.term is not null)
@@ -248,7 +257,7 @@ begin
           from unnest($11::uuid[], $12::uuid[], $13::float8[]) as p(chunk_id, doc_id, score)$p$ else '' end)
       into r_chunk, r_doc, r_score, v_min
       using v_tenant, v_w, v_q, v_k, k1, b, greatest(v_avglen, 1e-9), v_tq, v_tf,
-            v_prev_q, r_chunk, r_doc, r_score, v_extra;
+            v_prev_q, r_chunk, r_doc, r_score, v_extra, greatest(v_stem_avglen, 1e-9);
     end if;
 
     -- (the margin covers the rounding of scores to 1e-9 and a tail equal to a score)

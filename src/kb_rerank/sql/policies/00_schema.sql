@@ -20,6 +20,8 @@ grant select on kb.embedding_config to cyberos_app;
 grant execute on function kb.current_tenant(), kb.code_tokens(text), kb.to_tsv(text), kb.doc_length(text), kb.query_terms(text), kb.terms_tsquery(text[]),
                           kb.stop_words_en(), kb.vi_syllable_shape(text), kb.query_is_english(text),
                           kb.code_token_counts(text), kb.query_term_counts(text),
+                          kb.stem_config(text), kb.stem_tsv(text, text), kb.stem_length(tsvector), kb.query_stems(text),
+                          kb.search_term_counts(text), kb.search_terms(text),
                           kb.bm25_tf_part(double precision, double precision, double precision, double precision, double precision),
                           kb.ts_rank_tf(), kb.ts_rank_tf_compute()
   to cyberos_app, kb_search, kb_stats;

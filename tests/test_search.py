@@ -852,3 +852,25 @@ def test_pruned_bm25_top_k_equals_exhaustive_scoring_on_the_stemmed_field(app_co
         listed = {t for (t,) in app_conn.execute("select term from kb.term_tops")}
     assert n_lists >= 5 and any(t.startswith("~ ") for t in listed)
     check(first_postings=("1", ""))
+
+
+def test_hybrid_scores_its_lexical_list_with_the_given_bm25_parameters(app_conn, rrf_tenant):
+    """Issue 14: kb.search_hybrid did not take KB_BM25_K1 / KB_BM25_B while lexical_only did.
+    Its lexical scores are kb.search_lexical's at the same k1 and b, and the service passes
+    the settings' values to both (Settings.fusion)."""
+    from kb_rerank.settings import Settings
+
+    t, _ = rrf_tenant
+    with tenant_transaction(app_conn, t):
+        for k1, b in ((1.2, 0.75), (2.0, 0.2), (0.5, 1.0)):
+            lex = {r.doc_title: r.score for r in search.lexical(app_conn, "apple banana", 2, k1=k1, b=b)}
+            hyb = {r.doc_title: r.lexical_score for r in search.hybrid(app_conn, "apple banana", basis(0), k=2,
+                                                                         k1=k1, b=b) if r.lexical_rank}
+            assert hyb == pytest.approx(lex, rel=1e-9)
+        default = {r.doc_title: r.lexical_score for r in search.hybrid(app_conn, "apple banana", basis(0), k=2)
+                   if r.lexical_rank}
+        other = {r.doc_title: r.lexical_score for r in search.hybrid(app_conn, "apple banana", basis(0), k=2,
+                                                                       k1=2.0, b=0.2) if r.lexical_rank}
+    assert default != pytest.approx(other)  # the parameters reach the scoring
+    s = Settings(bm25_k1=1.7, bm25_b=0.4)
+    assert (s.fusion["k1"], s.fusion["b"]) == (1.7, 0.4)

@@ -146,9 +146,10 @@ class Settings:
 
     @property
     def fusion(self) -> dict[str, Any]:
-        """Keyword arguments of kb_rerank.search.hybrid / ahybrid for the configured fusion."""
+        """Keyword arguments of kb_rerank.store.search.hybrid / ahybrid: the configured fusion and
+        the BM25 parameters of its lexical list (the same as ``lexical_only`` uses)."""
         return {"fusion": self.fusion_method, "rrf_k": self.rrf_k, "lexical_weight": self.lexical_weight,
-                "semantic_weight": self.semantic_weight}
+                "semantic_weight": self.semantic_weight, "k1": self.bm25_k1, "b": self.bm25_b}
 
     @property
     def embedding_dim(self) -> int:

@@ -21,7 +21,7 @@ SEMANTIC_SQL = (
 HYBRID_SQL = (
     "select chunk_id, doc_id, doc_title, snippet, content, lexical_rank, semantic_rank,"
     " lexical_score, semantic_score, score"
-    " from kb.search_hybrid(%s, %s::vector, %s, %s, %s, %s, %s)"
+    " from kb.search_hybrid(%s, %s::vector, %s, %s, %s, %s, %s, %s, %s)"
 )
 
 
@@ -51,9 +51,10 @@ def semantic(conn, embedding, k: int = 20) -> list[Candidate]:
 
 
 def hybrid(conn, query: str, embedding, k: int = 20, *, rrf_k: int = 60, fusion: str = "rrf",
-           lexical_weight: float = 1.0, semantic_weight: float = 1.0) -> list[Candidate]:
+           lexical_weight: float = 1.0, semantic_weight: float = 1.0, k1: float = 1.2,
+           b: float = 0.75) -> list[Candidate]:
     return _hybrid_rows(
-        conn.execute(HYBRID_SQL, [query, _vec(embedding), k, rrf_k, fusion, lexical_weight, semantic_weight]).fetchall()
+        conn.execute(HYBRID_SQL, [query, _vec(embedding), k, rrf_k, fusion, lexical_weight, semantic_weight, k1, b]).fetchall()
     )
 
 
@@ -68,8 +69,10 @@ async def asemantic(conn, embedding, k: int = 20) -> list[Candidate]:
 
 
 async def ahybrid(conn, query: str, embedding, k: int = 20, *, rrf_k: int = 60, fusion: str = "rrf",
-                  lexical_weight: float = 1.0, semantic_weight: float = 1.0) -> list[Candidate]:
-    cur = await conn.execute(HYBRID_SQL, [query, _vec(embedding), k, rrf_k, fusion, lexical_weight, semantic_weight])
+                  lexical_weight: float = 1.0, semantic_weight: float = 1.0, k1: float = 1.2,
+                  b: float = 0.75) -> list[Candidate]:
+    cur = await conn.execute(HYBRID_SQL, [query, _vec(embedding), k, rrf_k, fusion, lexical_weight, semantic_weight,
+                                           k1, b])
     return _hybrid_rows(await cur.fetchall())
 
 

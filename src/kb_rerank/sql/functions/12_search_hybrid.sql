@@ -1,4 +1,4 @@
--- kb.search_hybrid(query, query_embedding, k, rrf_k, fusion, lexical_weight, semantic_weight)
+-- kb.search_hybrid(query, query_embedding, k, rrf_k, fusion, lexical_weight, semantic_weight, k1, b)
 --
 -- Fuses per DOCUMENT (issue 15): a document's lexical rank and semantic rank meet in one
 -- row, so a document found by both lists through different chunks counts once, with both
@@ -25,6 +25,11 @@
 --                         skipping documents already taken; score = 1 / position
 -- Returns up to 2k rows (documents) ordered by score desc, chunk_id. SECURITY INVOKER: it
 -- sees exactly what the two search functions return for the caller's tenant.
+-- k1, b: the BM25 parameters of the lexical list (the service passes KB_BM25_K1 / KB_BM25_B,
+-- as it does to kb.search_lexical; issue 14: they used to stop at lexical_only).
+-- The signature before k1 / b (one overload only: callers' positional calls stay unambiguous).
+drop function if exists kb.search_hybrid(text, public.vector, integer, integer, text, double precision,
+                                         double precision);
 create or replace function kb.search_hybrid(
   query text,
   query_embedding public.vector,
@@ -32,7 +37,9 @@ create or replace function kb.search_hybrid(
   rrf_k integer default 60,
   fusion text default 'rrf',
   lexical_weight double precision default 1.0,
-  semantic_weight double precision default 1.0
+  semantic_weight double precision default 1.0,
+  k1 double precision default 1.2,
+  b double precision default 0.75
 )
 returns table (
   chunk_id uuid,
@@ -98,7 +105,7 @@ begin
   return query
   with lex as (
     select l.chunk_id, l.doc_id, l.doc_title, l.snippet, l.content, l.score, l.rank
-    from kb.search_lexical(query, k) l
+    from kb.search_lexical(query, k, k1, b) l
   ),
   sem as (
     select u.doc_id, u.chunk_id, u.doc_title, u.snippet, u.content, u.score, u.rank::integer as rank
@@ -157,6 +164,7 @@ begin
   order by 10 desc, f.chunk_id;
 end
 $$;
-comment on function kb.search_hybrid(text, public.vector, integer, integer, text, double precision, double precision) is
+comment on function kb.search_hybrid(text, public.vector, integer, integer, text, double precision, double precision,
+                                  double precision, double precision) is
   'Hybrid search per document: lexical (BM25) and semantic top-k documents fused by RRF (default), '
   'convex combination of min-max normalised scores, or round-robin interleave; one chunk per document';

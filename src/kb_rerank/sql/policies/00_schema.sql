@@ -29,7 +29,8 @@ grant execute on function kb.current_tenant(), kb.code_tokens(text), kb.to_tsv(t
 grant execute on function kb.current_tenant() to kb_audit;
 grant execute on function kb.search_lexical(text, integer, double precision, double precision),
                           kb.search_semantic(public.vector, integer),
-                          kb.search_hybrid(text, public.vector, integer, integer, text, double precision, double precision)
+                          kb.search_hybrid(text, public.vector, integer, integer, text, double precision, double precision,
+                                           double precision, double precision)
   to cyberos_app;
 -- /readyz compares the applied migration with the code's head revision.
 do $$

@@ -121,7 +121,7 @@ class Settings:
 
     # Operational endpoints (issue 13: /metrics, /readyz detail)
     # /metrics and the detail of /readyz need `Authorization: Bearer <ops_token>`; unset: /metrics
-    # answers 404 and /readyz only its coarse status (docs in api.py, _ops_authorized).
+    # answers 404 and /readyz only its coarse status (docs in kb_rerank.http.routes.ops).
     ops_token: str | None = None  # KB_OPS_TOKEN: at least 32 bytes, not a placeholder
     jwt_max_lifetime_s: int = 86400  # KB_JWT_MAX_LIFETIME_S: refuse tokens whose exp is further away / exp - iat longer
 

@@ -1,4 +1,6 @@
-"""HTTP API (Litestar): ``POST /v1/kb/search/rerank`` and the operational endpoints.
+"""The app factory (Litestar): routes from :mod:`kb_rerank.http.routes`, the auth guard, error
+handlers, telemetry, and the lifespan that builds the pool, the models and the
+:class:`~kb_rerank.pipeline.flow.Pipeline`.
 
 ``create_app(settings, reranker=None, embedder=None)`` builds a new app; nothing lives at
 module level (no pool, model or settings). The lifespan opens ONE AsyncConnectionPool as
@@ -10,8 +12,9 @@ it on shutdown. A reranker or embedder passed in belongs to the caller and is no
 
 Endpoints
 ---------
-* ``POST /v1/kb/search/rerank`` -- Bearer JWT (tenant claim), body
-  ``{"query": str, "source": "hybrid_lexical_semantic"|"lexical_only"|"semantic_only"|"manual_curation"}``.
+* ``POST /v1/kb/search/rerank``, ``POST /v1/kb/context``, ``POST /v2/rerank`` -- Bearer JWT
+  (tenant claim); one module each under :mod:`kb_rerank.http.routes`, one handler body
+  (:mod:`kb_rerank.http.serve`), one flow each under :mod:`kb_rerank.pipeline`.
 * ``GET /healthz`` -- 200 while the process runs.
 * ``GET /readyz`` -- 200 when the database answers and its schema is at the migrations'
   head with this code's idempotent layer (kb.schema_layer_version()) (the model state is reported; a model still loading is not a 503 because
@@ -20,12 +23,12 @@ Endpoints
 * ``GET /metrics`` -- Prometheus text, from a registry owned by the app; needs the ops
   token (401 without it; 404 when no ops token is configured).
 * ``GET /schema/openapi.json`` and ``/schema`` (docs page): the three JSON routes' request
-  bodies, answers and error responses (:mod:`kb_rerank.schemas`), and the bearer scheme
+  bodies, answers and error responses (:mod:`kb_rerank.http.schemas`), and the bearer scheme
   (HTTP bearer, JWT) they require, so the docs page can send a token.
 
 Errors are JSON: ``{"error": ..., ...}``. 401 ``unauthorized`` with ``reason``; 400
 ``invalid_json``; 422 ``invalid_request`` with ``field`` and ``detail`` (and ``allowed``
-for an unknown source) -- bodies decoded by :mod:`kb_rerank.body`, as on the v2.py
+for an unknown source) -- bodies decoded by :mod:`kb_rerank.http.body` (:mod:`kb_rerank.http.parse`), the same on the three
 routes; 413 ``payload_too_large`` (refused while reading, from the Content-Length or as
 the streamed bytes pass the route's limit); 429 ``rate_limited`` with ``Retry-After`` (per-tenant
 token bucket: ``rate_limit_per_minute`` refill, ``rate_limit_burst`` size; 0 disables);

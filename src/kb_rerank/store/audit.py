@@ -111,7 +111,7 @@ async def append(conn, record: AuditRecord, *, tenant_id, key: AuditKey) -> None
     """Append one row in the caller's tenant transaction. ``tenant_id``: that transaction's
     tenant, which the MAC covers (the row is written for the transaction's tenant; a MAC over
     another would not verify). ``key``: the service's audit key (read once at start:
-    ``RerankService.audit_key``). No extra round trip: the caller knows its tenant."""
+    ``Pipeline.audit_key``). No extra round trip: the caller knows its tenant."""
     await conn.execute(APPEND, record.params(tenant_id, key))
 
 

@@ -12,12 +12,12 @@
 --   idf(t)   = ln(1 + (N - df + 0.5) / (df + 0.5))
 --   score(d) = sum over distinct query terms t in d of
 --              qtf(t) * idf(t) * tf * (k1 + 1) / (tf + k1 * (1 - b + b * len(d) / avglen))
--- with N, df and avglen (of the term's field) taken from the caller's tenant only (kb.corpus_stats, kb.term_stats),
+-- with N, df and avglen taken from the caller's tenant only (kb.corpus_stats, kb.term_stats),
 -- and qtf(t) the number of times t occurs in the query (kb.search_term_counts), as in Lucene,
--- where a repeated query word is a repeated clause. The terms t are those of one field: an
--- English query's stemmed terms ('~ connect', with its identifiers exact), another query's
--- exact ones (kb.search_term_counts); both fields live in kb.chunks.tsv, and len(d) is the
--- term's field's: doc_len for an exact term, stem_len for a stemmed one.
+-- where a repeated query word is a repeated clause. An English query's words are stemmed
+-- terms ('~ connect', its identifiers exact), another query's are exact (kb.search_term_counts);
+-- both fields live in kb.chunks.tsv, and len(d) and avglen are those of the term's field:
+-- doc_len for an exact term, stem_len for a stemmed one (migration 0011).
 -- Documents are deduplicated by doc_id: each document contributes its best chunk.
 create or replace function kb.search_lexical(
   query text,

@@ -457,7 +457,7 @@ def test_downgrade_to_0001_and_upgrade_head(server_url):
         assert conn.execute("select to_regclass('kb.cache_stats')").fetchone()[0] is None
         # the 0001 search functions are still in place
         assert conn.execute("select to_regprocedure('kb.search_hybrid(text, vector, integer, integer, text,"
-                            " double precision, double precision)')").fetchone()[0] is not None
+                            " double precision, double precision, double precision, double precision)')").fetchone()[0] is not None
     for table in ("kb.kb_rerank_audit", "kb.kb_rerank_curation"):
         assert not _has(url, table)
 

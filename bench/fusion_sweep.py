@@ -3,8 +3,10 @@
 For every collection (loaded into its scratch tenant by ``kb_rerank.eval.runs.load_collection``,
 so nothing is re-embedded when ``bench/quality.py`` / ``kb-rerank eval`` ran before), each query's
 two lists are fetched **once** (``kb.search_lexical`` at depth 100: documents, best chunk each;
-``kb.search_semantic`` at depth 200 chunks, and 1000 for the queries whose 200 chunks hold fewer
-than 100 documents), the functions ``kb.search_hybrid`` calls, and fused in Python exactly as
+``kb.search_semantic`` at each chunk depth ``kb.search_hybrid`` reads for the swept candidate
+counts: 2k, and deeper where 2k chunks hold fewer than k documents; HNSW is approximate, so the
+prefix of a deeper read is not always the shallower read), the functions ``kb.search_hybrid``
+calls, and fused in Python exactly as
 ``sql/functions/12_search_hybrid.sql`` does (per document, issue 15):
 
     lexical documents = the top-k of the lexical list (rank = position);
@@ -18,9 +20,8 @@ than 100 documents), the functions ``kb.search_hybrid`` calls, and fused in Pyth
             lexn / semn = min-max normalised score within the list's top k (1 if max = min; missing 0)
     order by score desc, chunk_id (uuid byte order),
 
-then scored with ``kb_rerank.eval.measures.evaluate_run`` (nDCG@10). Taking a prefix of a deeper list is
-the shallower list because both functions are deterministic top-k with the same tie-break; this
-is checked: ``--verify N`` queries per collection (default 8) are also sent through
+then scored with ``kb_rerank.eval.measures.evaluate_run`` (nDCG@10). The lexical list's prefix is the
+shallower list (exact top-k, same tie-break). This is checked: ``--verify N`` queries per collection (default 8) are also sent through
 ``kb.search_hybrid`` for several configurations and the chunk order must be identical (scores
 equal to 1e-12); the script exits non-zero otherwise.
 
@@ -98,14 +99,25 @@ PRODUCTION = (_S.fusion_method, _S.fusion_depth, _S.rrf_k, _S.lexical_weight, _S
 SQL_K1, SQL_B = 1.2, 0.75
 
 
-def semantic_docs(sem, k: int):
-    """The semantic document list kb.search_hybrid builds: [(chunk_id, doc_id, doc_rank, score)].
-
-    ``sem``: [(chunk_id, doc_id, chunk_rank, score)], the chunk list read deep enough (see
-    fetch_lists)."""
+def sem_depths(k: int, sem_at):
+    """Yield the chunk depths kb.search_hybrid reads for k: 2k, then x4 up to SEM_MAX."""
     n = min(2 * k, SEM_MAX)
     while True:
-        part = sem[:n]
+        yield n
+        if n >= SEM_MAX:
+            return
+        n = min(4 * n, SEM_MAX)
+
+
+def semantic_docs(sems: dict, k: int):
+    """The semantic document list kb.search_hybrid builds: [(chunk_id, doc_id, doc_rank, score)].
+
+    ``sems``: chunk depth -> [(chunk_id, doc_id, chunk_rank, score)] as kb.search_semantic
+    returned it at that depth (HNSW is approximate: a prefix of a deeper read is not always the
+    shallower read, so each depth the SQL reads is fetched as such; see _read_lists)."""
+    n = min(2 * k, SEM_MAX)
+    while True:
+        part = sems[n]
         docs, seen = [], set()
         for cid, did, _rank, score in part:
             if did not in seen:
@@ -123,13 +135,15 @@ def _minmax(scores: dict) -> dict:
     return {d: (1.0 if hi == lo else (s - lo) / (hi - lo)) for d, s in scores.items()}
 
 
-def fuse(lex, sem, fusion: str, k: int, rrf_k: int, lw: float, sw: float):
+def fuse(lex, sems, fusion: str, k: int, rrf_k: int, lw: float, sw: float):
     """Python twin of kb.search_hybrid: [(chunk_id, doc_id, score)] in SQL order.
 
-    ``lex``: [(chunk_id, doc_id, rank, score)] documents at depth >= k; ``sem``: the chunk list.
-    fusion ``chunk`` is the chunk-id fusion before issue 15 (RRF).
+    ``lex``: [(chunk_id, doc_id, rank, score)] documents at depth >= k; ``sems``: the chunk
+    lists by depth. fusion ``chunk`` is the chunk-id fusion before issue 15 (RRF; its semantic
+    top-k chunks are the prefix of the 2k-deep read).
     """
     if fusion == "chunk":
+        sem = sems[min(2 * k, SEM_MAX)]
         joined: dict = {}
         for cid, did, rank, _s in lex[:k]:
             joined[cid] = [did, rank, None]
@@ -143,7 +157,7 @@ def fuse(lex, sem, fusion: str, k: int, rrf_k: int, lw: float, sw: float):
         out.sort(key=lambda t: (-t[2], t[0]))
         return out
     ldocs = {did: (cid, rank, score) for cid, did, rank, score in lex[:k]}
-    sdocs = {did: (cid, rank, score) for cid, did, rank, score in semantic_docs(sem, k)[0]}
+    sdocs = {did: (cid, rank, score) for cid, did, rank, score in semantic_docs(sems, k)[0]}
     lnorm = _minmax({d: v[2] for d, v in ldocs.items()})
     snorm = _minmax({d: v[2] for d, v in sdocs.items()})
     out = []
@@ -171,15 +185,21 @@ def dedup_docs(rows, docmap) -> list[str]:
     return out
 
 
-def _read_lists(conn, query: str, qemb):
-    """Lexical documents at DEPTH and semantic chunks at SEM_DEPTH, deeper (SEM_MAX) when those
-    chunks hold fewer than DEPTH documents: [(chunk_id, doc_id, rank, score)] each."""
+def _read_lists(conn, query: str, qemb, ks=CANDIDATES):
+    """Lexical documents at DEPTH, and the semantic chunk list at every depth kb.search_hybrid
+    reads for the candidate counts ``ks`` (2k, and 4x deeper while those hold fewer than k
+    documents): ([(chunk_id, doc_id, rank, score)], {depth: [...]})."""
     lex = [(x.chunk_id, x.doc_id, x.lexical_rank, x.score)
            for x in search.lexical(conn, query, DEPTH, k1=SQL_K1, b=SQL_B)]
-    sem = [(x.chunk_id, x.doc_id, x.semantic_rank, x.score) for x in search.semantic(conn, qemb, SEM_DEPTH)]
-    if semantic_docs(sem, DEPTH)[1] > SEM_DEPTH:
-        sem = [(x.chunk_id, x.doc_id, x.semantic_rank, x.score) for x in search.semantic(conn, qemb, SEM_MAX)]
-    return lex, sem
+    sems: dict[int, list] = {}
+    for k in ks:
+        for n in sem_depths(k, None):
+            if n not in sems:
+                sems[n] = [(x.chunk_id, x.doc_id, x.semantic_rank, x.score) for x in search.semantic(conn, qemb, n)]
+            part = sems[n]
+            if len({d for _c, d, _r, _s in part}) >= k or len(part) < n:
+                break
+    return lex, sems
 
 
 def fetch_lists(settings: Settings, path: Path, embedder, conn_factory, verify: int, verify_configs):
@@ -207,7 +227,7 @@ def fetch_lists(settings: Settings, path: Path, embedder, conn_factory, verify: 
             with tenant_transaction(conn, tenant):
                 lex, sem = _read_lists(conn, coll.queries[qid], qembs[qid])
             lists[qid] = (lex, sem)
-            for L in lists[qid]:
+            for L in (lex, *sem.values()):
                 assert [t[2] for t in L] == list(range(1, len(L) + 1)), "rank != position"
         info["fetch_s"] = round(time.perf_counter() - t0, 1)
         info["fetch_ms_per_query"] = round(1000 * (time.perf_counter() - t0) / len(qids), 1)
@@ -297,7 +317,7 @@ def main(argv=None) -> int:
         failed |= bool(v["mismatches"])
         qrels = {q: coll.qrels[q] for q in qids}
         lex_ndcg, lex_pq = ndcg({q: dedup_docs(lists[q][0], docmap) for q in qids}, qrels)
-        sem_ndcg, sem_pq = ndcg({q: dedup_docs(lists[q][1], docmap) for q in qids}, qrels)
+        sem_ndcg, sem_pq = ndcg({q: dedup_docs(lists[q][1][SEM_DEPTH], docmap) for q in qids}, qrels)
         best_single = max(lex_ndcg, sem_ndcg)
         best_pq = lex_pq if lex_ndcg >= sem_ndcg else sem_pq
         per[name] = {"lexical": lex_ndcg, "semantic": sem_ndcg, "best_single": best_single,

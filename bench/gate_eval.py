@@ -155,17 +155,17 @@ def main(argv=None) -> int:
 
     date = datetime.now(timezone.utc).isoformat(timespec="seconds")
     machine = f"{platform.machine()}, {os.cpu_count()} cores"
-    md = [f"# Relevance gate sweep ({date}, {machine}, embedder {embedder.name}, "
-          f"fusion {settings.fusion}, depth {settings.fusion_depth}, current KB_GATE_MIN_SIMILARITY "
-          f"{settings.gate_min_similarity})\n",
-          "Rates per collection: false gate = share of its judged queries gated (target < 2 %); "
-          "off-topic gated = share of the other collections' judged queries gated when asked of it.\n"]
+    md = [(f"# Relevance gate sweep ({date}, {machine}, embedder {embedder.name}, "
+           f"fusion {settings.fusion}, depth {settings.fusion_depth}, current KB_GATE_MIN_SIMILARITY "
+           f"{settings.gate_min_similarity})\n"),
+          ("Rates per collection: false gate = share of its judged queries gated (target < 2 %); "
+           "off-topic gated = share of the other collections' judged queries gated when asked of it.\n")]
     for n in names:
         p = per[n]
         md.append(f"- {n}: {p['num_own']} judged queries (lexical hit in the candidates: "
                   f"{p['own_lexical_hit_share']:.1%}); off-topic {p['num_off']} (lexical hit: "
                   + ", ".join(f"{o} {v:.1%}" for o, v in p["off_lexical_hit_share"].items())
-                  + f"); best similarity 1%/2%/5% quantile of judged "
+                  + "); best similarity 1%/2%/5% quantile of judged "
                   + "/".join(f"{v:.3f}" for v in list(p["best_similarity_quantiles"]["own"].values())[:3])
                   + ", 50%/95%/99% of off-topic "
                   + "/".join(f"{p['best_similarity_quantiles']['off'][q]:.3f}" for q in (0.5, 0.95, 0.99)))

@@ -31,8 +31,8 @@ computed in Python only, for the before/after comparison on the same lists.
 
 Grid: candidates k in {20, 40, 60, 100} x
   rrf (and chunk rrf): rrf_k in {10, 30, 60} x (lexical_weight, semantic_weight) in
-      {(1,1), (1,1.5), (1,2), (1.5,1), (0.7,1.3)};
-  convex: (lexical_weight, semantic_weight) in {(0.7,0.3), (0.6,0.4), (0.5,0.5), (0.4,0.6), (0.3,0.7)}.
+      {(1,1), (1,1.5), (1,2), (1.5,1), (0.7,1.3), (2,1), (3,1)};
+  convex: (lexical_weight, semantic_weight) in {(0.8,0.2), (0.7,0.3), (0.6,0.4), (0.5,0.5), (0.4,0.6), (0.3,0.7)}.
 ``--fusions`` picks which families are swept (default: rrf convex chunk).
 
 Selection criterion (never on one collection): margin(c, config) = hybrid nDCG@10 - max(lexical,
@@ -76,8 +76,8 @@ SEM_DEPTH = 2 * DEPTH  # chunks: kb.search_hybrid reads 2k chunks first
 SEM_MAX = 1000  # its cap
 CANDIDATES = (20, 40, 60, 100)
 RRF_KS = (10, 30, 60)
-WEIGHTS = ((1.0, 1.0), (1.0, 1.5), (1.0, 2.0), (1.5, 1.0), (0.7, 1.3))
-CONVEX_WEIGHTS = ((0.7, 0.3), (0.6, 0.4), (0.5, 0.5), (0.4, 0.6), (0.3, 0.7))
+WEIGHTS = ((1.0, 1.0), (1.0, 1.5), (1.0, 2.0), (1.5, 1.0), (0.7, 1.3), (2.0, 1.0), (3.0, 1.0))
+CONVEX_WEIGHTS = ((0.8, 0.2), (0.7, 0.3), (0.6, 0.4), (0.5, 0.5), (0.4, 0.6), (0.3, 0.7))
 FUSIONS = ("rrf", "convex", "chunk")
 
 

@@ -159,10 +159,13 @@ def test_a_malformed_cache_row_is_a_miss_and_is_replaced(endpoint, settings, rer
         assert n == 1
         second = client.post(path, json=body, headers=bearer(tenant))
         assert second.status_code == 200, second.text
-        assert report(second.json())["from_cache"] is False
-        assert second.json()["results"] == first.json()["results"]
+        assert report(second.json())["from_cache"] is False  # computed afresh, not the garbage
+        assert len(second.json()["results"]) == len(first.json()["results"])
         third = client.post(path, json=body, headers=bearer(tenant))
+        # the fresh answer was stored in place of the malformed row (not compared with the first
+        # answer: other tests' ingests in the same database move the HNSW graph between them)
         assert report(third.json())["from_cache"] is True
+        assert third.json()["results"] == second.json()["results"]
     assert owner_conn.execute("select count(*) from kb.kb_rerank_cache where tenant_id = %s and trace_id = %s",
                               [tenant, tid]).fetchone()[0] == 0
 

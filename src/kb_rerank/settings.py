@@ -64,6 +64,12 @@ class Settings:
     term_list_min_df: int = 1000  # KB_TERM_LIST_MIN_DF
     # Rerank
     reranker_model: str = "BAAI/bge-reranker-v2-m3"
+    # KB_RERANKER_BACKEND: flag (in process, FlagEmbedding/torch) | remote (an inference server:
+    # text-embeddings-inference /rerank or a Cohere-compatible /v2/rerank at KB_RERANKER_URL,
+    # optional KB_RERANKER_API_KEY; kb_rerank.models.remote)
+    reranker_backend: str = "flag"
+    reranker_url: str = ""
+    reranker_api_key: str = ""
     rerank_max_length: int = 512
     rerank_batch_size: int = 32
     rerank_timeout_s: float = 30.0

@@ -166,14 +166,7 @@ async def _lifespan(app: Litestar):
 
             st.embedder = await anyio.to_thread.run_sync(get_embedder, settings)
         if st.reranker is None:
-            from kb_rerank.models.cross_encoder import Reranker
-
-            owned_reranker = st.reranker = Reranker(
-                settings.reranker_model,
-                max_length=settings.rerank_max_length,
-                batch_size=settings.rerank_batch_size,
-                timeout_s=settings.rerank_timeout_s,
-            )
+            owned_reranker = st.reranker = build_reranker(settings)
         st.pipeline = Pipeline(settings, pool, st.embedder, st.reranker, embed_executor=embed_executor,
                                metrics=st.metrics, limits=st.limits)
         ensure = getattr(st.reranker, "ensure_loaded_async", None)
@@ -197,7 +190,27 @@ async def _lifespan(app: Litestar):
         await pool.close()
         embed_executor.shutdown(wait=False, cancel_futures=True)
         if owned_reranker is not None:
-            await anyio.to_thread.run_sync(owned_reranker.close)
+            aclose = getattr(owned_reranker, "aclose", None)
+            if aclose is not None:
+                await aclose()
+            else:
+                await anyio.to_thread.run_sync(owned_reranker.close)
+
+
+def build_reranker(settings: Settings):
+    """The cross-encoder of ``KB_RERANKER_BACKEND``: ``flag`` (in process, loads in the
+    background) or ``remote`` (an inference server, :mod:`kb_rerank.models.remote`)."""
+    if settings.reranker_backend == "remote":
+        from kb_rerank.models.remote import RemoteReranker
+
+        return RemoteReranker(settings.reranker_url, model_name=settings.reranker_model,
+                              api_key=settings.reranker_api_key or None, timeout_s=settings.rerank_timeout_s)
+    if settings.reranker_backend != "flag":
+        raise ValueError(f"KB_RERANKER_BACKEND={settings.reranker_backend!r}: choose flag or remote")
+    from kb_rerank.models.cross_encoder import Reranker
+
+    return Reranker(settings.reranker_model, max_length=settings.rerank_max_length,
+                    batch_size=settings.rerank_batch_size, timeout_s=settings.rerank_timeout_s)
 
 
 def jwt_config(settings: Settings, *, allow_dev_secret: bool = False) -> JwtConfig:

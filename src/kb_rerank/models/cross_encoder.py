@@ -131,6 +131,8 @@ class Reranker:
     ``ensure_loaded_async`` is called.
     """
 
+    backend = "flag"  # /readyz names it (KB_RERANKER_BACKEND)
+
     def __init__(
         self,
         model: str,

@@ -74,7 +74,8 @@ async def readyz(request: Request, state: State) -> Response[dict[str, Any]]:
     info: dict[str, Any] = {"head_revision": state.head_revision}
     rr = state.reranker
     model_state = getattr(rr, "state", "ready" if getattr(rr, "ready", True) else "not_loaded")
-    info["model"] = {"name": state.pipeline.model_name, "state": model_state,
+    info["model"] = {"name": state.pipeline.model_name, "backend": getattr(rr, "backend", "flag"),
+                     "state": model_state,
                      "ready": bool(getattr(rr, "ready", True)), "last_error": getattr(rr, "last_error", None)}
     status = 200
     try:

@@ -22,6 +22,8 @@ Two ways to get the other versions:
     python bench/lexical_ab.py --db kb_bench_100000_10 --rev 162dbbf
     python bench/lexical_ab.py --host %2Fwork%2Fwt%2Fstem-bench%2Fpg --db kb_bench_100000_1 \\
         --base-host %2Fwork%2Fwt%2Fstem-bench-old%2Fpg --base-db kb_bench_100000_1 --hybrid
+    # the service's hybrid as configured (Settings().fusion) against the base's production one:
+    python bench/lexical_ab.py ... --hybrid --production
 """
 
 from __future__ import annotations
@@ -65,6 +67,12 @@ def main(argv=None) -> int:
     ap.add_argument("--base-db", help="database of the older version (loaded by its own search_bench.py)")
     ap.add_argument("--base-host", help="socket folder of --base-db's server, URL-encoded (default --host)")
     ap.add_argument("--hybrid", action="store_true", help="also time kb.search_hybrid (needs --base-db)")
+    ap.add_argument("--production", action="store_true",
+                    help="with --hybrid: the working tree's hybrid with the settings' fusion (Settings().fusion, "
+                         "fusion_depth) instead of the SQL function's defaults, the base's with --base-hybrid-args")
+    ap.add_argument("--base-hybrid-args", default="40, 10, 'rrf', 1.0, 1.0",
+                    help="with --production: kb.search_hybrid arguments after (query, vector) on the base "
+                         "(default: the production fusion before issue 15)")
     ap.add_argument("--text-from", default="/work/shared/datasets/*/corpus.jsonl")
     ap.add_argument("--queries", type=int, default=200)
     ap.add_argument("--k", type=int, default=20)
@@ -94,15 +102,26 @@ def main(argv=None) -> int:
         _, base_app, base_n = _connect(args.base_db, args.base_host or args.host, args.tenant)
         names["base"] = (base_app, lex.format(fn="kb.search_lexical"))
         if args.hybrid:
-            hyb = "select chunk_id, round(score::numeric, 7) from kb.search_hybrid(%s, %s::vector, %s)"
-            names["hybrid, working tree"] = (app, hyb)
-            names["hybrid, base"] = (base_app, hyb)
+            hyb = "select chunk_id, round(score::numeric, 7) from kb.search_hybrid(%s, %s::vector, {})"
+            new_args = base_args = "%s"  # k = --k, the function's own fusion defaults
+            if args.production:
+                from kb_rerank.settings import Settings
+
+                s = Settings()
+                f = s.fusion
+                new_args = (f"{s.fusion_depth}, {f['rrf_k']}, '{f['fusion']}', {f['lexical_weight']},"
+                            f" {f['semantic_weight']}, {f['k1']}, {f['b']}")
+                base_args = args.base_hybrid_args
+            names["hybrid, working tree"] = (app, hyb.format(new_args))
+            names["hybrid, base"] = (base_app, hyb.format(base_args))
     times: dict[str, list[float]] = {label: [] for label in names}
     differ: dict[str, int] = {label: 0 for label in names}
 
     def params(sql, q, v):
         vec = "[" + ",".join(f"{x:.6f}" for x in v) + "]"
-        return [q, vec, args.k] if "search_hybrid" in sql else [q, args.k]
+        if "search_hybrid" in sql:
+            return [q, vec, args.k] if sql.count("%s") == 3 else [q, vec]
+        return [q, args.k]
 
     try:
         for q, v in queries:

@@ -44,8 +44,8 @@ class Settings:
     # bench/results/fusion-sweep-stemmed.json, 2026-11-30): a convex combination of min-max
     # normalised scores, 0.7 lexical / 0.3 semantic, of lists 60 deep. The sweep's best is the
     # same fusion 100 deep (minimum margin of hybrid nDCG@10 over the better single list +0.0167
-    # against +0.0158 at 60, within one standard error); 60 deep costs 16% less median SQL time
-    # on a 100k-chunk tenant (15.8 against 18.9 ms) and still beats every baseline on all four
+    # against +0.0158 at 60, within one standard error); 60 deep cost 16% less median SQL time
+    # on a 100k-chunk tenant in an ad-hoc paired run (15.8 against 18.9 ms) and still beats every baseline on all four
     # collections. The best RRF (100 deep, rrf_k 10, weights 1.5/1) reaches +0.0134. The rerank
     # endpoint sends at most 2 x `candidates` (40) fused candidates to the cross-encoder. The
     # SQL function's own defaults stay rrf, rrf_k 60, weights 1/1.

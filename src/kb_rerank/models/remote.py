@@ -138,10 +138,3 @@ class RemoteReranker:
 
     async def aclose(self) -> None:
         await self._client.aclose()
-
-    def close(self) -> None:
-        """Sync close (the lifespan closes an owned reranker on a worker thread)."""
-        try:
-            asyncio.run(self._client.aclose())
-        except RuntimeError:  # pragma: no cover - a loop already runs in this thread
-            pass

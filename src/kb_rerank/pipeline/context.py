@@ -134,20 +134,21 @@ class ContextFlow(StoredResponse):
             c.relevance = float(r)
         ranked = diversify.composite(cut, _embeddings(cut), lam=lam, k=len(cut), recency_weight=req.recency_weight,
                                      half_life_days=req.half_life_days, authority_weight=req.authority_weight)
-        results, passages = self._results(ranked, cut, kept, top_n)
+        fused_rank = {c.id: i + 1 for i, c in enumerate(kept)}
+        rerank_rank = rank_map([c.id for c in cut], [c.relevance for c in cut])
+        results, passages = self._results(ranked, cut, fused_rank, rerank_rank, top_n)
         body["results"] = results
         body["answerable"] = bool(results)
         body["context"] = prompt.build_context_block(passages)
         body["system_prompt"] = prompt.system_prompt(len(passages))
         if req.explain:
-            body["stages"] = self._stages(ranked, cut, kept, cands, filtered, top_n)
+            body["stages"] = self._stages(ranked, cut, kept, cands, filtered, fused_rank, rerank_rank, top_n)
         return Outcome(body, len(cands), len(results), self.model, fallback_reason=scored.reason,
                        rerank_ms=scored.ms, new_pairs=scored.new_pairs,
                        detail="context" if results else "context;unanswerable")
 
-    def _results(self, ranked, cut: list[Candidate], kept: list[Candidate], top_n: int):
-        fused_rank = {c.id: i + 1 for i, c in enumerate(kept)}
-        rerank_rank = rank_map([c.id for c in cut], [c.relevance for c in cut])
+    def _results(self, ranked, cut: list[Candidate], fused_rank: dict[str, int], rerank_rank: dict[str, int],
+                 top_n: int):
         results, passages = [], []
         for pos, r in enumerate(ranked[:top_n]):
             c = cut[r.index]
@@ -169,9 +170,8 @@ class ContextFlow(StoredResponse):
             passages.append(prompt.Passage(text=c.content, source=c.source_uri, title=c.doc_title))
         return results, passages
 
-    def _stages(self, ranked, cut, kept, cands, filtered, top_n: int) -> list[dict[str, Any]]:
-        fused_rank = {c.id: i + 1 for i, c in enumerate(kept)}
-        rerank_rank = rank_map([c.id for c in cut], [c.relevance for c in cut])
+    def _stages(self, ranked, cut, kept, cands, filtered, fused_rank: dict[str, int], rerank_rank: dict[str, int],
+                top_n: int) -> list[dict[str, Any]]:
         by_id = {cut[r.index].id: (pos + 1, r) for pos, r in enumerate(ranked)}
         in_cut = {c.id for c in cut}
         stages = []

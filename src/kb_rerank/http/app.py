@@ -125,21 +125,16 @@ async def _evict_loop(app: Litestar, url: str) -> None:
             log.warning("cache eviction failed: %s", type(exc).__name__)
 
 
-@contextlib.asynccontextmanager
-async def _lifespan(app: Litestar):
+def _pool(url: str, settings: Settings, timeout_s: float, *, name: str, min_size: int | None = None):
+    """A connection pool of the app role (the primary's, or a read replica's)."""
     from psycopg_pool import AsyncConnectionPool
-
-    st = app.state
-    settings: Settings = st.settings
-    url = database.app_url(settings)
-    timeout_s: float = st.db_timeout_s
 
     async def configure(conn: psycopg.AsyncConnection) -> None:
         await aconfigure_connection(conn)
 
-    pool = AsyncConnectionPool(
+    return AsyncConnectionPool(
         url,
-        min_size=settings.pool_min,
+        min_size=settings.pool_min if min_size is None else min_size,
         max_size=settings.pool_max,
         open=False,
         configure=configure,
@@ -151,8 +146,30 @@ async def _lifespan(app: Litestar):
         },
         timeout=timeout_s,
         reconnect_timeout=max(0.0, float(settings.db_reconnect_timeout_s)),
-        name="kb-rerank",
+        name=name,
     )
+
+
+@contextlib.asynccontextmanager
+async def _lifespan(app: Litestar):
+    st = app.state
+    settings: Settings = st.settings
+    url = database.app_url(settings)
+    timeout_s: float = st.db_timeout_s
+
+    pool = _pool(url, settings, timeout_s, name="kb-rerank")
+    replicas = None
+    if settings.read_database_url:
+        from kb_rerank.store.replicas import ReadReplicas, Standby, label, standby_urls
+
+        # a standby that does not answer gives its reads to the primary quickly (its pool's
+        # wait is short); health and lag are checked in the background
+        wait_s = min(timeout_s, 2.0)
+        replicas = ReadReplicas(
+            [Standby(u, label(u), _pool(u, settings, wait_s, name=f"kb-rerank-read-{i}"))
+             for i, u in enumerate(standby_urls(settings))],
+            primary_pool=pool, max_lag_s=settings.max_replica_lag_s,
+            interval_s=settings.replica_check_interval_s, check_timeout_s=wait_s)
     embed_executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kb-embed")
     owned_reranker = None
     tasks: list[asyncio.Task] = []
@@ -161,6 +178,10 @@ async def _lifespan(app: Litestar):
         st.head_revision = startup.head_revision
         await pool.open(wait=True, timeout=max(timeout_s, 10.0))
         st.pool = pool
+        if replicas is not None:
+            await replicas.open()
+            st.replicas = replicas
+            log.info("read replicas: %s", replicas.describe())
         if st.embedder is None:
             from kb_rerank.models.embedders import get_embedder
 
@@ -168,7 +189,7 @@ async def _lifespan(app: Litestar):
         if st.reranker is None:
             owned_reranker = st.reranker = build_reranker(settings)
         st.pipeline = Pipeline(settings, pool, st.embedder, st.reranker, embed_executor=embed_executor,
-                               metrics=st.metrics, limits=st.limits)
+                               metrics=st.metrics, limits=st.limits, replicas=replicas)
         ensure = getattr(st.reranker, "ensure_loaded_async", None)
         if ensure is not None and not getattr(st.reranker, "ready", False):
             tasks.append(asyncio.create_task(ensure(), name="kb-rerank-model-load"))
@@ -187,6 +208,8 @@ async def _lifespan(app: Litestar):
         for t in tasks:
             with contextlib.suppress(BaseException):
                 await t
+        if replicas is not None:
+            await replicas.close()
         await pool.close()
         embed_executor.shutdown(wait=False, cancel_futures=True)
         if owned_reranker is not None:
@@ -256,6 +279,7 @@ def create_app(settings: Settings, *, reranker=None, embedder=None, dev: bool = 
         "head_revision": None,
         "layer_version": sqlfiles.layer_version(embedding_dim=settings.embedding_dim),  # /readyz
         "pool": None,
+        "replicas": None,  # kb_rerank.store.replicas.ReadReplicas when KB_READ_DATABASE_URL is set
         "pipeline": None,
     })
 

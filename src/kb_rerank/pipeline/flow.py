@@ -171,7 +171,7 @@ class Pipeline:
 
     def __init__(self, settings: Settings, pool, embedder, reranker, *, embed_executor=None,
                  metrics: PipelineMetrics | None = None, hash_key: bytes | None = None,
-                 limits: Limits | None = None) -> None:
+                 limits: Limits | None = None, replicas=None) -> None:
         self.settings = settings
         # the query-hash key, read once here (app start), never per request
         self.hash_key = hash_key if hash_key is not None else query_hash_key(settings)
@@ -181,6 +181,7 @@ class Pipeline:
         self.embedder = embedder
         self.reranker = reranker
         self.embed_executor = embed_executor
+        self.replicas = replicas  # kb_rerank.store.replicas.ReadReplicas, or None: reads on the primary
         self.metrics = metrics or PipelineMetrics()
         self._inflight: dict[tuple[str, str, str], asyncio.Future] = {}
         self._background: set[asyncio.Task] = set()
@@ -210,6 +211,15 @@ class Pipeline:
     def connection(self, tenant):
         """One of the tenant's pool connections (a slot of :mod:`.limits`)."""
         return self.limits.connection(self.pool, tenant)
+
+    async def read(self, tenant, work):
+        """``work(conn, on_primary)`` for a read-only step (candidate retrieval): on a healthy
+        standby when read replicas are configured, else (or when the standby fails) on the
+        primary; within the tenant's share of either pool."""
+        if self.replicas is None:
+            async with self.connection(tenant) as conn:
+                return await work(conn, True)
+        return await self.replicas.run(work, lambda pool: self.limits.connection(pool, tenant), self.pool)
 
     def score(self, tenant, source: str, query: str, texts: list[str], **kw: Any):
         """:func:`kb_rerank.pipeline.scoring.score` with this app's model, settings, metrics

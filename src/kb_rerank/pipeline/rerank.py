@@ -115,9 +115,11 @@ class SearchFlow:
     async def compute(self, pipe: Pipeline, look: Lookup) -> Outcome:
         s, source, tenant = self.settings, self.source, look.tenant
         if source == "manual_curation":
-            async with pipe.connection(tenant) as conn:
+            async def read(conn, _on_primary: bool):
                 async with atenant_transaction(conn, tenant):
-                    cands = await search.acurated(conn, look.query_hash, s.rerank_top_n)
+                    return await search.acurated(conn, look.query_hash, s.rerank_top_n)
+
+            cands = await pipe.read(tenant, read)  # a standby's when read replicas are set
             results = [_result(c, _rank_score(i, len(cands)), source) for i, c in enumerate(cands)]
             return Outcome({"results": results}, len(cands), len(results), CURATION_MODEL)
 

@@ -47,13 +47,27 @@ async def search_source(conn, source: str, normalized: str, embedding: Any, s: S
 async def retrieve(pipe, tenant, source: str, normalized: str, embedding: Any, *, generation: int,
                    details: bool = False) -> Retrieved:
     s = pipe.settings
-    cached = None
-    async with pipe.connection(tenant) as conn:
+    want_pairs = s.pair_cache
+
+    async def read(conn, on_primary: bool):
         async with atenant_transaction(conn, tenant):
             cands = await search_source(conn, source, normalized, embedding, s)
             if details:
                 await search.adetails(conn, cands)
-            if s.pair_cache and cands:
-                cached = await pair_cache.get_live(conn, pipe.model_name, pipe.hash_query(normalized),
-                                                   pair_keys(cands), generation=generation)
+            # on the primary, the pair scores come from the same snapshot
+            cached = await read_pairs(conn, cands) if on_primary else None
+        return cands, cached, on_primary
+
+    async def read_pairs(conn, cands):
+        if not (want_pairs and cands):
+            return None
+        return await pair_cache.get_live(conn, pipe.model_name, pipe.hash_query(normalized),
+                                         pair_keys(cands), generation=generation)
+
+    cands, cached, on_primary = await pipe.read(tenant, read)
+    if not on_primary and want_pairs and cands:
+        # the candidates came from a standby: pair scores are read on the primary
+        async with pipe.connection(tenant) as conn:
+            async with atenant_transaction(conn, tenant):
+                cached = await read_pairs(conn, cands)
     return Retrieved(cands, cached)

@@ -100,6 +100,9 @@ async def readyz(request: Request, state: State) -> Response[dict[str, Any]]:
         info["database"] = "unavailable"
         info["error"] = type(exc).__name__
         status = 503
+    # read replicas: which server serves reads now, each standby's health and lag. A standby
+    # down or behind does not make the service unready: its reads go to the primary.
+    info["reads"] = state.replicas.describe() if state.replicas is not None else {"reads": "primary", "standbys": []}
     info["status"] = "ready" if status == 200 else "not_ready"
     if not _ops_authorized(request):
         return Response({"status": info["status"]}, status_code=status)  # coarse: no internal detail

@@ -209,3 +209,33 @@ def test_a_standby_behind_by_more_than_the_allowed_lag_serves_no_reads(settings,
         where.clear()
         assert ask(client, tenant, "tapir night")["results"]
         assert where == [True]
+
+
+def test_a_standby_within_the_lag_but_behind_the_tenants_generation_is_not_read(settings, standby, embedder,
+                                                                                  tmp_path, where):
+    """The cache key carries the tenant's generation read on the primary: a standby that has
+    not replayed that generation yet would put an older knowledge base's answer under the new
+    key. Such a read runs on the primary (the standby stays in service for others)."""
+    tenant = new_tenant(settings, embedder, tmp_path, "pangolin")
+    owner_standby = standby.url(settings.database_url)
+    sb.wait_for_replay(settings.database_url, owner_standby)
+    with served(settings, standby, embedder, max_replica_lag_s=60.0) as (app, client), \
+            psycopg.connect(owner_standby, autocommit=True) as sconn:
+        wait_until(lambda: readyz(client)["reads"] == "replica", 10)
+        sconn.execute("select pg_wal_replay_pause()")
+        try:
+            folder = tmp_path / "late"
+            folder.mkdir()
+            (folder / "kiwi.md").write_text("# Kiwi\n\nThe kiwi cannot fly.\n", encoding="utf-8")
+            with psycopg.connect(db.app_url(settings), autocommit=True) as conn:
+                assert ingest_paths(conn, tenant, [folder], embedder, settings).added == 1
+            where.clear()
+            body = ask(client, tenant, "kiwi")
+            assert body["results"] and where == [False]
+            assert readyz(client)["reads"] == "replica"  # still in service: only 60 s allowed
+        finally:
+            sconn.execute("select pg_wal_replay_resume()")
+        sb.wait_for_replay(settings.database_url, owner_standby)
+        where.clear()
+        assert ask(client, tenant, "kiwi flying")["results"]
+        assert where == [True]

@@ -1,4 +1,5 @@
-"""Candidates from the tenant's knowledge base, one tenant transaction: the search the
+"""Candidates from the tenant's knowledge base, one tenant transaction (on a read replica when
+configured: :mod:`kb_rerank.store.replicas`): the search the
 source names (kb.search_hybrid fused from lists ``fusion_depth`` deep, the best
 2 x ``candidates`` kept; kb.search_lexical with the BM25 parameters; kb.search_semantic),
 deduplicated by chunk, optionally with each chunk's stored details, and the live pair
@@ -12,7 +13,7 @@ from typing import Any
 
 from kb_rerank.candidate import Candidate
 from kb_rerank.settings import Settings
-from kb_rerank.store import pair_cache, search
+from kb_rerank.store import pair_cache, replicas, search
 from kb_rerank.store.session import atenant_transaction
 
 
@@ -51,6 +52,12 @@ async def retrieve(pipe, tenant, source: str, normalized: str, embedding: Any, *
 
     async def read(conn, on_primary: bool):
         async with atenant_transaction(conn, tenant):
+            if not on_primary:
+                # the answer is cached under the generation the primary gave the request: a
+                # standby that has not replayed it yet would cache an older knowledge base
+                cur = await conn.execute(replicas.GENERATION)
+                if (await cur.fetchone())[0] < generation:
+                    raise replicas.StandbyBehind
             cands = await search_source(conn, source, normalized, embedding, s)
             if details:
                 await search.adetails(conn, cands)

@@ -49,6 +49,15 @@ except ImportError:  # pragma: no cover - psycopg_pool is a dependency of the ap
 RETRY_ON_PRIMARY = (psycopg.OperationalError, psycopg.errors.SerializationFailure, PoolTimeout)
 
 
+class StandbyBehind(Exception):
+    """Raised by a read that finds the standby has not replayed what it needs yet (the
+    tenant's generation the request was keyed on): the read runs on the primary instead,
+    and the standby stays in service."""
+
+
+GENERATION = "select coalesce((select generation from kb.kb_generation where tenant_id = kb.current_tenant()), 0)"
+
+
 def label(url: str) -> str:
     """A standby's name for logs and /readyz: host (or socket folder), port and database,
     never the credentials."""
@@ -179,6 +188,8 @@ class ReadReplicas:
             try:
                 async with connect(s.pool) as conn:
                     return await work(conn, False)
+            except StandbyBehind:
+                log.debug("standby %s behind the request's generation: read on the primary", s.name)
             except RETRY_ON_PRIMARY as exc:
                 s.healthy, s.error = False, type(exc).__name__
                 log.warning("read on standby %s failed (%s): served by the primary", s.name, type(exc).__name__)

@@ -79,6 +79,11 @@ class Settings:
     rerank_max_length: int = 512
     rerank_batch_size: int = 32
     rerank_timeout_s: float = 30.0
+    # Single flight across app processes (kb.kb_rerank_inflight, kb_rerank.store.inflight): a
+    # miss claimed by another process is waited for (its cache row polled this often) instead
+    # of computed twice; off: single flight within each process only.
+    shared_single_flight: bool = True  # KB_SHARED_SINGLE_FLIGHT
+    single_flight_poll_s: float = 0.05  # KB_SINGLE_FLIGHT_POLL_S
     rerank_top_n: int = 10
     # Cache
     cache_ttl_s: int = 300
@@ -88,6 +93,11 @@ class Settings:
     host: str = "127.0.0.1"
     port: int = 8000
     workers: int = 1
+    # KB_APP_REPLICAS: app replicas behind the load balancer (each with KB_WORKERS processes).
+    # The per-tenant and per-address buckets live in each process, so each takes its share:
+    # rate and burst / (replicas x workers); the limits then hold in total when the balancer
+    # spreads a tenant's requests evenly (docs/scaling.md, "Limits across replicas").
+    app_replicas: int = 1
     max_query_chars: int = 2000
     max_body_bytes: int = 65536
     # tokens are costs since issue 13 (kb_rerank.limits): 50 cache hits a second, or about 5 misses of 40 pairs

@@ -13,7 +13,13 @@ Steps of a request (tenant ``t``, a flow of source ``s``)
    hit) or, when the answer was not cached (fallback, uninspected documents) and neither the
    generation nor the key moved since the leader read them, share the leader's answer
    (audited for themselves, detail ``single_flight``); when the leader failed they fail the
-   same way at once (a database outage costs them no second timeout).
+   same way at once (a database outage costs them no second timeout). Across processes
+   (app replicas over one database; ``KB_SHARED_SINGLE_FLIGHT``), a leader that misses
+   claims the key in ``kb.kb_rerank_inflight`` (:mod:`kb_rerank.store.inflight`) before it
+   computes; a leader that finds the key claimed by another process polls for that
+   process's cache row and serves it as a hit (audited ``cache_hit``), and computes only when
+   the claim is released with nothing cached or expires. The claim is released in the
+   record step's transaction, with the cache row.
 2. **Lookup** (one tenant transaction): the tenant's injection policy when the flow keys on
    it, the cache key ``query_hash(normalised query, parameters)`` (:mod:`.query`), the
    tenant's knowledge-base generation (or the flow's fixed one) and the key's live row at
@@ -46,7 +52,7 @@ from kb_rerank.pipeline import scoring
 from kb_rerank.pipeline.limits import UNLIMITED, Limits
 from kb_rerank.pipeline.query import query_hash, query_hash_key
 from kb_rerank.settings import Settings
-from kb_rerank.store import audit, pair_cache, result_cache
+from kb_rerank.store import audit, inflight, pair_cache, result_cache
 from kb_rerank.store.session import atenant_transaction
 
 log = logging.getLogger(__name__)
@@ -270,16 +276,23 @@ class Pipeline:
         self._inflight[key] = fut
         outcome: Outcome | None = None
         failure: Exception | None = None
+        claim: list = []  # [(lookup, claimant)] while this process holds the key's shared claim
         try:
             look = await self._lookup(flow, tenant, trace_id, t0)
             if look.hit is not None:
                 return Served(look.hit, True, None, look.model or self.model_name)
+            other = await self._claim(flow, tenant, trace_id, t0, look, claim)
+            if isinstance(other, Served):
+                return other  # another process computed it meanwhile: its cache row, as a hit
+            look = other
             self.metrics.cache_miss(flow.source)
             outcome = await flow.compute(self, look)
             outcome.query_hash, outcome.generation = look.query_hash, look.generation
             if outcome.fallback_reason is not None:
                 outcome.cacheable = False
-            await self._record(flow, tenant, trace_id, outcome, t0, write=True)
+            await self._record(flow, tenant, trace_id, outcome, t0, write=True,
+                               claimant=claim[0][1] if claim else None)
+            claim.clear()  # released in the record's transaction
             return Served(outcome.body, False, outcome, outcome.model)
         except Exception as exc:
             failure = exc
@@ -289,6 +302,59 @@ class Pipeline:
                 del self._inflight[key]
             if not fut.done():
                 fut.set_result(failure if failure is not None else outcome)  # followers get it
+            if claim:
+                # failed or cancelled before recording: let the other processes compute now
+                await asyncio.shield(self._release(flow, tenant, *claim[0]))
+
+    # ------------------------------------------------------------------ across processes
+    def _claim_ttl_s(self) -> float:
+        """How long a claim lives (and a waiter waits at most): the model's budget plus room
+        for the query embedding, the SQL and the writes."""
+        return float(self.settings.rerank_timeout_s) + 10.0
+
+    async def _claim(self, flow: Flow, tenant, trace_id: str, t0: float, look: Lookup, held: list):
+        """Single flight across processes (:mod:`kb_rerank.store.inflight`): claim the missed
+        key and return the lookup to compute with (``held`` gets the claim), or, when another
+        process holds the claim, wait for its cache row and return it as a hit
+        (:class:`Served`). A claim released with nothing cached (a fallback, an uncacheable
+        answer, a failure) or expired, or a wait past the claim's lifetime, lets this process
+        compute; a moved generation is a new key, claimed afresh."""
+        if not self.settings.shared_single_flight:
+            return look
+        me = uuid.uuid4()
+        ttl = self._claim_ttl_s()
+        deadline = time.monotonic() + ttl
+        while True:
+            async with self.connection(tenant) as conn:
+                async with atenant_transaction(conn, tenant):
+                    got = await inflight.claim(conn, look.query_hash, flow.source, look.generation, me, ttl)
+            if got:
+                held.append((look, me))
+                return look
+            log.info("single flight: key claimed by another process source=%s tenant=%s query_hash=%s",
+                     flow.source, tenant, look.query_hash)
+            while time.monotonic() < deadline:
+                await asyncio.sleep(self.settings.single_flight_poll_s)
+                async with self.connection(tenant) as conn:
+                    async with atenant_transaction(conn, tenant):
+                        busy = await inflight.claimed(conn, look.query_hash, flow.source, look.generation)
+                if busy:
+                    continue
+                again = await self._lookup(flow, tenant, trace_id, t0)  # audits a hit
+                if again.hit is not None:
+                    return Served(again.hit, True, None, again.model or self.model_name)
+                look = again
+                break  # released without a row, or the generation moved: claim (again)
+            else:
+                return look  # waited as long as a claim lives: compute without one
+
+    async def _release(self, flow: Flow, tenant, look: Lookup, claimant: uuid.UUID) -> None:
+        try:
+            async with self.connection(tenant) as conn:
+                async with atenant_transaction(conn, tenant):
+                    await inflight.release(conn, look.query_hash, flow.source, look.generation, claimant)
+        except Exception as exc:  # noqa: BLE001 - the claim expires on its own
+            log.warning("could not release a single-flight claim: %s", type(exc).__name__)
 
     async def _lookup(self, flow: Flow, tenant: uuid.UUID, trace_id: str, t0: float) -> Lookup:
         async with self.connection(tenant) as conn:
@@ -316,7 +382,7 @@ class Pipeline:
         return look
 
     async def _record(self, flow: Flow, tenant, trace_id: str, out: Outcome, t0: float, *,
-                      write: bool, extra: str | None = None) -> None:
+                      write: bool, extra: str | None = None, claimant: uuid.UUID | None = None) -> None:
         parts = (out.fallback_reason, out.detail if out.detail is not None else flow.tag, extra)
         detail = ";".join(p for p in parts if p) or None
         async with self.connection(tenant) as conn:
@@ -329,6 +395,9 @@ class Pipeline:
                     # the pair cache is keyed by the query alone: shared by every flow
                     await pair_cache.put(conn, out.model, self.hash_query(flow.normalized), out.new_pairs,
                                          generation=out.generation, ttl_s=self.settings.cache_ttl_s)
+                if claimant is not None:
+                    # released with the cache row: a waiting process sees both at once
+                    await inflight.release(conn, out.query_hash, flow.source, out.generation, claimant)
                 await self.audit(conn, tenant, audit.AuditRecord(
                     kind=audit.FALLBACK if out.fallback_reason else audit.SERVED, source=flow.source,
                     query_hash=out.query_hash, trace_id=trace_id, model=out.model,

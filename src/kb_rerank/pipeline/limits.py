@@ -1,6 +1,11 @@
 """Limits and fairness: one tenant (or one client address) cannot starve the others.
 
-Three mechanisms, all in process memory (per server process):
+Three mechanisms, all in process memory (per server process). The buckets' sizes and
+rates are the service's: each process takes its share, divided by ``KB_APP_REPLICAS`` x
+``KB_WORKERS`` (:meth:`Limits.from_settings`), so they hold in total when the load balancer
+spreads requests evenly. (A bucket shared through PostgreSQL would hold exactly under any
+balancing, at the price of a row update on the primary for every request, a cache hit
+included, serialised per tenant: docs/scaling.md.)
 
 1. **Cost-based token buckets per tenant** (:class:`RateLimiter`, ``rate_limit_per_minute``
    refill, ``rate_limit_burst`` size). A token is the cost of a cache hit: every
@@ -234,9 +239,13 @@ class Limits:
     @classmethod
     def from_settings(cls, settings, *, on_reject: Callable[[str], None] | None = None) -> "Limits":
         pool_slots = settings.tenant_pool_slots or max(1, settings.pool_max // 2)
+        # this process's share of each bucket: the limits are for the whole service, and every
+        # process (KB_APP_REPLICAS x KB_WORKERS) keeps its own buckets
+        share = 1.0 / (max(1, int(settings.app_replicas)) * max(1, int(settings.workers)))
         return cls(
-            tenant_rate=RateLimiter(settings.rate_limit_per_minute, settings.rate_limit_burst),
-            address_rate=RateLimiter(settings.address_rate_limit_per_minute, settings.address_rate_limit_burst),
+            tenant_rate=RateLimiter(settings.rate_limit_per_minute * share, settings.rate_limit_burst * share),
+            address_rate=RateLimiter(settings.address_rate_limit_per_minute * share,
+                                     settings.address_rate_limit_burst * share),
             model_slots=settings.tenant_model_slots, pool_slots=pool_slots, wait_s=settings.tenant_wait_s,
             cost_per_pair=settings.rate_cost_per_pair, cost_per_document=settings.rate_cost_per_document,
             cost_per_embedding=settings.rate_cost_per_embedding,

@@ -94,3 +94,42 @@ def test_dev_token_route_under_dev_mints_a_demo_token_the_api_accepts():
 
     assert str(tenant_from_authorization("Bearer " + body["token"], c.app.state.jwt)) == str(DEMO_TENANT)
     assert c.get("/playground/dev-token").status_code == 405  # minting is a POST
+
+
+# --------------------------------------------------------------------------- Server-Timing (the page's "time per stage")
+
+
+def _stages(header: str) -> dict[str, float]:
+    out = {}
+    for part in header.split(","):
+        name, _, dur = part.strip().partition(";dur=")
+        out[name] = float(dur)
+    return out
+
+
+def test_server_timing_names_the_stages_a_request_went_through(settings, app_conn, embedder, tmp_path):
+    import uuid
+
+    from .live_server import FakeReranker, bearer, ingest_small_tenant
+
+    tenant = uuid.uuid4()
+    ingest_small_tenant(app_conn, tenant, embedder, settings, tmp_path)
+    app = create_app(settings.with_(jwt_secret=SECRET), reranker=FakeReranker(), embedder=embedder)
+    with TestClient(app) as c:
+        body = {"query": "how do I export a report", "source": "hybrid_lexical_semantic"}
+        miss = c.post("/v1/kb/search/rerank", json=body, headers=bearer(tenant))
+        assert miss.status_code == 200 and not miss.json()["from_cache"]
+        stages = _stages(miss.headers["server-timing"])
+        assert list(stages) == ["cache", "embed", "retrieve", "rerank", "record", "total"]
+        assert all(v >= 0 for v in stages.values())
+        assert stages["total"] >= sum(v for k, v in stages.items() if k != "total")
+        hit = c.post("/v1/kb/search/rerank", json=body, headers=bearer(tenant))
+        assert hit.json()["from_cache"] and list(_stages(hit.headers["server-timing"])) == ["cache", "total"]
+        lexical = c.post("/v1/kb/search/rerank", json={"query": "export", "source": "lexical_only"}, headers=bearer(tenant))
+        assert "embed" not in _stages(lexical.headers["server-timing"])  # no query embedding for lexical_only
+        v2 = c.post("/v2/rerank", json={"query": "refund", "documents": ["refunds take five days", "two-factor"]},
+                    headers=bearer(tenant))
+        assert v2.status_code == 200
+        assert {"guard", "rerank", "total"} <= set(_stages(v2.headers["server-timing"]))
+        # an error has no timings
+        assert "server-timing" not in c.post("/v1/kb/search/rerank", json={}, headers=bearer(tenant)).headers

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kb_rerank.candidate import Candidate
+from kb_rerank.pipeline import timing
 from kb_rerank.settings import Settings
 from kb_rerank.store import pair_cache, search
 from kb_rerank.store.session import atenant_transaction
@@ -48,8 +49,8 @@ async def retrieve(pipe, tenant, source: str, normalized: str, embedding: Any, *
                    details: bool = False) -> Retrieved:
     s = pipe.settings
     cached = None
-    async with pipe.connection(tenant) as conn:
-        async with atenant_transaction(conn, tenant):
+    with timing.stage("retrieve"):
+        async with pipe.connection(tenant) as conn, atenant_transaction(conn, tenant):
             cands = await search_source(conn, source, normalized, embedding, s)
             if details:
                 await search.adetails(conn, cands)

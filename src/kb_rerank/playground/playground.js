@@ -166,7 +166,15 @@
     $("stages-section").hidden = !stages.length;
   }
 
-  function render(ep, data, docs, roundTripMs) {
+  // "cache;dur=1.2, retrieve;dur=3.4" (the Server-Timing header) -> "cache 1.2 ms, retrieve 3.4 ms"
+  function stageTimes(header) {
+    return (header || "").split(",").map((part) => {
+      const m = /^\s*([\w-]+)\s*;\s*dur=([\d.]+)/.exec(part);
+      return m ? m[1] + " " + Number(m[2]).toFixed(1) + " ms" : null;
+    }).filter((x) => x).join(", ");
+  }
+
+  function render(ep, data, docs, roundTripMs, serverTiming) {
     const meta = ep === V2 ? data.meta : data;
     const rows = rowsOf(ep, data, docs);
     fillSummary($("summary"), [
@@ -176,12 +184,13 @@
       ["Model", meta.model],
       ["From cache", meta.from_cache ? "yes" : "no"],
       ["Fallback", meta.fallback ? "yes: " + (meta.fallback_reason || "no reason given") : "no"],
-      ["Time per stage", "rerank " + meta.rerank_duration_ms + " ms; whole request " + Math.round(roundTripMs) +
-        " ms (measured by this page)"],
+      ["Time per stage", (stageTimes(serverTiming) || "rerank " + meta.rerank_duration_ms + " ms") +
+        "; round trip " + Math.round(roundTripMs) + " ms (measured by this page)"],
       ["Trace id", meta.trace_id],
     ]);
     renderResults(rows);
     $("answer").hidden = false;
+    $("context-title").textContent = ep === CONTEXT ? "Context" : "Guard";
     if (ep === CONTEXT) {
       fillSummary($("context-summary"), [
         ["Answerable", data.answerable ? "yes" : "no"],
@@ -234,7 +243,7 @@
         status.textContent = "";
         return;
       }
-      render(ep, data, docs, ms);
+      render(ep, data, docs, ms, resp.headers.get("Server-Timing"));
       status.textContent = "Done in " + Math.round(ms) + " ms.";
     } catch (e) {
       showError("The request did not reach the API: " + e.message);

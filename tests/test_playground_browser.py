@@ -7,8 +7,10 @@ The tiny cross-encoder has random weights, so its scores are noise: among severa
 candidates its order is chance. The search test therefore uses the ``lexical_only`` source,
 where the code token ERR_402 is matched whole (ERR_409 does not match it, see
 kb.code_tokens), so the ERR_402 document leads by construction and not by luck of the
-weights; the context test checks the context block (answerable, the injection-flagged
-passage filtered out) and the explain table on the default hybrid source.
+weights. The other tests check what does not depend on the model's order: the context
+block of /v1/kb/context (answerable, the injection-flagged passage filtered out, the explain
+table), /v2/rerank with pasted documents, the 401 message on a phone-sized screen, and the
+demo-token button of `serve --dev`.
 
 A screenshot of each run is written under tests/output/playground/ (git-ignored) and its
 path printed. Without Playwright or Chromium these tests are skipped with the package named

@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 export OPENBLAS_NUM_THREADS ?= 1
 export HF_HUB_OFFLINE ?= 1
 
-.PHONY: install demo test test-fast wheel-test serve soak bench bench-quick clean db-stop
+.PHONY: install chromium demo test test-fast wheel-test serve soak bench bench-quick clean db-stop
 
 install: $(STAMP)
 
@@ -23,10 +23,21 @@ serve: install
 	$(BIN)/kb-rerank migrate
 	$(BIN)/kb-rerank serve --dev
 
-test: install
+# The playground's browser tests (tests/test_playground_browser.py) drive Debian's `chromium`
+# through Playwright (the dev extra). Installed here as root where apt-get exists; otherwise, or
+# when the install fails, those tests skip with a message naming the package.
+chromium:
+	@command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || \
+	{ if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    echo "installing Debian's chromium for the browser tests (apt-get)"; \
+	    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; } || \
+	    echo "WARNING: apt-get install chromium failed: the browser tests will be skipped"; \
+	  else echo "WARNING: chromium is not installed (as root: apt-get install chromium): the browser tests will be skipped"; fi; }
+
+test: install chromium
 	$(BIN)/python -m pytest -q
 
-test-fast: install
+test-fast: install chromium
 	$(BIN)/python -m pytest -q -m "not slow"
 
 # build the wheel, install it into a fresh venv outside the checkout, run `kb-rerank demo` there

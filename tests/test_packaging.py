@@ -115,9 +115,9 @@ def _matches(rel: str, pattern: str) -> bool:
 
 def test_every_resource_file_is_package_data():
     """What the code reads through importlib.resources ships in the wheel: every file under
-    sql/, migrations/, demo_kb/ (and py.typed) matches a package-data pattern."""
+    sql/, migrations/, demo_kb/, playground/ (and py.typed) matches a package-data pattern."""
     src = Path(str(PKG))
-    files = [p.relative_to(src).as_posix() for d in ("sql", "migrations", "demo_kb") for p in (src / d).rglob("*")
+    files = [p.relative_to(src).as_posix() for d in ("sql", "migrations", "demo_kb", "playground") for p in (src / d).rglob("*")
              if p.is_file() and "__pycache__" not in p.parts]
     files.append("py.typed")
     assert (src / "py.typed").is_file()

@@ -22,6 +22,8 @@ Endpoints
   request carries ``Authorization: Bearer <ops_token>``.
 * ``GET /metrics`` -- Prometheus text, from a registry owned by the app; needs the ops
   token (401 without it; 404 when no ops token is configured).
+* ``GET /playground`` -- the search playground page (:mod:`kb_rerank.http.routes.playground`);
+  ``POST /playground/dev-token`` exists only under ``serve --dev`` with the development secret.
 * ``GET /schema/openapi.json`` and ``/schema`` (docs page): the three JSON routes' request
   bodies, answers and error responses (:mod:`kb_rerank.http.schemas`), and the bearer scheme
   (HTTP bearer, JWT) they require, so the docs page can send a token.
@@ -63,6 +65,7 @@ from kb_rerank.http.body import ApiError
 from kb_rerank.http.errors import api_error_handler, db_error_handler, too_large_handler
 from kb_rerank.http.routes.context import context_handler
 from kb_rerank.http.routes.ops import healthz, metrics_handler, readyz
+from kb_rerank.http.routes.playground import playground_routes
 from kb_rerank.http.routes.rerank import rerank_handler
 from kb_rerank.http.routes.v2_rerank import v2_rerank_handler
 from kb_rerank.http.schemas import SECURITY, SECURITY_COMPONENTS
@@ -296,7 +299,8 @@ def create_app(settings: Settings, *, reranker=None, embedder=None, dev: bool = 
                request_max_body_size=settings.v2_max_body_bytes),  # POST /v2/rerank
     ])
     return Litestar(
-        route_handlers=[v1, healthz, readyz, metrics_handler],
+        # the playground page (no guard: the page holds no data; its requests carry the token)
+        route_handlers=[v1, healthz, readyz, metrics_handler, *playground_routes(settings, dev=dev)],
         state=state,
         lifespan=[_lifespan],
         middleware=[metrics_middleware(metrics)],

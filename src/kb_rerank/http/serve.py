@@ -1,11 +1,13 @@
 """What every JSON route does, written once: the trace id (set by the auth guard) in the log
 context, the body parsed (a rejection counted and logged, then answered by the error
 handler), the flow built and run by the app's :class:`~kb_rerank.pipeline.flow.Pipeline`,
-the answer converted to the route's response Struct with ``X-Trace-Id``."""
+the answer converted to the route's response Struct with ``X-Trace-Id`` and ``Server-Timing``
+(the stages' milliseconds, :mod:`kb_rerank.pipeline.timing`)."""
 
 from __future__ import annotations
 
 import logging
+import time
 import uuid
 from typing import Any, Callable, TypeVar
 
@@ -15,6 +17,7 @@ from litestar.datastructures import State
 from kb_rerank.http.body import ApiError
 from kb_rerank.http.schemas import to_response
 from kb_rerank.http.telemetry import TRACE_ID
+from kb_rerank.pipeline import timing
 from kb_rerank.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -27,6 +30,8 @@ async def serve(request: Request, state: State, parse: Callable[[bytes, Settings
     trace_id: str = scope_state["trace_id"]
     tenant: uuid.UUID = scope_state["tenant"]
     token = TRACE_ID.set(trace_id)
+    t0 = time.perf_counter()
+    timing_token, stages = timing.start()
     try:
         try:
             req = parse(await request.body(), state.settings)
@@ -37,7 +42,9 @@ async def serve(request: Request, state: State, parse: Callable[[bytes, Settings
             raise
         flow = make_flow(req, state)
         served = await state.pipeline.run(flow, tenant, trace_id)
-        return Response(to_response(flow.answer(served, trace_id), response_type),
-                        headers={"X-Trace-Id": trace_id})
+        body = to_response(flow.answer(served, trace_id), response_type)
+        stages["total"] = (time.perf_counter() - t0) * 1000.0
+        return Response(body, headers={"X-Trace-Id": trace_id, "Server-Timing": timing.server_timing(stages)})
     finally:
+        timing.stop(timing_token)
         TRACE_ID.reset(token)

@@ -41,7 +41,7 @@ import numpy as np
 
 from kb_rerank.candidate import Candidate, sha256_hex
 from kb_rerank.ingest import detectors
-from kb_rerank.pipeline import diversify
+from kb_rerank.pipeline import diversify, timing
 from kb_rerank.pipeline.compose import fallback_relevance, rounded, tiers
 from kb_rerank.pipeline.flow import Lookup, Outcome, Pipeline, Served, StoredResponse
 from kb_rerank.pipeline.guard_policy import apply as apply_policy
@@ -144,7 +144,8 @@ class CallerDocumentsFlow(StoredResponse):
                 id=f"{i:09d}", content=truncate_tokens(docs[i].text, req.max_tokens_per_doc), score=first[i],
                 authority=float(md.authority) if md and md.authority is not None else 1.0,
                 updated_at=md.updated_at if md else None))
-        verdicts = await detectors.inspect_documents([c.content for c in cands], s.guard_budget_ms / 1000.0)
+        with timing.stage("guard"):
+            verdicts = await detectors.inspect_documents([c.content for c in cands], s.guard_budget_ms / 1000.0)
         for c, v in zip(cands, verdicts):
             if v is None:
                 c.inspected = False

@@ -48,7 +48,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Protocol
 
-from kb_rerank.pipeline import scoring
+from kb_rerank.pipeline import scoring, timing
 from kb_rerank.pipeline.limits import UNLIMITED, Limits
 from kb_rerank.pipeline.query import query_hash, query_hash_key
 from kb_rerank.settings import Settings
@@ -212,7 +212,8 @@ class Pipeline:
 
     async def embed(self, fn, *args: Any) -> Any:
         """An embedder call on the embedder's executor (off the event loop)."""
-        return await asyncio.get_running_loop().run_in_executor(self.embed_executor, fn, *args)
+        with timing.stage("embed"):
+            return await asyncio.get_running_loop().run_in_executor(self.embed_executor, fn, *args)
 
     def connection(self, tenant):
         """One of the tenant's pool connections (a slot of :mod:`.limits`)."""
@@ -227,12 +228,13 @@ class Pipeline:
                 return await work(conn, True)
         return await self.replicas.run(work, lambda pool: self.limits.connection(pool, tenant), self.pool)
 
-    def score(self, tenant, source: str, query: str, texts: list[str], **kw: Any):
+    async def score(self, tenant, source: str, query: str, texts: list[str], **kw: Any):
         """:func:`kb_rerank.pipeline.scoring.score` with this app's model, settings, metrics
         and limits; a fallback is counted under ``source`` and reloads the model."""
-        return scoring.score(reranker=self.reranker, settings=self.settings, metrics=self.metrics,
-                             limits=self.limits, reload_later=self.reload_model_later, query=query, texts=texts,
-                             source=source, tenant=tenant, **kw)
+        with timing.stage("rerank"):
+            return await scoring.score(reranker=self.reranker, settings=self.settings, metrics=self.metrics,
+                                       limits=self.limits, reload_later=self.reload_model_later, query=query,
+                                       texts=texts, source=source, tenant=tenant, **kw)
 
     def reload_model_later(self) -> None:
         """(Re)load the model in the background when it is not ready (after a fallback)."""
@@ -357,6 +359,10 @@ class Pipeline:
             log.warning("could not release a single-flight claim: %s", type(exc).__name__)
 
     async def _lookup(self, flow: Flow, tenant: uuid.UUID, trace_id: str, t0: float) -> Lookup:
+        with timing.stage("cache"):
+            return await self._lookup_timed(flow, tenant, trace_id, t0)
+
+    async def _lookup_timed(self, flow: Flow, tenant: uuid.UUID, trace_id: str, t0: float) -> Lookup:
         async with self.connection(tenant) as conn:
             async with atenant_transaction(conn, tenant):
                 policy = "exclude"
@@ -383,6 +389,11 @@ class Pipeline:
 
     async def _record(self, flow: Flow, tenant, trace_id: str, out: Outcome, t0: float, *,
                       write: bool, extra: str | None = None, claimant: uuid.UUID | None = None) -> None:
+        with timing.stage("record"):
+            await self._record_timed(flow, tenant, trace_id, out, t0, write=write, extra=extra, claimant=claimant)
+
+    async def _record_timed(self, flow: Flow, tenant, trace_id: str, out: Outcome, t0: float, *,
+                            write: bool, extra: str | None = None, claimant: uuid.UUID | None = None) -> None:
         parts = (out.fallback_reason, out.detail if out.detail is not None else flow.tag, extra)
         detail = ";".join(p for p in parts if p) or None
         async with self.connection(tenant) as conn:

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kb_rerank.candidate import Candidate
+from kb_rerank.pipeline import timing
 from kb_rerank.settings import Settings
 from kb_rerank.store import pair_cache, replicas, search
 from kb_rerank.store.session import atenant_transaction
@@ -47,6 +48,12 @@ async def search_source(conn, source: str, normalized: str, embedding: Any, s: S
 
 async def retrieve(pipe, tenant, source: str, normalized: str, embedding: Any, *, generation: int,
                    details: bool = False) -> Retrieved:
+    with timing.stage("retrieve"):
+        return await _retrieve(pipe, tenant, source, normalized, embedding, generation=generation, details=details)
+
+
+async def _retrieve(pipe, tenant, source: str, normalized: str, embedding: Any, *, generation: int,
+                    details: bool) -> Retrieved:
     s = pipe.settings
     want_pairs = s.pair_cache
 

@@ -39,6 +39,9 @@ TABLES = {
     "kb_rerank_curation": "insert into kb.kb_rerank_curation (tenant_id, query_hash, position, chunk_id)"
                           " values (%(t)s, repeat('a', 64), 0, %(chunk)s)",
     "tenant_policy": "insert into kb.tenant_policy (tenant_id, injection_policy) values (%(t)s, 'allow')",
+    "kb_rerank_inflight": "insert into kb.kb_rerank_inflight (tenant_id, query_hash, source, generation, claimant,"
+                          " expires_at) values (%(t)s, repeat('a', 64), 'lexical_only', 0, gen_random_uuid(),"
+                          " now() + interval '1 minute')",
     "kb_rerank_pair_scores": "insert into kb.kb_rerank_pair_scores (tenant_id, model, query_hash, chunk_id,"
                              " content_hash, score, expires_at) values (%(t)s, 'hostile', repeat('a', 64),"
                              " %(chunk)s, repeat('0', 64), 0.5, now() + interval '1 hour')",

@@ -94,6 +94,14 @@ def new_tenant(settings, embedder, tmp_path, flavour):
     return tenant
 
 
+def add_document(settings, embedder, tenant, folder: Path, name: str, text: str) -> None:
+    """One new document for ``tenant``, ingested on the primary."""
+    folder.mkdir()
+    (folder / f"{name}.md").write_text(text, encoding="utf-8")
+    with psycopg.connect(db.app_url(settings), autocommit=True) as conn:
+        assert ingest_paths(conn, tenant, [folder], embedder, settings).added == 1
+
+
 def test_searches_run_on_the_standby_under_the_tenants_rls(settings, standby, embedder, tmp_path, where):
     tenant = new_tenant(settings, embedder, tmp_path, "zebrafish")
     other = new_tenant(settings, embedder, tmp_path / "o", "quokka")
@@ -122,11 +130,7 @@ def test_a_document_ingested_on_the_primary_is_found_on_the_standby(settings, st
     with served(settings, standby, embedder) as (app, client):
         wait_until(lambda: readyz(client)["reads"] == "replica", 10)
         assert ask(client, tenant, "okapi")["results"] == []
-        folder = tmp_path / "more"
-        folder.mkdir()
-        (folder / "okapi.md").write_text("# Okapi\n\nThe okapi lives in the Ituri rainforest.\n", encoding="utf-8")
-        with psycopg.connect(db.app_url(settings), autocommit=True) as conn:
-            assert ingest_paths(conn, tenant, [folder], embedder, settings).added == 1
+        add_document(settings, embedder, tenant, tmp_path / "more", "okapi", "# Okapi\n\nThe okapi lives in the Ituri rainforest.\n")
         sb.wait_for_replay(settings.database_url, standby.url(settings.database_url))
         body = ask(client, tenant, "okapi")
         assert body["results"] and where[-1] is True
@@ -192,11 +196,7 @@ def test_a_standby_behind_by_more_than_the_allowed_lag_serves_no_reads(settings,
         wait_until(lambda: readyz(client)["reads"] == "replica", 10)
         sconn.execute("select pg_wal_replay_pause()")
         try:
-            folder = tmp_path / "late"
-            folder.mkdir()
-            (folder / "tapir.md").write_text("# Tapir\n\nThe tapir browses at night.\n", encoding="utf-8")
-            with psycopg.connect(db.app_url(settings), autocommit=True) as conn:
-                assert ingest_paths(conn, tenant, [folder], embedder, settings).added == 1
+            add_document(settings, embedder, tenant, tmp_path / "late", "tapir", "# Tapir\n\nThe tapir browses at night.\n")
             waited = wait_until(lambda: readyz(client)["reads"] == "primary", 10)
             assert waited >= 0.5  # not at once: it was within the allowed lag at first
             assert readyz(client)["standbys"][0]["lag_s"] > 1.0
@@ -224,11 +224,7 @@ def test_a_standby_within_the_lag_but_behind_the_tenants_generation_is_not_read(
         wait_until(lambda: readyz(client)["reads"] == "replica", 10)
         sconn.execute("select pg_wal_replay_pause()")
         try:
-            folder = tmp_path / "late"
-            folder.mkdir()
-            (folder / "kiwi.md").write_text("# Kiwi\n\nThe kiwi cannot fly.\n", encoding="utf-8")
-            with psycopg.connect(db.app_url(settings), autocommit=True) as conn:
-                assert ingest_paths(conn, tenant, [folder], embedder, settings).added == 1
+            add_document(settings, embedder, tenant, tmp_path / "late", "kiwi", "# Kiwi\n\nThe kiwi cannot fly.\n")
             where.clear()
             body = ask(client, tenant, "kiwi")
             assert body["results"] and where == [False]

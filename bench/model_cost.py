@@ -111,11 +111,12 @@ def measure(r: Reranker, query: str, passages: list[str], *, batch_size: int, so
     padded = sum(len(b) * max(lengths[i] for i in b) for b in batches)
     if warm:  # untimed pass: first use of new shapes pays one-off kernel set-up
         r._forward(encoded, batches)
-    times = []
+    times, cpu = [], []
     for _ in range(reps):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         logits = r._forward(encoded, batches)
         times.append(time.perf_counter() - t0)
+        cpu.append(time.process_time() - c0)  # CPU seconds of all threads: steadier than wall on a busy host
         assert len(logits) == len(passages)
     sec = min(times)
     real = sum(lengths)
@@ -131,9 +132,12 @@ def measure(r: Reranker, query: str, passages: list[str], *, batch_size: int, so
         "tokenize_s": round(tokenize_s, 4),
         "forward_s": round(sec, 4),
         "forward_s_all": [round(t, 4) for t in times],
+        "cpu_s": round(min(cpu), 4),
+        "cpu_s_all": [round(t, 4) for t in cpu],
         "tokens_per_s": round(real / sec, 1),
         "padded_tokens_per_s": round(padded / sec, 1),
         "pairs_per_s": round(len(passages) / sec, 2),
+        "logits": logits,  # the last repetition's (callers comparing backends pop it)
     }
 
 
@@ -178,6 +182,7 @@ def run_model(label: str, r: Reranker, configs: list[tuple[str, int, int, bool]]
         _set_max_length(r, max_length)
         res = measure(r, query, workloads[workload], batch_size=batch_size, sort=sort, reps=reps,
                       warm=warm_each)
+        res.pop("logits")
         row = {"model": label, "workload": workload, "max_length": max_length,
                "batch_size": batch_size, "sorted": sort, **res}
         rows.append(row)
@@ -207,6 +212,196 @@ def markdown(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+# ------------------------------------------------------------------ backends (issue 16)
+BACKENDS = ("torch-fp32", "onnx-fp32", "onnx-int8")
+
+
+def _spearman(a: list[float], b: list[float]) -> float:
+    from scipy.stats import spearmanr
+
+    return round(float(spearmanr(a, b).statistic), 4)
+
+
+def _backend_models(model: str, onnx_root: Path, *, threads: int, batch_size: int) -> dict:
+    """The three backends over one checkpoint: the service's Reranker (torch) and its ONNX
+    subclass over the fp32 and int8 exports (``kb-rerank model export``'s function)."""
+    from kb_rerank.models.onnx import OnnxReranker, export_model
+
+    export_model(model, onnx_root, quantize="int8")  # reused when already there
+    out = {"torch-fp32": Reranker(model, device="cpu", max_length=512, batch_size=batch_size)}
+    for q, name in (("none", "onnx-fp32"), ("int8", "onnx-int8")):
+        out[name] = OnnxReranker(model, export_root=onnx_root, quantize=q, threads=threads,
+                                 max_length=512, batch_size=batch_size)
+    for r in out.values():
+        r.load()
+    return out
+
+
+def agreement(models: dict, query: str, workloads: dict[str, list[str]]) -> list[dict]:
+    """Spearman of each ONNX backend's scores against torch fp32, per workload and max_length."""
+    rows = []
+    for workload, passages in workloads.items():
+        for ml in MAX_LENGTHS:
+            scores = {}
+            for name, r in models.items():
+                _set_max_length(r, ml)
+                scores[name] = r._compute_logits(query, passages)  # logits: same order as sigmoid scores
+            for name in BACKENDS[1:]:
+                rows.append({"workload": workload, "max_length": ml, "backend": name,
+                             "spearman_vs_torch_fp32": _spearman(scores["torch-fp32"], scores[name]),
+                             "max_abs_logit_diff": round(max(abs(x - y) for x, y in
+                                                             zip(scores["torch-fp32"], scores[name])), 5)})
+    return rows
+
+
+def run_backends(args) -> int:
+    """torch fp32 vs ONNX fp32 vs ONNX int8 on bge-reranker-v2-m3's architecture: 40 pairs of
+    the ``mixed`` workload, max_length 256 and 512, 1 and 2 threads, backends interleaved per
+    configuration (rotating who goes first); agreement on the tiny model (and the big one)."""
+    import torch
+
+    from kb_rerank.models.onnx import export_dir_for
+
+    reps = max(1, args.reps if not args.quick else 1)
+    result: dict = {"meta": {"python": platform.python_version(), "torch": torch.__version__,
+                             "cpu_count": os.cpu_count(), "machine": platform.machine(), "n_pairs": N_PAIRS,
+                             "reps": reps, "batch_size": args.batch_size, "workload": "mixed",
+                             "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}}
+    try:
+        import onnxruntime
+
+        result["meta"]["onnxruntime"] = onnxruntime.__version__
+    except ImportError:
+        pass
+    md = Path(args.out).with_suffix(".md")
+
+    def save() -> None:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(result, indent=2, ensure_ascii=False))
+        md.write_text(backends_markdown(result))
+
+    with tempfile.TemporaryDirectory(prefix="kb-model-cost-") as tmp:
+        tmp = Path(tmp)
+        onnx_root = Path(args.onnx_root) if args.onnx_root else tmp / "onnx"
+        if not args.skip_tiny:
+            print("tiny random model: agreement", flush=True)
+            tiny = _backend_models(str(build_tiny_cross_encoder(tmp / "tiny")), onnx_root, threads=0,
+                                   batch_size=args.batch_size)
+            query, workloads = make_workloads(tiny["torch-fp32"]._tokenizer)
+            result["agreement_tiny"] = agreement(tiny, query, workloads)
+            for r in tiny.values():
+                r.close()
+            save()
+        if args.skip_big:
+            print(backends_markdown(result))
+            return 0
+
+        big = args.model or str(build_random_bge_reranker_v2_m3(tmp / "bge-v2-m3-random"))
+        t0 = time.perf_counter()
+        rows: list[dict] = []
+        result["rows"] = rows
+        result["big_model"] = {"model": args.model_label or ("random bge-reranker-v2-m3 architecture"
+                                                             if not args.model else big)}
+        agreement_big: list[dict] = []
+        result["agreement_big"] = agreement_big
+        for threads in args.threads:
+            torch.set_num_threads(threads)
+            models = _backend_models(big, onnx_root, threads=threads, batch_size=args.batch_size)
+            result["big_model"]["export_s"] = {
+                q: json.loads((export_dir_for(onnx_root, big, q) / "kb-export.json").read_text()).get("seconds")
+                for q in ("none", "int8")}
+            query, workloads = make_workloads(models["torch-fp32"]._tokenizer)
+            passages = workloads["mixed"]
+            for name, r in models.items():  # untimed: first calls pay one-off set-up
+                warm_up(r, query)
+            for k, ml in enumerate(args.max_lengths):
+                order = list(BACKENDS[k % 3:] + BACKENDS[:k % 3])
+                logits: dict[str, list[float]] = {}
+                for rep in range(reps):
+                    for name in order if rep % 2 == 0 else order[::-1]:
+                        r = models[name]
+                        _set_max_length(r, ml)
+                        res = measure(r, query, passages, batch_size=args.batch_size, sort=True, reps=1)
+                        logits[name] = res.pop("logits")
+                        row = next((x for x in rows if (x["backend"], x["threads"], x["max_length"])
+                                    == (name, threads, ml)), None)
+                        if row is None:
+                            rows.append({"backend": name, "threads": threads, "max_length": ml, **res})
+                        else:
+                            for key in ("forward_s", "cpu_s"):
+                                row[key + "_all"] += res[key + "_all"]
+                                row[key] = min(row[key + "_all"])
+                        print(f"  threads={threads} ml={ml} {name:>10}: {res['forward_s']:8.2f}s "
+                              f"(CPU {res['cpu_s']:.2f}s) "
+                              f"({res['tokens_mean']:.0f} tokens/pair)", flush=True)
+                        save()
+                # agreement on the big model, from the timed passes' own logits
+                for name in BACKENDS[1:]:
+                    agreement_big.append({
+                        "workload": f"mixed, {threads} thread(s)", "max_length": ml, "backend": name,
+                        "spearman_vs_torch_fp32": _spearman(logits["torch-fp32"], logits[name]),
+                        "max_abs_logit_diff": round(max(abs(x - y) for x, y in
+                                                        zip(logits["torch-fp32"], logits[name])), 5)})
+            for r in models.values():
+                r.close()
+            save()
+        result["big_model"]["wall_s"] = round(time.perf_counter() - t0, 1)
+    result["ratios"] = ratios(result["rows"])
+    save()
+    print(backends_markdown(result))
+    print(f"\nwrote {args.out} and {md}")
+    return 0
+
+
+def ratios(rows: list[dict]) -> list[dict]:
+    out = []
+    for threads in sorted({r["threads"] for r in rows}):
+        for ml in sorted({r["max_length"] for r in rows}):
+            sel = [r for r in rows if (r["threads"], r["max_length"]) == (threads, ml)]
+            by = {r["backend"]: r["forward_s"] for r in sel}
+            cpu = {r["backend"]: r["cpu_s"] for r in sel if "cpu_s" in r}
+            if "torch-fp32" in by:
+                out.append({"threads": threads, "max_length": ml, "torch_fp32_s": by["torch-fp32"],
+                            **{f"speedup_{b.replace('-', '_')}": round(by["torch-fp32"] / by[b], 2)
+                               for b in BACKENDS[1:] if b in by},
+                            **{f"cpu_speedup_{b.replace('-', '_')}": round(cpu["torch-fp32"] / cpu[b], 2)
+                               for b in BACKENDS[1:] if b in cpu and "torch-fp32" in cpu}})
+    return out
+
+
+def backends_markdown(result: dict) -> str:
+    lines = ["# Cross-encoder backends: torch fp32 vs ONNX Runtime fp32 vs ONNX Runtime int8", ""]
+    m = result["meta"]
+    lines.append(f"{m['n_pairs']} pairs (workload `{m['workload']}`), length-sorted batches of {m['batch_size']}, "
+                 f"{m['reps']} timed repetition(s) after an untimed warm-up, backends interleaved; "
+                 f"torch {m['torch']}, onnxruntime {m.get('onnxruntime', '-')}, {m['cpu_count']} CPUs, "
+                 f"started {m['started']}.")
+    if result.get("rows"):
+        lines += ["", "## Time per request (bge-reranker-v2-m3 architecture, random weights)", "",
+                  "| threads | max_length | backend | tokens/pair (min-max) | wall s | CPU s | pairs/s |",
+                  "|---|---|---|---|---|---|---|"]
+        for r in sorted(result["rows"], key=lambda r: (r["threads"], r["max_length"], BACKENDS.index(r["backend"]))):
+            cpu = f"{r['cpu_s']:.2f}" if "cpu_s" in r else "-"
+            lines.append(f"| {r['threads']} | {r['max_length']} | {r['backend']} | {r['tokens_mean']:.0f} "
+                         f"({r['tokens_min']}-{r['tokens_max']}) | {r['forward_s']:.2f} | {cpu} | {r['pairs_per_s']:.2f} |")
+    if result.get("ratios"):
+        lines += ["", "## Speed-up over torch fp32 (same run)", "",
+                  "| threads | max_length | torch fp32 wall s | ONNX fp32 (wall / CPU) | ONNX int8 (wall / CPU) |",
+                  "|---|---|---|---|---|"]
+        for r in result["ratios"]:
+            lines.append(f"| {r['threads']} | {r['max_length']} | {r['torch_fp32_s']:.2f} | "
+                         f"{r.get('speedup_onnx_fp32', '-')}x / {r.get('cpu_speedup_onnx_fp32', '-')}x | "
+                         f"{r.get('speedup_onnx_int8', '-')}x / {r.get('cpu_speedup_onnx_int8', '-')}x |")
+    for key, title in (("agreement_tiny", "tiny random model"), ("agreement_big", "bge-reranker-v2-m3 architecture")):
+        if result.get(key):
+            lines += ["", f"## Agreement with torch fp32 ({title}): Spearman of the 40 scores", "",
+                      "| workload | max_length | backend | Spearman | max abs logit diff |", "|---|---|---|---|---|"]
+            for r in result[key]:
+                lines.append(f"| {r['workload']} | {r['max_length']} | {r['backend']} | "
+                             f"{r['spearman_vs_torch_fp32']:.4f} | {r['max_abs_logit_diff']} |")
+    return "\n".join(lines) + "\n"
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", help="folder or hub id of the big model; 'configured' = KB_RERANKER_MODEL "
@@ -215,8 +410,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--reps", type=int, default=2, help="repetitions per config (min is reported)")
     p.add_argument("--device", default=None, help="cpu / cuda:0 (default: cuda if available)")
     p.add_argument("--skip-big", action="store_true", help="tiny model only")
-    p.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "model_cost.json")
+    p.add_argument("--skip-tiny", action="store_true", help="--backends: no agreement run on the tiny model")
+    p.add_argument("--out", type=Path, default=None,
+                   help="default bench/results/model_cost.json (model_cost-backends.json with --backends)")
+    p.add_argument("--backends", action="store_true",
+                   help="torch fp32 vs ONNX fp32 vs ONNX int8 (issue 16) instead of the batch-size matrix")
+    p.add_argument("--threads", type=int, nargs="+", default=[2, 1], help="--backends: thread counts")
+    p.add_argument("--max-lengths", type=int, nargs="+", default=list(MAX_LENGTHS), help="--backends")
+    p.add_argument("--batch-size", type=int, default=16, help="--backends")
+    p.add_argument("--model-label", default=None, help="--backends: how the results name --model")
+    p.add_argument("--onnx-root", default=None, help="--backends: export cache to reuse (default: a temporary one)")
     args = p.parse_args(argv)
+    if args.backends:
+        args.out = args.out or ROOT / "bench" / "results" / "model_cost-backends.json"
+        return run_backends(args)
+    args.out = args.out or ROOT / "bench" / "results" / "model_cost.json"
     reps = 1 if args.quick else max(1, args.reps)
 
     import torch

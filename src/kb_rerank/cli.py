@@ -456,6 +456,19 @@ def _previous_query_hash(args, normalized: str, settings: Settings) -> str | Non
     return query_hash(normalized, old)
 
 
+def cmd_model(args, settings: Settings) -> int:
+    """`kb-rerank model export`: the cross-encoder as ONNX (and dynamic int8) for
+    KB_RERANKER_BACKEND=onnx, written once under KB_RERANKER_ONNX_DIR (<data_dir>/onnx)."""
+    from kb_rerank.models.onnx import export_model
+
+    model = args.model or settings.reranker_model
+    quantize = args.quantize or settings.reranker_onnx_quantize
+    root = Path(args.out) if args.out else settings.onnx_export_root
+    folder = export_model(model, root, quantize=quantize, force=args.force)
+    print(folder)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="kb-rerank", description=__doc__)
     p.add_argument("-v", "--verbose", action="store_true")
@@ -541,6 +554,17 @@ def build_parser() -> argparse.ArgumentParser:
     cu.add_argument("--legacy-sha256", action="store_true",
                     help="rekey: the list was pinned before migration 0010 (plain SHA-256 query hash)")
     cu.set_defaults(func=cmd_curate)
+
+    mo = sub.add_parser("model", help="cross-encoder files: export to ONNX for KB_RERANKER_BACKEND=onnx")
+    mo_sub = mo.add_subparsers(dest="model_action", required=True)
+    mx = mo_sub.add_parser("export", help="export KB_RERANKER_MODEL to ONNX once (reused afterwards); prints the "
+                                          "folder the onnx backend loads")
+    mx.add_argument("--model", default=None, help="hub id (in the local HF cache) or folder; default KB_RERANKER_MODEL")
+    mx.add_argument("--quantize", choices=["none", "int8"], default=None,
+                    help="int8: also the dynamic int8 version; default KB_RERANKER_ONNX_QUANTIZE (none)")
+    mx.add_argument("--out", default=None, help="export root; default KB_RERANKER_ONNX_DIR (<data_dir>/onnx)")
+    mx.add_argument("--force", action="store_true", help="export again even if a complete export exists")
+    mx.set_defaults(func=cmd_model)
 
     from kb_rerank.eval.command import add_eval_parser
 

@@ -72,10 +72,18 @@ class Settings:
     reranker_model: str = "BAAI/bge-reranker-v2-m3"
     # KB_RERANKER_BACKEND: flag (in process, FlagEmbedding/torch) | remote (an inference server:
     # text-embeddings-inference /rerank or a Cohere-compatible /v2/rerank at KB_RERANKER_URL,
-    # optional KB_RERANKER_API_KEY; kb_rerank.models.remote)
+    # optional KB_RERANKER_API_KEY; kb_rerank.models.remote) | onnx (the same checkpoint exported
+    # by `kb-rerank model export`, run by ONNX Runtime; kb_rerank.models.onnx)
     reranker_backend: str = "flag"
     reranker_url: str = ""
     reranker_api_key: str = ""
+    reranker_onnx_dir: Path | None = None  # KB_RERANKER_ONNX_DIR: ONNX exports; unset -> <data_dir>/onnx
+    reranker_onnx_quantize: str = "none"  # KB_RERANKER_ONNX_QUANTIZE: none (fp32) | int8 (dynamic quantisation)
+    reranker_threads: int = 0  # KB_RERANKER_THREADS: ONNX Runtime intra-op threads; 0 -> one per physical core
+    # KB_RERANK_MAX_LENGTH: a cap, not a padding target (batches pad to their longest pair). Chunks
+    # of at most 1,200 characters are at most ~340 tokens (bench/max_length_fit.py on the shared
+    # collections, 2026-11-30): 512 truncates 0.6% of pairs (long queries only; 0.2% of tokens)
+    # for 1.5% more tokens per request than 384 (2.5% of pairs cut) and 24% more than 256 (28% cut).
     rerank_max_length: int = 512
     rerank_batch_size: int = 32
     rerank_timeout_s: float = 30.0
@@ -176,6 +184,11 @@ class Settings:
         the BM25 parameters of its lexical list (the same as ``lexical_only`` uses)."""
         return {"fusion": self.fusion_method, "rrf_k": self.rrf_k, "lexical_weight": self.lexical_weight,
                 "semantic_weight": self.semantic_weight, "k1": self.bm25_k1, "b": self.bm25_b}
+
+    @property
+    def onnx_export_root(self) -> Path:
+        """Where ``kb-rerank model export`` writes and the onnx backend reads."""
+        return self.reranker_onnx_dir or self.data_dir / "onnx"
 
     @property
     def embedding_dim(self) -> int:

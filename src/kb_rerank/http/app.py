@@ -225,18 +225,29 @@ async def _lifespan(app: Litestar):
 
 def build_reranker(settings: Settings):
     """The cross-encoder of ``KB_RERANKER_BACKEND``: ``flag`` (in process, loads in the
-    background) or ``remote`` (an inference server, :mod:`kb_rerank.models.remote`)."""
+    background), ``onnx`` (the same, from ``kb-rerank model export``'s ONNX file, run by
+    ONNX Runtime: :mod:`kb_rerank.models.onnx`) or ``remote`` (an inference server,
+    :mod:`kb_rerank.models.remote`)."""
     if settings.reranker_backend == "remote":
         from kb_rerank.models.remote import RemoteReranker
 
         return RemoteReranker(settings.reranker_url, model_name=settings.reranker_model,
                               api_key=settings.reranker_api_key or None, timeout_s=settings.rerank_timeout_s)
+    common = {"max_length": settings.rerank_max_length, "batch_size": settings.rerank_batch_size,
+              "timeout_s": settings.rerank_timeout_s}
+    if settings.reranker_backend == "onnx":
+        from kb_rerank.models.onnx import QUANTIZE_CHOICES, OnnxReranker
+
+        if settings.reranker_onnx_quantize not in QUANTIZE_CHOICES:
+            raise ValueError(f"KB_RERANKER_ONNX_QUANTIZE={settings.reranker_onnx_quantize!r}: "
+                             f"choose {' or '.join(QUANTIZE_CHOICES)}")
+        return OnnxReranker(settings.reranker_model, export_root=settings.onnx_export_root,
+                            quantize=settings.reranker_onnx_quantize, threads=settings.reranker_threads, **common)
     if settings.reranker_backend != "flag":
-        raise ValueError(f"KB_RERANKER_BACKEND={settings.reranker_backend!r}: choose flag or remote")
+        raise ValueError(f"KB_RERANKER_BACKEND={settings.reranker_backend!r}: choose flag, onnx or remote")
     from kb_rerank.models.cross_encoder import Reranker
 
-    return Reranker(settings.reranker_model, max_length=settings.rerank_max_length,
-                    batch_size=settings.rerank_batch_size, timeout_s=settings.rerank_timeout_s)
+    return Reranker(settings.reranker_model, **common)
 
 
 def jwt_config(settings: Settings, *, allow_dev_secret: bool = False) -> JwtConfig:

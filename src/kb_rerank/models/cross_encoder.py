@@ -308,20 +308,26 @@ class Reranker:
             model.half()
         model.to(device)
         model.eval()
-        tokenizer = flag.tokenizer
-        # Padding pre-tokenized pairs is intended (needed to length-sort); silence
-        # transformers' one-time "use __call__ instead of pad" advice.
-        warnings_map = getattr(tokenizer, "deprecation_warnings", None)
-        if isinstance(warnings_map, dict):
-            warnings_map["Asking-to-pad-a-fast-tokenizer"] = True
 
         self._torch = torch
         self._prepare = prepare_for_model_compat
         self._pad = pad_with_compat
-        self._flag, self._model, self._tokenizer = flag, model, tokenizer
+        self._flag, self._model, self._tokenizer = flag, model, self._quiet(flag.tokenizer)
         self.device, self.fp16 = device, fp16
         self.torch_threads = torch.get_num_threads()
-        # Smoke test: a model that cannot run must not be reported "ready".
+        self._smoke_test()
+
+    @staticmethod
+    def _quiet(tokenizer: Any) -> Any:
+        """Padding pre-tokenized pairs is intended (needed to length-sort): silence
+        transformers' one-time "use __call__ instead of pad" advice."""
+        warnings_map = getattr(tokenizer, "deprecation_warnings", None)
+        if isinstance(warnings_map, dict):
+            warnings_map["Asking-to-pad-a-fast-tokenizer"] = True
+        return tokenizer
+
+    def _smoke_test(self) -> None:
+        """A model that cannot run must not be reported "ready"."""
         batches = self.batches
         warm = self._compute_logits("warm up", ["warm up"])
         self.batches = batches
@@ -468,19 +474,24 @@ class Reranker:
 
     def _forward(self, encoded: list[dict], batches: list[list[int]]) -> list[float]:
         """Raw logits, in the order of ``encoded``, running one forward per batch."""
-        torch, model, tok, device = self._torch, self._model, self._tokenizer, self.device
         out = [math.nan] * len(encoded)
-        with torch.inference_mode():
-            for idx in batches:
-                inputs = self._pad(tok, [encoded[i] for i in idx], padding=True, return_tensors="pt")
-                inputs = {k: v.to(device) for k, v in inputs.items()}
-                logits = model(**inputs, return_dict=True).logits.view(-1).float().cpu().tolist()
-                if len(logits) != len(idx):
-                    raise RerankerError(f"model returned {len(logits)} logits for a batch of {len(idx)}")
-                for i, x in zip(idx, logits):
-                    out[i] = x
-                self.batches += 1
+        for idx in batches:
+            logits = self._run_batch([encoded[i] for i in idx])
+            if len(logits) != len(idx):
+                raise RerankerError(f"model returned {len(logits)} logits for a batch of {len(idx)}")
+            for i, x in zip(idx, logits):
+                out[i] = x
+            self.batches += 1
         return out
+
+    def _run_batch(self, features: list[dict]) -> list[float]:
+        """One forward pass over a batch of unpadded encodings: pad, run, logits as floats.
+        The only engine-specific step of scoring (ONNX Runtime: models/onnx.py)."""
+        torch = self._torch
+        inputs = self._pad(self._tokenizer, features, padding=True, return_tensors="pt")
+        inputs = {k: v.to(self.device) for k, v in inputs.items()}
+        with torch.inference_mode():
+            return self._model(**inputs, return_dict=True).logits.view(-1).float().cpu().tolist()
 
     def _compute_logits(self, query: str, passages: Sequence[str]) -> list[float]:
         """Raw logits in input order: tokenize, length-sort, batch, restore order."""

@@ -1,0 +1,206 @@
+"""The cross-encoder exported to ONNX and run by ONNX Runtime (``KB_RERANKER_BACKEND=onnx``).
+
+Export once (``kb-rerank model export``, :func:`export_model`): optimum-onnx writes the
+checkpoint as ``model.onnx`` (with its tokenizer and config) under
+``<KB_RERANKER_ONNX_DIR>/<model slug>/fp32/``; with ``--quantize int8`` ONNX Runtime's
+dynamic int8 quantisation (weights int8 ahead of time, activations quantised per batch at
+run time) writes ``.../int8/``. Each folder gets ``kb-export.json`` last, so a folder
+without it (an interrupted export) is not used.
+
+:class:`OnnxReranker` is :class:`~kb_rerank.models.cross_encoder.Reranker` with a
+different engine: the tokenisation (FlagEmbedding's, query and pair truncation), the
+length-sorted batching, the sigmoid, the state for /readyz, the worker thread, the timeout
+and the errors are the parent's code; only loading (an ``onnxruntime.InferenceSession``
+over the exported folder) and running one padded batch differ. The service does not export
+at load: a missing export is a failed load whose ``last_error`` says which command to run,
+and requests get the usual ``model_unavailable`` fallback (exporting bge-reranker-v2-m3
+takes minutes and several GB of memory, which a serving process should not do implicitly).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import re
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+from kb_rerank.models.cross_encoder import Reranker, _looks_like_path
+
+__all__ = ["QUANTIZE_CHOICES", "OnnxReranker", "export_dir_for", "export_model"]
+
+QUANTIZE_CHOICES = ("none", "int8")
+MANIFEST = "kb-export.json"
+_ONNX_FILE = "model.onnx"
+
+
+def _slug(model: str) -> str:
+    """A folder name for a hub id (``BAAI--bge-reranker-v2-m3``) or a local folder
+    (its name plus a hash of its absolute path, so two folders called ``model`` differ)."""
+    if _looks_like_path(model):
+        path = Path(model).expanduser().resolve()
+        return f"{path.name}-{hashlib.sha256(str(path).encode()).hexdigest()[:12]}"
+    return re.sub(r"[^A-Za-z0-9._-]+", "--", model.strip("/"))
+
+
+def export_dir_for(root: Path | str, model: str, quantize: str) -> Path:
+    """Where the export of ``model`` with ``quantize`` lives under ``root``."""
+    if quantize not in QUANTIZE_CHOICES:
+        raise ValueError(f"quantize must be one of {', '.join(QUANTIZE_CHOICES)}, not {quantize!r}")
+    return Path(root).expanduser() / _slug(model) / ("fp32" if quantize == "none" else quantize)
+
+
+def _cpu_flags() -> set[str]:
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return set()
+    for line in text.splitlines():
+        if line.startswith("flags"):
+            return set(line.split(":", 1)[1].split())
+    return set()
+
+
+def _quantization_config():
+    """Dynamic int8 (no calibration data needed), per-tensor weights: the instruction set
+    of this CPU picks optimum's preset (VNNI runs u8 x s8 products without the AVX2 path's
+    saturation, which needs 7-bit weights there: reduce_range)."""
+    from optimum.onnxruntime.configuration import AutoQuantizationConfig
+
+    if platform.machine().lower() in ("arm64", "aarch64"):
+        return "arm64", AutoQuantizationConfig.arm64(is_static=False, per_channel=False)
+    if "avx512_vnni" in _cpu_flags():
+        return "avx512_vnni", AutoQuantizationConfig.avx512_vnni(is_static=False, per_channel=False)
+    return "avx2", AutoQuantizationConfig.avx2(is_static=False, per_channel=False, reduce_range=True)
+
+
+def _write_manifest(folder: Path, **info: Any) -> None:
+    tmp = folder / (MANIFEST + ".tmp")
+    tmp.write_text(json.dumps(info, indent=2))
+    tmp.replace(folder / MANIFEST)
+
+
+def _copy_preprocessors(src: Path, dst: Path) -> None:
+    for f in src.iterdir():
+        if f.is_file() and f.suffix in (".json", ".txt", ".model") and f.name != MANIFEST:
+            shutil.copy2(f, dst / f.name)
+
+
+def export_model(model: str, root: Path | str, *, quantize: str = "none", force: bool = False,
+                 log=print) -> Path:
+    """Export ``model`` (hub id in the local HF cache, or a folder) to ONNX under ``root``;
+    with ``quantize="int8"`` also the dynamic int8 version (made from the fp32 export).
+    Returns the folder the service loads for ``quantize``. An existing complete export is
+    reused unless ``force``."""
+    from kb_rerank.extras import require
+
+    require("optimum.exporters.onnx", "onnx", "exporting the cross-encoder to ONNX")
+    fp32 = export_dir_for(root, model, "none")
+    if force or not (fp32 / MANIFEST).exists():
+        from optimum.exporters.onnx import main_export
+
+        if fp32.exists():
+            shutil.rmtree(fp32)
+        fp32.mkdir(parents=True)
+        t0 = time.perf_counter()
+        log(f"exporting {model} to {fp32} ...")
+        # do_validation=False: the check re-runs both models on random inputs (minutes for the
+        # big model); agreement is tested by tests/test_onnx_reranker.py and bench/model_cost.py.
+        main_export(model, fp32, task="text-classification", device="cpu", do_validation=False,
+                    local_files_only=os.environ.get("HF_HUB_OFFLINE") == "1")
+        _write_manifest(fp32, model=model, quantize="none", seconds=round(time.perf_counter() - t0, 1),
+                        created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+    else:
+        log(f"reusing {fp32}")
+    if quantize == "none":
+        return fp32
+    out = export_dir_for(root, model, quantize)
+    if force or not (out / MANIFEST).exists():
+        from optimum.onnxruntime import ORTQuantizer
+
+        if out.exists():
+            shutil.rmtree(out)
+        out.mkdir(parents=True)
+        t0 = time.perf_counter()
+        preset, config = _quantization_config()
+        log(f"quantizing to int8 ({preset}, dynamic) in {out} ...")
+        quantizer = ORTQuantizer.from_pretrained(fp32, file_name=_ONNX_FILE)
+        written = quantizer.quantize(quantization_config=config, save_dir=out, file_suffix=None)
+        produced = Path(written) / _ONNX_FILE
+        if not produced.exists():  # older optimum versions name it model_quantized.onnx
+            candidates = sorted(Path(written).glob("*.onnx"))
+            candidates[0].rename(produced)
+        _copy_preprocessors(fp32, out)
+        _write_manifest(out, model=model, quantize=quantize, preset=preset,
+                        seconds=round(time.perf_counter() - t0, 1),
+                        created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+    else:
+        log(f"reusing {out}")
+    return out
+
+
+class OnnxReranker(Reranker):
+    """``Reranker`` whose forward pass is an ONNX Runtime session over ``kb-rerank model
+    export``'s folder for (``model``, ``quantize``) under ``export_root``. ``threads``:
+    ONNX Runtime's intra-op threads (0: its default, one per physical core)."""
+
+    backend = "onnx"
+
+    def __init__(self, model: str, *, export_root: Path | str, quantize: str = "none", threads: int = 0,
+                 **kwargs: Any) -> None:
+        kwargs.setdefault("device", "cpu")
+        super().__init__(model, **kwargs)
+        self.quantize = quantize
+        self.threads = int(threads)
+        self.export_dir = export_dir_for(export_root, model, quantize)
+        self._session: Any = None
+        self._input_names: list[str] = []
+        self._np: Any = None
+
+    def info(self) -> dict[str, Any]:
+        return {**super().info(), "quantize": self.quantize, "export_dir": str(self.export_dir),
+                "onnx_threads": self.threads}
+
+    def _load_model(self) -> None:
+        from kb_rerank.extras import require
+
+        ort = require("onnxruntime", "onnx", "the ONNX cross-encoder")
+        if not (self.export_dir / MANIFEST).exists():
+            raise FileNotFoundError(
+                f"no ONNX export at {str(self.export_dir)!r}: run `kb-rerank model export"
+                + (" --quantize int8" if self.quantize != "none" else "") + "` first")
+        import numpy as np
+        from FlagEmbedding.utils.tokenizer_compat import pad_with_compat, prepare_for_model_compat
+        from transformers import AutoTokenizer
+
+        opts = ort.SessionOptions()
+        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        if self.threads > 0:
+            opts.intra_op_num_threads = self.threads
+        opts.inter_op_num_threads = 1  # one forward pass at a time (the worker thread)
+        session = ort.InferenceSession(str(self.export_dir / _ONNX_FILE), sess_options=opts,
+                                       providers=["CPUExecutionProvider"])
+        outputs = session.get_outputs()
+        if len(outputs) != 1:
+            raise ValueError(f"expected one output (the logits), got {[o.name for o in outputs]}")
+        self._np, self._session = np, session
+        self._input_names = [i.name for i in session.get_inputs()]
+        self._prepare, self._pad = prepare_for_model_compat, pad_with_compat
+        self._tokenizer = self._quiet(AutoTokenizer.from_pretrained(str(self.export_dir)))
+        self._model = session  # "loaded" for the parent's checks
+        self.device, self.fp16 = "cpu", False
+        self._smoke_test()
+
+    def close(self) -> None:
+        super().close()
+        self._session = None
+
+    def _run_batch(self, features: list[dict]) -> list[float]:
+        inputs = self._pad(self._tokenizer, features, padding=True, return_tensors="np")
+        feed = {name: inputs[name].astype(self._np.int64) for name in self._input_names}
+        (logits,) = self._session.run(None, feed)
+        return logits.reshape(-1).astype(float).tolist()

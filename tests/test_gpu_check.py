@@ -1,0 +1,45 @@
+"""bench/gpu_check.sh (issue 16): refuses clearly without a GPU; its Python part measures the
+service's Reranker and prints p50/p95 JSON (smoke run on the CPU with the tiny model)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_the_shell_script_fails_clearly_without_a_gpu():
+    if shutil.which("nvidia-smi"):
+        pytest.skip("a GPU machine: run bench/gpu_check.sh itself")
+    r = subprocess.run(["bash", str(ROOT / "bench" / "gpu_check.sh")], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "no NVIDIA GPU" in r.stderr and r.stdout == ""
+
+
+def test_the_python_part_runs_on_the_cpu(tmp_path):
+    out = tmp_path / "gpu.json"
+    r = subprocess.run([sys.executable, str(ROOT / "bench" / "gpu_check.py"), "--device", "cpu", "--tiny",
+                        "--requests", "2", "--warmup", "1", "--pairs", "8", "--out", str(out)],
+                       capture_output=True, text=True, timeout=300, env={"PYTHONPATH": str(ROOT / "src"),
+                                                                          "PATH": "/usr/bin:/bin",
+                                                                          "OPENBLAS_NUM_THREADS": "1"})
+    assert r.returncode == 0, r.stderr[-2000:]
+    result = json.loads(out.read_text())
+    assert result["device"] == "cpu" and result["fp16"] is False and result["requests"] == 2
+    assert result["pairs"] == 8 and 0 < result["p50_ms"] <= result["p95_ms"] <= result["max_ms"]
+
+
+def test_cuda_without_a_gpu_is_refused():
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a CUDA GPU")
+    r = subprocess.run([sys.executable, str(ROOT / "bench" / "gpu_check.py"), "--tiny", "--requests", "1"],
+                       capture_output=True, text=True, timeout=300, env={"PYTHONPATH": str(ROOT / "src"),
+                                                                          "PATH": "/usr/bin:/bin"})
+    assert r.returncode != 0 and "no CUDA GPU" in r.stderr

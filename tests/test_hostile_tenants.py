@@ -62,6 +62,7 @@ FUNCTIONS = {
     "search_lexical": "filters kb.current_tenant()", "search_semantic": "filters kb.current_tenant()",
     "search_hybrid": "filters kb.current_tenant()",
     "audit_append": "writes the current tenant's chain only", "audit_verify": "not executable by the app",
+    "record_outcome": "writes the tenant it is given; refused in another tenant's transaction (test_record_outcome)",
     "evict_expired_cache": "not executable by the app",
     "schema_layer_version": "pure: returns a constant (the SQL layer's version, issue 14)",
 }

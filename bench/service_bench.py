@@ -219,14 +219,18 @@ async def run(args) -> dict:
 STEPS = ("lookup", "retrieve", "record")
 
 
-def instrument_steps(acc: dict[str, float]) -> None:
+def instrument_steps(acc: dict[str, float], captured: dict) -> None:
     """Add each call's seconds of the miss's steps to ``acc`` (names present in every
     version since the pipeline was written once: Pipeline._lookup / _record and the
-    retrieval function the search flow calls)."""
+    retrieval function the search flow calls); keep the last call's arguments in
+    ``captured`` (the record step is replayed from them)."""
     from kb_rerank.pipeline import flow, rerank
 
     def timed(name, fn):
+        captured[name + ".fn"] = fn
+
         async def wrapper(*a, **kw):
+            captured[name] = (a, kw)
             t = time.perf_counter()
             try:
                 return await fn(*a, **kw)
@@ -244,7 +248,8 @@ async def worker(args) -> None:
     import kb_rerank
 
     steps: dict[str, float] = {}
-    instrument_steps(steps)
+    captured: dict = {}
+    instrument_steps(steps, captured)
     base = Settings(data_dir=Path(args.data_dir), database_name=args.db)
     settings, app, rr, reranker, embedder, tenant, words, n_chunks, headers = make_app(base, args.owner)
     logging.getLogger("httpx").setLevel(logging.WARNING)
@@ -269,6 +274,21 @@ async def worker(args) -> None:
                         rows += [{"statement": st[:100], "generic_plans": g, "custom_plans": c}
                                  for st, g, c in await cur.fetchall()]
                 out.write(json.dumps({"ok": True, "prepared": rows}) + "\n")
+                out.flush()
+                continue
+            if req["kind"] == "record":
+                # the last miss's record step again, alone (not right after a model call), under
+                # a new cache key and a new pair-score key: what the write itself costs
+                import copy
+                import dataclasses
+
+                (pipe, fl, tenant_, trace_id, outcome, _t0), kw = captured["record"]
+                fl = copy.copy(fl)
+                fl.normalized = req["query"]
+                outcome = dataclasses.replace(outcome, query_hash=uuid.uuid4().hex * 2)
+                t = time.perf_counter()
+                await captured["record.fn"](pipe, fl, tenant_, trace_id, outcome, t, **kw)
+                out.write(json.dumps({"ok": True, "record": (time.perf_counter() - t) * 1000}) + "\n")
                 out.flush()
                 continue
             steps.clear()
@@ -332,7 +352,7 @@ def run_ab(args) -> dict:
     def new_query(i, name):
         return " ".join(rng.sample(words, 3)) + f" q{run_id}{name}{i}"
 
-    rows: dict[str, dict[str, list]] = {n: {"miss": [], "hit": []} for n in workers}
+    rows: dict[str, dict[str, list]] = {n: {"miss": [], "hit": [], "record_alone": []} for n in workers}
     try:
         total = args.warmup + args.queries
         for i in range(total):
@@ -344,10 +364,15 @@ def run_ab(args) -> dict:
                 if i >= args.warmup:
                     rows[name]["miss"].append(miss)
                     rows[name]["hit"].append(hit)
+        for i in range(args.record_replays):
+            for name in (list(workers) if i % 2 == 0 else list(reversed(workers))):
+                rows[name]["record_alone"].append(workers[name].ask("record", f"replay {run_id} {name} {i}")["record"])
         prepared = {n: w.ask("prepared", "")["prepared"] for n, w in workers.items()}
     finally:
         for w in workers.values():
             w.close()
+
+    probes = probe(owner, uuid.UUID(info["tenant"]), words, args.record_replays)
 
     def derived(r: dict) -> dict:
         own = r["total"] - r["cross_encoder"] - r["embedding"]
@@ -355,7 +380,7 @@ def run_ab(args) -> dict:
 
     out = {"database": args.db, "tenant_chunks": info["tenant_chunks"], "queries": args.queries,
            "warmup": args.warmup, "src": {n: w.info["kb_rerank"] for n, w in workers.items()},
-           "prepared_statements": prepared, "versions": {}}
+           "prepared_statements": prepared, "probes": probes, "versions": {}}
     for name in workers:
         misses = [derived(r) for r in rows[name]["miss"]]
         out["versions"][name] = {
@@ -364,13 +389,62 @@ def run_ab(args) -> dict:
             "miss_minus_both_models_ms": summary([r["own"] for r in misses]),
             **{f"{k}_ms": summary([r.get(k, 0.0) for r in misses]) for k in STEPS},
             "rest_ms": summary([r["rest"] for r in misses]),
+            "record_alone_ms": summary(rows[name]["record_alone"]),
         }
     return out
 
 
+def probe(owner: str, tenant: uuid.UUID, words: list[str], n: int) -> dict:
+    """What the parts of a write and of a statement cost on this server now, interleaved:
+    a one-row commit with and without waiting for the WAL flush (synchronous_commit), and the
+    hot read statements of a miss prepared or not (psycopg prepare=True / False)."""
+    import numpy as np
+
+    from kb_rerank.store import result_cache, search
+    from kb_rerank.store.session import SET_TENANT, configure_connection
+
+    rng = np.random.default_rng(3)
+    s = Settings()
+    out: dict[str, list[float]] = {k: [] for k in ("commit_flush", "commit_no_flush", "lookup_prepared",
+                                                   "lookup_unprepared", "hybrid_prepared", "hybrid_unprepared")}
+    with psycopg.connect(owner, autocommit=True) as c:
+        c.execute("create table if not exists public.kb_bench_commit_probe (x int)")
+        for i in range(n):
+            for mode in (("on", "off") if i % 2 else ("off", "on")):
+                t = time.perf_counter()
+                with c.transaction():
+                    c.execute(f"set local synchronous_commit = {mode}")
+                    c.execute("insert into public.kb_bench_commit_probe values (1)")
+                out["commit_flush" if mode == "on" else "commit_no_flush"].append((time.perf_counter() - t) * 1000)
+        c.execute("drop table public.kb_bench_commit_probe")
+    with psycopg.connect(db.replace_url(owner, user=db.APP_ROLE, password=""), autocommit=True) as c:
+        configure_connection(c)
+        for i in range(n):
+            v = rng.standard_normal(384)
+            v /= np.linalg.norm(v)
+            q = " ".join(random.Random(i).sample(words, 3))
+            for prep in ((True, False) if i % 2 else (False, True)):
+                tag = "prepared" if prep else "unprepared"
+                with c.transaction():
+                    c.execute(SET_TENANT, [str(tenant)], prepare=prep)
+                    t = time.perf_counter()
+                    c.execute(result_cache.LOOKUP, [None, uuid.uuid4().hex * 2, "hybrid_lexical_semantic"],
+                              prepare=prep).fetchall()
+                    t1 = time.perf_counter()
+                    f = s.fusion
+                    c.execute(search.HYBRID_SQL, [q, v.astype(np.float32), s.fusion_depth, f["rrf_k"], f["fusion"],
+                                                  f["lexical_weight"], f["semantic_weight"], f["k1"], f["b"]],
+                              prepare=prep).fetchall()
+                    t2 = time.perf_counter()
+                out["lookup_" + tag].append((t1 - t) * 1000)
+                out["hybrid_" + tag].append((t2 - t1) * 1000)
+    return {k: summary(v) for k, v in out.items()}
+
+
 AB_ROWS = [("miss_minus_both_models_ms", "own overhead (miss - both models)"), ("lookup_ms", "step: lookup"),
            ("retrieve_ms", "step: retrieval (hybrid SQL + pair-cache read)"), ("record_ms", "step: record"),
-           ("rest_ms", "rest (HTTP, parsing, composition)"), ("miss_total_ms", "miss total (tiny model)"),
+           ("rest_ms", "rest (HTTP, parsing, composition)"),
+           ("record_alone_ms", "record step alone (replayed, not after a model call)"), ("miss_total_ms", "miss total (tiny model)"),
            ("cache_hit_ms", "cache hit")]
 
 
@@ -382,6 +456,11 @@ def ab_markdown(results: list[dict], args) -> str:
         for key, label in AB_ROWS:
             lines.append(f"| {r['database']} | {r['tenant_chunks']} | {label} | {b[key]['p50']:.1f} | {n[key]['p50']:.1f}"
                          f" | {b[key]['p95']:.1f} | {n[key]['p95']:.1f} | {n[key]['p95'] / b[key]['p95']:.2f} |")
+    lines += ["", "Probes, interleaved in the same run (ms):", "",
+              "| database | probe | p50 | p95 |", "|---|---|---:|---:|"]
+    for r in results:
+        for k, v in r["probes"].items():
+            lines.append(f"| {r['database']} | {k.replace('_', ' ')} | {v['p50']:.2f} | {v['p95']:.2f} |")
     return "\n".join(lines) + "\n"
 
 
@@ -396,6 +475,7 @@ def main(argv=None) -> int:
     p.add_argument("--seconds", type=float, default=10.0, help="length of each cache-hit run (misses: twice)")
     p.add_argument("--out", default="bench/results/service.json")
     p.add_argument("--ab", metavar="SRC", help="A/B against the kb_rerank package under SRC (see above)")
+    p.add_argument("--record-replays", type=int, default=200, help="--ab: record steps replayed alone per version")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--owner", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -407,12 +487,12 @@ def main(argv=None) -> int:
         stamp = time.strftime("%Y-%m-%d", time.gmtime())
         results = [run_ab(argparse.Namespace(**{**vars(args), "db": name})) for name in args.db or ["kb_bench_10000_1"]]
         md = ab_markdown(results, args)
-        print(md)
         out = Path(args.out) if args.out != "bench/results/service.json" else Path(f"bench/results/service-ab-{stamp}.json")
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps({"command": " ".join(sys.argv), "results": results,
                                    "machine": {"nproc": os.cpu_count()}}, indent=2))
         out.with_suffix(".md").write_text(md)
+        print(md)
         return 0
     results = []
     for name in args.db or ["kb_bench_10000_1"]:

@@ -40,8 +40,8 @@ def params(tenant, rec: audit.AuditRecord, key: audit.AuditKey, *, generation: i
            payload: Any = None, pair_query_hash: str | None = None,
            pairs: Mapping[pair_cache.PairKey, float] | None = None) -> list:
     """The arguments of kb.record_outcome. ``payload``: the cache row's JSON (None: no cache
-    row); ``pairs``: the scores to keep (None or empty: none; only finite scores in 0..1,
-    as :func:`.pair_cache.put`)."""
+    row); ``pairs``: the scores to keep (None or empty: none; only finite scores in 0..1 are
+    stored, the pair cache's rule)."""
     items = [(k, v) for k, v in (pairs or {}).items() if math.isfinite(v) and 0.0 <= v <= 1.0]
     return [
         str(tenant), int(generation), float(ttl_s), None if payload is None else Jsonb(payload),

@@ -16,6 +16,19 @@ run that first, e.g. `python bench/search_bench.py --quick` (10k) and
 --warmup. Every ratio is against the cache-hit baseline measured in the same run.
 
     python bench/service_bench.py --db kb_bench_10000_1 [--data-dir /tmp/kb-bench]
+
+A/B against another version (``--ab SRC``: the ``src`` folder of an older checkout, e.g.
+``git archive <commit> src | tar -x -C /tmp/base``): two worker processes, each serving the
+app in-process as above, one importing kb_rerank from SRC ("base") and one from this
+checkout ("new"), against the same database (migrated by this checkout; the base worker
+does not migrate, so both versions' functions are present). Query by query, alternating
+which goes first, each worker answers a new query (a miss) and then a cached one (a hit);
+per request the worker reports the total, the model times and the time of each step of the
+miss: lookup (``Pipeline._lookup``), retrieval (``kb_rerank.pipeline.rerank.retrieve``) and
+the record step (``Pipeline._record``); the rest is HTTP, parsing, composition and glue.
+Results: bench/results/service-ab-<date>.{json,md}.
+
+    python bench/service_bench.py --ab /tmp/base/src --db kb_bench_10000_1 --db kb_bench_100000_10
 """
 
 from __future__ import annotations
@@ -101,11 +114,10 @@ def largest_tenant_and_words(url: str):
     return tenant, words, n
 
 
-async def run(args) -> dict:
-    base = Settings(data_dir=Path(args.data_dir), database_name=args.db)
-    owner = db.migrate(base)
-    settings = base.with_(database_url=owner, jwt_secret=SECRET, rate_limit_per_minute=0,
-                          cache_ttl_s=3600)
+def make_app(base: Settings, owner: str):
+    """The app over the database at ``owner`` (migrated), with the tiny cross-encoder and the
+    configured embedder, both timed; the largest tenant, its words and a token for it."""
+    settings = base.with_(database_url=owner, jwt_secret=SECRET, rate_limit_per_minute=0, cache_ttl_s=3600)
     tenant, words, n_chunks = largest_tenant_and_words(owner)
     model_dir = build_tiny_cross_encoder(Path(tempfile.mkdtemp()) / "ce")
     rr = Reranker(str(model_dir), device="cpu", max_length=256)
@@ -115,6 +127,13 @@ async def run(args) -> dict:
     app = create_app(settings, reranker=reranker, embedder=embedder)
     token = mint_token(tenant, JwtConfig(secret=SECRET), ttl_s=3600)
     headers = {"Authorization": "Bearer " + token}
+    return settings, app, rr, reranker, embedder, tenant, words, n_chunks, headers
+
+
+async def run(args) -> dict:
+    base = Settings(data_dir=Path(args.data_dir), database_name=args.db)
+    owner = db.migrate(base)
+    settings, app, rr, reranker, embedder, tenant, words, n_chunks, headers = make_app(base, owner)
     rng = random.Random(7)
     run_id = uuid.uuid4().hex[:6]
 
@@ -195,6 +214,256 @@ async def run(args) -> dict:
     return out
 
 
+# --------------------------------------------------------------------------- A/B (--ab)
+
+STEPS = ("lookup", "retrieve", "record")
+
+
+def instrument_steps(acc: dict[str, float], captured: dict) -> None:
+    """Add each call's seconds of the miss's steps to ``acc`` (names present in every
+    version since the pipeline was written once: Pipeline._lookup / _record and the
+    retrieval function the search flow calls); keep the last call's arguments in
+    ``captured`` (the record step is replayed from them)."""
+    from kb_rerank.pipeline import flow, rerank
+
+    def timed(name, fn):
+        captured[name + ".fn"] = fn
+
+        async def wrapper(*a, **kw):
+            captured[name] = (a, kw)
+            t = time.perf_counter()
+            try:
+                return await fn(*a, **kw)
+            finally:
+                acc[name] = acc.get(name, 0.0) + time.perf_counter() - t
+        return wrapper
+
+    flow.Pipeline._lookup = timed("lookup", flow.Pipeline._lookup)
+    flow.Pipeline._record = timed("record", flow.Pipeline._record)
+    rerank.retrieve = timed("retrieve", rerank.retrieve)
+
+
+async def worker(args) -> None:
+    """One version's app; reads requests as JSON lines on stdin, answers timings on stdout."""
+    import kb_rerank
+
+    steps: dict[str, float] = {}
+    captured: dict = {}
+    instrument_steps(steps, captured)
+    base = Settings(data_dir=Path(args.data_dir), database_name=args.db)
+    settings, app, rr, reranker, embedder, tenant, words, n_chunks, headers = make_app(base, args.owner)
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    out = sys.stdout
+    sys.stdout = sys.stderr  # only the protocol on the real stdout
+    loop = asyncio.get_running_loop()
+    async with app.lifespan(), httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
+                                                 base_url="http://kb-rerank") as client:
+        out.write(json.dumps({"ready": True, "kb_rerank": str(Path(kb_rerank.__file__).parent), "tenant": str(tenant),
+                              "tenant_chunks": n_chunks, "words": words}) + "\n")
+        out.flush()
+        while True:
+            line = await loop.run_in_executor(None, sys.stdin.readline)
+            if not line:
+                break
+            req = json.loads(line)
+            if req["kind"] == "prepared":  # what the pool's connections hold prepared (psycopg auto-prepares)
+                rows = []
+                for _ in range(settings.pool_min):
+                    async with app.state.pipeline.pool.connection() as conn:
+                        cur = await conn.execute("select statement, generic_plans, custom_plans from pg_prepared_statements")
+                        rows += [{"statement": st[:100], "generic_plans": g, "custom_plans": c}
+                                 for st, g, c in await cur.fetchall()]
+                out.write(json.dumps({"ok": True, "prepared": rows}) + "\n")
+                out.flush()
+                continue
+            if req["kind"] == "record":
+                # the last miss's record step again, alone (not right after a model call), under
+                # a new cache key and a new pair-score key: what the write itself costs
+                import copy
+                import dataclasses
+
+                (pipe, fl, tenant_, trace_id, outcome, _t0), kw = captured["record"]
+                fl = copy.copy(fl)
+                fl.normalized = req["query"]
+                outcome = dataclasses.replace(outcome, query_hash=uuid.uuid4().hex * 2)
+                t = time.perf_counter()
+                await captured["record.fn"](pipe, fl, tenant_, trace_id, outcome, t, **kw)
+                out.write(json.dumps({"ok": True, "record": (time.perf_counter() - t) * 1000}) + "\n")
+                out.flush()
+                continue
+            steps.clear()
+            r0, e0 = reranker.seconds, embedder.seconds
+            t = time.perf_counter()
+            r = await client.post("/v1/kb/search/rerank", json={"query": req["query"], "source": "hybrid_lexical_semantic"},
+                                  headers=headers)
+            dt = time.perf_counter() - t
+            body = r.json()
+            ok = r.status_code == 200 and body["from_cache"] == (req["kind"] == "hit") and not body.get("fallback")
+            out.write(json.dumps({"ok": ok, "status": r.status_code, "total": dt * 1000,
+                                  "cross_encoder": (reranker.seconds - r0) * 1000,
+                                  "embedding": (embedder.seconds - e0) * 1000,
+                                  **{k: v * 1000 for k, v in steps.items()}}) + "\n")
+            out.flush()
+    rr.close()
+
+
+class Worker:
+    def __init__(self, name: str, src: Path, args, owner: str) -> None:
+        import subprocess
+
+        env = {**os.environ, "PYTHONPATH": str(src)}
+        self.name = name
+        self.proc = subprocess.Popen(
+            [sys.executable, __file__, "--worker", "--owner", owner, "--db", args.db, "--data-dir", args.data_dir],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, text=True, bufsize=1)
+        self.info = self.read()
+
+    def read(self) -> dict:
+        line = self.proc.stdout.readline()
+        if not line:
+            raise SystemExit(f"worker {self.name} ended (see its stderr above)")
+        return json.loads(line)
+
+    def ask(self, kind: str, query: str) -> dict:
+        self.proc.stdin.write(json.dumps({"kind": kind, "query": query}) + "\n")
+        self.proc.stdin.flush()
+        r = self.read()
+        if not r["ok"]:
+            raise SystemExit(f"worker {self.name}: unexpected answer {r}")
+        return r
+
+    def close(self) -> None:
+        self.proc.stdin.close()
+        self.proc.wait(timeout=60)
+
+
+def run_ab(args) -> dict:
+    import kb_rerank
+
+    new_src = Path(kb_rerank.__file__).resolve().parents[1]
+    base = Settings(data_dir=Path(args.data_dir), database_name=args.db)
+    owner = db.migrate(base)  # this checkout's layer: a superset of the base's functions
+    workers = {"base": Worker("base", Path(args.ab).resolve(), args, owner), "new": Worker("new", new_src, args, owner)}
+    info = workers["new"].info
+    words = info["words"]
+    rng = random.Random(7)
+    run_id = uuid.uuid4().hex[:6]
+
+    def new_query(i, name):
+        return " ".join(rng.sample(words, 3)) + f" q{run_id}{name}{i}"
+
+    rows: dict[str, dict[str, list]] = {n: {"miss": [], "hit": [], "record_alone": []} for n in workers}
+    try:
+        total = args.warmup + args.queries
+        for i in range(total):
+            order = list(workers) if i % 2 == 0 else list(reversed(workers))
+            for name in order:
+                q = new_query(i, name)
+                miss = workers[name].ask("miss", q)
+                hit = workers[name].ask("hit", q)
+                if i >= args.warmup:
+                    rows[name]["miss"].append(miss)
+                    rows[name]["hit"].append(hit)
+        for i in range(args.record_replays):
+            for name in (list(workers) if i % 2 == 0 else list(reversed(workers))):
+                rows[name]["record_alone"].append(workers[name].ask("record", f"replay {run_id} {name} {i}")["record"])
+        prepared = {n: w.ask("prepared", "")["prepared"] for n, w in workers.items()}
+    finally:
+        for w in workers.values():
+            w.close()
+
+    probes = probe(owner, uuid.UUID(info["tenant"]), words, args.record_replays)
+
+    def derived(r: dict) -> dict:
+        own = r["total"] - r["cross_encoder"] - r["embedding"]
+        return {**r, "own": own, "rest": own - sum(r.get(k, 0.0) for k in STEPS)}
+
+    out = {"database": args.db, "tenant_chunks": info["tenant_chunks"], "queries": args.queries,
+           "warmup": args.warmup, "src": {n: w.info["kb_rerank"] for n, w in workers.items()},
+           "prepared_statements": prepared, "probes": probes, "versions": {}}
+    for name in workers:
+        misses = [derived(r) for r in rows[name]["miss"]]
+        out["versions"][name] = {
+            "cache_hit_ms": summary([r["total"] for r in rows[name]["hit"]]),
+            "miss_total_ms": summary([r["total"] for r in misses]),
+            "miss_minus_both_models_ms": summary([r["own"] for r in misses]),
+            **{f"{k}_ms": summary([r.get(k, 0.0) for r in misses]) for k in STEPS},
+            "rest_ms": summary([r["rest"] for r in misses]),
+            "record_alone_ms": summary(rows[name]["record_alone"]),
+        }
+    return out
+
+
+def probe(owner: str, tenant: uuid.UUID, words: list[str], n: int) -> dict:
+    """What the parts of a write and of a statement cost on this server now, interleaved:
+    a one-row commit with and without waiting for the WAL flush (synchronous_commit), and the
+    hot read statements of a miss prepared or not (psycopg prepare=True / False)."""
+    import numpy as np
+
+    from kb_rerank.store import result_cache, search
+    from kb_rerank.store.session import SET_TENANT, configure_connection
+
+    rng = np.random.default_rng(3)
+    s = Settings()
+    out: dict[str, list[float]] = {k: [] for k in ("commit_flush", "commit_no_flush", "lookup_prepared",
+                                                   "lookup_unprepared", "hybrid_prepared", "hybrid_unprepared")}
+    with psycopg.connect(owner, autocommit=True) as c:
+        c.execute("create table if not exists public.kb_bench_commit_probe (x int)")
+        for i in range(n):
+            for mode in (("on", "off") if i % 2 else ("off", "on")):
+                t = time.perf_counter()
+                with c.transaction():
+                    c.execute(f"set local synchronous_commit = {mode}")
+                    c.execute("insert into public.kb_bench_commit_probe values (1)")
+                out["commit_flush" if mode == "on" else "commit_no_flush"].append((time.perf_counter() - t) * 1000)
+        c.execute("drop table public.kb_bench_commit_probe")
+    with psycopg.connect(db.replace_url(owner, user=db.APP_ROLE, password=""), autocommit=True) as c:
+        configure_connection(c)
+        for i in range(n):
+            v = rng.standard_normal(384)
+            v /= np.linalg.norm(v)
+            q = " ".join(random.Random(i).sample(words, 3))
+            for prep in ((True, False) if i % 2 else (False, True)):
+                tag = "prepared" if prep else "unprepared"
+                with c.transaction():
+                    c.execute(SET_TENANT, [str(tenant)], prepare=prep)
+                    t = time.perf_counter()
+                    c.execute(result_cache.LOOKUP, [None, uuid.uuid4().hex * 2, "hybrid_lexical_semantic"],
+                              prepare=prep).fetchall()
+                    t1 = time.perf_counter()
+                    f = s.fusion
+                    c.execute(search.HYBRID_SQL, [q, v.astype(np.float32), s.fusion_depth, f["rrf_k"], f["fusion"],
+                                                  f["lexical_weight"], f["semantic_weight"], f["k1"], f["b"]],
+                              prepare=prep).fetchall()
+                    t2 = time.perf_counter()
+                out["lookup_" + tag].append((t1 - t) * 1000)
+                out["hybrid_" + tag].append((t2 - t1) * 1000)
+    return {k: summary(v) for k, v in out.items()}
+
+
+AB_ROWS = [("miss_minus_both_models_ms", "own overhead (miss - both models)"), ("lookup_ms", "step: lookup"),
+           ("retrieve_ms", "step: retrieval (hybrid SQL + pair-cache read)"), ("record_ms", "step: record"),
+           ("rest_ms", "rest (HTTP, parsing, composition)"),
+           ("record_alone_ms", "record step alone (replayed, not after a model call)"), ("miss_total_ms", "miss total (tiny model)"),
+           ("cache_hit_ms", "cache hit")]
+
+
+def ab_markdown(results: list[dict], args) -> str:
+    lines = ["| database | tenant chunks | measure | base p50 | new p50 | base p95 | new p95 | new/base p95 |",
+             "|---|---:|---|---:|---:|---:|---:|---:|"]
+    for r in results:
+        b, n = r["versions"]["base"], r["versions"]["new"]
+        for key, label in AB_ROWS:
+            lines.append(f"| {r['database']} | {r['tenant_chunks']} | {label} | {b[key]['p50']:.1f} | {n[key]['p50']:.1f}"
+                         f" | {b[key]['p95']:.1f} | {n[key]['p95']:.1f} | {n[key]['p95'] / b[key]['p95']:.2f} |")
+    lines += ["", "Probes, interleaved in the same run (ms):", "",
+              "| database | probe | p50 | p95 |", "|---|---|---:|---:|"]
+    for r in results:
+        for k, v in r["probes"].items():
+            lines.append(f"| {r['database']} | {k.replace('_', ' ')} | {v['p50']:.2f} | {v['p95']:.2f} |")
+    return "\n".join(lines) + "\n"
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data-dir", default="/tmp/kb-bench")
@@ -205,7 +474,26 @@ def main(argv=None) -> int:
                    help="concurrent clients of the throughput runs (the first is the baseline)")
     p.add_argument("--seconds", type=float, default=10.0, help="length of each cache-hit run (misses: twice)")
     p.add_argument("--out", default="bench/results/service.json")
+    p.add_argument("--ab", metavar="SRC", help="A/B against the kb_rerank package under SRC (see above)")
+    p.add_argument("--record-replays", type=int, default=200, help="--ab: record steps replayed alone per version")
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--owner", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    if args.worker:
+        args.db = args.db[0]
+        asyncio.run(worker(args))
+        return 0
+    if args.ab:
+        stamp = time.strftime("%Y-%m-%d", time.gmtime())
+        results = [run_ab(argparse.Namespace(**{**vars(args), "db": name})) for name in args.db or ["kb_bench_10000_1"]]
+        md = ab_markdown(results, args)
+        out = Path(args.out) if args.out != "bench/results/service.json" else Path(f"bench/results/service-ab-{stamp}.json")
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps({"command": " ".join(sys.argv), "results": results,
+                                   "machine": {"nproc": os.cpu_count()}}, indent=2))
+        out.with_suffix(".md").write_text(md)
+        print(md)
+        return 0
     results = []
     for name in args.db or ["kb_bench_10000_1"]:
         a = argparse.Namespace(**{**vars(args), "db": name})

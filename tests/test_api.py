@@ -28,7 +28,6 @@ from kb_rerank.http.telemetry import trace_id_from_headers
 from kb_rerank.settings import SOURCES, Settings
 from kb_rerank.testing.tiny_model import build_tiny_cross_encoder
 
-from .helpers import insert_doc
 from .live_server import OPS, OPS_TOKEN
 
 SECRET = "kb-rerank-test-secret-0123456789abcdef"

@@ -85,7 +85,8 @@ def test_fifty_identical_misses_over_two_replicas_call_the_model_once(owner_url,
     assert sum(not r.json()["from_cache"] for r in responses) == 1
     # every claim was released
     with psycopg.connect(owner_url) as conn:
-        assert conn.execute("select count(*) from kb.kb_rerank_inflight").fetchone()[0] == 0
+        assert conn.execute("select count(*) from kb.kb_rerank_inflight where tenant_id = %s",
+                            [replica_tenant]).fetchone()[0] == 0
 
 
 def test_without_the_shared_single_flight_each_replica_calls_the_model(owner_url, app_url, inference,

@@ -16,14 +16,12 @@ import hashlib
 import uuid
 from datetime import datetime, timedelta, timezone
 
-import numpy as np
 import pytest
 from litestar.testing import TestClient
 
 from kb_rerank.http.app import create_app
 from kb_rerank.pipeline.prompt import Passage, build_context_block, system_prompt
 from kb_rerank.store.session import tenant_transaction
-from kb_rerank.pipeline.query import normalize_query
 
 from .helpers import basis, unit
 from .test_api import SECRET, bearer, reranker, tiny_model_dir  # noqa: F401 - module fixtures

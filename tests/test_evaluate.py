@@ -9,7 +9,6 @@ import numpy as np
 import psycopg
 import pytest
 
-from kb_rerank.admin import database as db
 from kb_rerank.eval.runs import (
     CachedEmbedder,
     EvaluationError,

@@ -24,7 +24,6 @@ from kb_rerank.pipeline.rerank import SearchFlow
 from kb_rerank.pipeline.requests import RerankRequest
 from kb_rerank.admin import database as db
 from kb_rerank.http.app import create_app
-from kb_rerank.store.session import tenant_transaction
 from kb_rerank.pipeline.query import normalize_query, query_hash, query_hash_key
 from kb_rerank.settings import Settings
 

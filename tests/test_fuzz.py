@@ -9,7 +9,6 @@ import time
 import uuid
 
 import jwt as pyjwt
-import psycopg
 import pytest
 from hypothesis import HealthCheck, given, settings as hsettings, strategies as st
 from litestar.testing import TestClient

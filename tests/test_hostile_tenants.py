@@ -65,6 +65,7 @@ FUNCTIONS = {
     "search_lexical": "filters kb.current_tenant()", "search_semantic": "filters kb.current_tenant()",
     "search_hybrid": "filters kb.current_tenant()",
     "audit_append": "writes the current tenant's chain only", "audit_verify": "not executable by the app",
+    "record_outcome": "writes the tenant it is given; refused in another tenant's transaction (test_record_outcome)",
     "evict_expired_cache": "not executable by the app",
     "schema_layer_version": "pure: returns a constant (the SQL layer's version, issue 14)",
 }
@@ -81,7 +82,6 @@ def ab(app_url):
     a, b = uuid.uuid4(), uuid.uuid4()
     ids = {}
     with psycopg.connect(app_url) as conn:
-        from kb_rerank.admin import database as db
         session.configure_connection(conn)
         for t, word in ((a, "alphasecret"), (b, "betapublic")):
             doc = insert_doc(conn, t, f"{word} title", [f"{word} zebra invoice"], [basis(3)])

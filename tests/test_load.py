@@ -25,7 +25,6 @@ import psutil
 import psycopg
 import pytest
 
-from kb_rerank.admin import database as db
 from kb_rerank.store.session import tenant_transaction
 from kb_rerank.pipeline.query import normalize_query, query_hash, query_hash_key
 from kb_rerank.settings import SOURCES, Settings

@@ -5,7 +5,6 @@ document, every documented object closed to undocumented keys)."""
 
 from __future__ import annotations
 
-import copy
 import uuid
 
 import jsonschema_rs

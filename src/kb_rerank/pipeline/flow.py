@@ -30,9 +30,11 @@ Steps of a request (tenant ``t``, a flow of source ``s``)
    and fallback through :meth:`Pipeline.score`, diversification, composition). Every cache
    row and pair score of the answer is keyed by the generation read in step 2, before any
    candidate was read.
-4. **Record** (one tenant transaction): the cache row (unless the answer is not cacheable:
-   a fallback, or documents the guard had no time to inspect), the pairs the model scored
-   (not on fallback) and the ``served`` / ``fallback`` audit row, signed with the app's key.
+4. **Record** (one statement, its own transaction: kb.record_outcome through
+   :mod:`kb_rerank.store.record`, one round trip): the cache row (unless the answer is not
+   cacheable: a fallback, or documents the guard had no time to inspect), the pairs the model
+   scored (not on fallback) and the ``served`` / ``fallback`` audit row, signed with the app's
+   key; all three or none.
 
 Metrics (:class:`PipelineMetrics`, labelled with the flow's ``source``): cache hits and
 misses, fallbacks by reason, model calls, pair-cache hits, latency of served requests.
@@ -52,7 +54,7 @@ from kb_rerank.pipeline import scoring, timing
 from kb_rerank.pipeline.limits import UNLIMITED, Limits
 from kb_rerank.pipeline.query import query_hash, query_hash_key
 from kb_rerank.settings import Settings
-from kb_rerank.store import audit, inflight, pair_cache, result_cache
+from kb_rerank.store import audit, inflight, pair_cache, record, result_cache
 from kb_rerank.store.session import atenant_transaction
 
 log = logging.getLogger(__name__)
@@ -401,25 +403,23 @@ class Pipeline:
                             write: bool, extra: str | None = None, claimant: uuid.UUID | None = None) -> None:
         parts = (out.fallback_reason, out.detail if out.detail is not None else flow.tag, extra)
         detail = ";".join(p for p in parts if p) or None
+        cache = write and out.cacheable
+        pairs = write and out.fallback_reason is None and self.settings.pair_cache
+        # one statement, its own transaction (kb.record_outcome): all of it or none
         async with self.connection(tenant) as conn:
-            async with atenant_transaction(conn, tenant):
-                if write and out.cacheable:
-                    await result_cache.put(conn, out.query_hash, flow.source, flow.encode(out.body),
-                                           generation=out.generation, ttl_s=self.settings.cache_ttl_s,
-                                           trace_id=trace_id, model=out.model)
-                if write and out.fallback_reason is None and out.new_pairs and self.settings.pair_cache:
-                    # the pair cache is keyed by the query alone: shared by every flow
-                    await pair_cache.put(conn, out.model, self.hash_query(flow.normalized), out.new_pairs,
-                                         generation=out.generation, ttl_s=self.settings.cache_ttl_s)
-                if claimant is not None:
-                    # released with the cache row: a waiting process sees both at once
-                    await inflight.release(conn, out.query_hash, flow.source, out.generation, claimant)
-                await self.audit(conn, tenant, audit.AuditRecord(
+            await record.write(
+                conn, tenant, audit.AuditRecord(
                     kind=audit.FALLBACK if out.fallback_reason else audit.SERVED, source=flow.source,
                     query_hash=out.query_hash, trace_id=trace_id, model=out.model,
                     candidate_count=out.candidate_count, returned_count=out.returned_count,
                     duration_ms=(time.perf_counter() - t0) * 1000.0, detail=detail,
-                ))
+                ), self.audit_key, generation=out.generation, ttl_s=self.settings.cache_ttl_s,
+                payload=flow.encode(out.body) if cache else None,
+                # the pair cache is keyed by the query alone: shared by every flow
+                pair_query_hash=self.hash_query(flow.normalized) if pairs else None,
+                pairs=out.new_pairs if pairs else None,
+                # released with the cache row: a waiting process sees both at once
+                claimant=claimant)
         log.info("request %s source=%s tenant=%s query_hash=%s candidates=%d results=%d rerank_ms=%d%s",
                  "fallback" if out.fallback_reason else "served", flow.source, tenant, out.query_hash,
                  out.candidate_count, out.returned_count, out.rerank_ms,

@@ -21,8 +21,10 @@ Scores are stored as ``real``: every model score the pipeline uses goes through
 :func:`as_real` first, so a score read back from the cache is bit-identical to the one the
 model produced for the request that wrote it.
 
-Append-only for the app, like the result cache: a write deletes the keys' *expired* rows,
-then inserts with ``on conflict do nothing`` (a live row written concurrently is kept).
+Append-only for the app, like the result cache: a write (kb.record_outcome, with the
+answer's cache and audit rows: :mod:`kb_rerank.store.record`) deletes the keys' *expired*
+rows and those of older generations, then inserts with ``on conflict do nothing`` (a live
+row written concurrently is kept).
 Every function runs inside the caller's tenant transaction; RLS limits it to that tenant
 and each statement also names ``kb.current_tenant()`` so the primary key serves it.
 Expired rows of all tenants are evicted by ``kb.evict_expired_cache()``.
@@ -33,7 +35,7 @@ from __future__ import annotations
 import math
 import struct
 import uuid
-from typing import Iterable, Mapping
+from typing import Iterable
 
 from kb_rerank.candidate import sha256_hex
 
@@ -52,20 +54,6 @@ SELECT_LIVE = (
     "   on p.chunk_id = k.chunk_id and p.content_hash = k.content_hash"
     " where p.tenant_id = kb.current_tenant() and p.model = %s and p.query_hash = %s and p.generation = %s"
     "   and p.expires_at > now()"
-)
-DELETE_STALE = (
-    "delete from kb.kb_rerank_pair_scores p"
-    " using unnest(%s::uuid[], %s::char(64)[]) as k(chunk_id, content_hash)"
-    " where p.tenant_id = kb.current_tenant() and p.model = %s and p.query_hash = %s"
-    "   and p.chunk_id = k.chunk_id and p.content_hash = k.content_hash"
-    "   and (p.expires_at <= now() or p.generation < %s)"
-)
-INSERT = (
-    "insert into kb.kb_rerank_pair_scores"
-    " (tenant_id, model, query_hash, generation, chunk_id, content_hash, score, expires_at)"
-    " select kb.current_tenant(), %s, %s, %s, k.chunk_id, k.content_hash, k.score, now() + make_interval(secs => %s)"
-    " from unnest(%s::uuid[], %s::char(64)[], %s::real[]) as k(chunk_id, content_hash, score)"
-    " on conflict (tenant_id, model, query_hash, generation, chunk_id, content_hash) do nothing"
 )
 
 
@@ -97,19 +85,3 @@ async def get_live(conn, model: str, query_hash: str, keys: Iterable[PairKey], *
         if math.isfinite(s) and 0.0 <= s <= 1.0:
             out[(chunk_id, str(content_hash))] = s
     return out
-
-
-async def put(conn, model: str, query_hash: str, scores: Mapping[PairKey, float], *, generation: int,
-              ttl_s: float) -> int:
-    """Append the scores under ``generation``: delete these keys' expired rows and those of
-    older generations, insert the rest (a live row written meanwhile wins). Returns how many
-    rows this call inserted."""
-    items = [(k, v) for k, v in scores.items() if math.isfinite(v) and 0.0 <= v <= 1.0]
-    if not items:
-        return 0
-    ids = [k[0] for k, _ in items]
-    hashes = [k[1] for k, _ in items]
-    await conn.execute(DELETE_STALE, [ids, hashes, model, query_hash, generation])
-    cur = await conn.execute(INSERT, [model, query_hash, generation, float(ttl_s), ids, hashes,
-                                      [float(v) for _, v in items]])
-    return cur.rowcount

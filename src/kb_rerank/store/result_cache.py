@@ -1,11 +1,13 @@
 """The rerank cache (kb.kb_rerank_cache), append-only for the app role.
 
 The app role has SELECT, INSERT and DELETE on the table, never UPDATE: an entry is
-never changed in place. A write first deletes the key's *expired* row (if any) and then
-inserts with ``on conflict (tenant_id, query_hash, source, generation) do nothing``, so a live row
-written by a concurrent request (another process) is kept, not overwritten.
+never changed in place. A write (kb.record_outcome, with the answer's pair scores and audit
+row: :mod:`kb_rerank.store.record`) first deletes the key's *expired* rows and those of older
+generations, then inserts with ``on conflict (tenant_id, query_hash, source, generation) do
+nothing``, so a live row written by a concurrent request (another process) is kept, not
+overwritten.
 
-Every function runs inside the caller's tenant transaction (:func:`kb_rerank.store.session.atenant_transaction`);
+Every function here runs inside the caller's tenant transaction (:func:`kb_rerank.store.session.atenant_transaction`);
 RLS limits it to that tenant, and each statement also names ``kb.current_tenant()`` so
 the unique index serves the lookup.
 
@@ -33,8 +35,6 @@ import uuid
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from psycopg.types.json import Jsonb
-
 log = logging.getLogger(__name__)
 
 RESULT_FIELDS = ("chunk_id", "doc_id", "doc_title", "snippet", "rerank_score", "source")
@@ -50,17 +50,6 @@ LOOKUP = (
     "  and c.generation = g.generation and c.expires_at > now()"
 )
 DELETE_ROW = "delete from kb.kb_rerank_cache where cache_id = %s"
-DELETE_STALE = (
-    "delete from kb.kb_rerank_cache"
-    " where tenant_id = kb.current_tenant() and query_hash = %s and source = %s"
-    "   and (expires_at <= now() or generation < %s)"
-)
-INSERT = (
-    "insert into kb.kb_rerank_cache"
-    " (cache_id, tenant_id, query_hash, source, generation, results_jsonb, cached_at, expires_at, trace_id, model)"
-    " values (%s, kb.current_tenant(), %s, %s, %s, %s, now(), now() + make_interval(secs => %s), %s, %s)"
-    " on conflict (tenant_id, query_hash, source, generation) do nothing"
-)
 DELETE_KEY = (
     "delete from kb.kb_rerank_cache"
     " where tenant_id = kb.current_tenant() and query_hash = %s and source = %s"
@@ -136,18 +125,6 @@ async def get_live(conn, query_hash: str, source: str, *, decode: Callable[[Any]
         await conn.execute(DELETE_ROW, [cache_id])
         return gen, None
     return gen, CacheEntry(cache_id, body, model, trace_id)
-
-
-async def put(conn, query_hash: str, source: str, payload: Json, *, generation: int, ttl_s: float,
-              trace_id: str, model: str | None) -> bool:
-    """Append the entry under ``generation`` (the one read before the answer's data): delete
-    the key's expired rows and those of older generations, insert; a live row written
-    meanwhile wins (``do nothing``). Returns whether this call inserted the row."""
-    await conn.execute(DELETE_STALE, [query_hash, source, generation])
-    cur = await conn.execute(
-        INSERT, [uuid.uuid4(), query_hash, source, generation, Jsonb(payload), float(ttl_s), trace_id, model]
-    )
-    return cur.rowcount == 1
 
 
 def invalidate(conn, query_hash: str, source: str) -> int:

@@ -539,10 +539,10 @@ def _check_bm25(app_conn, tenant, toks, queries, ks, n, avg, df, k1, b):
 
 
 def test_pruned_bm25_top_k_equals_exhaustive_scoring(app_conn, tenant):
-    """kb.search_lexical skips chunks that cannot reach the top k (staged MaxScore with term
-    pairs). On a Zipf-distributed corpus, where queries mix words in most chunks with rare
+    """Without blocks (kb.term_tops) kb.search_lexical reads every query word through the GIN
+    index. On a Zipf-distributed corpus, where queries mix words in most chunks with rare
     ones and the rare words alone give fewer than k documents, its top k must equal BM25
-    computed here over every document."""
+    computed here over every document (with blocks: the next test)."""
     toks, vocab = _zipf_corpus(app_conn, tenant)
     queries = _zipf_queries(toks, vocab)
     assert _assert_lexical_equals_exhaustive_bm25(app_conn, tenant, toks, queries) == 4 * len(queries)
@@ -843,10 +843,10 @@ def _stem_corpus(app_conn, tenant, seed=21):
 
 
 def test_pruned_bm25_top_k_equals_exhaustive_scoring_on_the_stemmed_field(app_conn, tenant):
-    """The pruned search (staged MaxScore, champion lists) with stemmed terms, each normalised
+    """The pruned search (block-max MaxScore over impact-ordered blocks) with stemmed terms, each normalised
     by the stemmed field's length, and code tokens, normalised by the exact one, in one
     query: its top k equals BM25 computed here over every document, with and without
-    champion lists."""
+    blocks."""
     docs, bases, codes = _stem_corpus(app_conn, tenant)
     vocab = sorted({w for ws in docs.values() for w in ws} | {b + e for b in bases for e in ("", "s", "ing", "ed", "er")})
     stem = dict(app_conn.execute("select w, (ts_lexize('english_stem', w))[1] from unnest(%s::text[]) as w",

@@ -151,27 +151,47 @@ begin
   if not found then
     return null;  -- no written tenant has blocks
   end if;
+  -- The chunks go into the level's last appended part while it holds fewer than 256 ids
+  -- (rewriting at most 4 kB), else into a new part: a level keeps few rows between rebuilds.
   -- (built_at: the rebuild's, which the appended rows belong to)
+  with x as (
+    select n.tenant_id, t2.term, t2.level, t2.tail, t2.avglen, t2.k1, t2.b, t2.built_at,
+           array_agg(distinct n.chunk_id) as ids
+    from new_rows n
+    cross join lateral unnest(n.tsv) as u
+    -- the first level (its part 0, written by the rebuild) whose tail is below x
+    cross join lateral (
+      select t1.term, t1.level, t1.tail, t1.avglen, t1.k1, t1.b, t1.built_at
+      from kb.term_tops t1
+      where t1.tenant_id = n.tenant_id and t1.term = u.lexeme and t1.part = 0
+        and t1.tail < kb.bm25_tf_part(coalesce(array_length(u.positions, 1), 1),
+                                      case when u.lexeme like '~ %' then n.stem_len else n.doc_len end,
+                                      t1.k1, t1.b, t1.avglen)
+      order by t1.level
+      limit 1) as t2
+    group by n.tenant_id, t2.term, t2.level, t2.tail, t2.avglen, t2.k1, t2.b, t2.built_at
+  ),
+  last as (
+    select x.*, lp.part, lp.n
+    from x
+    cross join lateral (
+      select t3.part, t3.n from kb.term_tops t3
+      where t3.tenant_id = x.tenant_id and t3.term = x.term and t3.level = x.level
+      order by t3.part desc
+      limit 1) as lp
+  ),
+  grown as (
+    update kb.term_tops tt
+       set chunk_ids = tt.chunk_ids || l.ids, n = tt.n + cardinality(l.ids)
+    from last l
+    where l.part > 0 and l.n + cardinality(l.ids) <= 256
+      and tt.tenant_id = l.tenant_id and tt.term = l.term and tt.level = l.level and tt.part = l.part
+    returning tt.tenant_id, tt.term, tt.level
+  )
   insert into kb.term_tops (tenant_id, term, level, part, chunk_ids, n, tail, avglen, k1, b, built_at)
-  select x.tenant_id, x.term, x.level,
-         (select max(t3.part) + 1 from kb.term_tops t3
-          where t3.tenant_id = x.tenant_id and t3.term = x.term and t3.level = x.level),
-         x.ids, cardinality(x.ids), x.tail, x.avglen, x.k1, x.b, x.built_at
-  from (select n.tenant_id, t2.term, t2.level, t2.tail, t2.avglen, t2.k1, t2.b, t2.built_at,
-               array_agg(distinct n.chunk_id) as ids
-        from new_rows n
-        cross join lateral unnest(n.tsv) as u
-        -- the first level (its part 0, written by the rebuild) whose tail is below x
-        cross join lateral (
-          select t1.term, t1.level, t1.tail, t1.avglen, t1.k1, t1.b, t1.built_at
-          from kb.term_tops t1
-          where t1.tenant_id = n.tenant_id and t1.term = u.lexeme and t1.part = 0
-            and t1.tail < kb.bm25_tf_part(coalesce(array_length(u.positions, 1), 1),
-                                          case when u.lexeme like '~ %' then n.stem_len else n.doc_len end,
-                                          t1.k1, t1.b, t1.avglen)
-          order by t1.level
-          limit 1) as t2
-        group by n.tenant_id, t2.term, t2.level, t2.tail, t2.avglen, t2.k1, t2.b, t2.built_at) as x;
+  select l.tenant_id, l.term, l.level, l.part + 1, l.ids, cardinality(l.ids), l.tail, l.avglen, l.k1, l.b, l.built_at
+  from last l
+  where not exists (select from grown g where g.tenant_id = l.tenant_id and g.term = l.term and g.level = l.level);
   return null;
 end
 $$;

@@ -246,7 +246,7 @@ def test_functions_as_b_return_nothing_of_a(app_conn, owner_conn, ab):
             assert vol == "i", name
     assert owner_conn.execute("select count(*) from kb.kb_rerank_cache where tenant_id = %s", [a]).fetchone()[0] == live_a
     # B rebuilding its BM25 lists leaves A's as they are
-    lists_sql = "select array_agg((term, chunk_ids, tail) order by term) from kb.term_tops where tenant_id = %s"
+    lists_sql = "select array_agg((term, level, part, chunk_ids, tail) order by term, level, part) from kb.term_tops where tenant_id = %s"
     lists_a = owner_conn.execute(lists_sql, [a]).fetchone()[0]
     assert lists_a and ids[a]["word"] in str(lists_a)
     with tenant_transaction(app_conn, b):

@@ -571,3 +571,46 @@ def test_0011_downgrade_removes_the_stemmed_field_and_upgrade_adds_it_to_existin
         # one document: its best chunk for the stem (`connections`: the shorter one)
         assert conn.execute(search_sql, ["connected"]).fetchone()[0] == ["connections"]
         assert conn.execute(search_sql, ["ERR_402"]).fetchone()[0] == ["Invoices ERR_402"]
+
+
+def test_0014_downgrade_keeps_level_0_as_the_champion_list_and_search_exact(server_url):
+    """Down to 0013, kb.term_tops keeps level 0 of each term (chunks the trigger appended to
+    it included) as the 0008 champion list, deeper levels go, and the search and the
+    trigger (put back as they were at 0013) give the same ranking; up again, the blocks
+    are rebuilt with their levels."""
+    url, s = _new_database(server_url)
+    db.migrate(s)
+    tenant = uuid.uuid4()
+    insert = ("insert into kb.chunks (tenant_id, doc_id, position, content, content_hash, embedding)"
+              " select %s, %s, %s, %s, repeat('0', 64), array_fill(0.1::real, array[dim])::vector"
+              " from kb.embedding_config")
+    search_sql = "select array_agg(content || ':' || round(score::numeric, 9) order by rank) from kb.search_lexical('zebra', 50)"
+    with psycopg.connect(url) as conn:
+        conn.execute("select set_config('auth.tenant_id', %s, false)", [str(tenant)])
+        docs = [conn.execute("insert into kb.documents (tenant_id, source_uri, title, content_hash)"
+                             " values (%s, %s, %s, repeat('0', 64)) returning doc_id",
+                             [tenant, f"u{i}", f"t{i}"]).fetchone()[0] for i in range(40)]
+        for i, doc in enumerate(docs):
+            conn.execute(insert, [tenant, doc, 0, " ".join(["zebra"] * (1 + i % 3) + ["filler"] * (i % 7))])
+        conn.execute("select kb.refresh_term_tops(2, 1)")
+        assert conn.execute("select max(level) from kb.term_tops where term = 'zebra'").fetchone()[0] >= 2
+        conn.execute(insert, [tenant, docs[0], 1, "zebra zebra zebra zebra"])  # appended to level 0
+        assert conn.execute("select count(*) from kb.term_tops where term = 'zebra' and level = 0 and part = 1"
+                            ).fetchone()[0] == 1
+        conn.commit()
+        before = conn.execute(search_sql).fetchone()[0]
+    db.downgrade(s, revision="0013_single_flight")
+    with psycopg.connect(url) as conn:
+        conn.execute("select set_config('auth.tenant_id', %s, false)", [str(tenant)])
+        assert conn.execute("select count(*), max(cardinality(chunk_ids)) from kb.term_tops where term = 'zebra'"
+                            ).fetchone() == (1, 3)
+        assert conn.execute(search_sql).fetchone()[0] == before
+        conn.execute(insert, [tenant, docs[1], 1, "zebra"])
+        conn.commit()
+        assert len(conn.execute(search_sql).fetchone()[0]) == len(before)
+    db.migrate(s)
+    with psycopg.connect(url) as conn:
+        conn.execute("select set_config('auth.tenant_id', %s, false)", [str(tenant)])
+        conn.execute("select kb.refresh_term_tops(2, 1)")
+        assert conn.execute("select max(level) from kb.term_tops where term = 'zebra'").fetchone()[0] >= 2
+        assert len(conn.execute(search_sql).fetchone()[0]) == len(before)

@@ -499,15 +499,20 @@ def _zipf_queries(toks, vocab, seed=6):
 
 
 def _assert_lexical_equals_exhaustive_bm25(app_conn, tenant, toks, queries, ks=(5, 20),
-                                           first_postings=("1", "40", "")):
-    """kb.search_lexical's top k for every query (and k, and pruning start) equals BM25
-    computed here over every document: same scores in the same order; the documents may
-    differ only within exact ties."""
+                                           params=((1.2, 0.75), (0.9, 0.4))):
+    """kb.search_lexical's top k for every query (and k, and BM25 parameters k1, b) equals
+    BM25 computed here over every document: same scores in the same order; the documents
+    may differ only within exact ties."""
     n = len(toks)
     avg = sum(len(v) for v in toks.values()) / n
     df = Counter(w for v in toks.values() for w in set(v))
-    k1, b = 1.2, 0.75
+    checked = 0
+    for k1, b in params:
+        checked += _check_bm25(app_conn, tenant, toks, queries, ks, n, avg, df, k1, b)
+    return checked
 
+
+def _check_bm25(app_conn, tenant, toks, queries, ks, n, avg, df, k1, b):
     def bm25(terms, d):
         s = 0.0
         for term in terms:  # a term listed twice counts twice (qtf)
@@ -518,11 +523,9 @@ def _assert_lexical_equals_exhaustive_bm25(app_conn, tenant, toks, queries, ks=(
         return s
 
     checked = 0
-    for terms, k, first in itertools.product(queries, ks, first_postings):
+    for terms, k in itertools.product(queries, ks):
         with tenant_transaction(app_conn, tenant):
-            # where the pruning starts (default 1000 postings, more than these corpora have)
-            app_conn.execute("select set_config('kb.lexical_essential_postings', %s, true)", [first])
-            rows = search.lexical(app_conn, " ".join(terms), k)
+            rows = search.lexical(app_conn, " ".join(terms), k, k1=k1, b=b)
         expected = sorted(((round(bm25(terms, d), 9), d) for d in toks), key=lambda x: (-x[0], x[1]))
         expected = [e for e in expected if e[0] > 0][:k]
         got = [(r.score, r.doc_title) for r in rows]
@@ -535,60 +538,113 @@ def _assert_lexical_equals_exhaustive_bm25(app_conn, tenant, toks, queries, ks=(
 
 
 def test_pruned_bm25_top_k_equals_exhaustive_scoring(app_conn, tenant):
-    """kb.search_lexical skips chunks that cannot reach the top k (staged MaxScore with term
-    pairs). On a Zipf-distributed corpus, where queries mix words in most chunks with rare
+    """Without blocks (kb.term_tops) kb.search_lexical reads every query word through the GIN
+    index. On a Zipf-distributed corpus, where queries mix words in most chunks with rare
     ones and the rare words alone give fewer than k documents, its top k must equal BM25
-    computed here over every document."""
+    computed here over every document (with blocks: the next test)."""
     toks, vocab = _zipf_corpus(app_conn, tenant)
     queries = _zipf_queries(toks, vocab)
-    assert _assert_lexical_equals_exhaustive_bm25(app_conn, tenant, toks, queries) == 6 * len(queries)
+    assert _assert_lexical_equals_exhaustive_bm25(app_conn, tenant, toks, queries) == 4 * len(queries)
 
 
-def _lists(app_conn, tenant):
+def _blocks(app_conn, tenant):
+    """{term: [(level, chunk ids of all its parts, tail, k1, b, avglen)]} of the tenant's blocks."""
     with tenant_transaction(app_conn, tenant):
-        return {t: (set(ids), tail) for t, ids, tail in
-                app_conn.execute("select term, chunk_ids, tail from kb.term_tops")}
+        rows = app_conn.execute(
+            "select term, level, array_agg(x.id), min(tail), max(tail), min(k1), min(b), min(avglen), max(avglen)"
+            " from kb.term_tops cross join lateral unnest(chunk_ids) as x(id) group by term, level order by term, level")
+        out = {}
+        for term, level, ids, tmin, tmax, k1, b, amin, amax in rows:
+            assert tmin == tmax and amin == amax  # a level's parts share its tail
+            out.setdefault(term, []).append((level, set(ids), tmin, k1, b, amin))
+    return out
+
+
+def _assert_block_invariant(app_conn, tenant, toks):
+    """Per term and level L: every chunk holding the term outside levels 0..L has tf_part at
+    most L's tail (tf_part computed here, with the blocks' k1, b and average length); the
+    levels are 0, 1, ... and their tails do not grow."""
+    with tenant_transaction(app_conn, tenant):
+        chunks = {cid: (title, dl) for cid, title, dl in app_conn.execute(
+            "select c.chunk_id, d.title, c.doc_len from kb.chunks c join kb.documents d using (doc_id)")}
+    blocks = _blocks(app_conn, tenant)
+    for term, levels in blocks.items():
+        assert [lv[0] for lv in levels] == list(range(len(levels))), term
+        assert all(a[2] >= b_[2] for a, b_ in zip(levels, levels[1:])), term
+        if term.startswith("~ "):
+            continue  # (the stemmed field: its lengths are checked by the stemmed test)
+        seen = set()
+        for level, ids, tail, k1, b, avglen in levels:
+            seen |= ids
+            for cid, (title, dl) in chunks.items():
+                tf = toks[title].count(term)
+                if tf and cid not in seen:
+                    w = tf * (k1 + 1) / (tf + k1 * (1 - b + b * dl / avglen))
+                    assert w <= tail + 1e-9, (term, level, title, w, tail)
+    return blocks
 
 
 def test_bm25_term_lists_keep_top_k_exact_through_writes(app_conn, tenant):
-    """With champion lists (kb.term_tops: per common term the chunks where it weighs most,
-    and a bound on the rest), the top k still equals exhaustive BM25: right after the lists
-    are built, and after writes that the lists did not see: short documents that repeat a
-    listed word (above the list's tail: the insert trigger must add them) and long ones
-    that move the average length (the search must widen the tails)."""
+    """With impact-ordered blocks (kb.term_tops: per common term its chunks by tf_part in
+    levels, each with a bound on the chunks outside it and the levels before), the top k
+    still equals exhaustive BM25: right after the blocks are built, and after writes that
+    they did not see: short documents that repeat a listed word (above a level's tail: the
+    insert trigger must add them to a level), an update that raises a word's frequency,
+    deletes, and long documents that move the average length (the search must widen the
+    tails); with blocks built for other k1 and b, and searches with parameters the blocks
+    were not built for."""
     toks, vocab = _zipf_corpus(app_conn, tenant, seed=11)
     queries = _zipf_queries(toks, vocab, seed=12)
     with tenant_transaction(app_conn, tenant):
         n_lists = app_conn.execute("select kb.refresh_term_tops(30, 40)").fetchone()[0]
-    lists = _lists(app_conn, tenant)
-    assert n_lists == len(lists) >= 10
-    assert all(len(ids) == 30 and tail > 0 for ids, tail in lists.values())
-    _assert_lexical_equals_exhaustive_bm25(app_conn, tenant, toks, queries, first_postings=("1", ""))
+    blocks = _assert_block_invariant(app_conn, tenant, toks)
+    assert n_lists == len(blocks) >= 10
+    assert all(len(lv[0][1]) == 30 and lv[0][2] > 0 for lv in blocks.values())
+    assert max(len(lv) for lv in blocks.values()) >= 2  # the common terms have deeper levels
+    _assert_lexical_equals_exhaustive_bm25(app_conn, tenant, toks, queries)
 
     df = Counter(w for v in toks.values() for w in set(v))
-    listed = sorted(lists, key=lambda w: -df[w])[:6]
+    listed = sorted(blocks, key=lambda w: -df[w])[:6]
     for i, w in enumerate(listed):  # short and repetitive: the best chunks for w now
         toks[f"n{i:03d}"] = [w] * 6
         insert_doc(app_conn, tenant, f"n{i:03d}", [" ".join([w] * 6)], [basis(100 + i)])
-    after = _lists(app_conn, tenant)
+    after = _assert_block_invariant(app_conn, tenant, toks)
     with tenant_transaction(app_conn, tenant):
         new_ids = {r[0] for r in app_conn.execute(
             "select c.chunk_id from kb.chunks c join kb.documents d using (doc_id) where d.title like 'n%%'")}
     for w in listed:
-        assert after[w][0] & new_ids, w  # the trigger added the new best chunk
+        assert after[w][0][1] & new_ids, w  # the trigger added the new best chunk to level 0
     queries += [[w] for w in listed]
-    _assert_lexical_equals_exhaustive_bm25(app_conn, tenant, toks, queries, first_postings=("1", ""))
+    _assert_lexical_equals_exhaustive_bm25(app_conn, tenant, toks, queries)
+    # an update: a document of common words becomes one that repeats a listed word; deletes
+    victim = next(d for d in sorted(toks) if d.startswith("d") and listed[1] not in toks[d])
+    toks[victim] = [listed[1]] * 5 + toks[victim][:3]
+    gone = [d for d in sorted(toks) if d.startswith("d") and listed[0] in toks[d]][:5]
+    with tenant_transaction(app_conn, tenant):
+        app_conn.execute("update kb.chunks c set content = %s from kb.documents d"
+                         " where d.doc_id = c.doc_id and d.title = %s", [" ".join(toks[victim]), victim])
+        app_conn.execute("delete from kb.documents where title = any (%s)", [gone])
+    for d in gone:
+        del toks[d]
+    _assert_block_invariant(app_conn, tenant, toks)
+    _assert_lexical_equals_exhaustive_bm25(app_conn, tenant, toks, queries)
     for i in range(40):  # long: the average length grows by 3/4
         words = [vocab[-1 - (i % 50)]] * 200 + [listed[i % len(listed)]]  # (tsvector keeps <= 256 positions)
         toks[f"l{i:03d}"] = words
         insert_doc(app_conn, tenant, f"l{i:03d}", [" ".join(words)], [basis(200 + i)])
-    _assert_lexical_equals_exhaustive_bm25(app_conn, tenant, toks, queries, ks=(5, 20, 29), first_postings=("1", ""))
-    # a rebuild takes the new chunks in; the lists hold the best tf parts
+    _assert_block_invariant(app_conn, tenant, toks)
+    _assert_lexical_equals_exhaustive_bm25(app_conn, tenant, toks, queries, ks=(5, 20, 29))
+    # a rebuild takes the new chunks in; level 0 holds the best tf parts
     with tenant_transaction(app_conn, tenant):
         app_conn.execute("select kb.refresh_term_tops(30, 40)")
-    rebuilt = _lists(app_conn, tenant)
+    rebuilt = _assert_block_invariant(app_conn, tenant, toks)
     for w in listed:
-        assert rebuilt[w][0] & new_ids and len(rebuilt[w][0]) == 30
+        assert rebuilt[w][0][1] & new_ids and len(rebuilt[w][0][1]) == 30
+    # blocks built for other BM25 parameters serve those (and only those)
+    with tenant_transaction(app_conn, tenant):
+        app_conn.execute("select kb.refresh_term_tops(8, 20, 0.9, 0.4)")
+    assert {lv[0][3:5] for lv in _assert_block_invariant(app_conn, tenant, toks).values()} == {(0.9, 0.4)}
+    _assert_lexical_equals_exhaustive_bm25(app_conn, tenant, toks, queries)
 
 
 def test_tf_read_through_ts_rank_equals_the_number_of_positions(app_conn):
@@ -786,10 +842,10 @@ def _stem_corpus(app_conn, tenant, seed=21):
 
 
 def test_pruned_bm25_top_k_equals_exhaustive_scoring_on_the_stemmed_field(app_conn, tenant):
-    """The pruned search (staged MaxScore, champion lists) with stemmed terms, each normalised
+    """The pruned search (block-max MaxScore over impact-ordered blocks) with stemmed terms, each normalised
     by the stemmed field's length, and code tokens, normalised by the exact one, in one
     query: its top k equals BM25 computed here over every document, with and without
-    champion lists."""
+    blocks."""
     docs, bases, codes = _stem_corpus(app_conn, tenant)
     vocab = sorted({w for ws in docs.values() for w in ws} | {b + e for b in bases for e in ("", "s", "ing", "ed", "er")})
     stem = dict(app_conn.execute("select w, (ts_lexize('english_stem', w))[1] from unnest(%s::text[]) as w",
@@ -829,13 +885,12 @@ def test_pruned_bm25_top_k_equals_exhaustive_scoring_on_the_stemmed_field(app_co
                 + rng.sample(codes, rng.randint(0, 2)) for _ in range(25)]
     queries += [[m + "s", r] for m, r in zip(bases[10:40], rng.sample(by_df[60:200], 30))]
 
-    def check(ks=(5, 20), first_postings=("1", "40", "")):
-        for words, k, first in itertools.product(queries, ks, first_postings):
+    def check(ks=(5, 20)):
+        for words, k in itertools.product(queries, ks):
             q = " ".join(words)
             terms = ["~ " + stem[w] if w not in codes else w for w in words if w not in stop]
             with tenant_transaction(app_conn, tenant):
                 assert sorted(set(terms)) == app_conn.execute("select kb.search_terms(%s)", [q]).fetchone()[0]
-                app_conn.execute("select set_config('kb.lexical_essential_postings', %s, true)", [first])
                 rows = search.lexical(app_conn, q, k)
             expected = sorted(((round(bm25(terms, d), 9), d) for d in docs), key=lambda x: (-x[0], x[1]))
             expected = [e for e in expected if e[0] > 0][:k]
@@ -850,7 +905,7 @@ def test_pruned_bm25_top_k_equals_exhaustive_scoring_on_the_stemmed_field(app_co
         n_lists = app_conn.execute("select kb.refresh_term_tops(20, 30)").fetchone()[0]
         listed = {t for (t,) in app_conn.execute("select term from kb.term_tops")}
     assert n_lists >= 5 and any(t.startswith("~ ") for t in listed)
-    check(first_postings=("1", ""))
+    check()
 
 
 def test_hybrid_scores_its_lexical_list_with_the_given_bm25_parameters(app_conn, rrf_tenant):

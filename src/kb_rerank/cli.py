@@ -496,7 +496,7 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("--quiet", action="store_true", help="no progress bar")
     i.set_defaults(func=cmd_ingest)
 
-    li = sub.add_parser("lists", help="rebuild a tenant's BM25 champion lists (kb.term_tops; ingest does it "
+    li = sub.add_parser("lists", help="rebuild a tenant's BM25 impact-ordered blocks (kb.term_tops; ingest does it "
                                       "after large loads; searches are exact either way, faster with fresh lists)")
     li.add_argument("--tenant", type=_uuid, required=True)
     li.set_defaults(func=cmd_lists)

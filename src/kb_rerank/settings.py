@@ -63,9 +63,10 @@ class Settings:
     semantic_weight: float = 0.3  # KB_SEMANTIC_WEIGHT: weight of the semantic list
     bm25_k1: float = 1.2
     bm25_b: float = 0.75
-    # BM25 champion lists (kb.term_tops; sql/functions/04_term_tops.sql): for every word in at
-    # least term_list_min_df of a tenant's chunks, the term_list_length chunks where it weighs
-    # most. They let a query of common words skip most of their chunks; results are the same.
+    # BM25 impact-ordered blocks (kb.term_tops; sql/functions/04_term_tops.sql): for every word
+    # in at least term_list_min_df of a tenant's chunks, its chunks by weight in levels of
+    # term_list_length, 4x, 16x, ... They let a query skip most chunks of its words; results
+    # are the same.
     term_list_length: int = 128  # KB_TERM_LIST_LENGTH (128: bench/lexical_ab.py, 2026-11-30)
     term_list_min_df: int = 1000  # KB_TERM_LIST_MIN_DF
     # Rerank

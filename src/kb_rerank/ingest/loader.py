@@ -40,7 +40,7 @@ class IngestReport:
     chunks_written: int = 0
     embeddings_computed: int = 0
     embeddings_reused: int = 0
-    term_lists: int | None = None  # BM25 champion lists rebuilt at the end (None: not rebuilt)
+    term_lists: int | None = None  # BM25 impact-ordered blocks rebuilt at the end (None: not rebuilt)
     bad_files: list[BadFile] = field(default_factory=list)
 
     def summary(self) -> str:
@@ -84,7 +84,7 @@ def ingest_documents(
     return report
 
 
-# A tenant's BM25 champion lists (kb.term_tops) are rebuilt after an ingest that wrote at
+# A tenant's BM25 impact-ordered blocks (kb.term_tops) are rebuilt after an ingest that wrote at
 # least this share of its chunks, or when it has none yet. Between rebuilds the insert
 # trigger keeps them valid (searches stay exact), only less selective; a rebuild reads
 # every chunk of the tenant (1.2 s for a tenant of 10k chunks, 38 s for one of 100k here:
@@ -94,7 +94,7 @@ REFRESH_SHARE = 0.1
 
 def refresh_term_lists_if_stale(conn: psycopg.Connection, tenant_id: UUID | str, chunks_written: int,
                                 settings: Settings) -> int | None:
-    """Rebuild the tenant's BM25 champion lists when ``chunks_written`` is a large share of
+    """Rebuild the tenant's BM25 impact-ordered blocks when ``chunks_written`` is a large share of
     its chunks or it has no lists yet; returns the number of lists built, or None."""
     if chunks_written <= 0:
         return None
@@ -108,7 +108,7 @@ def refresh_term_lists_if_stale(conn: psycopg.Connection, tenant_id: UUID | str,
 
 
 def refresh_term_lists(conn: psycopg.Connection, settings: Settings) -> int:
-    """Rebuild the BM25 champion lists of the tenant of the current transaction, with the
+    """Rebuild the BM25 impact-ordered blocks of the tenant of the current transaction, with the
     configured list length, minimum document frequency and BM25 parameters."""
     return conn.execute(
         "select kb.refresh_term_tops(%s, %s, %s, %s)",

@@ -1,4 +1,4 @@
--- BM25 champion lists (kb.term_tops, sql/schema/0008_term_tops.sql): built per tenant by
+-- BM25 impact-ordered blocks (kb.term_tops, sql/schema/0008_term_tops.sql and 0014_term_blocks.sql): built per tenant by
 -- kb.refresh_term_tops(), kept valid between refreshes by the trigger below.
 
 -- Serialisation (issue 13, item 12): a refresh and the writers of a tenant's chunks lock the
@@ -10,15 +10,21 @@
 -- (SELECT only, under RLS).
 drop function if exists kb.term_tops_lock_key(uuid);
 
--- Rebuild the caller's tenant's lists: for each term in at least min_df chunks, the
--- list_length chunks with the highest tf_part (ties by chunk_id), and tail = the next
--- one's tf_part (0 when the term has no more chunks). Returns the number of lists.
+-- Rebuild the caller's tenant's blocks: for each term in at least min_df chunks, its chunks
+-- sorted by tf_part, descending (ties by chunk_id), the first half of them (at least
+-- list_length) stored in levels of growing size: level 0 the first list_length chunks,
+-- level L the next list_length * 4^L (so a term of df chunks has about log4(df /
+-- list_length) levels, and a search that reads to level L has read at most 4/3 of L's
+-- size). Each level's tail is the tf_part of the first chunk after it (0 when none): the
+-- bound on any chunk outside levels 0..L. The lower half is not stored: below the median
+-- tf_part a term's unread bound barely falls (most chunks hold a word once), and a search
+-- that must go that deep reads the term's postings through the GIN index instead. Returns
+-- the number of terms with blocks.
 -- Run it after a bulk load (`kb-rerank ingest` does) or from a nightly job; searches are
--- exact with or without lists, and with lists of any age; fresh lists are only faster.
--- Work: one pass over the tenant's chunks and a sort of their common-term postings (here,
--- lists of 128: 38 s for one tenant of 100k chunks, 25 s for 100k chunks over 10 tenants,
--- 411 s for 1M over 10; bench/search_bench.py's setup step).
--- SECURITY DEFINER (owner kb_stats: write on the statistics tables only) because the lists
+-- exact with or without blocks, and with blocks of any age; fresh blocks are only faster.
+-- Work: one pass over the tenant's chunks and a sort of their common-term postings
+-- (timings: bench/search_bench.py's setup step).
+-- SECURITY DEFINER (owner kb_stats: write on the statistics tables only) because the blocks
 -- are derived data the app role may read but not write; it only ever touches the tenant of
 -- the caller's transaction (kb.current_tenant()) and raises when none is set. search_path
 -- pinned, pg_temp last.
@@ -62,28 +68,47 @@ begin
   if v_avglen is null or not v_avglen > 0 then
     return 0;
   end if;
-  insert into kb.term_tops (tenant_id, term, chunk_ids, tail, avglen, k1, b)
   -- a stemmed term ('~ ...') is weighed with its field's length and average length
-  select v_tenant, r.term,
-         array_agg(r.chunk_id order by r.rn) filter (where r.rn <= list_length),
-         coalesce(max(r.w) filter (where r.rn > list_length), 0),
-         case when r.term like '~ %' then greatest(v_stem_avglen, 1e-9) else v_avglen end, k1, b
-  from (select p.term, p.chunk_id, p.w,
-               row_number() over (partition by p.term order by p.w desc, p.chunk_id) as rn
-        from (select u.lexeme as term, c.chunk_id,
-                     case when u.lexeme like '~ %'
-                          then kb.bm25_tf_part(coalesce(array_length(u.positions, 1), 1), c.stem_len, k1, b,
-                                               greatest(v_stem_avglen, 1e-9))
-                          else kb.bm25_tf_part(coalesce(array_length(u.positions, 1), 1), c.doc_len, k1, b, v_avglen)
-                     end as w
-              from kb.chunks c
-              cross join lateral unnest(c.tsv) as u
-              where c.tenant_id = v_tenant
-                and u.lexeme in (select ts.term from kb.term_stats ts
-                                 where ts.tenant_id = v_tenant and ts.df >= min_df)) as p) as r
-  where r.rn <= list_length + 1
-  group by r.term;
-  get diagnostics v_n = row_count;
+  with p as (
+    select u.lexeme as term, c.chunk_id, ts.df,
+           case when u.lexeme like '~ %'
+                then kb.bm25_tf_part(coalesce(array_length(u.positions, 1), 1), c.stem_len, k1, b,
+                                     greatest(v_stem_avglen, 1e-9))
+                else kb.bm25_tf_part(coalesce(array_length(u.positions, 1), 1), c.doc_len, k1, b, v_avglen)
+           end as w
+    from kb.chunks c
+    cross join lateral unnest(c.tsv) as u
+    join kb.term_stats ts on ts.tenant_id = v_tenant and ts.term = u.lexeme and ts.df >= min_df
+    where c.tenant_id = v_tenant
+  ),
+  ranked as (
+    select p.term, p.chunk_id, p.w, p.df,
+           row_number() over (partition by p.term order by p.w desc, p.chunk_id) as rn
+    from p
+  ),
+  agg as (
+    -- per term, its stored chunks and the first one after them, best first (grouped in
+    -- the window's order: no second sort)
+    select r.term, greatest(list_length, min(r.df) / 2) as stored,
+           array_agg(r.chunk_id order by r.w desc, r.chunk_id) as ids,
+           array_agg(r.w order by r.w desc, r.chunk_id) as ws
+    from ranked r
+    where r.rn <= greatest(list_length, r.df / 2) + 1
+    group by r.term
+  )
+  -- level L: ranks list_length * (4^L - 1) / 3 + 1 .. list_length * (4^(L+1) - 1) / 3, the
+  -- last level cut at the stored count; its tail: the tf_part of the next rank (0: none)
+  insert into kb.term_tops (tenant_id, term, level, part, chunk_ids, n, tail, avglen, k1, b)
+  select v_tenant, a.term, l.level, 0, a.ids[l.s:l.e], l.e - l.s + 1, coalesce(a.ws[l.e + 1], 0),
+         case when a.term like '~ %' then greatest(v_stem_avglen, 1e-9) else v_avglen end, k1, b
+  from agg a
+  cross join lateral (
+    select g.level, list_length * (power(4, g.level)::bigint - 1) / 3 + 1 as s,
+           least(list_length * (power(4, g.level + 1)::bigint - 1) / 3, a.stored, cardinality(a.ids)) as e
+    from generate_series(0, 20) as g(level)
+  ) as l
+  where l.s <= least(a.stored, cardinality(a.ids));
+  select count(distinct tt.term) into v_n from kb.term_tops tt where tt.tenant_id = v_tenant;
   return v_n;
 end
 $$;
@@ -91,12 +116,16 @@ alter function kb.refresh_term_tops(integer, integer, double precision, double p
 revoke all on function kb.refresh_term_tops(integer, integer, double precision, double precision) from public;
 grant execute on function kb.refresh_term_tops(integer, integer, double precision, double precision) to cyberos_app;
 comment on function kb.refresh_term_tops(integer, integer, double precision, double precision) is
-  'Rebuild the BM25 champion lists (kb.term_tops) of the tenant in auth.tenant_id; returns the number of lists';
+  'Rebuild the BM25 impact-ordered blocks (kb.term_tops) of the tenant in auth.tenant_id; returns the number of terms with blocks';
 
 -- Keeps the invariant of kb.term_tops under INSERT and UPDATE: a written chunk whose
--- tf_part for a listed term exceeds the list's tail joins the list. When a tenant has no
--- chunks left, its lists go. SECURITY DEFINER (owner kb_stats): it writes derived data
--- from the transition table of a statement RLS has already checked.
+-- tf_part x for a term with blocks exceeds the term's last tail joins the first level whose
+-- tail is below x (then it is in levels 0..L for every level L whose tail it exceeds), as a
+-- new part of that level: one small row per term and level touched by the statement,
+-- instead of rewriting the level's array. (An updated chunk may so be listed twice, or stay
+-- listed above its new tf_part: harmless, the search scores each chunk once and exactly.)
+-- When a tenant has no chunks left, its blocks go. SECURITY DEFINER (owner kb_stats): it
+-- writes derived data from the transition table of a statement RLS has already checked.
 create or replace function kb.chunks_maintain_term_tops()
 returns trigger
 language plpgsql
@@ -110,8 +139,9 @@ begin
       and not exists (select from kb.chunks c where c.tenant_id = tt.tenant_id);
     return null;
   end if;
-  -- lock the statistics rows of the written tenants that have lists (in tenant order, as
-  -- the statistics trigger does), so that no refresh of theirs runs concurrently
+  -- lock the statistics rows of the written tenants that have blocks (in tenant order, as
+  -- the statistics trigger does), so that no refresh of theirs, and no other writer's
+  -- append (the part numbers below), runs concurrently
   perform 1
   from kb.corpus_stats cs
   where cs.tenant_id in (select n.tenant_id from new_rows n)
@@ -119,20 +149,49 @@ begin
   order by cs.tenant_id
   for update;
   if not found then
-    return null;  -- no written tenant has lists
+    return null;  -- no written tenant has blocks
   end if;
-  update kb.term_tops tt
-     set chunk_ids = tt.chunk_ids || x.ids
-  from (select n.tenant_id, u.lexeme, array_agg(distinct n.chunk_id) as ids
-        from new_rows n
-        cross join lateral unnest(n.tsv) as u
-        join kb.term_tops t2 on t2.tenant_id = n.tenant_id and t2.term = u.lexeme
-        where kb.bm25_tf_part(coalesce(array_length(u.positions, 1), 1),
-                              case when u.lexeme like '~ %' then n.stem_len else n.doc_len end,
-                              t2.k1, t2.b, t2.avglen) > t2.tail
-          and not (n.chunk_id = any (t2.chunk_ids))
-        group by n.tenant_id, u.lexeme) as x
-  where tt.tenant_id = x.tenant_id and tt.term = x.lexeme;
+  -- The chunks go into the level's last appended part while it holds fewer than 256 ids
+  -- (rewriting at most 4 kB), else into a new part: a level keeps few rows between rebuilds.
+  -- (built_at: the rebuild's, which the appended rows belong to)
+  with x as (
+    select n.tenant_id, t2.term, t2.level, t2.tail, t2.avglen, t2.k1, t2.b, t2.built_at,
+           array_agg(distinct n.chunk_id) as ids
+    from new_rows n
+    cross join lateral unnest(n.tsv) as u
+    -- the first level (its part 0, written by the rebuild) whose tail is below x
+    cross join lateral (
+      select t1.term, t1.level, t1.tail, t1.avglen, t1.k1, t1.b, t1.built_at
+      from kb.term_tops t1
+      where t1.tenant_id = n.tenant_id and t1.term = u.lexeme and t1.part = 0
+        and t1.tail < kb.bm25_tf_part(coalesce(array_length(u.positions, 1), 1),
+                                      case when u.lexeme like '~ %' then n.stem_len else n.doc_len end,
+                                      t1.k1, t1.b, t1.avglen)
+      order by t1.level
+      limit 1) as t2
+    group by n.tenant_id, t2.term, t2.level, t2.tail, t2.avglen, t2.k1, t2.b, t2.built_at
+  ),
+  last as (
+    select x.*, lp.part, lp.n
+    from x
+    cross join lateral (
+      select t3.part, t3.n from kb.term_tops t3
+      where t3.tenant_id = x.tenant_id and t3.term = x.term and t3.level = x.level
+      order by t3.part desc
+      limit 1) as lp
+  ),
+  grown as (
+    update kb.term_tops tt
+       set chunk_ids = tt.chunk_ids || l.ids, n = tt.n + cardinality(l.ids)
+    from last l
+    where l.part > 0 and l.n + cardinality(l.ids) <= 256
+      and tt.tenant_id = l.tenant_id and tt.term = l.term and tt.level = l.level and tt.part = l.part
+    returning tt.tenant_id, tt.term, tt.level
+  )
+  insert into kb.term_tops (tenant_id, term, level, part, chunk_ids, n, tail, avglen, k1, b, built_at)
+  select l.tenant_id, l.term, l.level, l.part + 1, l.ids, cardinality(l.ids), l.tail, l.avglen, l.k1, l.b, l.built_at
+  from last l
+  where not exists (select from grown g where g.tenant_id = l.tenant_id and g.term = l.term and g.level = l.level);
   return null;
 end
 $$;

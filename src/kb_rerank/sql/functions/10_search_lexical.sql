@@ -40,27 +40,24 @@ parallel safe
 security definer
 set search_path = pg_catalog, kb, pg_temp
 as $fn$
--- Top-k retrieval, exact, in stages (MaxScore with a two-term refinement).
--- Query terms are sorted rarest first. At each stage the first `ne` terms are
--- "essential"; of the other ("common") terms, P = the eight rarest that are in fewer than a
--- quarter of the tenant's chunks (an eighth for terms with a champion list), R = the rest.
--- Candidates are the chunks that match an essential term or at least two terms of P, and
--- every candidate is scored with all terms. Each BM25 term is below its bound
--- qtf * idf * (k1 + 1) (k1 >= 0, 0 <= b <= 1), or, for a term with a champion list
--- (kb.term_tops) and a chunk outside it, qtf * idf * tail (widened for a changed average
--- length); the first stage also scores the listed chunks. A chunk outside the candidates
--- matches at most one term of P plus terms of R, so it scores at most
--- max(bound over P) + sum(bound over R). When the candidates already give k
--- documents above that bound, their top k is exactly the full ranking's top k, and the long
--- postings of the common terms were never read on their own. Otherwise the next stage
--- makes more terms essential (at least doubling the postings read); the last stage has
--- every term essential, which is plain exhaustive scoring. A stage skips the chunks the
--- previous stage scored (tsv @@ old) and merges its own with the previous top k: a document
--- outside that top k cannot enter it through a chunk already scored, since adding
--- candidates only raises the k-th score.
--- The first stage's essential terms: the rarest, and the next while their postings add up
--- to fewer than 1000 (the setting kb.lexical_essential_postings, if set, replaces 1000;
--- results do not depend on it, only the work done: the tests lower it to prune small corpora).
+-- Top-k retrieval, exact: a threshold algorithm over impact-ordered blocks (block-max
+-- MaxScore). A term with blocks (kb.term_tops, built with this k1 and b) has its chunks in
+-- levels by descending tf_part; after reading its levels 0..L, any chunk not read through
+-- them weighs at most U = w * tail(L) * max(1, avglen now / avglen at build) for it (before
+-- any level: w * (k1 + 1), which bounds every BM25 term when k1 >= 0 and 0 <= b <= 1;
+-- after reading all its postings through the GIN index: 0). Every chunk read is scored
+-- exactly, with all query terms, and merged into the top k. A chunk never read scores at
+-- most the sum of the terms' U, so the search stops when the k-th score is above that sum.
+-- Otherwise, with terms sorted by U, those whose U add up to less than the k-th score are
+-- non-essential (MaxScore): a chunk never read can only enter the top k if it holds an
+-- essential term. When the essential terms' unread postings are few against the next
+-- levels to read, they are all scored through the (tenant_id, tsv) GIN index and the search
+-- ends; else the next level of each term whose U is at least half the largest is read (a
+-- level is 4 times its predecessor, so rounds stay few). Round 0 reads level 0 of every
+-- term with blocks and, through the GIN index, all chunks of the terms without (rare ones:
+-- below the blocks' min_df). A round scores only chunks no earlier round read, and merges
+-- them with the previous top k: a document outside that top k cannot enter it through a
+-- chunk already scored, since adding candidates only raises the k-th score.
 declare
   v_tenant uuid := kb.current_tenant();
   v_k integer := greatest(least(k, 1000), 0);
@@ -70,27 +67,39 @@ declare
   v_terms text[];
   v_df bigint[];
   v_w float8[];
-  v_u float8[];
-  v_listed boolean[];
-  v_extra uuid[];
-  v_lists boolean := false;  -- the stage about to run also scores the listed chunks
   v_nt integer;
-  v_ne integer;
-  v_cum bigint;
-  v_target bigint;
-  v_p text[];
-  v_bound float8;
-  v_p_max float8;
-  v_q tsquery;
-  v_prev_q tsquery;
   v_exact boolean := k1 >= 0 and b >= 0 and b <= 1;
+  -- levels, flattened: term i's level L (0-based) is entry v_off[i] + L + 1 of v_lb (its
+  -- bound: w * tail * widening) and of v_ln (its number of chunks, all parts)
+  v_off integer[];
+  v_nlev integer[];
+  v_lb float8[] := '{}';
+  v_ln bigint[] := '{}';
+  v_read integer[];      -- levels read per term
+  v_readn bigint[];      -- chunks listed in them
+  v_gin boolean[];       -- all postings scored through the GIN index
+  v_u float8[];
+  v_e boolean[];         -- the terms read through the GIN index this round
+  v_ids uuid[];          -- chunk ids read from levels this round
+  v_seen uuid[] := '{}'; -- chunk ids read from levels so far
+  v_gin_q tsquery;
+  v_done_q tsquery;      -- terms read through the GIN index by earlier rounds
+  v_sum float8;
+  v_cum float8;
+  v_umax float8;
+  v_finish bigint;
+  v_step bigint;
+  v_cnt integer;
+  v_j integer;
+  v_last boolean := false;
+  v_sub text;
+  v_nsub integer;
+  v_subest float8;
+  v_round integer := 0;
   r_chunk uuid[];
   r_doc uuid[];
   r_score float8[];
   v_min float8;
-  v_first_postings bigint := case when current_setting('kb.lexical_essential_postings', true) ~ '^[0-9]{1,9}$'
-                                  then current_setting('kb.lexical_essential_postings', true)::bigint
-                                  else 1000 end;
   v_tq tsquery[];  -- v_tq[i]: the query of term i alone
   v_tf real[] := kb.ts_rank_tf();
   v_score text;
@@ -128,108 +137,76 @@ begin
      or ts_rank('{1,1,1,1}', 'x:1,2,3'::tsvector, 'x'::tsquery, 0) is distinct from v_tf[3] then
     v_tf := kb.ts_rank_tf_compute();
   end if;
-  -- A stemmed term ('~ ...') is normalised by its field's length (c.stem_len, average $15),
+  -- A stemmed term ('~ ...') is normalised by its field's length (c.stem_len, average $10),
   -- any other by the exact field's (c.doc_len, average $7).
   select array_agg(kb.terms_tsquery(array[t.term]) order by t.i),
          string_agg(format('case when c.tsv @@ $8[%s] then $2[%s] * kb.bm25_tf_part(width_bucket(ts_rank('
                            '''{1,1,1,1}'', c.tsv, $8[%s], 0), $9), %s) else 0 end', t.i, t.i, t.i,
-                           case when t.term like '~ %' then 'c.stem_len, $5, $6, $15' else 'c.doc_len, $5, $6, $7' end),
+                           case when t.term like '~ %' then 'c.stem_len, $5, $6, $10' else 'c.doc_len, $5, $6, $7' end),
                     ' + ' order by t.i)
     into v_tq, v_score
   from unnest(v_terms) with ordinality as t(term, i);
 
-  -- Champion lists (kb.term_tops) of the query's terms, built with this k1 and b. v_u[i]
-  -- bounds term i's weight in a chunk outside its list: w * tail * max(1, avglen now /
-  -- avglen at build), or w * (k1 + 1) without a list. The first stage also scores every
-  -- listed chunk, so from then on v_u bounds a listed term in any chunk not yet scored.
-  -- The table is checked for, so that a database downgraded below migration 0008 (which
-  -- drops it) still searches.
-  v_u := array(select v_w[i] * (k1 + 1) from generate_series(1, v_nt) as i);
-  if v_exact and to_regclass('kb.term_tops') is not null then
-    select array_agg(coalesce(tt.tail * greatest(1, (case when t.term like '~ %' then v_stem_avglen else v_avglen end)
-                                                    / tt.avglen), search_lexical.k1 + 1)
-                     * v_w[t.i] order by t.i),
-           array_agg(tt.term is not null order by t.i),
-           bool_or(tt.term is not null)
-      into v_u, v_listed, v_lists
-    from unnest(v_terms) with ordinality as t(term, i)
-    left join kb.term_tops tt
-      on tt.tenant_id = v_tenant and tt.term = t.term
-     and tt.k1 = search_lexical.k1 and tt.b = search_lexical.b;
-    if v_lists then
-      select array_agg(x.id)
-        into v_extra
-      from kb.term_tops tt
-      cross join lateral unnest(tt.chunk_ids) as x(id)
-      where tt.tenant_id = v_tenant and tt.term = any (v_terms)
-        and tt.k1 = search_lexical.k1 and tt.b = search_lexical.b;
+  -- The levels of the query's terms built with this k1 and b (none when the bounds do not
+  -- hold: then every term is read through the GIN index, plain exhaustive scoring).
+  v_nlev := array_fill(0, array[v_nt]);
+  v_off := array_fill(0, array[v_nt]);
+  if v_exact then
+    for i in 1 .. v_nt loop
+      v_off[i] := cardinality(v_lb);
+      select v_lb || coalesce(array_agg(l.bound order by l.level), '{}'),
+             v_ln || coalesce(array_agg(l.n order by l.level), '{}'),
+             count(*)
+        into v_lb, v_ln, v_cnt
+      from (select tt.level,
+                   v_w[i] * max(tt.tail) * greatest(1, (case when v_terms[i] like '~ %' then v_stem_avglen
+                                                            else v_avglen end) / max(tt.avglen)) as bound,
+                   sum(tt.n) as n
+            from kb.term_tops tt
+            where tt.tenant_id = v_tenant and tt.term = v_terms[i]
+              and tt.k1 = search_lexical.k1 and tt.b = search_lexical.b
+            group by tt.level) as l;
+      v_nlev[i] := v_cnt;
+    end loop;
+  end if;
+  v_read := array_fill(0, array[v_nt]);
+  v_readn := array_fill(0::bigint, array[v_nt]);
+  v_gin := array_fill(false, array[v_nt]);
+  v_u := array_fill(0::float8, array[v_nt]);
+  -- round 0: level 0 of the terms with levels, the others through the GIN index
+  v_e := array(select v_nlev[i] = 0 from generate_series(1, v_nt) as i);
+  for i in 1 .. v_nt loop
+    if v_nlev[i] > 0 then
+      v_read[i] := 1;
+      v_readn[i] := v_ln[v_off[i] + 1];
     end if;
-  end if;
-
-  v_ne := 1;
-  v_cum := v_df[1];
-  while v_ne < v_nt and v_cum + v_df[v_ne + 1] < v_first_postings loop
-    v_ne := v_ne + 1;
-    v_cum := v_cum + v_df[v_ne];
   end loop;
-  -- With lists, when even the rarest term is common and listed, and the chunks holding two
-  -- of the (up to 8) rarest terms in under a quarter of the chunks are expected (as if the
-  -- terms were independent) to be under half of the rarest term's chunks, the first stage
-  -- has no essential term: its candidates are those pairs (and the listed chunks).
-  if v_lists and v_listed[1] and v_df[1] >= v_first_postings
-     and (with p as (select i from generate_series(1, v_nt) as i where v_df[i] < v_n / 4 order by i limit 8)
-          select coalesce(sum(v_df[a.i] * v_df[b2.i] / v_n), 0)
-          from p as a join p as b2 on b2.i > a.i) < 0.5 * v_df[1] then
-    v_ne := 0;
-    v_cum := 0;
-  end if;
-  if not v_exact then
-    v_ne := v_nt;  -- the bounds need k1 >= 0 and 0 <= b <= 1: score everything
-  end if;
+  select coalesce(array_agg(distinct x.id), '{}') into v_ids
+  from kb.term_tops tt cross join lateral unnest(tt.chunk_ids) as x(id)
+  where tt.tenant_id = v_tenant and tt.term = any (v_terms) and tt.level = 0
+    and tt.k1 = search_lexical.k1 and tt.b = search_lexical.b and v_exact;
 
   loop
-    -- P, and the bound on chunks outside the candidates: max over P + sum over R
-    v_p := '{}';
-    v_p_max := 0;
-    v_bound := 0;
-    for i in v_ne + 1 .. v_nt loop
-      -- except in a stage without essential terms, a listed term in an eighth of the chunks
-      -- or more stays in R, bounded by its tail: its pairs would add more candidates than
-      -- its tail bound costs. (These rules were chosen by counting the chunks scored in a
-      -- simulation of this function, bench/lexical_sim.py, on the search benchmark's 34k-,
-      -- 100k- and 341k-chunk tenants, 200 queries each, and by timing them.)
-      if cardinality(v_p) < 8 and v_df[i] < v_n / 4
-         and (v_ne = 0 or not (coalesce(v_listed[i], false) and v_df[i] >= v_n / 8)) then
-        v_p := v_p || v_terms[i];
-        v_p_max := greatest(v_p_max, v_u[i]);
-      else
-        v_bound := v_bound + v_u[i];
-      end if;
-    end loop;
-    v_bound := v_bound + v_p_max;
-    select string_agg(x.q::text, ' | ')::tsquery
-      into v_q
-    from (select kb.terms_tsquery(v_terms[1:v_ne]) as q
-          union all
-          select kb.terms_tsquery(array[a.t]) && kb.terms_tsquery(array[b2.t])
-          from unnest(v_p) with ordinality as a(t, i)
-          join unnest(v_p) with ordinality as b2(t, i) on b2.i > a.i) as x;
+    if not v_last then
+      select kb.terms_tsquery(array_agg(v_terms[i] order by i)) into v_gin_q
+      from generate_series(1, v_nt) as i where v_e[i];
+    end if;
 
-    -- score the candidates (v_score), best chunk per document, top k. EXECUTE plans with the
-    -- actual tenant and query (a custom plan): a generic plan estimates every tenant alike
-    -- and may scan a large tenant through a btree on tenant_id instead of the (tenant_id,
-    -- tsv) GIN index. Scores are rounded to 1e-9 so that ties do not depend on summation
-    -- order. The statement holds only the parts this stage needs (planning it is a fixed
-    -- cost of every stage); a stage without candidates is not run at all.
-    if v_q is not null or v_lists then
+    -- score this round's chunks (v_score), best chunk per document, top k, merged with the
+    -- previous top k. EXECUTE plans with the actual tenant and query (a custom plan): a
+    -- generic plan estimates every tenant alike and may scan a large tenant through a btree
+    -- on tenant_id instead of the (tenant_id, tsv) GIN index. Scores are rounded to 1e-9 so
+    -- that ties do not depend on summation order. A chunk read by an earlier round (through
+    -- the GIN index: $11; from a level: $13) is not scored again (v_ids excludes the latter).
+    if v_gin_q is not null or cardinality(v_ids) > 0 then
       execute format($q$
         with scored as materialized (
-          -- (tenant_id, tsv) GIN index: both conditions are index conditions (materialized:
-          -- planned alone, so that no index in doc_id order replaces it to save the sort)
+          -- (tenant_id, tsv) GIN index and (tenant_id, chunk_id) key: index conditions
+          -- (materialized: planned alone, so that no index in doc_id order replaces it)
           select c.chunk_id, c.doc_id, round((%s) * 1e9) / 1e9 as score
           from kb.chunks c
           where c.tenant_id = $1
-            and %s%s%s
+            and (%s)%s%s%s
         ),
         top as (
           select x.chunk_id, x.doc_id, x.score
@@ -246,32 +223,123 @@ begin
         from top
       $q$,
         v_score,
-        -- the first stage adds the listed chunks (chunks_tenant_chunk_key: (tenant_id, chunk_id))
-        case when v_lists then '(c.tsv @@ $3 or c.chunk_id = any ($14))' else 'c.tsv @@ $3' end,
-        -- a later stage scores only the chunks that the previous one did not
-        case when v_prev_q is not null then ' and not (c.tsv @@ $10)' else '' end,
-        -- and merges them with the previous stage's top k
+        concat_ws(' or ', case when v_gin_q is not null then 'c.tsv @@ $3' end,
+                          case when cardinality(v_ids) > 0 then 'c.chunk_id = any ($12)' end),
+        case when v_done_q is not null then ' and not (c.tsv @@ $11)' else '' end,
+        case when v_gin_q is not null and cardinality(v_seen) > 0
+             then ' and c.chunk_id not in (select unnest($13::uuid[]))' else '' end,
         case when r_chunk is not null then $p$
           union all
           select p.chunk_id, p.doc_id, p.score
-          from unnest($11::uuid[], $12::uuid[], $13::float8[]) as p(chunk_id, doc_id, score)$p$ else '' end)
+          from unnest($14::uuid[], $15::uuid[], $16::float8[]) as p(chunk_id, doc_id, score)$p$ else '' end)
       into r_chunk, r_doc, r_score, v_min
-      using v_tenant, v_w, v_q, v_k, k1, b, greatest(v_avglen, 1e-9), v_tq, v_tf,
-            v_prev_q, r_chunk, r_doc, r_score, v_extra, greatest(v_stem_avglen, 1e-9);
+      using v_tenant, v_w, v_gin_q, v_k, k1, b, greatest(v_avglen, 1e-9), v_tq, v_tf,
+            greatest(v_stem_avglen, 1e-9), v_done_q, v_ids, v_seen, r_chunk, r_doc, r_score;
     end if;
+    v_seen := v_seen || v_ids;
+    if v_gin_q is not null then
+      v_done_q := case when v_done_q is null then v_gin_q else v_done_q || v_gin_q end;
+    end if;
+    v_round := v_round + 1;
+    exit when v_last;
 
-    -- (the margin covers the rounding of scores to 1e-9 and a tail equal to a score)
-    exit when v_ne >= v_nt
-           or (coalesce(cardinality(r_chunk), 0) = v_k and v_min > v_bound + 1e-8);
-    v_prev_q := coalesce(v_q, v_prev_q);  -- (the chunks of a stage that ran are all scored)
-    v_lists := false;  -- scored once: later stages keep the tail bounds, not the chunks
-    -- next stage: at least double the essential postings
-    v_target := 2 * v_cum;
-    loop
-      v_ne := v_ne + 1;
-      v_cum := v_cum + v_df[v_ne];
-      exit when v_ne >= v_nt or v_cum >= v_target;
+    -- U per term, and the bound of a chunk not read yet: their sum
+    v_sum := 0;
+    for i in 1 .. v_nt loop
+      v_gin[i] := v_gin[i] or v_e[i];
+      v_u[i] := case when v_gin[i] then 0
+                     when v_read[i] = 0 then v_w[i] * (k1 + 1)
+                     else v_lb[v_off[i] + v_read[i]] end;
+      v_sum := v_sum + v_u[i];
     end loop;
+    -- (the margin covers the rounding of scores to 1e-9 and a tail equal to a score)
+    exit when v_sum = 0
+           or (coalesce(cardinality(r_chunk), 0) = v_k and v_min > v_sum + 1e-8);
+    -- The last round's candidates (coverage): a chunk not read yet scores at most the sum
+    -- of U over the terms it holds (it holds none read through the GIN index), so it can
+    -- only enter the top k if it holds a set of terms whose U add up to the k-th score
+    -- (with fewer than k documents: any term). Those sets are enumerated by adding terms in
+    -- descending U until the sum reaches it (each such set holds one that is listed), a
+    -- branch dropped once even all the remaining terms cannot reach it; the GIN index then
+    -- finds the chunks holding all terms of a listed set (the expected number, as if the
+    -- terms were independent, is v_finish). When there are more than 64 sets, the MaxScore
+    -- cover instead: the essential terms, all but those (smallest U first) whose U add up
+    -- to less than the k-th score.
+    v_cum := case when coalesce(cardinality(r_chunk), 0) = v_k then v_min - 1e-8 else 0 end;
+    with recursive t as (
+      select row_number() over (order by v_u[x.i] desc, x.i) as r, x.i, v_u[x.i] as u,
+             greatest(v_df[x.i] - v_readn[x.i], 1)::float8 / v_n as p
+      from generate_series(1, v_nt) as x(i)
+      where v_u[x.i] > 0
+    ),
+    suffix as (
+      select t.*, sum(t.u) over (order by t.r desc) as rest from t
+    ),
+    sets(last, terms, su, p) as (
+      select f.r, array[f.i], f.u, f.p from suffix f where f.rest >= v_cum
+      union all
+      select f.r, s2.terms || f.i, s2.su + f.u, s2.p * f.p
+      from sets s2 join suffix f on f.r > s2.last
+      where s2.su < v_cum and s2.su + f.rest >= v_cum and cardinality(s2.terms) < 16
+    )
+    select string_agg('(' || (select string_agg(v_tq[x]::text, ' & ') from unnest(s3.terms) as x) || ')', ' | '),
+           count(*), sum(s3.p) * v_n
+      into v_sub, v_nsub, v_subest
+    from (select * from sets where sets.su >= v_cum limit 65) as s3;
+    v_e := array(select v_u[i] > 0 from generate_series(1, v_nt) as i);
+    v_cum := 0;
+    for v_j in select t.i from generate_series(1, v_nt) as t(i) order by v_u[t.i], t.i loop
+      exit when coalesce(cardinality(r_chunk), 0) < v_k or v_cum + v_u[v_j] + 1e-8 >= v_min;
+      v_cum := v_cum + v_u[v_j];
+      v_e[v_j] := false;
+    end loop;
+    v_finish := 0;
+    v_umax := 0;
+    for i in 1 .. v_nt loop
+      if v_e[i] then
+        v_finish := v_finish + greatest(v_df[i] - v_readn[i], 0);
+      end if;
+      if v_read[i] < v_nlev[i] and v_u[i] > 0 then
+        v_umax := greatest(v_umax, v_u[i]);
+      end if;
+    end loop;
+    if v_nsub between 1 and 64 then
+      v_finish := least(v_finish, v_subest);
+    else
+      v_sub := null;
+    end if;
+    -- a step: the next level of each term whose U is at least half the largest
+    v_step := 0;
+    for i in 1 .. v_nt loop
+      if v_read[i] < v_nlev[i] and v_u[i] > 0 and v_u[i] >= v_umax / 2 then
+        v_step := v_step + v_ln[v_off[i] + v_read[i] + 1];
+      end if;
+    end loop;
+    v_ids := '{}';
+    if v_step > 0 and v_finish > 2 * v_step then
+      select coalesce(array_agg(x.id), '{}') into v_ids
+      from (select u.id
+            from generate_series(1, v_nt) as t(i)
+            join kb.term_tops tt
+              on tt.tenant_id = v_tenant and tt.term = v_terms[t.i] and tt.level = v_read[t.i]
+             and tt.k1 = search_lexical.k1 and tt.b = search_lexical.b
+            cross join lateral unnest(tt.chunk_ids) as u(id)
+            where v_read[t.i] < v_nlev[t.i] and v_u[t.i] > 0 and v_u[t.i] >= v_umax / 2
+            except
+            select unnest(v_seen)) as x;
+      for i in 1 .. v_nt loop
+        if v_read[i] < v_nlev[i] and v_u[i] > 0 and v_u[i] >= v_umax / 2 then
+          v_readn[i] := v_readn[i] + v_ln[v_off[i] + v_read[i] + 1];
+          v_read[i] := v_read[i] + 1;
+        end if;
+      end loop;
+      v_e := array_fill(false, array[v_nt]);
+    else
+      -- finish: the listed sets' chunks (or the essential terms') through the GIN index
+      v_last := true;
+      v_gin_q := coalesce(v_sub::tsquery, (select kb.terms_tsquery(array_agg(v_terms[i] order by i))
+                                           from generate_series(1, v_nt) as i where v_e[i]));
+    end if;
   end loop;
 
   return query

@@ -1,5 +1,5 @@
-"""What every JSON route does, written once: the trace id (set by the auth guard) in the log
-context, the body parsed (a rejection counted and logged, then answered by the error
+"""What every JSON route does, written once (the trace id and tenant are already in the log
+context: kb_rerank.http.telemetry's middleware and the auth guard): the body parsed (a rejection counted and logged, then answered by the error
 handler), the flow built and run by the app's :class:`~kb_rerank.pipeline.flow.Pipeline`,
 the answer converted to the route's response Struct with ``X-Trace-Id``."""
 
@@ -14,7 +14,6 @@ from litestar.datastructures import State
 
 from kb_rerank.http.body import ApiError
 from kb_rerank.http.schemas import to_response
-from kb_rerank.http.telemetry import TRACE_ID
 from kb_rerank.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -26,18 +25,14 @@ async def serve(request: Request, state: State, parse: Callable[[bytes, Settings
     scope_state = request.scope["state"]
     trace_id: str = scope_state["trace_id"]
     tenant: uuid.UUID = scope_state["tenant"]
-    token = TRACE_ID.set(trace_id)
     try:
-        try:
-            req = parse(await request.body(), state.settings)
-        except ApiError as exc:
-            state.metrics.rejected.labels(exc.payload.get("error", "invalid")).inc()
-            log.info("rejected tenant=%s route=%s status=%d field=%s", tenant, request.url.path, exc.status_code,
-                     exc.payload.get("field"))
-            raise
-        flow = make_flow(req, state)
-        served = await state.pipeline.run(flow, tenant, trace_id)
-        return Response(to_response(flow.answer(served, trace_id), response_type),
-                        headers={"X-Trace-Id": trace_id})
-    finally:
-        TRACE_ID.reset(token)
+        req = parse(await request.body(), state.settings)
+    except ApiError as exc:
+        state.metrics.rejected.labels(exc.payload.get("error", "invalid")).inc()
+        log.info("rejected tenant=%s route=%s status=%d field=%s", tenant, request.url.path, exc.status_code,
+                 exc.payload.get("field"))
+        raise
+    flow = make_flow(req, state)
+    served = await state.pipeline.run(flow, tenant, trace_id)
+    return Response(to_response(flow.answer(served, trace_id), response_type),
+                    headers={"X-Trace-Id": trace_id})

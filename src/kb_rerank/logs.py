@@ -13,9 +13,13 @@ pipeline logs its keyed hash only.
 
 from __future__ import annotations
 
+import atexit
 import json
 import logging
+import queue
+import sys
 from datetime import datetime, timezone
+from logging.handlers import QueueHandler, QueueListener
 from typing import Any
 
 # LogRecord's own attributes: everything else on a record came from `extra=` and is emitted
@@ -60,8 +64,21 @@ class TextFormatter(logging.Formatter):
         return super().format(record)
 
 
+class BackgroundStreamHandler(QueueHandler):
+    """Formats a record on the thread that logs it (so the context's ids are its own) and
+    writes the line to stderr on a listener thread: a slow pipe or disk never stalls the
+    event loop. Flushed at exit."""
+
+    def __init__(self) -> None:
+        super().__init__(queue.SimpleQueue())
+        self.listener = QueueListener(self.queue, logging.StreamHandler(sys.stderr))
+        self.listener.start()
+        atexit.register(self.listener.stop)
+
+
 def log_config(fmt: str = "json", level: str = "INFO") -> dict[str, Any]:
-    """The dictConfig of ``serve``: every record (root, uvicorn's, ours) to stderr in ``fmt``.
+    """The dictConfig of ``serve``: every record (root, uvicorn's, ours) to stderr in ``fmt``,
+    written off the event loop (:class:`BackgroundStreamHandler`).
     uvicorn's own access log is off: the app writes one access record per request
     (``kb_rerank.access``) with the route template, status, duration and ids."""
     if fmt not in FORMATS:
@@ -71,7 +88,7 @@ def log_config(fmt: str = "json", level: str = "INFO") -> dict[str, Any]:
         "version": 1,
         "disable_existing_loggers": False,
         "formatters": {"kb": formatter},
-        "handlers": {"stderr": {"class": "logging.StreamHandler", "formatter": "kb", "stream": "ext://sys.stderr"}},
+        "handlers": {"stderr": {"()": f"{__name__}.BackgroundStreamHandler", "formatter": "kb"}},
         "root": {"handlers": ["stderr"], "level": level},
         "loggers": {
             # uvicorn's loggers propagate to the root handler, once

@@ -50,7 +50,7 @@ class Settings:
     # endpoint sends at most 2 x `candidates` (40) fused candidates to the cross-encoder. The
     # SQL function's own defaults stay rrf, rrf_k 60, weights 1/1.
     fusion_depth: int = 60  # KB_FUSION_DEPTH: top-k of each list that kb.search_hybrid fuses
-    # KB_FUSION_METHOD: convex (min-max normalised scores, weighted) | rrf (rank-based)
+    # KB_FUSION_METHOD: convex (min-max normalised scores, weighted) | rrf (rank-based) | interleave
     fusion_method: str = "convex"
     rrf_k: int = 10  # KB_RRF_K (rrf only)
     lexical_weight: float = 0.7  # KB_LEXICAL_WEIGHT: weight of the lexical list
@@ -283,10 +283,10 @@ RULES: dict[str, Rule] = {
     "chunk_max_chars": Rule("largest chunk, in characters", ge=100),
     "chunk_overlap": Rule("characters shared by consecutive chunks (< KB_CHUNK_MAX_CHARS)", ge=0),
     "candidates": Rule("top-k of `lexical_only` / `semantic_only`; the reranker gets at most 2 x this", ge=1, le=1000),
-    "fusion_depth": Rule("top-k of each list that hybrid fusion reads", ge=1, le=10000),
-    "fusion_method": Rule("`convex` (min-max normalised scores, weighted by the two weights) or `rrf`",
-                          choices=("convex", "rrf")),
-    "rrf_k": Rule("RRF constant (rrf only; the SQL function's own default is 60)", ge=1),
+    "fusion_depth": Rule("top-k of each list that hybrid fusion reads (kb.search_hybrid's k: 1..1000)", ge=1, le=1000),
+    "fusion_method": Rule("`convex` (min-max normalised scores, weighted by the two weights), `rrf`, or `interleave`"
+                          " (round-robin)", choices=("convex", "rrf", "interleave")),
+    "rrf_k": Rule("RRF constant (rrf only; the SQL function's own default is 60)", ge=0),
     "lexical_weight": Rule("weight of the lexical list in fusion", ge=0),
     "semantic_weight": Rule("weight of the semantic list in fusion (the two not both 0)", ge=0),
     "bm25_k1": Rule("BM25 term-frequency saturation", ge=0),
@@ -316,7 +316,7 @@ RULES: dict[str, Rule] = {
                        " never the query) or plain text; `serve --log-format` overrides", choices=("json", "text")),
     "log_level": Rule("level of the `serve` logs", choices=("DEBUG", "INFO", "WARNING", "ERROR")),
     "max_query_chars": Rule("longest query", ge=1),
-    "max_body_bytes": Rule("request body limit of the `/v1` routes", ge=1024),
+    "max_body_bytes": Rule("request body limit of the `/v1` routes", ge=64),
     "rate_limit_per_minute": Rule("per-tenant token bucket refill, in cost tokens (a cache hit costs 1: 50 hits a"
                                   " second, or about 5 hybrid misses); over it 429 + `Retry-After`; 0 disables", ge=0),
     "rate_limit_burst": Rule("per-tenant bucket size; a charge above it needs a full bucket and leaves a debt", ge=1),
@@ -344,7 +344,7 @@ RULES: dict[str, Rule] = {
     "context_max_top_n": Rule("largest `top_n` a request may ask for", ge=1),
     "v2_max_documents": Rule("documents per `/v2/rerank` request", ge=1),
     "v2_max_document_chars": Rule("characters per `/v2/rerank` document", ge=1),
-    "v2_max_body_bytes": Rule("request body limit of `/v2/rerank`", ge=1024),
+    "v2_max_body_bytes": Rule("request body limit of `/v2/rerank`", ge=64),
     # Keys
     "audit_key": Rule("HMAC key of the audit rows (>= 32 bytes); required by a deployment (`serve` with"
                       " KB_APP_DATABASE_URL)", default_doc="unset: <KB_DATA_DIR>/keys/audit.key"),
@@ -367,7 +367,7 @@ RULES: dict[str, Rule] = {
                                           " all clients share its address: raise it or 0 (disables)", ge=0),
     "address_rate_limit_burst": Rule("per-address bucket size", ge=1),
     "guard_budget_ms": Rule("time the `/v2/rerank` injection and stuffing detectors may spend on one request;"
-                           " documents not inspected in time are demoted and the answer is not cached", gt=0),
+                           " documents not inspected in time are demoted and the answer is not cached (0: none inspected)", ge=0),
     # Operations
     "ops_token": Rule("bearer token (>= 32 bytes) of `/metrics` and the detail of `/readyz` (unset: `/metrics` is 404)"),
     "jwt_max_lifetime_s": Rule("longest accepted token lifetime (`exp` ahead of now, and `exp - iat`)", gt=0),

@@ -213,8 +213,10 @@ def _demo_http(settings: Settings) -> None:
     import secrets
 
     # a one-off ops token, to read the model state from /readyz (its detail needs one)
+    # warnings and errors only: stderr is a pipe read only when the server fails to start, and one
+    # access record per /readyz poll would fill it
     env = {**os.environ, "KB_JWT_SECRET": settings.jwt_secret or DEV_JWT_SECRET,
-           "KB_OPS_TOKEN": settings.ops_token or secrets.token_hex(32)}
+           "KB_OPS_TOKEN": settings.ops_token or secrets.token_hex(32), "KB_LOG_LEVEL": "WARNING"}
     server = subprocess.Popen([sys.executable, "-m", "kb_rerank.cli", "serve", "--dev", "--host", "127.0.0.1",
                                "--port", str(port)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:

@@ -14,6 +14,7 @@ pipeline logs its keyed hash only.
 from __future__ import annotations
 
 import atexit
+import copy
 import json
 import logging
 import queue
@@ -58,6 +59,7 @@ class TextFormatter(logging.Formatter):
         super().__init__(TEXT_FORMAT)
 
     def format(self, record: logging.LogRecord) -> str:
+        record = copy.copy(record)  # other handlers keep None
         for key in _ALWAYS:
             if getattr(record, key, None) is None:
                 setattr(record, key, "-")

@@ -134,14 +134,14 @@ def server_keys_env() -> dict[str, str]:
 
 
 @contextlib.contextmanager
-def serve_process(env: dict[str, str], log_path: Path, *, startup_timeout: float = 90.0) -> Iterator[tuple[str, subprocess.Popen]]:
-    """``kb-rerank serve`` in a child process (root logger at INFO, to ``log_path``); wait
-    until /readyz is 200 with the model loaded; yield (base URL, process)."""
+def serve_process(env: dict[str, str], log_path: Path, *, startup_timeout: float = 90.0,
+                  args: tuple[str, ...] = ()) -> Iterator[tuple[str, subprocess.Popen]]:
+    """``kb-rerank serve [args]`` in a child process (its logs, JSON lines unless
+    ``--log-format text``, at INFO, to ``log_path``); wait until /readyz is 200 with the
+    model loaded; yield (base URL, process)."""
     port = free_port()
-    code = ("import logging, sys; logging.basicConfig(level=logging.INFO, stream=sys.stderr, "
-            "format='%(asctime)s %(levelname)s %(name)s %(message)s'); "
-            "from kb_rerank.cli import main; sys.exit(main(['serve', '--host', '127.0.0.1', '--port', "
-            f"'{port}']))")
+    code = ("import sys; from kb_rerank.cli import main; "
+            f"sys.exit(main(['serve', '--host', '127.0.0.1', '--port', '{port}', *{list(args)!r}]))")
     full_env = {**os.environ, "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
                 "KB_OPS_TOKEN": OPS_TOKEN, **server_keys_env(), **env}
     log = open(log_path, "wb")

@@ -14,7 +14,7 @@ from pathlib import Path
 from uuid import UUID
 
 from kb_rerank import keys
-from kb_rerank.settings import Settings
+from kb_rerank.settings import Settings, SettingsError
 from kb_rerank.store import session
 
 DEMO_TENANT = UUID("00000000-0000-4000-8000-000000000001")
@@ -213,8 +213,10 @@ def _demo_http(settings: Settings) -> None:
     import secrets
 
     # a one-off ops token, to read the model state from /readyz (its detail needs one)
+    # warnings and errors only: stderr is a pipe read only when the server fails to start, and one
+    # access record per /readyz poll would fill it
     env = {**os.environ, "KB_JWT_SECRET": settings.jwt_secret or DEV_JWT_SECRET,
-           "KB_OPS_TOKEN": settings.ops_token or secrets.token_hex(32)}
+           "KB_OPS_TOKEN": settings.ops_token or secrets.token_hex(32), "KB_LOG_LEVEL": "WARNING"}
     server = subprocess.Popen([sys.executable, "-m", "kb_rerank.cli", "serve", "--dev", "--host", "127.0.0.1",
                                "--port", str(port)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
@@ -267,11 +269,12 @@ def cmd_serve(args, settings: Settings) -> int:
     import uvicorn
 
     from kb_rerank.http.app import jwt_config
+    from kb_rerank.logs import log_config
 
-    if not (settings.jwt_secret or settings.jwt_public_key):
+    if not (settings.jwt_secret or settings.jwt_public_key or settings.jwt_jwks_url):
         if not args.dev:
-            print("kb-rerank: error: set KB_JWT_SECRET (HS256) or KB_JWT_PUBLIC_KEY (RS256), "
-                  "or pass --dev to use the fixed development secret", file=sys.stderr)
+            print("kb-rerank: error: set KB_JWT_SECRET (HS256), KB_JWT_PUBLIC_KEY (RS256, ES256, EdDSA) or "
+                  "KB_JWT_JWKS_URL, or pass --dev to use the fixed development secret", file=sys.stderr)
             return 2
         os.environ["KB_JWT_SECRET"] = DEV_JWT_SECRET  # inherited by uvicorn workers
         settings = settings.with_(jwt_secret=DEV_JWT_SECRET)
@@ -289,8 +292,12 @@ def cmd_serve(args, settings: Settings) -> int:
         return 2
     host = args.host or settings.host
     port = args.port or settings.port
+    # JSON lines unless --log-format text / KB_LOG_FORMAT=text (kb_rerank.logs); uvicorn applies
+    # the config here and in every worker; its access log is replaced by the app's own record
     uvicorn.run("kb_rerank.http.app:app_from_env", factory=True, host=host, port=port,
-                workers=max(1, settings.workers), log_level="info")
+                workers=max(1, settings.workers), log_config=log_config(args.log_format or settings.log_format,
+                                                                        settings.log_level),
+                log_level=settings.log_level.lower(), access_log=False)
     return 0
 
 
@@ -307,7 +314,8 @@ def cmd_token(args, settings: Settings) -> int:
         secret = DEV_JWT_SECRET
         print("WARNING: KB_JWT_SECRET is not set: minting with the development secret "
               "(accepted only by `kb-rerank serve --dev`)", file=sys.stderr)
-    cfg = JwtConfig(secret=secret, issuer=settings.jwt_issuer, audience=settings.jwt_audience)
+    cfg = JwtConfig(secret=secret, issuer=settings.jwt_issuer, audience=settings.jwt_audience,
+                    tenant_claim=settings.jwt_tenant_claim)
     print(mint_token(args.tenant, cfg, ttl_s=args.ttl))
     return 0
 
@@ -522,7 +530,11 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--host", default=None, help="default KB_HOST (127.0.0.1)")
     sv.add_argument("--port", type=int, default=None, help="default KB_PORT (8000)")
     sv.add_argument("--dev", action="store_true",
-                    help="without KB_JWT_SECRET/KB_JWT_PUBLIC_KEY: use a fixed development secret (printed)")
+                    help="without KB_JWT_SECRET/KB_JWT_PUBLIC_KEY/KB_JWT_JWKS_URL: use a fixed development secret "
+                         "(printed)")
+    sv.add_argument("--log-format", choices=["json", "text"], default=None,
+                    help="json: one object a line with trace_id, tenant_id, route, status, duration (default "
+                         "KB_LOG_FORMAT, json); text: plain lines")
     sv.set_defaults(func=cmd_serve)
 
     tk = sub.add_parser("token", help="mint a Bearer token for a tenant (KB_JWT_SECRET, else the dev secret)")
@@ -584,8 +596,12 @@ def main(argv: list[str] | None = None) -> int:
     args.psql_args = passthrough
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(asctime)s %(levelname)s %(name)s %(message)s")
-    try:
+    try:  # every KB_* variable typed and bounded before any work: the message names the variable
         settings = Settings.from_env()
+    except SettingsError as exc:
+        print(f"kb-rerank: error: {exc}", file=sys.stderr)
+        return 2
+    try:
         return args.func(args, settings)
     except Exception as exc:  # noqa: BLE001 - a CLI reports, it does not dump a traceback
         from kb_rerank.admin.database import DatabaseSetupError

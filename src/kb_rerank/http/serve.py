@@ -1,5 +1,6 @@
-"""What every JSON route does, written once: the trace id (set by the auth guard) in the log
-context, the body parsed (a rejection counted and logged, then answered by the error
+"""What every JSON route does, written once (the trace id and tenant are already in the log
+context: kb_rerank.http.telemetry's middleware and the auth guard): the body parsed (a
+rejection counted and logged, then answered by the error
 handler), the flow built and run by the app's :class:`~kb_rerank.pipeline.flow.Pipeline`,
 the answer converted to the route's response Struct with ``X-Trace-Id`` and ``Server-Timing``
 (the stages' milliseconds, :mod:`kb_rerank.pipeline.timing`)."""
@@ -16,7 +17,6 @@ from litestar.datastructures import State
 
 from kb_rerank.http.body import ApiError
 from kb_rerank.http.schemas import to_response
-from kb_rerank.http.telemetry import TRACE_ID
 from kb_rerank.pipeline import timing
 from kb_rerank.settings import Settings
 
@@ -29,7 +29,6 @@ async def serve(request: Request, state: State, parse: Callable[[bytes, Settings
     scope_state = request.scope["state"]
     trace_id: str = scope_state["trace_id"]
     tenant: uuid.UUID = scope_state["tenant"]
-    token = TRACE_ID.set(trace_id)
     t0 = time.perf_counter()
     timing_token, stages = timing.start()
     try:
@@ -47,4 +46,3 @@ async def serve(request: Request, state: State, parse: Callable[[bytes, Settings
         return Response(body, headers={"X-Trace-Id": trace_id, "Server-Timing": timing.server_timing(stages)})
     finally:
         timing.stop(timing_token)
-        TRACE_ID.reset(token)

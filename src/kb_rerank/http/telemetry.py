@@ -42,14 +42,18 @@ def trace_id_from_headers(traceparent: str | None, x_trace_id: str | None) -> st
 
 
 TRACE_ID: contextvars.ContextVar[str | None] = contextvars.ContextVar("kb_rerank_trace_id", default=None)
+# the authenticated tenant of the request (set by the auth guard), on every later log record
+TENANT_ID: contextvars.ContextVar[str | None] = contextvars.ContextVar("kb_rerank_tenant_id", default=None)
+access_log = logging.getLogger("kb_rerank.access")
 
 
 _factory_installed = False
 
 
 def install_trace_log_records() -> None:
-    """Give every LogRecord a ``trace_id`` attribute (the current request's, or None),
-    via the record factory, so it reaches every handler (caplog included). Idempotent."""
+    """Give every LogRecord ``trace_id`` and ``tenant_id`` attributes (the current request's,
+    or None), via the record factory, so they reach every handler (caplog included) and the
+    JSON formatter (:mod:`kb_rerank.logs`). Idempotent."""
     global _factory_installed
     if _factory_installed:
         return
@@ -59,6 +63,8 @@ def install_trace_log_records() -> None:
         record = previous(*args, **kwargs)
         if not hasattr(record, "trace_id"):
             record.trace_id = TRACE_ID.get()
+        if not hasattr(record, "tenant_id"):
+            record.tenant_id = TENANT_ID.get()
         return record
 
     logging.setLogRecordFactory(factory)
@@ -124,6 +130,10 @@ class ApiMetrics(PipelineMetrics):
 
 
 def metrics_middleware(metrics: ApiMetrics):
+    """Counts and times every HTTP request, and writes its access record (logger
+    ``kb_rerank.access``: route template, method, status, duration; never the URL's query
+    string or the body). The trace id is decided here, so that every record of the request,
+    401s included, carries it; the auth guard adds the tenant."""
     def factory(app):
         async def middleware(scope, receive, send):
             if scope["type"] != "http":
@@ -136,6 +146,11 @@ def metrics_middleware(metrics: ApiMetrics):
                     status["code"] = message["status"]
                 await send(message)
 
+            headers = {k: v for k, v in scope.get("headers", ()) if k in (b"traceparent", b"x-trace-id")}
+            tid = trace_id_from_headers(headers.get(b"traceparent", b"").decode("latin-1") or None,
+                                        (headers[b"x-trace-id"].decode("latin-1") if b"x-trace-id" in headers else None))
+            scope.setdefault("state", {})["trace_id"] = tid
+            trace_token, tenant_token = TRACE_ID.set(tid), TENANT_ID.set(None)
             t0 = time.perf_counter()
             try:
                 await app(scope, receive, send_wrapper)
@@ -143,11 +158,17 @@ def metrics_middleware(metrics: ApiMetrics):
                 status["code"] = _status_of(exc)
                 raise
             finally:
+                seconds = time.perf_counter() - t0
                 handler = scope.get("route_handler")
                 paths = sorted(getattr(handler, "paths", None) or []) if handler is not None else []
                 route = paths[0] if paths else "other"
                 metrics.requests.labels(route, scope.get("method", ""), str(status["code"])).inc()
-                metrics.http_latency.labels(route).observe(time.perf_counter() - t0)
+                metrics.http_latency.labels(route).observe(seconds)
+                access_log.info("%s %s %d %.1f ms", scope.get("method", ""), route, status["code"], seconds * 1000,
+                                extra={"route": route, "method": scope.get("method", ""), "status": status["code"],
+                                       "duration_ms": round(seconds * 1000, 2)})
+                TENANT_ID.reset(tenant_token)
+                TRACE_ID.reset(trace_token)
 
         return middleware
 

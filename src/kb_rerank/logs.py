@@ -1,0 +1,101 @@
+"""Logs of ``kb-rerank serve`` (issue 17): one JSON object a line by default, plain text with
+``--log-format text`` / ``KB_LOG_FORMAT=text``; ``KB_LOG_LEVEL`` (INFO).
+
+Standard library only: :class:`JsonFormatter` is a :class:`logging.Formatter`, and
+:func:`log_config` a :func:`logging.config.dictConfig` dictionary that uvicorn applies in the
+server process and in every worker (``uvicorn.run(log_config=...)``). Each record carries the
+request's ``trace_id`` and ``tenant_id`` (context variables put on every record by
+:func:`kb_rerank.http.telemetry.install_trace_log_records`); the access record of a request
+(logger ``kb_rerank.access``) adds ``route`` (the route template, never the URL's query
+string), ``method``, ``status`` and ``duration_ms``. No record carries the query text: the
+pipeline logs its keyed hash only.
+"""
+
+from __future__ import annotations
+
+import atexit
+import copy
+import json
+import logging
+import queue
+import sys
+from datetime import datetime, timezone
+from logging.handlers import QueueHandler, QueueListener
+from typing import Any
+
+# LogRecord's own attributes: everything else on a record came from `extra=` and is emitted
+_STANDARD = frozenset(logging.LogRecord("", 0, "", 0, "", None, None).__dict__) | {"message", "asctime", "taskName"}
+_ALWAYS = ("trace_id", "tenant_id")
+FORMATS = ("json", "text")
+TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s [trace=%(trace_id)s tenant=%(tenant_id)s] %(message)s"
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per record: ``time`` (UTC, ISO 8601), ``level``, ``logger``,
+    ``message``, ``trace_id``, ``tenant_id`` (null outside a request), the record's extra
+    fields, and ``exc`` (the formatted exception) when there is one."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        out: dict[str, Any] = {
+            "time": datetime.fromtimestamp(record.created, timezone.utc).isoformat(timespec="milliseconds"),
+            "level": record.levelname,
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        for key in _ALWAYS:
+            out[key] = getattr(record, key, None)
+        for key, value in record.__dict__.items():
+            if key not in _STANDARD and key not in out:
+                out[key] = value
+        if record.exc_info:
+            out["exc"] = self.formatException(record.exc_info)
+        return json.dumps(out, default=str, ensure_ascii=False)
+
+
+class TextFormatter(logging.Formatter):
+    """The plain-text line, with the trace and tenant ids (``-`` outside a request)."""
+
+    def __init__(self) -> None:
+        super().__init__(TEXT_FORMAT)
+
+    def format(self, record: logging.LogRecord) -> str:
+        record = copy.copy(record)  # other handlers keep None
+        for key in _ALWAYS:
+            if getattr(record, key, None) is None:
+                setattr(record, key, "-")
+        return super().format(record)
+
+
+class BackgroundStreamHandler(QueueHandler):
+    """Formats a record on the thread that logs it (so the context's ids are its own) and
+    writes the line to stderr on a listener thread: a slow pipe or disk never stalls the
+    event loop. Flushed at exit."""
+
+    def __init__(self) -> None:
+        super().__init__(queue.SimpleQueue())
+        self.listener = QueueListener(self.queue, logging.StreamHandler(sys.stderr))
+        self.listener.start()
+        atexit.register(self.listener.stop)
+
+
+def log_config(fmt: str = "json", level: str = "INFO") -> dict[str, Any]:
+    """The dictConfig of ``serve``: every record (root, uvicorn's, ours) to stderr in ``fmt``,
+    written off the event loop (:class:`BackgroundStreamHandler`).
+    uvicorn's own access log is off: the app writes one access record per request
+    (``kb_rerank.access``) with the route template, status, duration and ids."""
+    if fmt not in FORMATS:
+        raise ValueError(f"log format {fmt!r}: choose one of {', '.join(FORMATS)}")
+    formatter = {"()": f"{__name__}.{'JsonFormatter' if fmt == 'json' else 'TextFormatter'}"}
+    return {
+        "version": 1,
+        "disable_existing_loggers": False,
+        "formatters": {"kb": formatter},
+        "handlers": {"stderr": {"()": f"{__name__}.BackgroundStreamHandler", "formatter": "kb"}},
+        "root": {"handlers": ["stderr"], "level": level},
+        "loggers": {
+            # uvicorn's loggers propagate to the root handler, once
+            "uvicorn": {"handlers": [], "level": level, "propagate": True},
+            "uvicorn.error": {"handlers": [], "level": level, "propagate": True},
+            "uvicorn.access": {"handlers": [], "level": "WARNING", "propagate": False},
+        },
+    }

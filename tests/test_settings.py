@@ -1,0 +1,137 @@
+"""Settings checked at start-up (issue 17, item 4): every KB_* variable typed and bounded, the
+rules between variables, a clear error naming the variable (and `kb-rerank` exiting non-zero
+without a traceback), and the documentation generated from the code: the README's settings
+table and .env.example cannot go stale."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from dataclasses import fields
+from pathlib import Path
+
+import pytest
+
+from kb_rerank import settings as settings_mod
+from kb_rerank.settings import RULES, Settings, SettingsError, env_example, markdown_table, readme_table
+
+ROOT = Path(__file__).resolve().parents[1]
+FIELDS = [f for f in fields(Settings) if f.name != "extra"]
+
+
+def test_every_field_has_a_rule_and_every_rule_a_field():
+    names = {f.name for f in FIELDS}
+    assert names - set(RULES) == set(), "settings without a description and bounds in settings.RULES"
+    assert set(RULES) - names == set(), "rules of settings that no longer exist"
+    assert all(RULES[n].doc.strip() for n in names)
+
+
+def test_the_defaults_are_valid_and_pass_their_own_rules():
+    Settings()  # __post_init__ validates
+    Settings.from_env({})
+
+
+def test_readme_settings_table_is_the_generated_one():
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert readme_table(readme) == markdown_table(), "README is stale: run `make settings-docs`"
+
+
+def test_env_example_is_the_generated_one_and_lists_every_variable():
+    text = (ROOT / ".env.example").read_text(encoding="utf-8")
+    assert text == env_example(), ".env.example is stale: run `make settings-docs`"
+    assigned = {line.split("=", 1)[0] for line in text.splitlines() if line and not line.startswith("#")}
+    assert assigned == {"KB_" + f.name.upper() for f in FIELDS}
+    # each value there is the default, and reading the file back gives the default settings
+    env = dict(line.split("=", 1) for line in text.splitlines() if line and not line.startswith("#"))
+    assert Settings.from_env(env) == Settings()
+
+
+def _violations():
+    """For every bounded field, one value just outside each bound."""
+    for f in FIELDS:
+        rule = RULES[f.name]
+        is_int = settings_mod._type_hints()[f.name] is int
+        step = 1 if is_int else 0.001
+        if rule.ge is not None:
+            yield f.name, (int(rule.ge) - 1 if is_int else rule.ge - step)
+        if rule.gt is not None:
+            yield f.name, (int(rule.gt) if is_int else rule.gt)
+        if rule.le is not None:
+            yield f.name, (int(rule.le) + 1 if is_int else rule.le + step)
+        if rule.choices:
+            yield f.name, "not-a-choice"
+
+
+VIOLATIONS = list(_violations())
+
+
+def test_the_rules_bound_what_the_brief_names():
+    bounded = {name for name, _ in VIOLATIONS}
+    for name in ("pool_max", "pool_min", "mmr_lambda", "tier_high", "tier_medium", "demote_factor", "db_timeout_s",
+                 "rerank_timeout_s", "statement_timeout_ms", "jwt_jwks_timeout_s", "port", "workers", "fusion_method",
+                 "embedder", "log_format", "reranker_backend"):
+        assert name in bounded, name
+    assert len(VIOLATIONS) >= 60
+
+
+@pytest.mark.parametrize("name,value", VIOLATIONS, ids=[f"{n}={v}" for n, v in VIOLATIONS])
+def test_a_value_out_of_bounds_is_refused_naming_the_variable(name, value):
+    with pytest.raises(SettingsError, match=f"^KB_{name.upper()}="):
+        Settings(**{name: value})
+    with pytest.raises(SettingsError, match=f"^KB_{name.upper()}="):
+        Settings.from_env({f"KB_{name.upper()}": str(value)})
+
+
+@pytest.mark.parametrize("env,message", [
+    ({"KB_POOL_MAX": "abc"}, "KB_POOL_MAX='abc' is not a valid int"),
+    ({"KB_PAIR_CACHE": "maybe"}, "KB_PAIR_CACHE='maybe' is not a valid bool"),
+    ({"KB_MMR_LAMBDA": "1.5"}, "KB_MMR_LAMBDA=1.5 is invalid: Expected `float` <= 1"),
+    ({"KB_POOL_MIN": "5", "KB_POOL_MAX": "2"}, "KB_POOL_MIN=5 is larger than KB_POOL_MAX=2"),
+    ({"KB_TIER_HIGH": "0.2", "KB_TIER_MEDIUM": "0.5"}, "KB_TIER_MEDIUM=0.5 is above KB_TIER_HIGH=0.2"),
+    ({"KB_CHUNK_OVERLAP": "1200"}, "KB_CHUNK_OVERLAP=1200 must be smaller than KB_CHUNK_MAX_CHARS=1200"),
+    ({"KB_CONTEXT_TOP_N": "30"}, "KB_CONTEXT_TOP_N=30 is larger than KB_CONTEXT_MAX_TOP_N=20"),
+    ({"KB_LEXICAL_WEIGHT": "0", "KB_SEMANTIC_WEIGHT": "0"}, "KB_LEXICAL_WEIGHT and KB_SEMANTIC_WEIGHT are both 0"),
+    ({"KB_WORKERS": "0"}, "KB_WORKERS=0 is invalid: Expected `int` >= 1"),
+])
+def test_errors_read_well(env, message):
+    with pytest.raises(SettingsError) as e:
+        Settings.from_env(env)
+    assert message in str(e.value)
+
+
+def test_types_are_checked_for_settings_built_in_code():
+    with pytest.raises(SettingsError, match="KB_POOL_MAX='10' is invalid: Expected `int`, got `str`"):
+        Settings(pool_max="10")
+    with pytest.raises(SettingsError, match="KB_PAIR_CACHE=1 is invalid"):
+        Settings(pair_cache=1)
+    with pytest.raises(SettingsError, match=r"KB_JWT_SECRET=\(set\)"):  # a secret's value is never echoed
+        Settings(jwt_secret=12345)
+
+
+def _cli(args, env):
+    full = {k: v for k, v in os.environ.items() if not k.startswith("KB_")}
+    full.update(env, PYTHONPATH=str(ROOT / "src"))
+    return subprocess.run([sys.executable, "-m", "kb_rerank.cli", *args], capture_output=True, text=True,
+                          env=full, timeout=120)
+
+
+@pytest.mark.parametrize("env,needle", [
+    ({"KB_POOL_MAX": "0"}, "KB_POOL_MAX=0 is invalid: Expected `int` >= 1"),
+    ({"KB_TIER_MEDIUM": "0.9"}, "KB_TIER_MEDIUM=0.9 is above KB_TIER_HIGH=0.7"),
+    ({"KB_JWT_SECRET_FILE": "/nonexistent/secret"}, "KB_JWT_SECRET_FILE='/nonexistent/secret': cannot read it"),
+])
+def test_serve_exits_non_zero_with_the_message_and_no_traceback(env, needle):
+    r = _cli(["serve", "--dev"], env)
+    assert r.returncode == 2
+    assert needle in r.stderr
+    assert "Traceback" not in r.stderr and "Traceback" not in r.stdout
+    r = _cli(["-v", "serve", "--dev"], env)  # not even with --verbose
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+
+
+def test_settings_module_checks_the_environment():
+    r = subprocess.run([sys.executable, "-m", "kb_rerank.settings"], capture_output=True, text=True, timeout=60,
+                       env={**{k: v for k, v in os.environ.items() if not k.startswith("KB_")},
+                            "PYTHONPATH": str(ROOT / "src"), "KB_LOG_FORMAT": "xml"})
+    assert r.returncode == 2 and "KB_LOG_FORMAT='xml' is invalid: choose one of json, text" in r.stderr

@@ -144,6 +144,10 @@ class Settings:
     # Guard detectors (issue 13: time budget off the event loop)
     guard_budget_ms: int = 200  # KB_GUARD_BUDGET_MS: per-request time for the /v2/rerank detectors (worker thread);
     # documents not inspected in time are demoted (allowed under policy allow): 50 x 2,000 chars take ~110 ms
+    # KB_GUARD_CLASSIFIER_THRESHOLD: a chunk is flagged for injection at ingestion when the patterns flag it
+    # or the learned detector's probability (kb_rerank.ingest.guard_classifier) reaches this; 1.0 turns the
+    # classifier's vote off (its probability is still stored). Precision/recall per threshold: docs/guardrails.md
+    guard_classifier_threshold: float = 0.9
 
     # Operational endpoints (issue 13: /metrics, /readyz detail)
     # /metrics and the detail of /readyz need `Authorization: Bearer <ops_token>`; unset: /metrics
@@ -166,6 +170,10 @@ class Settings:
             values[f.name] = _convert(f.name, f.type, raw)
         values.update(overrides)
         return cls(**values)
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.guard_classifier_threshold <= 1.0:
+            raise ValueError(f"KB_GUARD_CLASSIFIER_THRESHOLD={self.guard_classifier_threshold!r} must be in (0, 1]")
 
     def with_(self, **changes: Any) -> "Settings":
         return replace(self, **changes)

@@ -112,3 +112,32 @@ def test_threshold_setting_validated():
     assert Settings.from_env({"KB_GUARD_CLASSIFIER_THRESHOLD": "0.9"}).guard_classifier_threshold == 0.9
     with pytest.raises(ValueError, match="KB_GUARD_CLASSIFIER_THRESHOLD"):
         Settings(guard_classifier_threshold=0.0)
+
+
+def test_guard_scan_rescores_stored_chunks(capsys, monkeypatch, app_conn, embedder, settings):
+    """Chunks ingested while the classifier had no vote (threshold 1.0) are re-scored by
+    `kb-rerank guard scan` at the default threshold: the paraphrase becomes flagged by the
+    classifier, ordinary prose stays as it was, and a second scan changes nothing."""
+    from kb_rerank import cli
+
+    tenant = uuid.uuid4()
+    docs = [SourceDoc(source_uri="para.md", title="", text=PARAPHRASED[0], language="en"),
+            SourceDoc(source_uri="plain.md", title="", text=ORDINARY[1], language="en")]
+    ingest_documents(app_conn, tenant, docs, embedder, settings.with_(guard_classifier_threshold=1.0))
+
+    def flags():
+        with tenant_transaction(app_conn, tenant):
+            return {r[0]: (r[1], list(r[2])) for r in app_conn.execute(
+                "select d.source_uri, c.injection_flag, c.injection_reasons"
+                " from kb.chunks c join kb.documents d on d.doc_id = c.doc_id")}
+
+    assert flags()["para.md"][0] is False
+    monkeypatch.setenv("KB_DATABASE_URL", settings.database_url)
+    monkeypatch.delenv("KB_GUARD_CLASSIFIER_THRESHOLD", raising=False)
+    assert cli.main(["guard", "scan", "--tenant", str(tenant), "--quiet"]) == 0
+    assert capsys.readouterr().out.startswith("2 chunks scanned, 1 verdicts changed, 1 flagged")
+    after = flags()
+    assert after["para.md"][0] is True and "fired:classifier" in after["para.md"][1]
+    assert after["plain.md"][0] is False
+    assert cli.main(["guard", "scan", "--tenant", str(tenant), "--quiet"]) == 0
+    assert capsys.readouterr().out.startswith("2 chunks scanned, 0 verdicts changed, 1 flagged")

@@ -242,6 +242,66 @@ def _write_chunks(conn, doc_id, pieces: Sequence[str], hashes: Sequence[str], ve
         )
 
 
+@dataclass
+class ScanReport:
+    scanned: int = 0
+    changed: int = 0
+    flagged: int = 0
+
+    def summary(self) -> str:
+        return f"{self.scanned} chunks scanned, {self.changed} verdicts changed, {self.flagged} flagged for injection"
+
+
+def rescan_chunks(conn: psycopg.Connection, tenant_id: UUID | str, settings: Settings, *,
+                  progress: bool = False, batch: int = 500) -> ScanReport:
+    """Re-score a tenant's stored chunks with the current detectors and shipped classifier
+    (``kb-rerank guard scan``, after a model or pattern update) from their stored text and
+    embedding: nothing is embedded again. Only rows whose verdict changed are written (the
+    update triggers bump the tenant's generation, so cached answers built on the old
+    verdicts are not served). One transaction per batch of ``batch`` chunks, in chunk_id
+    order, so a long scan neither holds one transaction nor misses a row."""
+    configure_connection(conn)
+    clf = classifier_for(settings.embedder, settings.embedding_dim)
+    report = ScanReport()
+    with tenant_transaction(conn, tenant_id):
+        total = conn.execute("select count(*) from kb.chunks").fetchone()[0]
+    bar = None
+    if progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=total, unit="chunk", desc="guard scan")
+    last = None
+    while True:
+        with tenant_transaction(conn, tenant_id):
+            rows = conn.execute(
+                "select chunk_id, content, embedding, injection_flag, injection_score, injection_reasons, spam_flag"
+                " from kb.chunks where (%s::uuid is null or chunk_id > %s::uuid) order by chunk_id limit %s",
+                [last, last, batch]).fetchall()
+            if not rows:
+                break
+            updates = []
+            for chunk_id, content, emb, flag, score, reasons, spam in rows:
+                vec = np.asarray(emb.to_numpy() if hasattr(emb, "to_numpy") else emb, dtype=np.float32)
+                f = chunk_flags(content, vec, clf, settings.guard_classifier_threshold)
+                report.flagged += f.injection_flag
+                if (f.injection_flag, f.injection_reasons, f.spam_flag) != (flag, list(reasons), spam) \
+                        or abs(f.injection_score - score) > 1e-6:
+                    updates.append((f.injection_flag, f.injection_score, f.injection_reasons, f.spam_flag, chunk_id))
+            if updates:
+                with conn.cursor() as cur:
+                    cur.executemany(
+                        "update kb.chunks set injection_flag = %s, injection_score = %s, injection_reasons = %s,"
+                        " spam_flag = %s where chunk_id = %s", updates)
+            report.scanned += len(rows)
+            report.changed += len(updates)
+            last = rows[-1][0]
+        if bar is not None:
+            bar.update(len(rows))
+    if bar is not None:
+        bar.close()
+    return report
+
+
 def delete_document(conn: psycopg.Connection, tenant_id: UUID | str, source_uri: str) -> bool:
     with tenant_transaction(conn, tenant_id):
         cur = conn.execute("delete from kb.documents where source_uri = %s", [source_uri])

@@ -55,6 +55,8 @@ UNITS = [
     "assistant, ", "new rules", "![a](http://x?", "![", "](http://", "send the chat ", "a@b.", "a.",
     "```", "~~~", "<|im_start|>", "[INST]", "<<", "<<SYS>>", "\u200b", "\u200d", "\U000e0041", "\u0430",
     "đ", "instructions ", "password ", "from now on ", "dan ",
+    # issue 19 normalisation: base64 alphabet runs, padding, rot13 words, soft hyphens
+    "QWxhZGRpbjpvcGVuIHNlc2FtZQ", "aWdub3Jl", "+/", "=", "-_", "vtaber ", "\u00ad", "\u200e", "\u0585",
 ]
 
 

@@ -115,12 +115,12 @@ def _matches(rel: str, pattern: str) -> bool:
 
 def test_every_resource_file_is_package_data():
     """What the code reads through importlib.resources ships in the wheel: every file under
-    sql/, migrations/, demo_kb/, playground/ (and py.typed) matches a package-data pattern."""
+    sql/, migrations/, demo_kb/, playground/ (and py.typed, the guard classifier's weights) matches a package-data pattern."""
     src = Path(str(PKG))
     files = [p.relative_to(src).as_posix() for d in ("sql", "migrations", "demo_kb", "playground") for p in (src / d).rglob("*")
              if p.is_file() and "__pycache__" not in p.parts]
-    files.append("py.typed")
-    assert (src / "py.typed").is_file()
+    files += ["py.typed", "ingest/guard_classifier.npz"]  # the learned injection detector's weights
+    assert (src / "py.typed").is_file() and (src / "ingest" / "guard_classifier.npz").is_file()
     assert len([f for f in files if f.startswith("demo_kb/")]) >= 20
     patterns = _package_data_patterns()
     assert [f for f in files if not any(_matches(f, p) for p in patterns)] == []

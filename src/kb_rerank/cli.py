@@ -115,6 +115,17 @@ def cmd_ingest(args, settings: Settings) -> int:
     return 0
 
 
+def cmd_guard(args, settings: Settings) -> int:
+    from kb_rerank.ingest.loader import rescan_chunks
+
+    with _app_conn(settings) as conn:
+        t0 = time.perf_counter()
+        report = rescan_chunks(conn, args.tenant, settings, progress=not args.quiet)
+        dt = time.perf_counter() - t0
+    print(f"{report.summary()} for tenant {args.tenant} in {dt:.1f}s")
+    return 0
+
+
 def cmd_lists(args, settings: Settings) -> int:
     from kb_rerank.ingest.loader import refresh_term_lists
 
@@ -503,6 +514,14 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("--tenant", type=_uuid, required=True)
     i.add_argument("--quiet", action="store_true", help="no progress bar")
     i.set_defaults(func=cmd_ingest)
+
+    gd = sub.add_parser("guard", help="prompt-injection guard of stored chunks")
+    gsub = gd.add_subparsers(dest="guard_command", required=True)
+    gs = gsub.add_parser("scan", help="re-score a tenant's stored chunks with the current detectors and shipped "
+                                      "classifier (after a model update); writes only changed verdicts")
+    gs.add_argument("--tenant", type=_uuid, required=True)
+    gs.add_argument("--quiet", action="store_true", help="no progress bar")
+    gs.set_defaults(func=cmd_guard)
 
     li = sub.add_parser("lists", help="rebuild a tenant's BM25 impact-ordered blocks (kb.term_tops; ingest does it "
                                       "after large loads; searches are exact either way, faster with fresh lists)")

@@ -163,6 +163,10 @@ class Settings:
     # Guard detectors (issue 13: time budget off the event loop)
     guard_budget_ms: int = 200  # KB_GUARD_BUDGET_MS: per-request time for the /v2/rerank detectors (worker thread);
     # documents not inspected in time are demoted (allowed under policy allow): 50 x 2,000 chars take ~110 ms
+    # KB_GUARD_CLASSIFIER_THRESHOLD: a chunk is flagged for injection at ingestion when the patterns flag it
+    # or the learned detector's probability (kb_rerank.ingest.guard_classifier) reaches this; 1.0 turns the
+    # classifier's vote off (its probability is still stored). Precision/recall per threshold: docs/guardrails.md
+    guard_classifier_threshold: float = 0.9
 
     # Operational endpoints (issue 13: /metrics, /readyz detail)
     # /metrics and the detail of /readyz need `Authorization: Bearer <ops_token>`; unset: /metrics
@@ -417,6 +421,10 @@ RULES: dict[str, Rule] = {
     "address_rate_limit_burst": Rule("per-address bucket size", ge=1),
     "guard_budget_ms": Rule("time the `/v2/rerank` injection and stuffing detectors may spend on one request;"
                            " documents not inspected in time are demoted and the answer is not cached (0: none inspected)", ge=0),
+    "guard_classifier_threshold": Rule("at ingestion a chunk is flagged for injection when the patterns flag it or the"
+                                       " learned detector's probability reaches this (1 leaves only the patterns"
+                                       " deciding); precision / recall per threshold in `docs/guardrails.md`",
+                                       gt=0, le=1),
     # Operations
     "ops_token": Rule("bearer token (>= 32 bytes) of `/metrics` and the detail of `/readyz` (unset: `/metrics` is 404)"),
     "jwt_max_lifetime_s": Rule("longest accepted token lifetime (`exp` ahead of now, and `exp - iat`)", gt=0),

@@ -20,15 +20,18 @@ Injection scoring is a weighted sum of independent signals (each counted once, c
 verdict needs an imperative that overrides earlier instructions, addresses a model, asks
 it to leak / exfiltrate, or an explicit hiding trick.
 
-Matching runs on a normalised copy of the text: hidden characters recorded then removed,
-Unicode tag characters decoded (their ASCII payload is appended and scanned), NFKC,
-casefold, common Cyrillic/Greek confusables mapped to Latin, accents stripped (đ -> d).
+Matching runs on a normalised copy of the text: hidden characters recorded then removed
+(zero-width, bidi controls and marks, soft hyphens), Unicode tag characters decoded (their
+ASCII payload is appended and scanned), short base64 blobs decoded and appended, NFKC,
+casefold, common Cyrillic/Greek/Armenian confusables folded to their Latin skeleton,
+accents stripped (đ -> d), and the rot13 reading appended when it holds injection words.
 Languages with dedicated patterns: English, Vietnamese, French, Spanish, German, Chinese.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import bisect
 import math
 import re
@@ -74,18 +77,29 @@ class SpamVerdict:
 _ZERO_WIDTH = "\u200b\u200c\u200d\u2060\ufeff"
 _BIDI_OVERRIDE = "\u202a\u202b\u202d\u202e"  # embeddings / overrides
 _BIDI_OTHER = "\u202c\u2066\u2067\u2068\u2069"  # pop / isolates
+# Removed before matching but not counted as a hiding trick: directional marks (LRM, RLM,
+# ALM are ordinary in Arabic / Hebrew text), the soft hyphen, the Mongolian vowel
+# separator and the invisible math operators -- each can split a keyword ("ig\u00adnore")
+# without changing what a reader sees.
+_INVISIBLE_OTHER = "\u00ad\u061c\u180e\u200e\u200f\u2061\u2062\u2063\u2064"
 _HIDDEN_RE = re.compile(
-    "[" + _ZERO_WIDTH + _BIDI_OVERRIDE + _BIDI_OTHER + "\U000e0000-\U000e007f]"
+    "[" + _ZERO_WIDTH + _BIDI_OVERRIDE + _BIDI_OTHER + _INVISIBLE_OTHER + "\U000e0000-\U000e007f]"
 )
 _TAG_RUN_RE = re.compile("(\U0001f3f4?)([\U000e0000-\U000e007f]+)")
 
-# Common Cyrillic / Greek letters that look like Latin ones (after casefold).
+# Cyrillic / Greek / Armenian letters that look like Latin ones (after casefold), folded
+# to their Latin skeleton. Hand-written rather than Unicode's confusables.txt (UTS #39,
+# ~6,000 entries, not in the standard library): only lower-case letters that can stand in
+# a Latin keyword of the patterns matter here, and NFKC already folds the full-width and
+# mathematical-alphanumeric look-alikes.
 _CONFUSABLES = {
     "а": "a", "в": "b", "е": "e", "ё": "e", "к": "k", "м": "m", "н": "h", "о": "o",
     "р": "p", "с": "c", "т": "t", "у": "y", "х": "x", "і": "i", "ї": "i", "ј": "j",
     "ѕ": "s", "ԁ": "d", "ɡ": "g", "һ": "h", "ӏ": "l", "ԛ": "q", "ԝ": "w",
     "α": "a", "β": "b", "ε": "e", "ι": "i", "κ": "k", "ν": "v", "ο": "o", "ρ": "p",
     "τ": "t", "υ": "u", "χ": "x", "γ": "y", "η": "n",
+    "ɑ": "a", "ь": "b", "ԍ": "g", "ѵ": "v",  # not the Turkish dotless ı: ordinary beside Latin letters
+    "օ": "o", "ս": "u", "հ": "h", "ց": "g", "ո": "n", "ք": "f",
 }
 _CONFUSABLE_TABLE = str.maketrans(_CONFUSABLES)
 _LATIN = "a-z"
@@ -573,6 +587,44 @@ def _decode_tags(text: str) -> tuple[str, int]:
     return " ".join(p for p in payload if p), count
 
 
+# Short base64 blobs (16..512 characters, standard or URL-safe alphabet) are decoded and
+# their text scanned with the rest. Possessive runs bounded on both sides: a start is
+# tried only where the previous character is not in the alphabet, and scans at most 512
+# characters, so the search is linear. At most _B64_MAX_BLOBS blobs per text are decoded.
+_B64_RE = re.compile(r"(?<![A-Za-z0-9+/_-])[A-Za-z0-9+/_-]{16,512}+={0,2}+(?![A-Za-z0-9+/=_-])")
+_B64_MAX_BLOBS = 20
+_B64_URLSAFE = str.maketrans("-_", "+/")
+_PRINTABLE_RE = re.compile(r"[^\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
+# A text that rot13 turns into injection vocabulary (whole words) is scanned decoded as
+# well: "vtaber nyy cerivbhf vafgehpgvbaf". Benign prose almost never has these words in
+# rot13 form ("vtaber", "vafgehpgvbaf"), so ordinary text pays one str.translate.
+_ROT13 = str.maketrans("abcdefghijklmnopqrstuvwxyz", "nopqrstuvwxyzabcdefghijklm")
+_ROT13_MARKERS = re.compile(
+    r"\b(?:ignore|disregard|instructions|system prompt|previous|assistant|password|reveal)\b"
+)
+
+
+def _decode_base64_blobs(text: str) -> str:
+    """The decoded text of the short base64 blobs in ``text`` that decode to printable
+    UTF-8 with at least one space (prose, not a hash or a binary key)."""
+    if len(text) < 16:
+        return ""
+    out: list[str] = []
+    for k, m in enumerate(_B64_RE.finditer(text)):
+        if k >= _B64_MAX_BLOBS:
+            break
+        blob = m.group(0).rstrip("=").translate(_B64_URLSAFE)
+        if len(blob) % 4 == 1 or blob.isalpha() and (blob.islower() or blob.isupper()):
+            continue  # not a base64 length / a plain long word
+        try:
+            decoded = base64.b64decode(blob + "=" * (-len(blob) % 4), validate=True).decode("utf-8")
+        except (ValueError, UnicodeDecodeError):
+            continue
+        if " " in decoded and len(_PRINTABLE_RE.findall(decoded)) == len(decoded):
+            out.append(decoded)
+    return "\n".join(out)
+
+
 def _normalise(text: str) -> _Normalised:
     body = text[1:] if text.startswith("\ufeff") else text  # a leading BOM is harmless
     zero_width = sum(body.count(c) for c in _ZERO_WIDTH)
@@ -582,13 +634,17 @@ def _normalise(text: str) -> _Normalised:
     bidi_other = sum(body.count(c) for c in _BIDI_OTHER)
     payload, tags = _decode_tags(body)
     cleaned = _HIDDEN_RE.sub("", body)
-    if payload:
-        cleaned = cleaned + "\n" + payload
+    decoded = _decode_base64_blobs(cleaned)
+    if payload or decoded:
+        cleaned = "\n".join(p for p in (cleaned, payload, decoded) if p)
     nfkc = unicodedata.normalize("NFKC", cleaned)
     folded = nfkc.casefold()
     mixed = len(_MIXED_WORD_RE.findall(folded)) if _CONF_PRESENT_RE.search(folded) else 0
     folded = folded.translate(_CONFUSABLE_TABLE)
     norm = _strip_accents(folded).replace("’", "'")
+    rot = norm.translate(_ROT13)
+    if _ROT13_MARKERS.search(rot):
+        norm = norm + "\n" + rot
     return _Normalised(norm, nfkc, max(zero_width, 0), bidi_override, bidi_other, tags, mixed)
 
 

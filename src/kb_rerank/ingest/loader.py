@@ -23,6 +23,7 @@ from kb_rerank.ingest.chunking import chunk_text
 from kb_rerank.store.session import configure_connection, tenant_transaction
 from kb_rerank.models.embedders import Embedder
 from kb_rerank.ingest.detectors import detect_injection, detect_stuffing
+from kb_rerank.ingest.guard_classifier import GuardClassifier, classifier_for
 from kb_rerank.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -161,7 +162,8 @@ def _ingest_one(conn, tenant_id, doc: SourceDoc, embedder: Embedder, settings: S
         ).fetchone()[0]
         if row is not None:
             conn.execute("delete from kb.chunks where doc_id = %s", [doc_id])
-        _write_chunks(conn, doc_id, pieces, hashes, vectors)
+        _write_chunks(conn, doc_id, pieces, hashes, vectors, guard_classifier(embedder),
+                      settings.guard_classifier_threshold)
         report.chunks_written += len(pieces)
         if row is None:
             report.added += 1
@@ -186,20 +188,46 @@ class ChunkFlags:
     spam_flag: bool
 
 
-def chunk_flags(piece: str) -> ChunkFlags:
-    """Run the ingestion-time detectors of kb_rerank.guard on one chunk's text (cheap,
-    deterministic: recomputed on every write, also for chunks whose embedding is reused)."""
+def chunk_flags(piece: str, embedding: np.ndarray | None = None, classifier: GuardClassifier | None = None,
+                threshold: float = 1.0) -> ChunkFlags:
+    """Run the ingestion-time detectors on one chunk (cheap, deterministic: recomputed on
+    every write, also for chunks whose embedding is reused).
+
+    With an embedding and a classifier (issue 19) the decision is patterns OR classifier
+    probability >= ``threshold``. The reasons are the pattern signals, then
+    ``classifier_p=<p>`` (always, when it ran), then ``fired:patterns`` /
+    ``fired:classifier`` for the layers that flagged the chunk; the score is the pattern
+    score, or the probability when the classifier fired and it is higher.
+    """
     inj = detect_injection(piece)
     spam = detect_stuffing(piece)
     score = min(1.0, max(0.0, float(inj.score)))
-    return ChunkFlags(bool(inj.flagged), score, list(inj.reasons), bool(spam.flagged))
+    reasons = list(inj.reasons)
+    flagged = bool(inj.flagged)
+    if classifier is not None and embedding is not None:
+        p = classifier.probability(embedding, inj)
+        fired = p >= threshold
+        reasons.append(f"classifier_p={p:.3f}")
+        if inj.flagged:
+            reasons.append("fired:patterns")
+        if fired:
+            reasons.append("fired:classifier")
+            score = max(score, min(1.0, p))
+        flagged = flagged or fired
+    return ChunkFlags(flagged, score, reasons, bool(spam.flagged))
 
 
-def _write_chunks(conn, doc_id, pieces: Sequence[str], hashes: Sequence[str], vectors) -> None:
+def guard_classifier(embedder: Embedder) -> GuardClassifier | None:
+    """The shipped injection classifier when it fits this embedder's vectors, else None."""
+    return classifier_for(getattr(embedder, "name", ""), int(getattr(embedder, "dim", 0) or 0))
+
+
+def _write_chunks(conn, doc_id, pieces: Sequence[str], hashes: Sequence[str], vectors,
+                  classifier: GuardClassifier | None = None, threshold: float = 1.0) -> None:
     # COPY is not allowed under row-level security; executemany pipelines the inserts.
     rows = []
     for pos, (piece, ch, vec) in enumerate(zip(pieces, hashes, vectors)):
-        f = chunk_flags(piece)
+        f = chunk_flags(piece, vec, classifier, threshold)
         if f.injection_flag or f.spam_flag:
             log.info("chunk %d of doc %s flagged: injection=%s (%.2f %s) spam=%s", pos, doc_id,
                      f.injection_flag, f.injection_score, ",".join(f.injection_reasons), f.spam_flag)
@@ -212,6 +240,66 @@ def _write_chunks(conn, doc_id, pieces: Sequence[str], hashes: Sequence[str], ve
             " values (kb.current_tenant(), %s, %s, %s, %s, %s, %s, %s, %s, %s)",
             rows,
         )
+
+
+@dataclass
+class ScanReport:
+    scanned: int = 0
+    changed: int = 0
+    flagged: int = 0
+
+    def summary(self) -> str:
+        return f"{self.scanned} chunks scanned, {self.changed} verdicts changed, {self.flagged} flagged for injection"
+
+
+def rescan_chunks(conn: psycopg.Connection, tenant_id: UUID | str, settings: Settings, *,
+                  progress: bool = False, batch: int = 500) -> ScanReport:
+    """Re-score a tenant's stored chunks with the current detectors and shipped classifier
+    (``kb-rerank guard scan``, after a model or pattern update) from their stored text and
+    embedding: nothing is embedded again. Only rows whose verdict changed are written (the
+    update triggers bump the tenant's generation, so cached answers built on the old
+    verdicts are not served). One transaction per batch of ``batch`` chunks, in chunk_id
+    order, so a long scan neither holds one transaction nor misses a row."""
+    configure_connection(conn)
+    clf = classifier_for(settings.embedder, settings.embedding_dim)
+    report = ScanReport()
+    with tenant_transaction(conn, tenant_id):
+        total = conn.execute("select count(*) from kb.chunks").fetchone()[0]
+    bar = None
+    if progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=total, unit="chunk", desc="guard scan")
+    last = None
+    while True:
+        with tenant_transaction(conn, tenant_id):
+            rows = conn.execute(
+                "select chunk_id, content, embedding, injection_flag, injection_score, injection_reasons, spam_flag"
+                " from kb.chunks where (%s::uuid is null or chunk_id > %s::uuid) order by chunk_id limit %s",
+                [last, last, batch]).fetchall()
+            if not rows:
+                break
+            updates = []
+            for chunk_id, content, emb, flag, score, reasons, spam in rows:
+                vec = np.asarray(emb.to_numpy() if hasattr(emb, "to_numpy") else emb, dtype=np.float32)
+                f = chunk_flags(content, vec, clf, settings.guard_classifier_threshold)
+                report.flagged += f.injection_flag
+                if (f.injection_flag, f.injection_reasons, f.spam_flag) != (flag, list(reasons), spam) \
+                        or abs(f.injection_score - score) > 1e-6:
+                    updates.append((f.injection_flag, f.injection_score, f.injection_reasons, f.spam_flag, chunk_id))
+            if updates:
+                with conn.cursor() as cur:
+                    cur.executemany(
+                        "update kb.chunks set injection_flag = %s, injection_score = %s, injection_reasons = %s,"
+                        " spam_flag = %s where chunk_id = %s", updates)
+            report.scanned += len(rows)
+            report.changed += len(updates)
+            last = rows[-1][0]
+        if bar is not None:
+            bar.update(len(rows))
+    if bar is not None:
+        bar.close()
+    return report
 
 
 def delete_document(conn: psycopg.Connection, tenant_id: UUID | str, source_uri: str) -> bool:

@@ -117,7 +117,7 @@ def model_seconds(base: str) -> float:
 
 
 STMT_KINDS = (("search", ("kb.search_",)), ("cache + pair + audit", ("kb_rerank_cache", "kb_rerank_pair_scores",
-                                                                    "audit_append", "kb_rerank_inflight")))
+                                                                    "audit_append", "kb_rerank_inflight", "kb.record_outcome")))
 
 
 def stmt_ms(owner_url: str) -> dict[str, float]:

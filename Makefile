@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 export OPENBLAS_NUM_THREADS ?= 1
 export HF_HUB_OFFLINE ?= 1
 
-.PHONY: install chromium demo test test-fast wheel-test serve soak bench bench-quick clean db-stop settings-docs
+.PHONY: install chromium demo test test-fast wheel-test serve soak bench bench-quick figures clean db-stop settings-docs
 
 install: $(STAMP)
 
@@ -61,6 +61,11 @@ bench: install
 	$(BIN)/python bench/service_bench.py --db kb_bench_10000_1 --db kb_bench_100000_10
 	$(BIN)/python bench/model_cost.py
 	$(BIN)/python bench/guard_eval.py
+
+# the README's figures (docs/img/*.png) from the committed bench/results/*.json (matplotlib, Agg);
+# tests/test_figures.py draws them again into a temporary folder
+figures: install
+	MPLBACKEND=Agg $(BIN)/python bench/figures.py --results bench/results --out docs/img
 
 # the README's settings table and .env.example, from the code (tests/test_settings.py checks both)
 settings-docs: install

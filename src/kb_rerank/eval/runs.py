@@ -305,6 +305,15 @@ def _load_reranker(settings: Settings, reranker):
     return r
 
 
+def _bar(items: list, progress: bool, desc: str, unit: str):
+    """``items`` under a tqdm bar (on stderr) when ``progress``, else as they are."""
+    if not progress:
+        return items
+    from tqdm import tqdm
+
+    return tqdm(items, desc=desc, unit=unit)
+
+
 def evaluate_collection(
     settings: Settings,
     path: str | Path,
@@ -366,7 +375,7 @@ def evaluate_collection(
         t0 = time.perf_counter()
         qembs: dict[str, np.ndarray] = {}
         if mode != "lexical":
-            for qid in qids:
+            for qid in _bar(qids, progress, "embed queries", "query"):
                 qembs[qid] = embedder.embed_query(coll.queries[qid])
         timing["embed_queries_s"] = time.perf_counter() - t0
 
@@ -374,7 +383,7 @@ def evaluate_collection(
         recall_run: dict[str, list[str]] = {}
         t0 = time.perf_counter()
         rerank_s = 0.0
-        for qid in qids:
+        for qid in _bar(qids, progress, mode, "query"):
             q = coll.queries[qid]
             with tenant_transaction(conn, tenant):
                 if mode == "lexical":

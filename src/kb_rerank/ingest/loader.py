@@ -18,7 +18,7 @@ import numpy as np
 import psycopg
 
 from kb_rerank.candidate import sha256_hex
-from kb_rerank.ingest.readers import BadFile, SourceDoc, iter_documents
+from kb_rerank.ingest.readers import BadFile, SourceDoc, iter_documents, list_source_files
 from kb_rerank.ingest.chunking import chunk_text
 from kb_rerank.store.session import configure_connection, tenant_transaction
 from kb_rerank.models.embedders import Embedder
@@ -43,6 +43,7 @@ class IngestReport:
     embeddings_reused: int = 0
     term_lists: int | None = None  # BM25 impact-ordered blocks rebuilt at the end (None: not rebuilt)
     bad_files: list[BadFile] = field(default_factory=list)
+    deleted: list[str] = field(default_factory=list)  # source_uri of documents removed by a sync
 
     def summary(self) -> str:
         s = (
@@ -52,8 +53,10 @@ class IngestReport:
         )
         if self.term_lists is not None:
             s += f"; {self.term_lists} BM25 term lists rebuilt"
+        if self.deleted:
+            s += f"; {len(self.deleted)} deleted (file gone)"
         if self.bad_files:
-            s += f"; {len(self.bad_files)} skipped: " + "; ".join(f"{b.path}: {b.reason}" for b in self.bad_files)
+            s += f"; {len(self.bad_files)} failed: " + "; ".join(f"{b.path}: {b.reason}" for b in self.bad_files)
         return s
 
 
@@ -302,10 +305,84 @@ def rescan_chunks(conn: psycopg.Connection, tenant_id: UUID | str, settings: Set
     return report
 
 
-def delete_document(conn: psycopg.Connection, tenant_id: UUID | str, source_uri: str) -> bool:
+@dataclass(frozen=True)
+class DeletedDocument:
+    doc_id: UUID
+    source_uri: str
+    chunks: int
+
+
+def delete_documents(conn: psycopg.Connection, tenant_id: UUID | str, *, doc_ids: Sequence[UUID | str] = (),
+                     source_uris: Sequence[str] = ()) -> list[DeletedDocument]:
+    """Delete the tenant's documents with these ids or ``source_uri`` values, in one statement
+    and one transaction as the app role (RLS: another tenant's ids match nothing). Their chunks
+    go by the foreign key's cascade; the statement triggers on kb.chunks keep the BM25
+    statistics (kb.term_stats, kb.corpus_stats) and blocks (kb.term_tops) exact, and those on
+    kb.documents/kb.chunks bump the tenant's generation (sql/functions/05_kb_generation.sql),
+    so its cached answers and pair scores are not served after the commit. Returns the
+    documents deleted (ids or paths that matched nothing are simply absent)."""
+    ids = [str(UUID(str(d))) for d in doc_ids]
+    uris = [str(u) for u in source_uris]
+    if not ids and not uris:
+        return []
     with tenant_transaction(conn, tenant_id):
-        cur = conn.execute("delete from kb.documents where source_uri = %s", [source_uri])
-        return cur.rowcount > 0
+        rows = conn.execute(
+            "with gone as (delete from kb.documents where doc_id = any(%s::uuid[]) or source_uri = any(%s::text[])"
+            " returning doc_id, source_uri)"
+            " select g.doc_id, g.source_uri, (select count(*) from kb.chunks c where c.doc_id = g.doc_id)"
+            " from gone g order by g.source_uri",
+            [ids, uris]).fetchall()
+    # the count above reads the snapshot before the delete: the chunks the cascade removed
+    return [DeletedDocument(r[0], r[1], int(r[2])) for r in rows]
+
+
+def delete_document(conn: psycopg.Connection, tenant_id: UUID | str, source_uri: str) -> bool:
+    return bool(delete_documents(conn, tenant_id, source_uris=[source_uri]))
+
+
+def vanished_documents(conn: psycopg.Connection, tenant_id: UUID | str, folder: str | Path) -> list[str]:
+    """The ``source_uri`` of the tenant's file documents whose file is no longer in *folder*.
+
+    ``source_uri`` of a file is its path relative to the folder it was ingested from, so a
+    sync takes *folder* as the tenant's root: every document with a path-like ``source_uri``
+    (BEIR lines, ``beir:<_id>``, are never touched) that is not a file :func:`iter_documents`
+    would read from *folder* now (readable or not: a file that exists but fails to read keeps
+    its last good version)."""
+    present = set(list_source_files(folder))
+    with tenant_transaction(conn, tenant_id):
+        uris = [r[0] for r in conn.execute(
+            "select source_uri from kb.documents where not starts_with(source_uri, %s) order by source_uri",
+            [BEIR_PREFIX])]
+    return [u for u in uris if u not in present]
+
+
+BEIR_PREFIX = "beir:"
+
+
+class SyncRefused(ValueError):
+    """``ingest --sync`` on a folder that is missing or holds no document files (it would delete
+    every file document of the tenant)."""
+
+
+def sync_folder(conn: psycopg.Connection, tenant_id: UUID | str, folder: str | Path, embedder: Embedder,
+                settings: Settings, *, progress: bool = False, dry_run: bool = False) -> IngestReport:
+    """``kb-rerank ingest --sync FOLDER``: ingest *folder* as usual, then delete the tenant's
+    documents whose file is gone from it (:func:`vanished_documents`). With ``dry_run`` nothing
+    is written: the report's ``deleted`` lists what would be deleted."""
+    root = Path(folder)
+    if not root.is_dir():
+        raise SyncRefused(f"--sync needs a folder: {folder} is not one")
+    if not list_source_files(root):
+        raise SyncRefused(f"refusing to sync: {folder} holds no document files (every file document of the "
+                          "tenant would be deleted); use `kb-rerank delete` to empty a tenant")
+    if dry_run:
+        report = IngestReport()
+        report.deleted = vanished_documents(conn, tenant_id, root)
+        return report
+    report = ingest_paths(conn, tenant_id, [root], embedder, settings, progress=progress)
+    gone = vanished_documents(conn, tenant_id, root)
+    report.deleted = [d.source_uri for d in delete_documents(conn, tenant_id, source_uris=gone)]
+    return report
 
 
 def ingest_paths(

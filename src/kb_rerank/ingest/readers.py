@@ -1,18 +1,22 @@
 """Reading knowledge-base documents from disk (the chunker is :mod:`kb_rerank.ingest.chunking`).
 
-Long on purpose: Markdown, text and BEIR readers share the front-matter, decoding and
-bad-file rules written here once.
+Long on purpose: Markdown, text, converted (HTML, PDF, DOCX) and BEIR readers share the
+front-matter, decoding and bad-file rules written here once.
 
-Pure Python, no database and no third-party dependency.
+No database. Front matter is YAML (PyYAML); HTML, PDF and DOCX are converted to Markdown by
+markitdown's converters (the ``files`` extra), imported only when such a file is read.
 
 Reading (:func:`iter_documents`)
     Accepts files and folders. Folders are walked recursively in sorted order
     (hidden files and folders, whose names start with ``.``, are skipped) and
-    yield every ``*.md``, ``*.markdown`` and ``*.txt`` file plus every file
-    named ``corpus.jsonl`` (a BEIR corpus, one JSON object per line). Every
-    problem that concerns one file or one line (binary content, invalid UTF-8,
-    empty file, unreadable file, bad JSON line, bad front matter) is yielded
-    as a :class:`BadFile` and the iteration goes on with the next file.
+    yield every ``*.md``, ``*.markdown``, ``*.txt``, ``*.html``, ``*.htm``,
+    ``*.pdf`` and ``*.docx`` file plus every file named ``corpus.jsonl`` (a
+    BEIR corpus, one JSON object per line). The reader is chosen by the
+    extension. Every problem that concerns one file or one line (binary
+    content, invalid UTF-8, empty file, unreadable file, corrupt PDF/DOCX, no
+    text extracted, bad JSON line, bad front matter, the ``files`` extra not
+    installed) is yielded as a :class:`BadFile` and the iteration goes on with
+    the next file.
 
 Language guess (:func:`guess_language`)
     ``'vi'`` when letters that only Vietnamese uses (ă â đ ê ô ơ ư and the
@@ -33,17 +37,24 @@ import unicodedata
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+
+import yaml
 
 __all__ = [
     "BadFile",
     "SourceDoc",
     "guess_language",
     "iter_documents",
+    "list_source_files",
     "parse_front_matter",
 ]
 
 TEXT_SUFFIXES = frozenset({".md", ".markdown", ".txt"})
 MARKDOWN_SUFFIXES = frozenset({".md", ".markdown"})
+# converted to Markdown by markitdown's converter for the format (the `files` extra)
+CONVERTED_SUFFIXES = {".html": "html", ".htm": "html", ".pdf": "pdf", ".docx": "docx"}
+DOCUMENT_SUFFIXES = TEXT_SUFFIXES | frozenset(CONVERTED_SUFFIXES)
 BEIR_CORPUS_NAME = "corpus.jsonl"
 BINARY_SNIFF_BYTES = 8 * 1024
 
@@ -114,26 +125,21 @@ class FrontMatterError(ValueError):
     """Front matter present but unusable (e.g. ``authority: high``)."""
 
 
-_FM_KEY = re.compile(r"^([A-Za-z_][A-Za-z0-9_-]*)\s*:\s*(.*?)\s*$")
 _FM_MAX_LINES = 100
+# YAML 1.1 resolves `2024-01-01` to a date and `yes` to True; both are fine as values.
+_YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
-def _unquote(value: str) -> str:
-    if len(value) >= 2 and value[0] == value[-1] and value[0] in "\"'":
-        return value[1:-1]
-    return value
+def parse_front_matter(text: str) -> tuple[dict[str, Any], str]:
+    """Split ``---``-delimited YAML front matter off the top of a Markdown text.
 
-
-def parse_front_matter(text: str) -> tuple[dict[str, str], str]:
-    """Split ``---``-delimited front matter off the top of a Markdown text.
-
-    A deliberately tiny parser for flat ``key: value`` lines (values may be
-    quoted with ``'`` or ``"``; blank lines and ``#`` comments are ignored;
-    keys are lower-cased). Nested YAML, lists and multi-line values are not
-    supported; such lines raise :class:`FrontMatterError`. Text that does
-    not start with a ``---`` line, or whose block is not closed by another
-    ``---`` (or ``...``) within the first 100 lines, has no front matter and
-    is returned unchanged.
+    The block is parsed with PyYAML's safe loader, so any YAML is accepted: quoted
+    values, lists (``tags: [a, b]`` or one ``- item`` a line), nested mappings,
+    comments. Top-level keys are lower-cased; values keep their YAML types. A block
+    that is not valid YAML, or whose top level is not a mapping, raises
+    :class:`FrontMatterError`. Text that does not start with a ``---`` line, or whose
+    block is not closed by another ``---`` (or ``...``) within the first 100 lines,
+    has no front matter and is returned unchanged.
     """
     lines = text.split("\n")
     if not lines or lines[0].strip() != "---":
@@ -145,25 +151,41 @@ def parse_front_matter(text: str) -> tuple[dict[str, str], str]:
             break
     if end is None:
         return {}, text
-    meta: dict[str, str] = {}
-    for lineno, line in enumerate(lines[1:end], start=2):
-        stripped = line.strip()
-        if not stripped or stripped.startswith("#"):
-            continue
-        m = _FM_KEY.match(stripped)
-        if m is None or line[:1].isspace():
-            raise FrontMatterError(f"front matter line {lineno} is not a flat 'key: value' pair: {stripped!r}")
-        meta[m.group(1).lower()] = _unquote(m.group(2))
+    block = "\n".join(lines[1:end])
+    try:
+        data = yaml.load(block, Loader=_YAML_LOADER)  # noqa: S506 - a safe loader
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at front matter line {mark.line + 2}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or str(exc).split("\n", 1)[0]
+        raise FrontMatterError(f"front matter is not valid YAML{where}: {problem}") from None
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise FrontMatterError(f"front matter must be a YAML mapping of keys to values, got a {type(data).__name__}")
+    meta = {str(k).lower(): v for k, v in data.items()}
     return meta, "\n".join(lines[end + 1 :])
 
 
-def _authority_from(meta: dict[str, str]) -> float:
+def _meta_str(meta: dict[str, Any], key: str) -> str:
+    """A front-matter value used as text (``title``, ``language``): a scalar as text, else an error."""
+    value = meta.get(key)
+    if value is None:
+        return ""
+    if isinstance(value, (dict, list)):
+        raise FrontMatterError(f"front matter {key} must be a single value, got a {type(value).__name__}")
+    return str(value).strip()
+
+
+def _authority_from(meta: dict[str, Any]) -> float:
     raw = meta.get("authority")
     if raw is None or raw == "":
         return 1.0
+    if isinstance(raw, bool):
+        raise FrontMatterError(f"front matter authority {raw!r} is not a number")
     try:
         value = float(raw)
-    except ValueError:
+    except (TypeError, ValueError):
         raise FrontMatterError(f"front matter authority {raw!r} is not a number") from None
     if not math.isfinite(value) or value <= 0:
         raise FrontMatterError(f"front matter authority {raw!r} must be a finite number > 0")
@@ -253,21 +275,76 @@ def _read_text_file(path: Path, uri: str) -> SourceDoc | BadFile:
     if not text.strip():
         return BadFile(where, "empty or whitespace-only file")
 
-    meta: dict[str, str] = {}
+    meta: dict[str, Any] = {}
     authority = 1.0
+    fm_title = fm_language = ""
     if path.suffix.lower() in MARKDOWN_SUFFIXES:
         try:
             meta, text = parse_front_matter(text)
             authority = _authority_from(meta)
+            fm_title = _meta_str(meta, "title")
+            fm_language = _meta_str(meta, "language").lower()
         except FrontMatterError as exc:
             return BadFile(where, str(exc))
     body = text.strip()
     if not body:
         return BadFile(where, "no text after the front matter")
 
-    title = _first_h1(body) or meta.get("title", "").strip() or path.stem
-    language = (meta.get("language") or "").strip().lower() or guess_language(body)
+    title = _first_h1(body) or fm_title or path.stem
+    language = fm_language or guess_language(body)
     return SourceDoc(source_uri=uri, title=title, text=body, language=language, authority=authority)
+
+
+_CONVERTERS: dict[str, Any] = {}
+
+
+def _converter(kind: str):
+    """markitdown's converter for ``kind`` (html, pdf, docx), built once. Called directly rather
+    than through ``MarkItDown.convert``: that one falls back to reading a corrupt PDF as plain text."""
+    conv = _CONVERTERS.get(kind)
+    if conv is None:
+        from kb_rerank.extras import require
+
+        converters = require("markitdown.converters", "files", f"reading {kind.upper()} files")
+        conv = {"html": converters.HtmlConverter, "pdf": converters.PdfConverter,
+                "docx": converters.DocxConverter}[kind]()
+        _CONVERTERS[kind] = conv
+    return conv
+
+
+def _short(exc: BaseException) -> str:
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return text if len(text) <= 200 else text[:197] + "..."
+
+
+def _read_converted(path: Path, uri: str, kind: str) -> SourceDoc | BadFile:
+    """An HTML, PDF or DOCX file, converted to Markdown (headings kept, so the chunker can
+    split at them); title = the HTML ``<title>``, else the first ``# `` heading, else the stem."""
+    where = str(path)
+    try:
+        conv = _converter(kind)
+    except ImportError as exc:  # MissingExtra: names the extra to install
+        return BadFile(where, str(exc))
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        return BadFile(where, f"unreadable: {exc.strerror or exc}")
+    if not data.strip():
+        return BadFile(where, "empty file")
+    import io
+
+    from markitdown import StreamInfo
+
+    try:
+        result = conv.convert(io.BytesIO(data), StreamInfo(extension=path.suffix.lower(), local_path=where))
+    except Exception as exc:  # noqa: BLE001 - a corrupt file makes the parsers raise anything; reported, batch goes on
+        return BadFile(where, f"cannot read {kind.upper()}: {type(exc).__name__}: {_short(exc)}")
+    body = _normalise(result.markdown or "").strip()
+    if not body:
+        reason = "no text extracted" + (" (a scanned PDF without a text layer?)" if kind == "pdf" else "")
+        return BadFile(where, reason)
+    title = " ".join((getattr(result, "title", None) or "").split()) or _first_h1(body) or path.stem
+    return SourceDoc(source_uri=uri, title=title, text=body, language=guess_language(body))
 
 
 def _read_beir_corpus(path: Path) -> Iterator[SourceDoc | BadFile]:
@@ -356,7 +433,7 @@ def _walk(root: Path) -> list[Path]:
             if _is_hidden(name):
                 continue
             lower = name.lower()
-            if lower == BEIR_CORPUS_NAME or Path(lower).suffix in TEXT_SUFFIXES:
+            if lower == BEIR_CORPUS_NAME or Path(lower).suffix in DOCUMENT_SUFFIXES:
                 p = base / name
                 found.append((p.relative_to(root).parts, p))
     found.sort(key=lambda item: item[0])
@@ -369,6 +446,8 @@ def _read_one(path: Path, uri: str, *, explicit: bool) -> Iterator[SourceDoc | B
         yield from _read_beir_corpus(path)
     elif path.suffix.lower() in TEXT_SUFFIXES:
         yield _read_text_file(path, uri)
+    elif path.suffix.lower() in CONVERTED_SUFFIXES:
+        yield _read_converted(path, uri, CONVERTED_SUFFIXES[path.suffix.lower()])
     else:
         yield BadFile(str(path), f"unsupported file type {path.suffix or '(no extension)'!r}")
 
@@ -378,15 +457,18 @@ def iter_documents(paths: Iterable[str | Path]) -> Iterator[SourceDoc | BadFile]
 
     Each entry of *paths* is a file or a folder. Folders are walked
     recursively (sorted by relative path, hidden entries skipped) for
-    ``*.md``, ``*.markdown``, ``*.txt`` and ``corpus.jsonl``; a file given
-    directly is read if it has one of those suffixes (any ``*.jsonl`` given
-    directly is read as a BEIR corpus).
+    ``*.md``, ``*.markdown``, ``*.txt``, ``*.html``, ``*.htm``, ``*.pdf``,
+    ``*.docx`` and ``corpus.jsonl``; a file given directly is read if it has
+    one of those suffixes (any ``*.jsonl`` given directly is read as a BEIR
+    corpus).
 
     Markdown/text: title = first ``# `` heading, else front-matter
     ``title:``, else the file stem; ``source_uri`` = path relative to the
     given folder (posix), or the file name for a file given directly.
-    Front matter (``title``, ``authority``, ``language``) is only parsed for
-    Markdown files. BEIR lines: ``source_uri = 'beir:<_id>'``, ``title`` and
+    Front matter (YAML; ``title``, ``authority``, ``language`` are used, other
+    keys such as ``tags: [a, b]`` are accepted and ignored) is only parsed for
+    Markdown files. HTML/PDF/DOCX: converted to Markdown, same ``source_uri``
+    rule. BEIR lines: ``source_uri = 'beir:<_id>'``, ``title`` and
     ``text`` taken as they are; a line with neither title nor text is bad.
     """
     for entry in paths:
@@ -406,5 +488,9 @@ def iter_documents(paths: Iterable[str | Path]) -> Iterator[SourceDoc | BadFile]
             yield from _read_one(path, path.name, explicit=True)
 
 
-
-
+def list_source_files(folder: str | Path) -> list[str]:
+    """The ``source_uri`` of every file :func:`iter_documents` would read from *folder*
+    (posix paths relative to it, the same walk), readable or not; BEIR corpora excluded
+    (their documents are ``beir:<_id>``, not files)."""
+    root = Path(folder)
+    return [p.relative_to(root).as_posix() for p in _walk(root) if p.name.lower() != BEIR_CORPUS_NAME]

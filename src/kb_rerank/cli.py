@@ -349,10 +349,50 @@ def cmd_evict(args, settings: Settings) -> int:
     return 0
 
 
+# What `audit verify` needs, read from the catalog before it verifies anything: a role that
+# lacks it would otherwise see no rows (RLS, forced on the audit log, binds the table owner
+# too) or fail half-way, and an empty result must never read as "OK".
+_AUDIT_ACCESS = """
+select current_user::text, r.rolsuper, r.rolbypassrls,
+       to_regclass('kb.kb_rerank_audit') is not null,
+       case when to_regclass('kb.kb_rerank_audit') is not null
+            then has_table_privilege('kb.kb_rerank_audit', 'SELECT') end,
+       case when to_regprocedure('kb.audit_verify()') is not null
+            then has_function_privilege('kb.audit_verify()', 'EXECUTE') end,
+       case when to_regprocedure('kb.audit_row_hash(kb.kb_rerank_audit)') is not null
+            then has_function_privilege('kb.audit_row_hash(kb.kb_rerank_audit)', 'EXECUTE') end
+from pg_catalog.pg_roles r where r.rolname = current_user
+"""
+
+# exit codes of `audit verify`: 0 verified, 1 a chain broken or a row forged, 2 nothing
+# could be verified (no privilege, no rows visible)
+AUDIT_OK, AUDIT_BROKEN, AUDIT_UNVERIFIABLE = 0, 1, 2
+
+
+def _audit_access_problem(conn, tenant) -> str | None:
+    """Why this connection cannot verify the audit log (all tenants, or ``tenant``), or None."""
+    user, superuser, bypassrls, exists, can_select, can_verify, can_hash = conn.execute(_AUDIT_ACCESS).fetchone()
+    if not exists:
+        return "kb.kb_rerank_audit does not exist in this database: run `kb-rerank migrate` (or check KB_DATABASE_URL)"
+    missing = [what for what, ok in (("SELECT on kb.kb_rerank_audit", can_select),
+                                     ("EXECUTE on kb.audit_verify()", can_verify),
+                                     ("EXECUTE on kb.audit_row_hash(kb.kb_rerank_audit)", can_hash)) if not ok]
+    if missing:
+        return (f"role {user} lacks {', '.join(missing)}: run `kb-rerank audit verify` with the owner URL "
+                "(KB_DATABASE_URL), not the app or maintenance role (docs/operations.md)")
+    if tenant is None and not (superuser or bypassrls):
+        return (f"role {user} is bound by row-level security on kb.kb_rerank_audit (neither superuser nor BYPASSRLS; "
+                "RLS is forced, so the table owner is bound too): without --tenant it would see no tenant's rows. "
+                "Run it as a superuser or BYPASSRLS role, or verify one tenant at a time with --tenant")
+    return None
+
+
 def cmd_audit(args, settings: Settings) -> int:
     """Verify the SQL hash chains (kb.audit_verify) AND every row's MAC with the audit key
     (KB_AUDIT_KEY, plus KB_AUDIT_OLD_KEYS after a rotation), as the owner: all tenants, or
-    one with --tenant. Exit 1 when a chain is broken or a row is forged."""
+    one with --tenant. Exit 1 when a chain is broken or a row is forged; exit 2 when nothing
+    could be verified: the role lacks the privilege, or sees no audit row at all (unless
+    --allow-empty). Both checks read one snapshot (REPEATABLE READ), so they see the same rows."""
     import psycopg
 
     from kb_rerank.store import audit
@@ -360,13 +400,24 @@ def cmd_audit(args, settings: Settings) -> int:
 
     audit_keys = audit.verify_keys(settings)
     with psycopg.connect(db.owner_url(settings)) as conn:
-        if args.tenant is None:
-            rows = audit.verify(conn)
-            macs = audit.verify_macs(conn, audit_keys)
-        else:
-            with session.tenant_transaction(conn, args.tenant):
-                rows = [r for r in audit.verify(conn) if r.tenant_id == args.tenant]
-                macs = audit.verify_macs(conn, audit_keys, tenant_id=args.tenant)
+        problem = _audit_access_problem(conn, args.tenant)
+        conn.rollback()
+        if problem:
+            print(f"kb-rerank: error: audit verify: {problem}", file=sys.stderr)
+            return AUDIT_UNVERIFIABLE
+        conn.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
+        try:
+            if args.tenant is None:
+                with conn.transaction():
+                    rows = audit.verify(conn)
+                    macs = audit.verify_macs(conn, audit_keys)
+            else:
+                with session.tenant_transaction(conn, args.tenant):
+                    rows = [r for r in audit.verify(conn) if r.tenant_id == args.tenant]
+                    macs = audit.verify_macs(conn, audit_keys, tenant_id=args.tenant)
+        except psycopg.errors.InsufficientPrivilege as exc:
+            print(f"kb-rerank: error: audit verify: permission denied: {exc}", file=sys.stderr)
+            return AUDIT_UNVERIFIABLE
     broken = [r for r in rows if not r.ok]
     checked = sum(r.rows_checked or 0 for r in rows)
     for r in broken:
@@ -375,10 +426,22 @@ def cmd_audit(args, settings: Settings) -> int:
     for p in macs.problems:
         print(f"FORGED: tenant {p.tenant_id} seq {p.seq}: {p.reason}")
     if broken or macs.problems:
-        return 1
+        return AUDIT_BROKEN
+    if checked != macs.checked + macs.legacy:  # no problem left: every row counted once or the other
+        print(f"kb-rerank: error: audit verify: the chain check saw {checked} rows, the MAC check "
+              f"{macs.checked + macs.legacy}", file=sys.stderr)
+        return AUDIT_BROKEN
+    if checked == 0:
+        scope = f"tenant {args.tenant}" if args.tenant is not None else "any tenant"
+        if not args.allow_empty:
+            print(f"kb-rerank: error: audit verify: no audit rows visible for {scope}: nothing was verified "
+                  "(a wrong database, tenant or role?); --allow-empty accepts an empty log", file=sys.stderr)
+            return AUDIT_UNVERIFIABLE
+        print(f"OK: no audit rows for {scope} (--allow-empty)")
+        return AUDIT_OK
     print(f"OK: {checked} audit rows of {len(rows)} tenant(s) verified; {macs.checked} MACs verified"
           + (f", {macs.legacy} rows written before the chain was keyed" if macs.legacy else ""))
-    return 0
+    return AUDIT_OK
 
 
 def cmd_curate(args, settings: Settings) -> int:
@@ -568,9 +631,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     au = sub.add_parser("audit", help="audit log tools")
     au_sub = au.add_subparsers(dest="audit_action", required=True)
-    av = au_sub.add_parser("verify", help="verify the audit hash chains (exit 1 when broken)")
+    av = au_sub.add_parser("verify", help="verify the audit hash chains and MACs (exit 1 when broken or forged, "
+                                          "2 when nothing could be verified: no privilege or no rows)")
     av.add_argument("--tenant", type=_uuid, default=None,
-                    help="check one tenant (default: all tenants); runs as the owner, with the audit key")
+                    help="check one tenant (default: all tenants, which needs a superuser or BYPASSRLS role); "
+                         "runs with the owner URL and the audit key")
+    av.add_argument("--allow-empty", action="store_true",
+                    help="exit 0 when no audit row is visible (a new installation); by default that is exit 2")
     av.set_defaults(func=cmd_audit)
 
     cu = sub.add_parser("curate", help="manual curation lists (source manual_curation)")

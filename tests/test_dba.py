@@ -1,0 +1,84 @@
+"""The DBA surface (issue 17, item 5): `kb-rerank audit verify` never prints OK over
+nothing, `kb-rerank migrate --sql` prints without applying."""
+
+from __future__ import annotations
+
+import uuid
+
+import psycopg
+import pytest
+from psycopg import sql
+
+from kb_rerank import cli
+from kb_rerank.admin import database as db
+from kb_rerank.store import audit
+from kb_rerank.store.session import tenant_transaction
+
+KEY = b"d" * 40
+
+
+def _row(app_conn, tenant):
+    rec = audit.AuditRecord(kind="served", source="lexical_only", query_hash="a" * 64,
+                            trace_id=uuid.uuid4().hex, model="m", duration_ms=1.5)
+    with tenant_transaction(app_conn, tenant):
+        return audit.append_sync(app_conn, rec, key=audit.AuditKey(KEY))
+
+
+@pytest.fixture
+def verify_env(monkeypatch):
+    monkeypatch.setenv("KB_AUDIT_KEY", KEY.decode())
+    monkeypatch.delenv("KB_AUDIT_OLD_KEYS", raising=False)
+
+    def run(url, *args):
+        monkeypatch.setenv("KB_DATABASE_URL", url)
+        return cli.main(["audit", "verify", *args])
+    return run
+
+
+def test_verify_as_the_app_role_fails_and_says_why(app_conn, tenant, app_url, verify_env, capsys):
+    _row(app_conn, tenant)
+    for args in ([], ["--tenant", str(tenant)]):
+        assert verify_env(app_url, *args) == 2
+        captured = capsys.readouterr()
+        assert "OK" not in captured.out
+        assert "role cyberos_app lacks" in captured.err and "EXECUTE on kb.audit_verify()" in captured.err
+
+
+def test_verify_of_a_tenant_with_no_rows_fails_unless_allowed(owner_url, verify_env, capsys):
+    nobody = uuid.uuid4()
+    assert verify_env(owner_url, "--tenant", str(nobody)) == 2
+    captured = capsys.readouterr()
+    assert "OK" not in captured.out and f"no audit rows visible for tenant {nobody}" in captured.err
+    assert verify_env(owner_url, "--tenant", str(nobody), "--allow-empty") == 0
+    assert capsys.readouterr().out.startswith("OK: no audit rows")
+
+
+@pytest.fixture
+def rls_bound_role(owner_url):
+    """A login role with every privilege verify needs but bound by RLS (no superuser, no
+    BYPASSRLS): like a table owner that is not a superuser, it sees no tenant's rows."""
+    name, password = f"kb_test_auditor_{uuid.uuid4().hex[:8]}", uuid.uuid4().hex
+    with psycopg.connect(owner_url, autocommit=True) as conn:
+        conn.execute(sql.SQL("create role {} login nosuperuser nobypassrls password {}").format(
+            sql.Identifier(name), sql.Literal(password)))
+        conn.execute(sql.SQL("grant usage on schema kb to {0}; grant select on kb.kb_rerank_audit to {0};"
+                             " grant execute on function kb.audit_verify(), kb.audit_row_hash(kb.kb_rerank_audit),"
+                             " kb.current_tenant() to {0}").format(sql.Identifier(name)))
+    yield db.replace_url(owner_url, user=name, password=password)
+    with psycopg.connect(owner_url, autocommit=True) as conn:
+        conn.execute(sql.SQL("drop owned by {0}; drop role {0}").format(sql.Identifier(name)))
+
+
+def test_verify_all_tenants_as_an_rls_bound_role_fails_one_tenant_verifies(
+        app_conn, tenant, rls_bound_role, verify_env, capsys):
+    for _ in range(2):
+        _row(app_conn, tenant)
+    # the trap: this role's kb.audit_verify() returns no row at all, which used to print OK
+    with psycopg.connect(rls_bound_role) as conn:
+        assert audit.verify(conn) == []
+    assert verify_env(rls_bound_role) == 2
+    captured = capsys.readouterr()
+    assert "OK" not in captured.out and "bound by row-level security" in captured.err
+    # with --tenant, RLS shows it that tenant's rows: verified
+    assert verify_env(rls_bound_role, "--tenant", str(tenant)) == 0
+    assert "OK: 2 audit rows of 1 tenant(s) verified; 2 MACs verified" in capsys.readouterr().out

@@ -11,6 +11,7 @@ from psycopg import sql
 
 from kb_rerank import cli
 from kb_rerank.admin import database as db
+from kb_rerank.settings import Settings
 from kb_rerank.store import audit
 from kb_rerank.store.session import tenant_transaction
 
@@ -82,3 +83,81 @@ def test_verify_all_tenants_as_an_rls_bound_role_fails_one_tenant_verifies(
     # with --tenant, RLS shows it that tenant's rows: verified
     assert verify_env(rls_bound_role, "--tenant", str(tenant)) == 0
     assert "OK: 2 audit rows of 1 tenant(s) verified; 2 MACs verified" in capsys.readouterr().out
+
+
+# --------------------------------------------------------------------------- migrate --sql
+
+
+@pytest.fixture(scope="module")
+def behind_url(server_url):
+    """A database of its own, migrated to the revision before head."""
+    from .conftest import _fresh_database
+
+    url = _fresh_database(server_url, f"kb_test_dba_{uuid.uuid4().hex[:8]}")
+    db.migrate(Settings(database_url=url), revision="0013_single_flight")
+    yield url
+    with psycopg.connect(server_url, autocommit=True) as conn:
+        conn.execute(sql.SQL("drop database if exists {} with (force)").format(
+            sql.Identifier(psycopg.conninfo.conninfo_to_dict(url)["dbname"])))
+
+
+def _snapshot(url):
+    with psycopg.connect(url) as conn:
+        return (db.current_revision(conn),
+                conn.execute("select count(*) from pg_proc p join pg_namespace n on n.oid = p.pronamespace"
+                             " where n.nspname = 'kb'").fetchone()[0],
+                conn.execute("select md5(string_agg(c.relname || ':' || a.attname, ',' order by c.relname, a.attnum))"
+                             " from pg_attribute a join pg_class c on c.oid = a.attrelid"
+                             " join pg_namespace n on n.oid = c.relnamespace where n.nspname = 'kb'"
+                             " and a.attnum > 0").fetchone()[0],
+                conn.execute("select to_regprocedure('kb.schema_layer_version()') is not null").fetchone()[0])
+
+
+def test_migrate_sql_prints_the_pending_upgrade_and_applies_nothing(behind_url, monkeypatch, capsys):
+    from kb_rerank import sqlfiles
+
+    monkeypatch.setenv("KB_DATABASE_URL", behind_url)
+    before = _snapshot(behind_url)
+    assert before[0] == "0013_single_flight" and before[3] is False  # no layer applied below head
+    assert cli.main(["migrate", "--sql"]) == 0
+    out = capsys.readouterr().out
+    assert _snapshot(behind_url) == before  # nothing applied
+    assert out.startswith("-- kb-rerank migrate --sql: database at revision 0013_single_flight, target 0014_term_blocks")
+    # the pending revision's versioned file, verbatim, and not the ones already applied
+    assert "-- ===== sql/schema/0014_term_blocks.sql" in out and "0013_single_flight.sql" not in out
+    assert sqlfiles.render(sqlfiles.versioned_file("0014_term_blocks.sql"), embedding_dim=Settings().embedding_dim).strip() in out
+    assert "UPDATE kb_alembic_version SET version_num='0014_term_blocks'" in out
+    # the idempotent layer, in order, and its version, all inside one transaction
+    rels = [f"-- ===== sql/{rel}" for rel, _ in sqlfiles.idempotent_files()]
+    positions = [out.index(r) for r in rels]
+    assert positions == sorted(positions) and positions[0] > out.index("0014_term_blocks.sql")
+    assert "create or replace function kb.audit_verify()" in out
+    assert sqlfiles.layer_version(embedding_dim=Settings().embedding_dim) in out
+    assert out.index("BEGIN;") < positions[0] and out.rstrip().endswith("COMMIT;")
+
+
+def test_migrate_sql_output_applies_like_migrate(behind_url, monkeypatch, capsys):
+    """What was printed is what migrate runs: applied with psql semantics, the database
+    reaches head with this package's layer, and a second --sql has nothing to print."""
+    from kb_rerank import sqlfiles
+
+    monkeypatch.setenv("KB_DATABASE_URL", behind_url)
+    assert cli.main(["migrate", "--sql"]) == 0
+    script = capsys.readouterr().out
+    with psycopg.connect(behind_url, autocommit=True) as conn:
+        conn.execute(script)
+        assert db.current_revision(conn) == "0014_term_blocks"
+        assert sqlfiles.applied_layer_version(conn) == sqlfiles.layer_version(embedding_dim=Settings().embedding_dim)
+    assert cli.main(["migrate", "--sql"]) == 0
+    assert capsys.readouterr().out.rstrip().endswith("-- nothing to apply")
+
+
+def test_verify_of_an_empty_log_fails_unless_allowed(behind_url, verify_env, capsys):
+    """All tenants, as a superuser, on a database whose audit log is empty."""
+    db.migrate(Settings(database_url=behind_url))  # head (already there after the test above)
+    with psycopg.connect(behind_url) as conn:
+        assert conn.execute("select count(*) from kb.kb_rerank_audit").fetchone()[0] == 0
+    assert verify_env(behind_url) == 2
+    captured = capsys.readouterr()
+    assert "OK" not in captured.out and "no audit rows visible for any tenant" in captured.err
+    assert verify_env(behind_url, "--allow-empty") == 0

@@ -74,6 +74,9 @@ def cmd_db(args, settings: Settings) -> int:
 def cmd_migrate(args, settings: Settings) -> int:
     from kb_rerank.admin import database as db
 
+    if args.sql:
+        db.migrate_sql(settings, sys.stdout, revision=args.revision)
+        return 0
     url = db.migrate(settings, revision=args.revision)
     import psycopg
 
@@ -565,6 +568,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     m = sub.add_parser("migrate", help="apply migrations (alembic upgrade)")
     m.add_argument("--revision", default="head")
+    m.add_argument("--sql", action="store_true",
+                   help="print the SQL of the pending upgrade for review (versioned files, version-table updates, "
+                        "the idempotent layer); apply nothing")
     m.set_defaults(func=cmd_migrate)
 
     dg = sub.add_parser("downgrade", help="revert migrations (alembic downgrade): one revision unless --revision says")

@@ -161,3 +161,12 @@ def test_verify_of_an_empty_log_fails_unless_allowed(behind_url, verify_env, cap
     captured = capsys.readouterr()
     assert "OK" not in captured.out and "no audit rows visible for any tenant" in captured.err
     assert verify_env(behind_url, "--allow-empty") == 0
+
+
+def test_migrate_refuses_a_role_bound_by_rls(rls_bound_role, monkeypatch, capsys):
+    """Forced RLS binds a non-superuser owner: its migration would skip every tenant's rows
+    without an error. Refused before anything runs, saying why."""
+    monkeypatch.setenv("KB_DATABASE_URL", rls_bound_role)
+    assert cli.main(["migrate"]) == 1
+    err = capsys.readouterr().err
+    assert "neither superuser nor BYPASSRLS" in err and "silently skip" in err

@@ -148,6 +148,22 @@ def alembic_config(url: str, settings: Settings):
     return cfg
 
 
+def check_migration_role(conn: psycopg.Connection) -> None:
+    """Refuse to migrate as a role bound by row-level security. RLS is forced on every tenant
+    table, so it binds the table owner too: the statements of a migration that rebuild
+    derived data (`update kb.chunks set content = content` in 0004 and 0011, the seeding of
+    kb.audit_heads in 0010, ...) would see no tenant's rows and silently do nothing. A
+    superuser or a BYPASSRLS role sees every row (docs/operations.md)."""
+    user, superuser, bypassrls = conn.execute(
+        "select current_user::text, rolsuper, rolbypassrls from pg_catalog.pg_roles where rolname = current_user"
+    ).fetchone()
+    if not (superuser or bypassrls):
+        raise DatabaseSetupError(
+            f"role {user} is neither superuser nor BYPASSRLS: migrations rewrite every tenant's rows under forced "
+            "row-level security and would silently skip them; migrate as a superuser, or grant the owner "
+            "BYPASSRLS (docs/operations.md)")
+
+
 def migrate(settings: Settings, url: str | None = None, revision: str = "head") -> str:
     """Apply migrations (alembic upgrade) to the configured server; return the owner URL."""
     from alembic import command
@@ -155,6 +171,7 @@ def migrate(settings: Settings, url: str | None = None, revision: str = "head") 
     url = url or owner_url(settings)
     with psycopg.connect(url, autocommit=True) as conn:
         check_server(conn)
+        check_migration_role(conn)
     command.upgrade(alembic_config(url, settings), revision)
     if settings.app_password:
         with psycopg.connect(url, autocommit=True) as conn:

@@ -363,7 +363,9 @@ select current_user::text, r.rolsuper, r.rolbypassrls,
        case when to_regprocedure('kb.audit_verify()') is not null
             then has_function_privilege('kb.audit_verify()', 'EXECUTE') end,
        case when to_regprocedure('kb.audit_row_hash(kb.kb_rerank_audit)') is not null
-            then has_function_privilege('kb.audit_row_hash(kb.kb_rerank_audit)', 'EXECUTE') end
+            then has_function_privilege('kb.audit_row_hash(kb.kb_rerank_audit)', 'EXECUTE') end,
+       case when to_regclass('kb.audit_checkpoints') is not null
+            then has_table_privilege('kb.audit_checkpoints', 'SELECT') end
 from pg_catalog.pg_roles r where r.rolname = current_user
 """
 
@@ -374,12 +376,14 @@ AUDIT_OK, AUDIT_BROKEN, AUDIT_UNVERIFIABLE = 0, 1, 2
 
 def _audit_access_problem(conn, tenant) -> str | None:
     """Why this connection cannot verify the audit log (all tenants, or ``tenant``), or None."""
-    user, superuser, bypassrls, exists, can_select, can_verify, can_hash = conn.execute(_AUDIT_ACCESS).fetchone()
+    user, superuser, bypassrls, exists, can_select, can_verify, can_hash, can_checkpoints = conn.execute(
+        _AUDIT_ACCESS).fetchone()
     if not exists:
         return "kb.kb_rerank_audit does not exist in this database: run `kb-rerank migrate` (or check KB_DATABASE_URL)"
     missing = [what for what, ok in (("SELECT on kb.kb_rerank_audit", can_select),
                                      ("EXECUTE on kb.audit_verify()", can_verify),
-                                     ("EXECUTE on kb.audit_row_hash(kb.kb_rerank_audit)", can_hash)) if not ok]
+                                     ("EXECUTE on kb.audit_row_hash(kb.kb_rerank_audit)", can_hash),
+                                     ("SELECT on kb.audit_checkpoints", can_checkpoints)) if not ok]
     if missing:
         return (f"role {user} lacks {', '.join(missing)}: run `kb-rerank audit verify` with the owner URL "
                 "(KB_DATABASE_URL), not the app or maintenance role (docs/operations.md)")
@@ -443,8 +447,119 @@ def cmd_audit(args, settings: Settings) -> int:
         print(f"OK: no audit rows for {scope} (--allow-empty)")
         return AUDIT_OK
     print(f"OK: {checked} audit rows of {len(rows)} tenant(s) verified; {macs.checked} MACs verified"
-          + (f", {macs.legacy} rows written before the chain was keyed" if macs.legacy else ""))
+          + (f", {macs.legacy} rows written before the chain was keyed" if macs.legacy else "")
+          + (f"; {macs.checkpoints} signed checkpoint(s) of archived months verified" if macs.checkpoints else ""))
     return AUDIT_OK
+
+
+def _month(value: str):
+    import datetime as dt
+
+    try:
+        return dt.datetime.strptime(value, "%Y-%m").date()
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a month (YYYY-MM): {value!r}") from None
+
+
+def cmd_audit_partitions(args, settings: Settings) -> int:
+    """Create the audit log's month partitions from this month to --ahead months later
+    (cron, monthly), moving rows of those months out of the default partition."""
+    import datetime as dt
+
+    import psycopg
+
+    from kb_rerank.admin import database as db
+
+    today = dt.datetime.now(dt.timezone.utc).date().replace(day=1)
+    with psycopg.connect(db.owner_url(settings)) as conn:
+        problem = _audit_access_problem(conn, None)
+        if problem:
+            print(f"kb-rerank: error: audit partitions: {problem}", file=sys.stderr)
+            return AUDIT_UNVERIFIABLE
+        with conn.transaction():
+            for i in range(args.ahead + 1):
+                y, m = divmod(today.month - 1 + i, 12)
+                name = conn.execute("select kb.audit_add_month(%s)", [today.replace(year=today.year + y, month=m + 1)]
+                                    ).fetchone()[0]
+                if name:
+                    print(f"created kb.{name}")
+    return 0
+
+
+# the month partitions of the audit log, oldest first: (name, first day of its month)
+_AUDIT_MONTHS = """
+select c.relname, to_date(substr(c.relname, length('kb_rerank_audit_') + 1), 'YYYY_MM')
+from pg_catalog.pg_inherits i join pg_catalog.pg_class c on c.oid = i.inhrelid
+where i.inhparent = 'kb.kb_rerank_audit'::regclass and c.relname ~ '^kb_rerank_audit_[0-9]{4}_[0-9]{2}$'
+order by 2
+"""
+
+
+def cmd_audit_archive(args, settings: Settings) -> int:
+    """Drop the audit log's month partitions before --before, after writing for each tenant
+    with rows in them a checkpoint (its last dropped row's seq and row_hash) MAC'd with the
+    audit key. In one transaction that appends wait for: the log is verified (chains and
+    MACs) first and again after the drop, and nothing is committed unless both pass.
+    Dump the partitions first (`pg_dump -t kb.kb_rerank_audit_YYYY_MM`) to keep them."""
+    import psycopg
+
+    from kb_rerank.admin import database as db
+    from kb_rerank.store import audit
+
+    audit_keys = audit.verify_keys(settings)
+    key = audit.AuditKey(audit_keys[0])
+    with psycopg.connect(db.owner_url(settings)) as conn:
+        problem = _audit_access_problem(conn, None)
+        conn.rollback()
+        if problem:
+            print(f"kb-rerank: error: audit archive: {problem}", file=sys.stderr)
+            return AUDIT_UNVERIFIABLE
+        with conn.transaction() as tx:
+            conn.execute("lock table kb.kb_rerank_audit in exclusive mode")  # appends wait; reads go on
+            months = [(name, m) for name, m in conn.execute(_AUDIT_MONTHS) if m < args.before]
+            if not months:
+                print(f"nothing to archive: no month partition before {args.before:%Y-%m}")
+                return 0
+            bad = [r for r in audit.verify(conn) if not r.ok]
+            macs = audit.verify_macs(conn, audit_keys)
+            if bad or macs.problems:
+                print("kb-rerank: error: audit archive: the log does not verify now (run `kb-rerank audit verify`); "
+                      "nothing archived", file=sys.stderr)
+                return AUDIT_BROKEN
+            names = [n for n, _ in months]
+            dropped = " union all ".join(f"select tenant_id, seq, row_hash from kb.{n}" for n in names)
+            # per tenant: the last dropped row, which must come before every row that stays
+            lasts = conn.execute(
+                f"select d.tenant_id, max(d.seq) from ({dropped}) d group by d.tenant_id").fetchall()
+            for t, last in lasts:
+                kept_first = conn.execute("select min(seq) from kb.kb_rerank_audit where tenant_id = %s and"
+                                          " not (tableoid::regclass::text = any(%s))",
+                                          [t, [f"kb.{n}" for n in names]]).fetchone()[0]
+                if kept_first is not None and kept_first <= last:
+                    print(f"kb-rerank: error: audit archive: tenant {t} has row {kept_first} outside the months "
+                          f"to drop but before their last row {last}; nothing archived", file=sys.stderr)
+                    raise psycopg.Rollback(tx)
+                row_hash = conn.execute("select row_hash from kb.kb_rerank_audit where tenant_id = %s and seq = %s",
+                                        [t, last]).fetchone()[0]
+                conn.execute(
+                    "insert into kb.audit_checkpoints (tenant_id, seq, row_hash, archived_before, mac, key_id)"
+                    " values (%s, %s, %s, %s, %s, %s) on conflict (tenant_id, seq) do nothing",
+                    [t, last, row_hash, args.before,
+                     audit.mac(key.key, audit.checkpoint_canonical(t, last, row_hash, args.before)), key.key_id])
+            for n in names:
+                conn.execute(f'drop table kb."{n}"')
+            bad = [r for r in audit.verify(conn) if not r.ok]
+            macs = audit.verify_macs(conn, audit_keys)
+            if bad or macs.problems:
+                print("kb-rerank: error: audit archive: the remaining log would not verify; nothing archived",
+                      file=sys.stderr)
+                raise psycopg.Rollback(tx)
+            if args.dry_run:
+                print(f"would drop {', '.join(names)}; {len(lasts)} tenant checkpoint(s) (dry run: nothing done)")
+                raise psycopg.Rollback(tx)
+            print(f"dropped {', '.join(names)}; {len(lasts)} tenant checkpoint(s) written; the rest verifies")
+            return 0
+    return AUDIT_BROKEN if not args.dry_run else 0
 
 
 def cmd_curate(args, settings: Settings) -> int:
@@ -645,6 +760,15 @@ def build_parser() -> argparse.ArgumentParser:
     av.add_argument("--allow-empty", action="store_true",
                     help="exit 0 when no audit row is visible (a new installation); by default that is exit 2")
     av.set_defaults(func=cmd_audit)
+    ap = au_sub.add_parser("partitions", help="create the audit log's month partitions from this month on (cron, "
+                                              "monthly); rows of those months move out of the default partition")
+    ap.add_argument("--ahead", type=int, default=1, help="months after this one (default 1)")
+    ap.set_defaults(func=cmd_audit_partitions)
+    aa = au_sub.add_parser("archive", help="drop the audit log's months before --before, writing a signed chain "
+                                           "checkpoint per tenant so the rest still verifies (dump them first)")
+    aa.add_argument("--before", type=_month, required=True, help="YYYY-MM: months before this one go")
+    aa.add_argument("--dry-run", action="store_true", help="check and report, drop nothing")
+    aa.set_defaults(func=cmd_audit_archive)
 
     cu = sub.add_parser("curate", help="manual curation lists (source manual_curation)")
     cu.add_argument("action", choices=["add", "list", "clear", "rekey"],

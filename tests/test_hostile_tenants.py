@@ -36,6 +36,8 @@ TABLES = {
                        " expires_at) values (gen_random_uuid(), %(t)s, repeat('a', 64), 'lexical_only', '[]',"
                        " now() + interval '1 hour')",
     "kb_rerank_audit": None,  # no INSERT: rows only through kb.audit_append (test_sql_security)
+    "kb_rerank_audit_default": None,  # a partition (0015): no privilege at all, reached through the parent
+    "audit_checkpoints": None,  # no privilege at all: written by `kb-rerank audit archive` (the owner)
     "kb_rerank_curation": "insert into kb.kb_rerank_curation (tenant_id, query_hash, position, chunk_id)"
                           " values (%(t)s, repeat('a', 64), 0, %(chunk)s)",
     "tenant_policy": "insert into kb.tenant_policy (tenant_id, injection_policy) values (%(t)s, 'allow')",
@@ -47,6 +49,8 @@ TABLES = {
                              " %(chunk)s, repeat('0', 64), 0.5, now() + interval '1 hour')",
 }
 VIEWS = {"cache_stats", "audit_summary", "cache_hit_ratio"}
+# tables the app role cannot read at all (test_table_b_cannot_see_count_change_or_forge_a: refused)
+NO_PRIVILEGE = {"audit_heads", "kb_rerank_audit_default", "audit_checkpoints"}
 # function name -> how it is kept inside the tenant (checked by test_functions_as_b_return_nothing_of_a)
 FUNCTIONS = {
     "current_tenant": "returns the transaction's tenant",
@@ -65,6 +69,7 @@ FUNCTIONS = {
     "search_lexical": "filters kb.current_tenant()", "search_semantic": "filters kb.current_tenant()",
     "search_hybrid": "filters kb.current_tenant()",
     "audit_append": "writes the current tenant's chain only", "audit_verify": "not executable by the app",
+    "audit_add_month": "not executable by the app",
     "record_outcome": "writes the tenant it is given; refused in another tenant's transaction (test_record_outcome)",
     "evict_expired_cache": "not executable by the app",
     "schema_layer_version": "pure: returns a constant (the SQL layer's version, issue 14)",
@@ -182,8 +187,10 @@ def test_no_tenant_sees_nothing_in_any_table_or_view(setting, app_conn, ab):
     with app_conn.transaction():
         if setting is not None:
             app_conn.execute("select set_config('auth.tenant_id', %s, true)", [setting])
-        for rel in sorted(set(TABLES) - {"embedding_config", "audit_heads"} | VIEWS):
+        for rel in sorted(set(TABLES) - {"embedding_config"} - NO_PRIVILEGE | VIEWS):
             assert app_conn.execute(f"select count(*) from kb.{rel}").fetchone()[0] == 0, rel
+        for rel in sorted(NO_PRIVILEGE):
+            assert not app_conn.execute("select has_table_privilege(%s, 'SELECT')", [f"kb.{rel}"]).fetchone()[0], rel
 
 
 @pytest.mark.parametrize("view", sorted(VIEWS))

@@ -74,6 +74,9 @@ def cmd_db(args, settings: Settings) -> int:
 def cmd_migrate(args, settings: Settings) -> int:
     from kb_rerank.admin import database as db
 
+    if args.sql:
+        db.migrate_sql(settings, sys.stdout, revision=args.revision)
+        return 0
     url = db.migrate(settings, revision=args.revision)
     import psycopg
 
@@ -424,10 +427,54 @@ def cmd_evict(args, settings: Settings) -> int:
     return 0
 
 
+# What `audit verify` needs, read from the catalog before it verifies anything: a role that
+# lacks it would otherwise see no rows (RLS, forced on the audit log, binds the table owner
+# too) or fail half-way, and an empty result must never read as "OK".
+_AUDIT_ACCESS = """
+select current_user::text, r.rolsuper, r.rolbypassrls,
+       to_regclass('kb.kb_rerank_audit') is not null,
+       case when to_regclass('kb.kb_rerank_audit') is not null
+            then has_table_privilege('kb.kb_rerank_audit', 'SELECT') end,
+       case when to_regprocedure('kb.audit_verify()') is not null
+            then has_function_privilege('kb.audit_verify()', 'EXECUTE') end,
+       case when to_regprocedure('kb.audit_row_hash(kb.kb_rerank_audit)') is not null
+            then has_function_privilege('kb.audit_row_hash(kb.kb_rerank_audit)', 'EXECUTE') end,
+       case when to_regclass('kb.audit_checkpoints') is not null
+            then has_table_privilege('kb.audit_checkpoints', 'SELECT') end
+from pg_catalog.pg_roles r where r.rolname = current_user
+"""
+
+# exit codes of `audit verify`: 0 verified, 1 a chain broken or a row forged, 2 nothing
+# could be verified (no privilege, no rows visible)
+AUDIT_OK, AUDIT_BROKEN, AUDIT_UNVERIFIABLE = 0, 1, 2
+
+
+def _audit_access_problem(conn, tenant) -> str | None:
+    """Why this connection cannot verify the audit log (all tenants, or ``tenant``), or None."""
+    user, superuser, bypassrls, exists, can_select, can_verify, can_hash, can_checkpoints = conn.execute(
+        _AUDIT_ACCESS).fetchone()
+    if not exists:
+        return "kb.kb_rerank_audit does not exist in this database: run `kb-rerank migrate` (or check KB_DATABASE_URL)"
+    missing = [what for what, ok in (("SELECT on kb.kb_rerank_audit", can_select),
+                                     ("EXECUTE on kb.audit_verify()", can_verify),
+                                     ("EXECUTE on kb.audit_row_hash(kb.kb_rerank_audit)", can_hash),
+                                     ("SELECT on kb.audit_checkpoints", can_checkpoints)) if not ok]
+    if missing:
+        return (f"role {user} lacks {', '.join(missing)}: run `kb-rerank audit verify` with the owner URL "
+                "(KB_DATABASE_URL), not the app or maintenance role (docs/operations.md)")
+    if tenant is None and not (superuser or bypassrls):
+        return (f"role {user} is bound by row-level security on kb.kb_rerank_audit (neither superuser nor BYPASSRLS; "
+                "RLS is forced, so the table owner is bound too): without --tenant it would see no tenant's rows. "
+                "Run it as a superuser or BYPASSRLS role, or verify one tenant at a time with --tenant")
+    return None
+
+
 def cmd_audit(args, settings: Settings) -> int:
     """Verify the SQL hash chains (kb.audit_verify) AND every row's MAC with the audit key
     (KB_AUDIT_KEY, plus KB_AUDIT_OLD_KEYS after a rotation), as the owner: all tenants, or
-    one with --tenant. Exit 1 when a chain is broken or a row is forged."""
+    one with --tenant. Exit 1 when a chain is broken or a row is forged; exit 2 when nothing
+    could be verified: the role lacks the privilege, or sees no audit row at all (unless
+    --allow-empty). Both checks read one snapshot (REPEATABLE READ), so they see the same rows."""
     import psycopg
 
     from kb_rerank.store import audit
@@ -435,13 +482,24 @@ def cmd_audit(args, settings: Settings) -> int:
 
     audit_keys = audit.verify_keys(settings)
     with psycopg.connect(db.owner_url(settings)) as conn:
-        if args.tenant is None:
-            rows = audit.verify(conn)
-            macs = audit.verify_macs(conn, audit_keys)
-        else:
-            with session.tenant_transaction(conn, args.tenant):
-                rows = [r for r in audit.verify(conn) if r.tenant_id == args.tenant]
-                macs = audit.verify_macs(conn, audit_keys, tenant_id=args.tenant)
+        problem = _audit_access_problem(conn, args.tenant)
+        conn.rollback()
+        if problem:
+            print(f"kb-rerank: error: audit verify: {problem}", file=sys.stderr)
+            return AUDIT_UNVERIFIABLE
+        conn.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
+        try:
+            if args.tenant is None:
+                with conn.transaction():
+                    rows = audit.verify(conn)
+                    macs = audit.verify_macs(conn, audit_keys)
+            else:
+                with session.tenant_transaction(conn, args.tenant):
+                    rows = [r for r in audit.verify(conn) if r.tenant_id == args.tenant]
+                    macs = audit.verify_macs(conn, audit_keys, tenant_id=args.tenant)
+        except psycopg.errors.InsufficientPrivilege as exc:
+            print(f"kb-rerank: error: audit verify: permission denied: {exc}", file=sys.stderr)
+            return AUDIT_UNVERIFIABLE
     broken = [r for r in rows if not r.ok]
     checked = sum(r.rows_checked or 0 for r in rows)
     for r in broken:
@@ -450,10 +508,133 @@ def cmd_audit(args, settings: Settings) -> int:
     for p in macs.problems:
         print(f"FORGED: tenant {p.tenant_id} seq {p.seq}: {p.reason}")
     if broken or macs.problems:
-        return 1
+        return AUDIT_BROKEN
+    if checked != macs.checked + macs.legacy:  # no problem left: every row counted once or the other
+        print(f"kb-rerank: error: audit verify: the chain check saw {checked} rows, the MAC check "
+              f"{macs.checked + macs.legacy}", file=sys.stderr)
+        return AUDIT_BROKEN
+    if checked == 0:
+        scope = f"tenant {args.tenant}" if args.tenant is not None else "any tenant"
+        if not args.allow_empty:
+            print(f"kb-rerank: error: audit verify: no audit rows visible for {scope}: nothing was verified "
+                  "(a wrong database, tenant or role?); --allow-empty accepts an empty log", file=sys.stderr)
+            return AUDIT_UNVERIFIABLE
+        print(f"OK: no audit rows for {scope} (--allow-empty)")
+        return AUDIT_OK
     print(f"OK: {checked} audit rows of {len(rows)} tenant(s) verified; {macs.checked} MACs verified"
-          + (f", {macs.legacy} rows written before the chain was keyed" if macs.legacy else ""))
+          + (f", {macs.legacy} rows written before the chain was keyed" if macs.legacy else "")
+          + (f"; {macs.checkpoints} signed checkpoint(s) of archived months verified" if macs.checkpoints else ""))
+    return AUDIT_OK
+
+
+def _month(value: str):
+    import datetime as dt
+
+    try:
+        return dt.datetime.strptime(value, "%Y-%m").date()
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a month (YYYY-MM): {value!r}") from None
+
+
+def cmd_audit_partitions(args, settings: Settings) -> int:
+    """Create the audit log's month partitions from this month to --ahead months later
+    (cron, monthly), moving rows of those months out of the default partition."""
+    import datetime as dt
+
+    import psycopg
+
+    from kb_rerank.admin import database as db
+
+    today = dt.datetime.now(dt.timezone.utc).date().replace(day=1)
+    with psycopg.connect(db.owner_url(settings)) as conn:
+        problem = _audit_access_problem(conn, None)
+        if problem:
+            print(f"kb-rerank: error: audit partitions: {problem}", file=sys.stderr)
+            return AUDIT_UNVERIFIABLE
+        with conn.transaction():
+            for i in range(args.ahead + 1):
+                y, m = divmod(today.month - 1 + i, 12)
+                name = conn.execute("select kb.audit_add_month(%s)", [today.replace(year=today.year + y, month=m + 1)]
+                                    ).fetchone()[0]
+                if name:
+                    print(f"created kb.{name}")
     return 0
+
+
+# the month partitions of the audit log, oldest first: (name, first day of its month)
+_AUDIT_MONTHS = """
+select c.relname, to_date(substr(c.relname, length('kb_rerank_audit_') + 1), 'YYYY_MM')
+from pg_catalog.pg_inherits i join pg_catalog.pg_class c on c.oid = i.inhrelid
+where i.inhparent = 'kb.kb_rerank_audit'::regclass and c.relname ~ '^kb_rerank_audit_[0-9]{4}_[0-9]{2}$'
+order by 2
+"""
+
+
+def cmd_audit_archive(args, settings: Settings) -> int:
+    """Drop the audit log's month partitions before --before, after writing for each tenant
+    with rows in them a checkpoint (its last dropped row's seq and row_hash) MAC'd with the
+    audit key. In one transaction that appends wait for: the log is verified (chains and
+    MACs) first and again after the drop, and nothing is committed unless both pass.
+    Dump the partitions first (`pg_dump -t kb.kb_rerank_audit_YYYY_MM`) to keep them."""
+    import psycopg
+
+    from kb_rerank.admin import database as db
+    from kb_rerank.store import audit
+
+    audit_keys = audit.verify_keys(settings)
+    key = audit.AuditKey(audit_keys[0])
+    with psycopg.connect(db.owner_url(settings)) as conn:
+        problem = _audit_access_problem(conn, None)
+        conn.rollback()
+        if problem:
+            print(f"kb-rerank: error: audit archive: {problem}", file=sys.stderr)
+            return AUDIT_UNVERIFIABLE
+        with conn.transaction() as tx:
+            conn.execute("lock table kb.kb_rerank_audit in exclusive mode")  # appends wait; reads go on
+            months = [(name, m) for name, m in conn.execute(_AUDIT_MONTHS) if m < args.before]
+            if not months:
+                print(f"nothing to archive: no month partition before {args.before:%Y-%m}")
+                return 0
+            bad = [r for r in audit.verify(conn) if not r.ok]
+            macs = audit.verify_macs(conn, audit_keys)
+            if bad or macs.problems:
+                print("kb-rerank: error: audit archive: the log does not verify now (run `kb-rerank audit verify`); "
+                      "nothing archived", file=sys.stderr)
+                return AUDIT_BROKEN
+            names = [n for n, _ in months]
+            dropped = " union all ".join(f"select tenant_id, seq, row_hash from kb.{n}" for n in names)
+            # per tenant: the last dropped row, which must come before every row that stays
+            lasts = conn.execute(
+                f"select d.tenant_id, max(d.seq) from ({dropped}) d group by d.tenant_id").fetchall()
+            for t, last in lasts:
+                kept_first = conn.execute("select min(seq) from kb.kb_rerank_audit where tenant_id = %s and"
+                                          " not (tableoid::regclass::text = any(%s))",
+                                          [t, [f"kb.{n}" for n in names]]).fetchone()[0]
+                if kept_first is not None and kept_first <= last:
+                    print(f"kb-rerank: error: audit archive: tenant {t} has row {kept_first} outside the months "
+                          f"to drop but before their last row {last}; nothing archived", file=sys.stderr)
+                    raise psycopg.Rollback(tx)
+                row_hash = conn.execute("select row_hash from kb.kb_rerank_audit where tenant_id = %s and seq = %s",
+                                        [t, last]).fetchone()[0]
+                conn.execute(
+                    "insert into kb.audit_checkpoints (tenant_id, seq, row_hash, archived_before, mac, key_id)"
+                    " values (%s, %s, %s, %s, %s, %s) on conflict (tenant_id, seq) do nothing",
+                    [t, last, row_hash, args.before,
+                     audit.mac(key.key, audit.checkpoint_canonical(t, last, row_hash, args.before)), key.key_id])
+            for n in names:
+                conn.execute(f'drop table kb."{n}"')
+            bad = [r for r in audit.verify(conn) if not r.ok]
+            macs = audit.verify_macs(conn, audit_keys)
+            if bad or macs.problems:
+                print("kb-rerank: error: audit archive: the remaining log would not verify; nothing archived",
+                      file=sys.stderr)
+                raise psycopg.Rollback(tx)
+            if args.dry_run:
+                print(f"would drop {', '.join(names)}; {len(lasts)} tenant checkpoint(s) (dry run: nothing done)")
+                raise psycopg.Rollback(tx)
+            print(f"dropped {', '.join(names)}; {len(lasts)} tenant checkpoint(s) written; the rest verifies")
+            return 0
+    return AUDIT_BROKEN if not args.dry_run else 0
 
 
 def cmd_curate(args, settings: Settings) -> int:
@@ -577,6 +758,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     m = sub.add_parser("migrate", help="apply migrations (alembic upgrade)")
     m.add_argument("--revision", default="head")
+    m.add_argument("--sql", action="store_true",
+                   help="print the SQL of the pending upgrade for review (versioned files, version-table updates, "
+                        "the idempotent layer); apply nothing")
     m.set_defaults(func=cmd_migrate)
 
     dg = sub.add_parser("downgrade", help="revert migrations (alembic downgrade): one revision unless --revision says")
@@ -659,10 +843,23 @@ def build_parser() -> argparse.ArgumentParser:
 
     au = sub.add_parser("audit", help="audit log tools")
     au_sub = au.add_subparsers(dest="audit_action", required=True)
-    av = au_sub.add_parser("verify", help="verify the audit hash chains (exit 1 when broken)")
+    av = au_sub.add_parser("verify", help="verify the audit hash chains and MACs (exit 1 when broken or forged, "
+                                          "2 when nothing could be verified: no privilege or no rows)")
     av.add_argument("--tenant", type=_uuid, default=None,
-                    help="check one tenant (default: all tenants); runs as the owner, with the audit key")
+                    help="check one tenant (default: all tenants, which needs a superuser or BYPASSRLS role); "
+                         "runs with the owner URL and the audit key")
+    av.add_argument("--allow-empty", action="store_true",
+                    help="exit 0 when no audit row is visible (a new installation); by default that is exit 2")
     av.set_defaults(func=cmd_audit)
+    ap = au_sub.add_parser("partitions", help="create the audit log's month partitions from this month on (cron, "
+                                              "monthly); rows of those months move out of the default partition")
+    ap.add_argument("--ahead", type=int, default=1, help="months after this one (default 1)")
+    ap.set_defaults(func=cmd_audit_partitions)
+    aa = au_sub.add_parser("archive", help="drop the audit log's months before --before, writing a signed chain "
+                                           "checkpoint per tenant so the rest still verifies (dump them first)")
+    aa.add_argument("--before", type=_month, required=True, help="YYYY-MM: months before this one go")
+    aa.add_argument("--dry-run", action="store_true", help="check and report, drop nothing")
+    aa.set_defaults(func=cmd_audit_archive)
 
     cu = sub.add_parser("curate", help="manual curation lists (source manual_curation)")
     cu.add_argument("action", choices=["add", "list", "clear", "rekey"],

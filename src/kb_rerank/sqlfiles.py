@@ -61,13 +61,37 @@ def apply_versioned(dbapi_conn, name: str, *, embedding_dim: int) -> None:
 
 def run_versioned(files: tuple[str, ...]) -> None:
     """Apply versioned files from inside an Alembic revision (its upgrade() or downgrade()),
-    on the migration's connection, with the embedding dimension the run was given."""
+    on the migration's connection, with the embedding dimension the run was given. In
+    offline mode (`kb-rerank migrate --sql`) the rendered files are written to the output
+    instead, as they would run."""
     from alembic import context, op
 
     dim = context.config.attributes["kb_embedding_dim"]
+    if context.is_offline_mode():
+        for name in files:
+            emit_script(f"sql/schema/{name}", render(versioned_file(name), embedding_dim=dim))
+        return
     raw = op.get_bind().connection.driver_connection
     for name in files:
         apply_versioned(raw, name, embedding_dim=dim)
+
+
+def emit_script(label: str, text: str) -> None:
+    """Offline mode: write one file's SQL to Alembic's output, verbatim (no bind-parameter
+    parsing, so `:` and `%` are left alone), headed by its path."""
+    from alembic import context
+
+    context.get_context().impl.static_output(f"-- ===== {label}\n{text.rstrip()}")
+
+
+def emit_idempotent(*, embedding_dim: int) -> str:
+    """Offline mode: write the idempotent layer and its version function as apply_idempotent
+    would run them; return the layer version."""
+    for rel, path in idempotent_files():
+        emit_script(f"sql/{rel}", render(path, embedding_dim=embedding_dim))
+    version = layer_version(embedding_dim=embedding_dim)
+    emit_script("kb.schema_layer_version()", _LAYER_VERSION_SQL.format(version=version))
+    return version
 
 
 def layer_version(*, embedding_dim: int) -> str:

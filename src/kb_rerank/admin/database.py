@@ -148,6 +148,22 @@ def alembic_config(url: str, settings: Settings):
     return cfg
 
 
+def check_migration_role(conn: psycopg.Connection) -> None:
+    """Refuse to migrate as a role bound by row-level security. RLS is forced on every tenant
+    table, so it binds the table owner too: the statements of a migration that rebuild
+    derived data (`update kb.chunks set content = content` in 0004 and 0011, the seeding of
+    kb.audit_heads in 0010, ...) would see no tenant's rows and silently do nothing. A
+    superuser or a BYPASSRLS role sees every row (docs/operations.md)."""
+    user, superuser, bypassrls = conn.execute(
+        "select current_user::text, rolsuper, rolbypassrls from pg_catalog.pg_roles where rolname = current_user"
+    ).fetchone()
+    if not (superuser or bypassrls):
+        raise DatabaseSetupError(
+            f"role {user} is neither superuser nor BYPASSRLS: migrations rewrite every tenant's rows under forced "
+            "row-level security and would silently skip them; migrate as a superuser, or grant the owner "
+            "BYPASSRLS (docs/operations.md)")
+
+
 def migrate(settings: Settings, url: str | None = None, revision: str = "head") -> str:
     """Apply migrations (alembic upgrade) to the configured server; return the owner URL."""
     from alembic import command
@@ -155,6 +171,7 @@ def migrate(settings: Settings, url: str | None = None, revision: str = "head") 
     url = url or owner_url(settings)
     with psycopg.connect(url, autocommit=True) as conn:
         check_server(conn)
+        check_migration_role(conn)
     command.upgrade(alembic_config(url, settings), revision)
     if settings.app_password:
         with psycopg.connect(url, autocommit=True) as conn:
@@ -164,6 +181,38 @@ def migrate(settings: Settings, url: str | None = None, revision: str = "head") 
                 )
             )
     return url
+
+
+def migrate_sql(settings: Settings, out, url: str | None = None, revision: str = "head") -> str | None:
+    """Write to ``out`` the SQL that ``migrate`` would run on this database, applying
+    nothing (Alembic offline mode, from the database's current revision): the versioned
+    files of each pending revision, the version-table updates and, when the upgrade reaches
+    head, the idempotent layer, as they would run in one transaction. The database is only
+    read (its revision and layer version). Returns the current revision."""
+    from alembic import command
+
+    from kb_rerank import sqlfiles
+
+    url = url or owner_url(settings)
+    with psycopg.connect(url, autocommit=True) as conn:
+        check_server(conn)
+        current = current_revision(conn)
+        layer = sqlfiles.applied_layer_version(conn) if current else None
+    head = head_revision()
+    target = head if revision == "head" else revision
+    layer_pending = layer != sqlfiles.layer_version(embedding_dim=settings.embedding_dim)
+    out.write(f"-- kb-rerank migrate --sql: database at revision {current or 'base'}, target {target}\n"
+              "-- nothing below has been applied; run `kb-rerank migrate` to apply it\n\n")
+    if current == target and (target != head or not layer_pending):
+        out.write("-- nothing to apply\n")
+        return current
+    cfg = alembic_config(url, settings)
+    cfg.output_buffer = out
+    # an upgrade that runs revisions re-applies the layer; one already at head only when its
+    # recorded layer differs from this package's (as migrations/env.py does online)
+    cfg.attributes["kb_offline_layer"] = current != target or layer_pending
+    command.upgrade(cfg, f"{current}:{revision}" if current else revision, sql=True)
+    return current
 
 
 def downgrade(settings: Settings, url: str | None = None, revision: str = "-1") -> None:

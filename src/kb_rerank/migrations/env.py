@@ -54,6 +54,33 @@ def run_migrations_online() -> None:
                     sqlfiles.apply_idempotent(raw, embedding_dim=dim)
 
 
+def run_migrations_offline() -> None:
+    """`kb-rerank migrate --sql` (kb_rerank.admin.database.migrate_sql): write the SQL of the
+    upgrade instead of running it: each revision's versioned files (sqlfiles.run_versioned
+    writes them in offline mode), the version-table updates, and, when the upgrade reaches
+    head, the idempotent layer (config.attributes['kb_offline_layer'], decided by the caller,
+    which can read the database's recorded layer version)."""
+    _, dim = _settings_and_url()
+    context.configure(
+        dialect_name="postgresql",
+        version_table="kb_alembic_version",
+        transactional_ddl=True,
+        transaction_per_migration=False,
+        literal_binds=True,
+        output_buffer=config.output_buffer,
+    )
+    context.config.attributes["kb_embedding_dim"] = dim
+    with context.begin_transaction():
+        context.run_migrations()
+        if context.get_revision_argument() == context.script.get_current_head() or (
+                context.get_revision_argument() == "head"):
+            if config.attributes.get("kb_offline_layer", True):
+                from kb_rerank import sqlfiles
+
+                sqlfiles.emit_idempotent(embedding_dim=dim)
+
+
 if context.is_offline_mode():
-    raise SystemExit("offline (--sql) mode is not supported: the migrations execute sql/*.sql files")
-run_migrations_online()
+    run_migrations_offline()
+else:
+    run_migrations_online()

@@ -165,6 +165,7 @@ class MacReport:
     checked: int
     legacy: int  # rows written before the chain was keyed (no MAC), before any keyed row
     problems: list[MacProblem]
+    checkpoints: int = 0  # signed chain checkpoints verified (retention: archived months)
 
     @property
     def ok(self) -> bool:
@@ -173,15 +174,20 @@ class MacReport:
 
 def verify_macs(conn, audit_keys: list[bytes], tenant_id=None) -> MacReport:
     """Check every visible row's MAC with the key its key_id names (``audit_keys``: the
-    current key and any old ones). A bad row is reported by (tenant, seq); the rows after it
-    are checked on their own, so one bad row does not hide or break the rest."""
+    current key and any old ones), and every signed chain checkpoint's. A bad row is
+    reported by (tenant, seq); the rows after it are checked on their own, so one bad row
+    does not hide or break the rest. A MAC seen twice in a tenant's log is reported
+    ('replayed'): the database refuses it at append, but its unique index holds within a
+    month only (the log is partitioned)."""
     by_id = {keys.fingerprint(k): k for k in audit_keys}
-    sql = ROWS + (" where tenant_id = %s" if tenant_id is not None else "") + " order by tenant_id, seq"
+    where = " where tenant_id = %s" if tenant_id is not None else ""
+    params = [tenant_id] if tenant_id is not None else []
     checked = legacy = 0
     problems: list[MacProblem] = []
     keyed_seen: set = set()
+    current, macs_seen = None, set()
     with conn.cursor(name="kb_audit_macs") if not conn.autocommit else conn.cursor() as cur:
-        cur.execute(sql, [tenant_id] if tenant_id is not None else [])
+        cur.execute(ROWS + where + " order by tenant_id, seq", params)
         for (t, seq, kind, sev, source, qh, trace, model, cand, ret, dur, detail, m, nonce, key_id) in cur:
             if m is None:
                 if t in keyed_seen:
@@ -191,6 +197,12 @@ def verify_macs(conn, audit_keys: list[bytes], tenant_id=None) -> MacReport:
                 continue
             keyed_seen.add(t)
             checked += 1
+            if t != current:
+                current, macs_seen = t, set()
+            if m in macs_seen:
+                problems.append(MacProblem(t, seq, "replayed"))
+                continue
+            macs_seen.add(m)
             key = by_id.get(key_id)
             if key is None:
                 problems.append(MacProblem(t, seq, f"unknown key {key_id}"))
@@ -198,7 +210,29 @@ def verify_macs(conn, audit_keys: list[bytes], tenant_id=None) -> MacReport:
             expected = mac(key, canonical(t, nonce, kind, sev, source, qh, trace, model, cand, ret, dur, detail))
             if not hmac.compare_digest(expected, m):
                 problems.append(MacProblem(t, seq, "forged"))
-    return MacReport(checked, legacy, problems)
+    points = 0
+    for t, seq, row_hash, archived_before, m, key_id in conn.execute(CHECKPOINTS + where + " order by tenant_id, seq",
+                                                                      params):
+        points += 1
+        key = by_id.get(key_id)
+        if key is None:
+            problems.append(MacProblem(t, seq, f"checkpoint: unknown key {key_id}"))
+        elif not hmac.compare_digest(mac(key, checkpoint_canonical(t, seq, row_hash, archived_before)), m):
+            problems.append(MacProblem(t, seq, "checkpoint forged"))
+    return MacReport(checked, legacy, problems, points)
+
+
+# --------------------------------------------------------------------------- checkpoints
+
+CHECKPOINT_VERSION = "kb-audit-checkpoint-v1"
+CHECKPOINTS = "select tenant_id, seq, row_hash, archived_before, mac, key_id from kb.audit_checkpoints"
+
+
+def checkpoint_canonical(tenant_id, seq: int, row_hash: str, archived_before) -> bytes:
+    """THE canonical form of a chain checkpoint for its MAC: the tenant's row ``seq`` had
+    ``row_hash`` and was its last row before the month ``archived_before`` (a date)."""
+    fields = [CHECKPOINT_VERSION, str(uuid.UUID(str(tenant_id))), int(seq), row_hash, str(archived_before)]
+    return json.dumps(fields, separators=(",", ":")).encode("utf-8")
 
 
 def verify_keys(settings: Settings) -> list[bytes]:

@@ -43,8 +43,10 @@ comment on function kb.audit_row_hash(kb.kb_rerank_audit) is
 -- cannot execute kb.audit_row_hash, so this function is the only way a row is written:
 -- seq, prev_hash, row_hash and created_at (the database clock) are never caller-supplied,
 -- so no back-dated or out-of-chain row. The caller supplies the MAC of the row (see
--- kb_rerank/audit.py), its nonce and the key's fingerprint; a replayed MAC is refused by
--- the unique index (tenant_id, mac). search_path pinned, pg_temp last.
+-- kb_rerank/audit.py), its nonce and the key's fingerprint; a replayed MAC (one already in
+-- the tenant's log) is refused with unique_violation: looked up under the head lock, since
+-- the log is partitioned by month (0015) and a unique index holds within a month only.
+-- search_path pinned, pg_temp last.
 --
 -- Serialisation (issue 13, item 12): the tenant's row in kb.audit_heads (last seq and
 -- row_hash) is locked FOR UPDATE until the caller's transaction ends, so appends of one
@@ -103,6 +105,11 @@ begin
     select h.seq, h.row_hash into strict v_head
     from kb.audit_heads h where h.tenant_id = v_tenant
     for update;
+  end if;
+
+  if exists (select 1 from kb.kb_rerank_audit a where a.tenant_id = v_tenant and a.mac = audit_append.mac) then
+    raise exception 'kb.audit_append: this MAC is already in the tenant''s audit log (a replayed row)'
+      using errcode = '23505';
   end if;
 
   r.tenant_id       := v_tenant;

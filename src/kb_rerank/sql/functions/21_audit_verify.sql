@@ -11,6 +11,10 @@
 --   'seq gap'            seq is not 1 for the first row, or not previous seq + 1
 --   'prev_hash mismatch' prev_hash is not the previous row's row_hash (64 zeros for the first)
 --   'row_hash mismatch'  row_hash is not kb.audit_row_hash(row) (the row was altered)
+-- Retention (0015): when a tenant's oldest months were archived, its first remaining row
+-- (seq > 1) continues from the checkpoint kb.audit_checkpoints holds for seq - 1: that
+-- checkpoint's row_hash stands for the previous row. Without one the row is a 'seq gap'.
+-- The checkpoint's MAC (the audit key's) is checked by `kb-rerank audit verify`, not here.
 -- Limits: deleting the newest rows of a chain leaves a valid shorter chain; compare
 -- rows_checked or the last row_hash with a copy kept elsewhere to detect that.
 
@@ -39,11 +43,14 @@ as $$
   checked as (
     select c.tenant_id, c.seq, c.audit_id,
            case
-             when c.seq <> coalesce(c.prev_seq + 1, 1) then 'seq gap'
-             when c.prev_hash <> coalesce(c.prev_row_hash, repeat('0', 64)) then 'prev_hash mismatch'
+             when c.seq <> coalesce(c.prev_seq, cp.seq, 0) + 1 then 'seq gap'
+             when c.prev_hash <> coalesce(c.prev_row_hash, cp.row_hash, repeat('0', 64)) then 'prev_hash mismatch'
              when c.row_hash <> c.computed then 'row_hash mismatch'
            end as reason
     from chain c
+    -- a chain's first remaining row continues from its checkpoint, if any
+    left join kb.audit_checkpoints cp
+      on c.prev_seq is null and cp.tenant_id = c.tenant_id and cp.seq = c.seq - 1
   ),
   per_tenant as (
     select k.tenant_id, count(*) as rows_checked

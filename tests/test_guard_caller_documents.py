@@ -75,7 +75,7 @@ def test_v2_flags_a_classifier_only_document_as_ingestion_does(settings, embedde
     counting = CountingEmbedder(embedder)
     t_exclude, t_demote = uuid.uuid4(), uuid.uuid4()
     set_policy(app_conn, t_demote, "demote")
-    with client_for(settings, r, counting, guard_budget_ms=60_000) as client:
+    with client_for(settings, r, counting, guard_budget_ms=60_000, guard_embed_budget_ms=60_000) as client:
         before = counting.passage_calls
         ex = call(client, t_exclude, {"query": "invoice password", "documents": docs, "lambda": 0.6})
         # one embedding a document: the guard's batch, reused by MMR (3 documents: one batch)
@@ -102,7 +102,7 @@ def test_v2_flags_a_classifier_only_document_as_ingestion_does(settings, embedde
 def test_v2_classifier_also_runs_without_mmr(settings, embedder):
     """lambda = 1 (no MMR): the documents are still embedded for the classifier."""
     r = ScriptedReranker()
-    with client_for(settings, r, embedder, guard_budget_ms=60_000) as client:
+    with client_for(settings, r, embedder, guard_budget_ms=60_000, guard_embed_budget_ms=60_000) as client:
         body = call(client, uuid.uuid4(), {"query": "invoice", "documents": [HARD_NEGATIVE, HIDDEN], "lambda": 1.0})
     assert body["meta"]["mmr"] is False
     assert [(f["index"], f["action"]) for f in body["meta"]["filtered"]] == [(1, "excluded")]
@@ -111,7 +111,7 @@ def test_v2_classifier_also_runs_without_mmr(settings, embedder):
 
 def test_v2_threshold_one_leaves_the_patterns_deciding(settings, embedder):
     counting = CountingEmbedder(embedder)
-    with client_for(settings, ScriptedReranker(), counting, guard_budget_ms=60_000,
+    with client_for(settings, ScriptedReranker(), counting, guard_budget_ms=60_000, guard_embed_budget_ms=60_000,
                     guard_classifier_threshold=1.0) as client:
         before = counting.passage_calls
         body = call(client, uuid.uuid4(), {"query": "invoice", "documents": [HARD_NEGATIVE, HIDDEN], "lambda": 1.0})
@@ -120,13 +120,13 @@ def test_v2_threshold_one_leaves_the_patterns_deciding(settings, embedder):
 
 
 def test_v2_budget_bounds_the_embedding(settings, embedder):
-    """The embedder takes 2 s a batch, the budget is 300 ms: the request does not wait for it;
+    """The embedder takes 2 s a batch, the embedding budget is 300 ms: the request does not wait for it;
     the documents without their embedding are not inspected (demoted), except the one the
     patterns flagged (the classifier cannot unflag it), and the answer is not cached."""
     slow = CountingEmbedder(embedder, delay=2.0)
     docs = [ORDINARY[1], HIDDEN, PATTERN_HOSTILE]
     body = {"query": "invoice", "documents": docs, "lambda": 1.0}
-    with client_for(settings, ScriptedReranker(), slow, guard_budget_ms=300) as client:
+    with client_for(settings, ScriptedReranker(), slow, guard_embed_budget_ms=300) as client:
         t0 = time.monotonic()
         first = call(client, uuid.uuid4(), body)
         elapsed = time.monotonic() - t0

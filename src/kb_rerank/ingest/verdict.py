@@ -89,14 +89,17 @@ class Inspection:
 async def inspect_documents(texts: Sequence[str], budget_s: float, *, classifier: GuardClassifier | None = None,
                             threshold: float = 1.0,
                             embed: Callable[[list[str]], Awaitable[np.ndarray]] | None = None,
-                            fatal: tuple[type[BaseException], ...] = ()) -> Inspection:
-    """:func:`decide` over each text within ``budget_s`` seconds, off the event loop.
+                            fatal: tuple[type[BaseException], ...] = (),
+                            embed_budget_s: float | None = None) -> Inspection:
+    """:func:`decide` over each text, off the event loop, within two deadlines started now.
 
-    The patterns run in the detectors' worker thread (:func:`detectors.inspect_documents`,
-    same budget, started now); with a classifier, ``embed`` (an embedder call on the
-    embedder's executor) embeds the texts meanwhile in batches of :data:`EMBED_BATCH`, the
-    deadline checked before each batch (a batch under way at the deadline is not waited
-    for). A text is inspected when its pattern verdict is in and, with a classifier, its
+    The patterns run in the detectors' worker thread (:func:`detectors.inspect_documents`)
+    for at most ``budget_s``; with a classifier, ``embed`` (an embedder call on the
+    embedder's executor, which releases the GIL) embeds the texts meanwhile in batches of
+    :data:`EMBED_BATCH` for at most ``embed_budget_s`` (default ``budget_s``), the deadline
+    checked before each batch (a batch under way at the deadline is not waited for). Two
+    budgets because the patterns hold the GIL beside the event loop and take a millisecond
+    a document, while an embedding takes hundreds (bench/results/guard-cost-2026-11-30.md). A text is inspected when its pattern verdict is in and, with a classifier, its
     embedding too; a text the patterns flagged without its embedding in time is flagged
     (the classifier cannot unflag it). The others are ``None``: not inspected. An ``embed``
     failure leaves its texts not embedded (logged), except the exception types in ``fatal``,
@@ -105,7 +108,7 @@ async def inspect_documents(texts: Sequence[str], budget_s: float, *, classifier
     n = len(texts)
     if n == 0:
         return Inspection([], [])
-    deadline = time.monotonic() + budget_s
+    deadline = time.monotonic() + (budget_s if embed_budget_s is None else embed_budget_s)
     patterns = asyncio.ensure_future(detectors.inspect_documents(texts, budget_s))
     vecs: list[np.ndarray | None] = [None] * n
     if classifier is not None and embed is not None:

@@ -23,9 +23,9 @@ Compute (a miss):
    dropped (``meta.cut_off``). ``max_tokens_per_doc`` truncates each document to that many
    whitespace-separated tokens before scoring.
 3. Guard, the rule ingestion stores per chunk (:mod:`kb_rerank.ingest.verdict`: patterns OR
-   the learned detector over the document's embedding), within a per-request budget
-   (``guard_budget_ms``) off the event loop: the patterns in the detectors' worker thread,
-   the embeddings on the embedder's executor meanwhile; then the guard policy
+   the learned detector over the document's embedding) off the event loop: the patterns in
+   the detectors' worker thread within ``guard_budget_ms``, the embeddings on the embedder's
+   executor meanwhile within ``guard_embed_budget_ms``; then the guard policy
    (:mod:`.guard_policy`); an answer with uninspected documents is served, not cached.
 4. Scoring (:meth:`Pipeline.score`): pair cache keyed by the zero chunk id
    (``pair_cache.NO_CHUNK``) and the sha256 of the scored text; fallback = first-stage
@@ -177,7 +177,8 @@ class CallerDocumentsFlow(StoredResponse):
         with timing.stage("guard"):
             seen = await verdict.inspect_documents([c.content for c in cands], s.guard_budget_ms / 1000.0,
                                                    classifier=clf, threshold=s.guard_classifier_threshold,
-                                                   embed=embed, fatal=(LimitExceeded,))
+                                                   embed=embed, fatal=(LimitExceeded,),
+                                                   embed_budget_s=s.guard_embed_budget_ms / 1000.0)
         for c, f, vec in zip(cands, seen.flags, seen.embeddings):
             c.embedding = vec
             if f is None:

@@ -2,7 +2,7 @@
 
 * ingestion and ``kb-rerank guard scan`` (:mod:`kb_rerank.ingest.loader`): :func:`chunk_flags`
   over a chunk and its stored embedding; the result is stored per chunk, and
-  ``/v1/kb/context`` / ``/v1/kb/search/rerank`` read that stored verdict;
+  ``/v1/kb/context`` reads that stored verdict (the tenant's policy applied to it);
 * caller-supplied documents (``/v2/rerank``): :func:`inspect_documents`, the same rule over
   each document and its embedding, within the request's guard budget.
 

@@ -184,11 +184,14 @@ def test_inspect_documents_budget():
 def test_healthz_answers_while_hostile_rerank_runs(settings, owner_url, app_url, tmp_path):
     model_dir = build_tiny_cross_encoder(tmp_path / "ce", seed=0)
     env = {"KB_DATABASE_URL": owner_url, "KB_APP_DATABASE_URL": app_url, "KB_JWT_SECRET": SECRET,
-           "KB_RERANKER_MODEL": str(model_dir), "KB_RATE_LIMIT_PER_MINUTE": "0", "KB_WORKERS": "1"}
+           "KB_RERANKER_MODEL": str(model_dir), "KB_RATE_LIMIT_PER_MINUTE": "0", "KB_WORKERS": "1",
+           # the pattern detectors are what this test stresses: with the learned detector's vote
+           # off nothing is embedded for the guard, so the request's time outside the patterns
+           # is the cross-encoder's (in its own executor) and the request stays short
+           "KB_GUARD_CLASSIFIER_THRESHOLD": "1.0"}
     hostile = ["\n" * (MAX_CHARS - 1) + "x", ("user:\n" * 4_000)[:MAX_CHARS], "<!--" * (MAX_CHARS // 4)]
     docs = (hostile * 17)[:50]
-    # lambda 1.0: no MMR, so the passages are not embedded -- the time outside the guard is
-    # the cross-encoder's (in its own executor), and the request stays short
+    # lambda 1.0: no MMR either
     body = {"query": "how do refunds work", "documents": docs, "top_n": 3, "lambda": 1.0}
     with serve_process(env, tmp_path / "server.log") as (base, _proc):
         result: dict = {}

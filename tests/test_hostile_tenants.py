@@ -48,7 +48,7 @@ TABLES = {
                              " content_hash, score, expires_at) values (%(t)s, 'hostile', repeat('a', 64),"
                              " %(chunk)s, repeat('0', 64), 0.5, now() + interval '1 hour')",
 }
-VIEWS = {"cache_stats", "audit_summary", "cache_hit_ratio"}
+VIEWS = {"cache_stats", "audit_summary", "cache_hit_ratio", "guard_flagged_share"}
 # tables the app role cannot read at all (test_table_b_cannot_see_count_change_or_forge_a: refused)
 NO_PRIVILEGE = {"audit_heads", "kb_rerank_audit_default", "audit_checkpoints"}
 # function name -> how it is kept inside the tenant (checked by test_functions_as_b_return_nothing_of_a)
@@ -73,6 +73,7 @@ FUNCTIONS = {
     "record_outcome": "writes the tenant it is given; refused in another tenant's transaction (test_record_outcome)",
     "evict_expired_cache": "not executable by the app",
     "schema_layer_version": "pure: returns a constant (the SQL layer's version, issue 14)",
+    "guard_flagged_share_rows": "security invoker: reads kb.chunks under the caller's RLS (test_guard_caller_documents)",
 }
 HOSTILE = [
     "x'); set role postgres; --", "reset role", "'; select set_config('auth.tenant_id', '{a}', false); --",

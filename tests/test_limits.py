@@ -349,13 +349,17 @@ def test_v2_many_documents_cannot_slip_in_on_one_token(settings, embedder):
     app = _app(settings, embedder, rate_limit_per_minute=60, rate_limit_burst=60, v2_max_body_bytes=4_000_000)
     tenant = uuid.uuid4()
     docs = [f"document number {i} about invoices" for i in range(1000)]
-    # lambda 1: no MMR, so the charge is the documents' alone (MMR passages: test_limits_costs...)
+    # lambda 1: no MMR, but the learned injection detector embeds the scored documents (at
+    # most rerank_max_candidates), charged with the documents (issue 19, item 3)
+    s = settings
+    cost = round(s.rate_cost_per_document * 1000 + s.rate_cost_per_embedding * min(1000, s.rerank_max_candidates), 3)
+    assert cost == 300.0
     with TestClient(app) as client:
         h = bearer(tenant)
         assert client.post("/v2/rerank", json={"query": "q1", "documents": docs[:5], "lambda": 1.0}, headers=h).status_code == 200
-        # 1 + 100 tokens: refused on a bucket that is not full, before any work on the documents
+        # 1 + 300 tokens: refused on a bucket that is not full, before any work on the documents
         r = client.post("/v2/rerank", json={"query": "q2", "documents": docs, "lambda": 1.0}, headers=h)
-        assert r.status_code == 429 and r.json()["error"] == "rate_limited" and r.json()["cost"] == 100.0
+        assert r.status_code == 429 and r.json()["error"] == "rate_limited" and r.json()["cost"] == cost
         assert int(r.headers["retry-after"]) >= 1
         other = uuid.uuid4()  # a full bucket lets it through, and the debt is paid by waiting
         r = client.post("/v2/rerank", json={"query": "q3", "documents": docs, "lambda": 1.0}, headers=bearer(other))

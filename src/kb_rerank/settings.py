@@ -153,7 +153,7 @@ class Settings:
     # document rate_cost_per_document more (charged before the work).
     rate_cost_per_pair: float = 0.1  # KB_RATE_COST_PER_PAIR: tokens per pair sent to the cross-encoder (40 pairs: 4)
     rate_cost_per_document: float = 0.1  # KB_RATE_COST_PER_DOCUMENT: tokens per /v2/rerank document, up front
-    rate_cost_per_embedding: float = 4.0  # KB_RATE_COST_PER_EMBEDDING: tokens per text embedded (a query on a miss, MMR passages)
+    rate_cost_per_embedding: float = 4.0  # KB_RATE_COST_PER_EMBEDDING: tokens per text embedded (a query on a miss; /v2/rerank passages for MMR and the injection classifier)
     tenant_model_slots: int = 2  # KB_TENANT_MODEL_SLOTS: cross-encoder (and embedder) calls one tenant may have queued or running; 0 disables
     tenant_pool_slots: int = 0  # KB_TENANT_POOL_SLOTS: pool connections one tenant may hold at once; 0 -> half of pool_max; <0 disables
     tenant_wait_s: float = 2.0  # KB_TENANT_WAIT_S: a tenant at its cap waits this long for its own slot, then 429
@@ -163,6 +163,11 @@ class Settings:
     # Guard detectors (issue 13: time budget off the event loop)
     guard_budget_ms: int = 200  # KB_GUARD_BUDGET_MS: per-request time for the /v2/rerank detectors (worker thread);
     # documents not inspected in time are demoted (allowed under policy allow): 50 x 2,000 chars take ~110 ms
+    guard_embed_budget_ms: int = 2000  # KB_GUARD_EMBED_BUDGET_MS: per-request time /v2/rerank waits for the
+    # documents' embeddings the learned detector reads (embedder's executor, the GIL released); same rule: a
+    # document without its embedding in time is not inspected. ~280 ms a 200-character document on 2 loaded
+    # cores (bench/results/guard-cost-2026-11-30.md): the patterns' 200 ms would leave every document uninspected,
+    # and raising that one would let the GIL-holding patterns run 10x longer beside the event loop
     # KB_GUARD_CLASSIFIER_THRESHOLD: a chunk is flagged for injection at ingestion when the patterns flag it
     # or the learned detector's probability (kb_rerank.ingest.guard_classifier) reaches this; 1.0 turns the
     # classifier's vote off (its probability is still stored). Precision/recall per threshold: docs/guardrails.md
@@ -410,7 +415,8 @@ RULES: dict[str, Rule] = {
     # Limits and fairness
     "rate_cost_per_pair": Rule("extra tokens per (query, passage) pair sent to the cross-encoder", ge=0),
     "rate_cost_per_document": Rule("extra tokens per `/v2/rerank` document, up front (1000 documents: 101)", ge=0),
-    "rate_cost_per_embedding": Rule("extra tokens per text embedded (the query of a miss, MMR passages): a hybrid"
+    "rate_cost_per_embedding": Rule("extra tokens per text embedded (the query of a miss; `/v2/rerank` passages, for MMR"
+                                    " and the injection classifier): a hybrid"
                                     " miss with 40 pairs costs 1 + 4 + 4 = 9", ge=0),
     "tenant_model_slots": Rule("cross-encoder (and embedder) calls one tenant may have queued or running; 0 disables",
                                ge=0),
@@ -421,7 +427,11 @@ RULES: dict[str, Rule] = {
     "address_rate_limit_burst": Rule("per-address bucket size", ge=1),
     "guard_budget_ms": Rule("time the `/v2/rerank` injection and stuffing detectors may spend on one request;"
                            " documents not inspected in time are demoted and the answer is not cached (0: none inspected)", ge=0),
-    "guard_classifier_threshold": Rule("at ingestion a chunk is flagged for injection when the patterns flag it or the"
+    "guard_embed_budget_ms": Rule("time `/v2/rerank` waits for the documents' embeddings the learned injection detector"
+                                 " reads (reused by MMR); a document without its embedding in time is not inspected,"
+                                 " as above, unless the patterns flagged it", ge=0),
+    "guard_classifier_threshold": Rule("a chunk at ingestion, or a `/v2/rerank` document, is flagged for injection when"
+                                       " the patterns flag it or the"
                                        " learned detector's probability reaches this (1 leaves only the patterns"
                                        " deciding); precision / recall per threshold in `docs/guardrails.md`",
                                        gt=0, le=1),

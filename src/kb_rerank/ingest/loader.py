@@ -22,8 +22,9 @@ from kb_rerank.ingest.readers import BadFile, SourceDoc, iter_documents, list_so
 from kb_rerank.ingest.chunking import chunk_text
 from kb_rerank.store.session import configure_connection, tenant_transaction
 from kb_rerank.models.embedders import Embedder
-from kb_rerank.ingest.detectors import detect_injection, detect_stuffing
 from kb_rerank.ingest.guard_classifier import GuardClassifier, classifier_for
+# the decision stored per chunk is the one rule of kb_rerank.ingest.verdict (also /v2/rerank's)
+from kb_rerank.ingest.verdict import ChunkFlags, chunk_flags, guard_classifier  # noqa: F401 - re-exported
 from kb_rerank.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -179,50 +180,6 @@ def _passage_text(doc: SourceDoc, piece: str) -> str:
     if doc.title and not piece.startswith(doc.title):
         return f"{doc.title}\n{piece}"
     return piece
-
-
-@dataclass(frozen=True)
-class ChunkFlags:
-    """Guard verdicts stored with a chunk (kb.chunks injection_* and spam_flag columns)."""
-
-    injection_flag: bool
-    injection_score: float
-    injection_reasons: list[str]
-    spam_flag: bool
-
-
-def chunk_flags(piece: str, embedding: np.ndarray | None = None, classifier: GuardClassifier | None = None,
-                threshold: float = 1.0) -> ChunkFlags:
-    """Run the ingestion-time detectors on one chunk (cheap, deterministic: recomputed on
-    every write, also for chunks whose embedding is reused).
-
-    With an embedding and a classifier (issue 19) the decision is patterns OR classifier
-    probability >= ``threshold``. The reasons are the pattern signals, then
-    ``classifier_p=<p>`` (always, when it ran), then ``fired:patterns`` /
-    ``fired:classifier`` for the layers that flagged the chunk; the score is the pattern
-    score, or the probability when the classifier fired and it is higher.
-    """
-    inj = detect_injection(piece)
-    spam = detect_stuffing(piece)
-    score = min(1.0, max(0.0, float(inj.score)))
-    reasons = list(inj.reasons)
-    flagged = bool(inj.flagged)
-    if classifier is not None and embedding is not None:
-        p = classifier.probability(embedding, inj)
-        fired = p >= threshold
-        reasons.append(f"classifier_p={p:.3f}")
-        if inj.flagged:
-            reasons.append("fired:patterns")
-        if fired:
-            reasons.append("fired:classifier")
-            score = max(score, min(1.0, p))
-        flagged = flagged or fired
-    return ChunkFlags(flagged, score, reasons, bool(spam.flagged))
-
-
-def guard_classifier(embedder: Embedder) -> GuardClassifier | None:
-    """The shipped injection classifier when it fits this embedder's vectors, else None."""
-    return classifier_for(getattr(embedder, "name", ""), int(getattr(embedder, "dim", 0) or 0))
 
 
 def _write_chunks(conn, doc_id, pieces: Sequence[str], hashes: Sequence[str], vectors,

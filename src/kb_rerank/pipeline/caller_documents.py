@@ -22,13 +22,16 @@ Compute (a miss):
    order; more than ``rerank_max_candidates`` documents -> the best are scored, the rest
    dropped (``meta.cut_off``). ``max_tokens_per_doc`` truncates each document to that many
    whitespace-separated tokens before scoring.
-3. Detectors in a worker thread with a per-request budget (``guard_budget_ms``,
-   :func:`kb_rerank.ingest.detectors.inspect_documents`), then the guard policy
+3. Guard, the rule ingestion stores per chunk (:mod:`kb_rerank.ingest.verdict`: patterns OR
+   the learned detector over the document's embedding) off the event loop: the patterns in
+   the detectors' worker thread within ``guard_budget_ms``, the embeddings on the embedder's
+   executor meanwhile within ``guard_embed_budget_ms``; then the guard policy
    (:mod:`.guard_policy`); an answer with uninspected documents is served, not cached.
 4. Scoring (:meth:`Pipeline.score`): pair cache keyed by the zero chunk id
    (``pair_cache.NO_CHUNK``) and the sha256 of the scored text; fallback = first-stage
    score / best.
-5. MMR over ``embedder.embed_passages`` of the scored documents, composite, tiers.
+5. MMR over the embeddings of step 3 (``embedder.embed_passages``; a document not embedded
+   within the budget is embedded here), composite, tiers.
 """
 
 from __future__ import annotations
@@ -40,7 +43,8 @@ import msgspec
 import numpy as np
 
 from kb_rerank.candidate import Candidate, sha256_hex
-from kb_rerank.ingest import detectors
+from kb_rerank.ingest import verdict
+from kb_rerank.ingest.guard_classifier import load_shipped
 from kb_rerank.pipeline import diversify, timing
 from kb_rerank.pipeline.compose import fallback_relevance, rounded, tiers
 from kb_rerank.pipeline.flow import Lookup, Outcome, Pipeline, Served, StoredResponse
@@ -102,14 +106,32 @@ class CallerDocumentsFlow(StoredResponse):
         docs = [d if isinstance(d, str) else msgspec.to_builtins(d) for d in req.documents]
         self.documents_sha256 = sha256_hex(canonical_json(docs))
 
-    def mmr_texts(self) -> int:
-        """How many passages MMR will embed (charged with the documents, before any work)."""
-        return min(len(self.req.documents), max(1, self.settings.rerank_max_candidates)) if self.lam < 1.0 else 0
+    def classifier(self, pipe: Pipeline):
+        """The learned injection detector when it applies: the shipped weights fit the
+        embedder and the threshold lets it vote (< 1).
+
+        It needs each scored document's embedding. MMR (lambda < 1) embeds them anyway, and
+        the guard now embeds them first and hands them to MMR (one embedding a document). With
+        lambda = 1 the guard embeds them for the classifier alone (measured in
+        ``bench/results/guard-cost-2026-11-30.md``: the embedding is nearly all of the guard's
+        time), because lambda is a ranking choice of the caller and must not switch off a
+        detector ingestion applies to every chunk: the tenant's injection policy is what
+        decides what a flagged document costs."""
+        if self.settings.guard_classifier_threshold >= 1.0:
+            return None
+        return verdict.guard_classifier(pipe.embedder)
+
+    def embedded_texts(self, pipe: Pipeline) -> int:
+        """How many passages the guard and MMR will embed (charged with the documents, before
+        any work)."""
+        if self.lam >= 1.0 and self.classifier(pipe) is None:
+            return 0
+        return min(len(self.req.documents), max(1, self.settings.rerank_max_candidates))
 
     def admit(self, pipe: Pipeline, tenant) -> None:
-        # the documents, and the passages MMR will embed, before any work on them (hashing,
-        # guard, scoring, embedding)
-        pipe.limits.charge_documents(tenant, len(self.req.documents), self.mmr_texts())
+        # the documents, and the passages the guard and MMR will embed, before any work on
+        # them (hashing, guard, scoring, embedding)
+        pipe.limits.charge_documents(tenant, len(self.req.documents), self.embedded_texts(pipe))
 
     def params(self, policy: str | None) -> Mapping[str, Any]:
         req, s = self.req, self.settings
@@ -122,6 +144,8 @@ class CallerDocumentsFlow(StoredResponse):
             "authority_weight": req.authority_weight, "explain": req.explain, "injection_policy": policy,
             "rerank_max_candidates": s.rerank_max_candidates, "tiers": [s.tier_high, s.tier_medium],
             "demote_factor": s.demote_factor, "model": self.model,
+            # the verdicts depend on the classifier's weights and threshold
+            "guard_classifier": [load_shipped().version, s.guard_classifier_threshold],
         }
 
     def answer(self, served: Served, trace_id: str) -> dict[str, Any]:
@@ -144,15 +168,25 @@ class CallerDocumentsFlow(StoredResponse):
                 id=f"{i:09d}", content=truncate_tokens(docs[i].text, req.max_tokens_per_doc), score=first[i],
                 authority=float(md.authority) if md and md.authority is not None else 1.0,
                 updated_at=md.updated_at if md else None))
+        clf = self.classifier(pipe)
+
+        async def embed(texts: list[str]) -> np.ndarray:
+            async with pipe.limits.embedding(tenant, len(texts), charge=False):  # prepaid with the documents
+                return await pipe.embed(pipe.embedder.embed_passages, texts)
+
         with timing.stage("guard"):
-            verdicts = await detectors.inspect_documents([c.content for c in cands], s.guard_budget_ms / 1000.0)
-        for c, v in zip(cands, verdicts):
-            if v is None:
+            seen = await verdict.inspect_documents([c.content for c in cands], s.guard_budget_ms / 1000.0,
+                                                   classifier=clf, threshold=s.guard_classifier_threshold,
+                                                   embed=embed, fatal=(LimitExceeded,),
+                                                   embed_budget_s=s.guard_embed_budget_ms / 1000.0)
+        for c, f, vec in zip(cands, seen.flags, seen.embeddings):
+            c.embedding = vec
+            if f is None:
                 c.inspected = False
             else:
-                inj, spam = v
-                c.injection_flag, c.injection_score, c.injection_reasons = inj.flagged, inj.score, list(inj.reasons)
-                c.spam_flag = spam.flagged
+                c.injection_flag, c.injection_score, c.injection_reasons = (f.injection_flag, f.injection_score,
+                                                                            f.injection_reasons)
+                c.spam_flag = f.spam_flag
         kept, filtered = apply_policy(cands, look.policy, s.demote_factor, lambda c: {"index": int(c.id)})
 
         keys = [pair_cache.content_key(None, c.content) for c in kept]
@@ -171,9 +205,11 @@ class CallerDocumentsFlow(StoredResponse):
         embs = np.eye(max(1, len(kept)), dtype=np.float32)[: len(kept)]
         if mmr_used:
             try:
-                async with pipe.limits.embedding(tenant, len(kept), charge=False):  # prepaid with the documents
-                    embs = np.asarray(await pipe.embed(pipe.embedder.embed_passages, [c.content for c in kept]),
-                                      dtype=np.float32)
+                todo = [c for c in kept if c.embedding is None]  # not embedded by the guard in its budget
+                if todo:
+                    for c, e in zip(todo, await embed([c.content for c in todo])):
+                        c.embedding = np.asarray(e, dtype=np.float32)
+                embs = np.stack([c.embedding for c in kept]).astype(np.float32)
             except LimitExceeded:
                 raise  # the tenant's own embedder cap: 429, not a result without diversity
             except Exception as exc:  # noqa: BLE001 - diversity is best effort

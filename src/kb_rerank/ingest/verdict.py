@@ -1,0 +1,160 @@
+"""The one injection / stuffing decision, shared by every path that judges a text (issue 19).
+
+* ingestion and ``kb-rerank guard scan`` (:mod:`kb_rerank.ingest.loader`): :func:`chunk_flags`
+  over a chunk and its stored embedding; the result is stored per chunk, and
+  ``/v1/kb/context`` reads that stored verdict (the tenant's policy applied to it);
+* caller-supplied documents (``/v2/rerank``): :func:`inspect_documents`, the same rule over
+  each document and its embedding, within the request's guard budget.
+
+The rule (:func:`decide`): flagged when the patterns (:mod:`kb_rerank.ingest.detectors`)
+flag the text OR the learned detector's probability
+(:mod:`kb_rerank.ingest.guard_classifier`) reaches the threshold; a threshold of 1.0 turns
+the classifier's vote off (its probability is still reported).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+from typing import Awaitable, Callable, Sequence
+
+import numpy as np
+
+from kb_rerank.ingest import detectors
+from kb_rerank.ingest.detectors import InjectionVerdict, SpamVerdict
+from kb_rerank.ingest.guard_classifier import GuardClassifier, classifier_for
+
+log = logging.getLogger(__name__)
+
+EMBED_BATCH = 8  # documents per embedder call in inspect_documents: the deadline is checked between calls
+
+
+@dataclass(frozen=True)
+class ChunkFlags:
+    """Guard verdicts of one text (stored with a chunk: kb.chunks injection_* and spam_flag)."""
+
+    injection_flag: bool
+    injection_score: float
+    injection_reasons: list[str]
+    spam_flag: bool
+
+
+def decide(inj: InjectionVerdict, spam: SpamVerdict, embedding: np.ndarray | None = None,
+           classifier: GuardClassifier | None = None, threshold: float = 1.0) -> ChunkFlags:
+    """Patterns OR classifier probability >= ``threshold`` (the classifier votes only when
+    ``threshold`` < 1). The reasons are the pattern signals, then ``classifier_p=<p>``
+    (always, when it ran), then ``fired:patterns`` / ``fired:classifier`` for the layers
+    that flagged the text; the score is the pattern score, or the probability when the
+    classifier fired and it is higher."""
+    score = min(1.0, max(0.0, float(inj.score)))
+    reasons = list(inj.reasons)
+    flagged = bool(inj.flagged)
+    if classifier is not None and embedding is not None:
+        p = classifier.probability(embedding, inj)
+        fired = threshold < 1.0 and p >= threshold
+        reasons.append(f"classifier_p={p:.3f}")
+        if inj.flagged:
+            reasons.append("fired:patterns")
+        if fired:
+            reasons.append("fired:classifier")
+            score = max(score, min(1.0, p))
+        flagged = flagged or fired
+    return ChunkFlags(flagged, score, reasons, bool(spam.flagged))
+
+
+def chunk_flags(piece: str, embedding: np.ndarray | None = None, classifier: GuardClassifier | None = None,
+                threshold: float = 1.0) -> ChunkFlags:
+    """:func:`decide` over the detectors' verdicts of ``piece`` (cheap, deterministic:
+    recomputed on every write, also for chunks whose embedding is reused)."""
+    return decide(detectors.detect_injection(piece), detectors.detect_stuffing(piece), embedding, classifier,
+                  threshold)
+
+
+def guard_classifier(embedder) -> GuardClassifier | None:
+    """The shipped injection classifier when it fits this embedder's vectors, else None."""
+    return classifier_for(getattr(embedder, "name", ""), int(getattr(embedder, "dim", 0) or 0))
+
+
+@dataclass
+class Inspection:
+    """What :func:`inspect_documents` found: per text its flags (None: not inspected within
+    the budget) and its embedding (None: not embedded in time, or no classifier)."""
+
+    flags: list[ChunkFlags | None]
+    embeddings: list[np.ndarray | None]
+
+
+async def inspect_documents(texts: Sequence[str], budget_s: float, *, classifier: GuardClassifier | None = None,
+                            threshold: float = 1.0,
+                            embed: Callable[[list[str]], Awaitable[np.ndarray]] | None = None,
+                            fatal: tuple[type[BaseException], ...] = (),
+                            embed_budget_s: float | None = None) -> Inspection:
+    """:func:`decide` over each text, off the event loop, within two deadlines started now.
+
+    The patterns run in the detectors' worker thread (:func:`detectors.inspect_documents`)
+    for at most ``budget_s``; with a classifier, ``embed`` (an embedder call on the
+    embedder's executor, which releases the GIL) embeds the texts meanwhile in batches of
+    :data:`EMBED_BATCH` for at most ``embed_budget_s`` (default ``budget_s``), the deadline
+    checked before each batch (a batch under way at the deadline is not waited for). Two
+    budgets because the patterns hold the GIL beside the event loop and take a millisecond
+    a document, while an embedding takes hundreds (bench/results/guard-cost-2026-11-30.md). A text is inspected when its pattern verdict is in and, with a classifier, its
+    embedding too; a text the patterns flagged without its embedding in time is flagged
+    (the classifier cannot unflag it). The others are ``None``: not inspected. An ``embed``
+    failure leaves its texts not embedded (logged), except the exception types in ``fatal``,
+    which propagate (the tenant's embedder cap: 429, as for any embedding).
+    """
+    n = len(texts)
+    if n == 0:
+        return Inspection([], [])
+    deadline = time.monotonic() + (budget_s if embed_budget_s is None else embed_budget_s)
+    patterns = asyncio.ensure_future(detectors.inspect_documents(texts, budget_s))
+    vecs: list[np.ndarray | None] = [None] * n
+    if classifier is not None and embed is not None:
+        try:
+            await _embed_until(texts, vecs, embed, deadline, fatal)
+        except BaseException:
+            patterns.cancel()
+            raise
+    verdicts = await patterns
+    flags: list[ChunkFlags | None] = []
+    for v, vec in zip(verdicts, vecs):
+        if v is None:
+            flags.append(None)
+        elif classifier is None or embed is None:
+            flags.append(decide(*v))
+        elif vec is None:
+            flags.append(decide(*v) if v[0].flagged else None)
+        else:
+            flags.append(decide(v[0], v[1], vec, classifier, threshold))
+    return Inspection(flags, vecs)
+
+
+async def _embed_until(texts: Sequence[str], vecs: list[np.ndarray | None],
+                       embed: Callable[[list[str]], Awaitable[np.ndarray]], deadline: float,
+                       fatal: tuple[type[BaseException], ...]) -> None:
+    for start in range(0, len(texts), EMBED_BATCH):
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return
+        batch = list(texts[start:start + EMBED_BATCH])
+        fut = asyncio.ensure_future(embed(batch))
+        try:
+            got = await asyncio.wait_for(asyncio.shield(fut), timeout=left)
+        except asyncio.TimeoutError:
+            # the batch finishes on the embedder's thread; its result is not waited for
+            fut.add_done_callback(_consume)
+            return
+        except fatal:
+            raise
+        except Exception as exc:  # noqa: BLE001 - the embedder failed: these texts are not inspected
+            log.warning("embedding documents for the injection classifier failed: %s", type(exc).__name__)
+            return
+        for i, row in enumerate(np.asarray(got, dtype=np.float32)):
+            vecs[start + i] = row
+
+
+def _consume(fut: asyncio.Future) -> None:
+    if not fut.cancelled():
+        fut.exception()

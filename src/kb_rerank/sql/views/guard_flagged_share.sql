@@ -1,0 +1,67 @@
+-- DBA view (issue 19, item 5): the share of each tenant's chunks flagged for prompt
+-- injection at ingestion, by the layer that flagged them (kb.chunks.injection_reasons:
+-- 'fired:patterns' / 'fired:classifier', 'classifier_p=<p>' whenever the learned detector
+-- ran; see docs/guardrails.md).
+--
+-- Who sees what: the view is security_invoker and reads kb.chunks through a SECURITY
+-- INVOKER function, so kb.chunks' row-level security (enabled and forced) applies to
+-- whoever queries it: cyberos_app sees only the tenant of its transaction (nothing without
+-- one); a role exempt from RLS (a superuser, or BYPASSRLS) sees every tenant.
+--
+-- Why a function under the view: a view records a dependency on every column it reads, and
+-- the frozen downgrade of 0003_context_guardrails drops kb.chunks.injection_* columns
+-- without CASCADE, so a plain view would make any downgrade through 0003 fail. A
+-- LANGUAGE sql function with a string body records no column dependency; after such a
+-- downgrade the view errors when queried until the next upgrade to head re-applies it.
+--
+-- Columns:
+--   chunks                 chunks of the tenant
+--   flagged                chunks with injection_flag
+--   flagged_share          flagged / chunks
+--   flagged_by_patterns    flagged chunks the patterns flagged ('fired:patterns', or a verdict
+--                          stored without the classifier, where only the patterns could flag)
+--   flagged_by_classifier  flagged chunks the learned detector flagged ('fired:classifier');
+--                          a chunk both layers flagged counts in both columns
+--   classifier_scored      chunks whose stored verdict includes the classifier's probability
+--                          (the others were judged before issue 19 or with another embedder:
+--                          `kb-rerank guard scan` re-scores them)
+--   spam_flagged           chunks flagged as keyword-stuffed
+--   last_ingested_at       newest chunk's created_at
+create or replace function kb.guard_flagged_share_rows()
+returns table (tenant_id uuid, chunks bigint, flagged bigint, flagged_share double precision,
+               flagged_by_patterns bigint, flagged_by_classifier bigint, classifier_scored bigint,
+               spam_flagged bigint, last_ingested_at timestamptz)
+language sql
+stable
+security invoker
+as $$
+  select s.tenant_id, s.chunks, s.flagged, s.flagged::float8 / nullif(s.chunks, 0),
+         s.flagged_by_patterns, s.flagged_by_classifier, s.classifier_scored, s.spam_flagged, s.last_ingested_at
+  from (
+    select c.tenant_id,
+           pg_catalog.count(*) as chunks,
+           pg_catalog.count(*) filter (where c.injection_flag) as flagged,
+           pg_catalog.count(*) filter (where c.injection_flag and ('fired:patterns' = any (c.injection_reasons)
+                                        or not exists (select from pg_catalog.unnest(c.injection_reasons) r
+                                                       where r like 'classifier\_p=%'))) as flagged_by_patterns,
+           pg_catalog.count(*) filter (where c.injection_flag
+                                        and 'fired:classifier' = any (c.injection_reasons)) as flagged_by_classifier,
+           pg_catalog.count(*) filter (where exists (select from pg_catalog.unnest(c.injection_reasons) r
+                                                     where r like 'classifier\_p=%')) as classifier_scored,
+           pg_catalog.count(*) filter (where c.spam_flag) as spam_flagged,
+           pg_catalog.max(c.created_at) as last_ingested_at
+    from kb.chunks c
+    group by c.tenant_id
+  ) s
+$$;
+comment on function kb.guard_flagged_share_rows() is
+  'Rows of kb.guard_flagged_share (security invoker: kb.chunks RLS applies to the caller)';
+revoke all on function kb.guard_flagged_share_rows() from public;
+grant execute on function kb.guard_flagged_share_rows() to cyberos_app;
+
+create or replace view kb.guard_flagged_share with (security_invoker = true) as
+  select * from kb.guard_flagged_share_rows();
+comment on view kb.guard_flagged_share is
+  'Chunks flagged for prompt injection per tenant, by layer (RLS applies: the app role sees its own tenant only)';
+
+grant select on kb.guard_flagged_share to cyberos_app;

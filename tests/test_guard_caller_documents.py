@@ -121,11 +121,12 @@ def test_v2_threshold_one_leaves_the_patterns_deciding(settings, embedder):
 
 def test_v2_budget_bounds_the_embedding(settings, embedder):
     """The embedder takes 2 s a batch, the embedding budget is 300 ms: the request does not wait for it;
-    the documents without their embedding are not inspected (demoted), except the one the
-    patterns flagged (the classifier cannot unflag it), and the answer is not cached."""
+    the documents without their embedding are decided by the patterns alone (the one they flag
+    is excluded, the others keep their rank: none demoted, including the one only the
+    classifier would have caught), and the answer is not cached."""
     slow = CountingEmbedder(embedder, delay=2.0)
     docs = [ORDINARY[1], HIDDEN, PATTERN_HOSTILE]
-    body = {"query": "invoice", "documents": docs, "lambda": 1.0}
+    body = {"query": "invoice", "documents": docs, "lambda": 1.0, "explain": True}
     with client_for(settings, ScriptedReranker(), slow, guard_embed_budget_ms=300) as client:
         t0 = time.monotonic()
         first = call(client, uuid.uuid4(), body)
@@ -135,8 +136,9 @@ def test_v2_budget_bounds_the_embedding(settings, embedder):
         again = call(client, tenant, body)
     assert elapsed < 1.8, elapsed
     assert sorted((f["index"], f["reason"], f["action"]) for f in first["meta"]["filtered"]) == [
-        (0, "not_inspected", "demoted"), (1, "not_inspected", "demoted"), (2, "prompt_injection", "excluded")]
+        (2, "prompt_injection", "excluded")]
     assert {x["index"] for x in first["results"]} == {0, 1}
+    assert [x["stages"]["demote"] for x in first["results"]] == [1.0, 1.0]
     assert again["meta"]["from_cache"] is False
 
 

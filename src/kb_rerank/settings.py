@@ -164,8 +164,8 @@ class Settings:
     guard_budget_ms: int = 200  # KB_GUARD_BUDGET_MS: per-request time for the /v2/rerank detectors (worker thread);
     # documents not inspected in time are demoted (allowed under policy allow): 50 x 2,000 chars take ~110 ms
     guard_embed_budget_ms: int = 2000  # KB_GUARD_EMBED_BUDGET_MS: per-request time /v2/rerank waits for the
-    # documents' embeddings the learned detector reads (embedder's executor, the GIL released); same rule: a
-    # document without its embedding in time is not inspected. ~280 ms a 200-character document on 2 loaded
+    # documents' embeddings the learned detector reads (embedder's executor, the GIL released); a document
+    # without its embedding in time is decided by the patterns alone (not demoted; the answer not cached). ~280 ms a 200-character document on 2 loaded
     # cores (bench/results/guard-cost-2026-11-30.md): the patterns' 200 ms would leave every document uninspected,
     # and raising that one would let the GIL-holding patterns run 10x longer beside the event loop
     # KB_GUARD_CLASSIFIER_THRESHOLD: a chunk is flagged for injection at ingestion when the patterns flag it
@@ -428,8 +428,8 @@ RULES: dict[str, Rule] = {
     "guard_budget_ms": Rule("time the `/v2/rerank` injection and stuffing detectors may spend on one request;"
                            " documents not inspected in time are demoted and the answer is not cached (0: none inspected)", ge=0),
     "guard_embed_budget_ms": Rule("time `/v2/rerank` waits for the documents' embeddings the learned injection detector"
-                                 " reads (reused by MMR); a document without its embedding in time is not inspected,"
-                                 " as above, unless the patterns flagged it", ge=0),
+                                 " reads (reused by MMR); a document without its embedding in time is decided by the"
+                                 " patterns alone (not demoted) and the answer is not cached", ge=0),
     "guard_classifier_threshold": Rule("a chunk at ingestion, or a `/v2/rerank` document, is flagged for injection when"
                                        " the patterns flag it or the"
                                        " learned detector's probability reaches this (1 leaves only the patterns"

@@ -84,6 +84,9 @@ class Inspection:
 
     flags: list[ChunkFlags | None]
     embeddings: list[np.ndarray | None]
+    # texts the patterns decided alone: their embedding was not back in time (or the embedder
+    # failed), so the classifier had no vote (an answer with any is not cached)
+    unclassified: int = 0
 
 
 async def inspect_documents(texts: Sequence[str], budget_s: float, *, classifier: GuardClassifier | None = None,
@@ -99,11 +102,14 @@ async def inspect_documents(texts: Sequence[str], budget_s: float, *, classifier
     :data:`EMBED_BATCH` for at most ``embed_budget_s`` (default ``budget_s``), the deadline
     checked before each batch (a batch under way at the deadline is not waited for). Two
     budgets because the patterns hold the GIL beside the event loop and take a millisecond
-    a document, while an embedding takes hundreds (bench/results/guard-cost-2026-11-30.md). A text is inspected when its pattern verdict is in and, with a classifier, its
-    embedding too; a text the patterns flagged without its embedding in time is flagged
-    (the classifier cannot unflag it). The others are ``None``: not inspected. An ``embed``
-    failure leaves its texts not embedded (logged), except the exception types in ``fatal``,
-    which propagate (the tenant's embedder cap: 429, as for any embedding).
+    a document, while an embedding takes hundreds (bench/results/guard-cost-2026-11-30.md).
+    A text is inspected when its pattern verdict is in (``None`` otherwise: not inspected);
+    with a classifier and its embedding in time, the verdict is :func:`decide`'s over both;
+    without its embedding, the patterns decide alone (counted in ``unclassified``): a late
+    embedding costs the classifier's vote on that text, never the text's rank (demoting every
+    document of a long request for the embedder's speed would reorder ordinary requests). An
+    ``embed`` failure leaves its texts not embedded (logged), except the exception types in
+    ``fatal``, which propagate (the tenant's embedder cap: 429, as for any embedding).
     """
     n = len(texts)
     if n == 0:
@@ -119,16 +125,18 @@ async def inspect_documents(texts: Sequence[str], budget_s: float, *, classifier
             raise
     verdicts = await patterns
     flags: list[ChunkFlags | None] = []
+    unclassified = 0
     for v, vec in zip(verdicts, vecs):
         if v is None:
             flags.append(None)
         elif classifier is None or embed is None:
             flags.append(decide(*v))
         elif vec is None:
-            flags.append(decide(*v) if v[0].flagged else None)
+            flags.append(decide(*v))
+            unclassified += 1
         else:
             flags.append(decide(v[0], v[1], vec, classifier, threshold))
-    return Inspection(flags, vecs)
+    return Inspection(flags, vecs, unclassified)
 
 
 async def _embed_until(texts: Sequence[str], vecs: list[np.ndarray | None],

@@ -26,7 +26,8 @@ Compute (a miss):
    the learned detector over the document's embedding) off the event loop: the patterns in
    the detectors' worker thread within ``guard_budget_ms``, the embeddings on the embedder's
    executor meanwhile within ``guard_embed_budget_ms``; then the guard policy
-   (:mod:`.guard_policy`); an answer with uninspected documents is served, not cached.
+   (:mod:`.guard_policy`); a document whose embedding is late is decided by the patterns
+   alone; an answer with uninspected or unclassified documents is served, not cached.
 4. Scoring (:meth:`Pipeline.score`): pair cache keyed by the zero chunk id
    (``pair_cache.NO_CHUNK``) and the sha256 of the scored text; fallback = first-stage
    score / best.
@@ -179,6 +180,9 @@ class CallerDocumentsFlow(StoredResponse):
                                                    classifier=clf, threshold=s.guard_classifier_threshold,
                                                    embed=embed, fatal=(LimitExceeded,),
                                                    embed_budget_s=s.guard_embed_budget_ms / 1000.0)
+        if seen.unclassified:
+            log.info("guard: %d of %d documents decided by the patterns alone (embeddings not back within "
+                     "KB_GUARD_EMBED_BUDGET_MS); the answer is not cached", seen.unclassified, len(cands))
         for c, f, vec in zip(cands, seen.flags, seen.embeddings):
             c.embedding = vec
             if f is None:
@@ -248,4 +252,4 @@ class CallerDocumentsFlow(StoredResponse):
         # property of the request) is served but not cached
         return Outcome({"results": results, "meta": meta}, n, len(results), self.model,
                        fallback_reason=scored.reason, rerank_ms=scored.ms, new_pairs=scored.new_pairs,
-                       cacheable=all(c.inspected for c in cands))
+                       cacheable=all(c.inspected for c in cands) and not seen.unclassified)

@@ -213,7 +213,19 @@ def markdown(rows: list[dict]) -> str:
 
 
 # ------------------------------------------------------------------ backends (issue 16)
-BACKENDS = ("torch-fp32", "onnx-fp32", "onnx-int8")
+BACKENDS = ("torch-fp32", "onnx-fp32", "onnx-fp32-opt", "onnx-int8", "onnx-int8-opt")
+# onnx-int8: dynamic int8 of the plain export (export_model(optimize=False), the int8 of
+# bench/results/model_cost-backends.md); onnx-int8-opt: of the graph after ONNX Runtime's
+# transformer fusions (what `kb-rerank model export --quantize int8` writes now);
+# onnx-fp32-opt: the fused fp32 graph itself (made here only; the service loads fp32/).
+DEFAULT_BACKENDS = ("torch-fp32", "onnx-fp32", "onnx-int8", "onnx-int8-opt")
+
+
+def _loadavg() -> float | None:
+    try:
+        return round(os.getloadavg()[0], 2)
+    except OSError:
+        return None
 
 
 def _spearman(a: list[float], b: list[float]) -> float:
@@ -222,16 +234,41 @@ def _spearman(a: list[float], b: list[float]) -> float:
     return round(float(spearmanr(a, b).statistic), 4)
 
 
-def _backend_models(model: str, onnx_root: Path, *, threads: int, batch_size: int) -> dict:
-    """The three backends over one checkpoint: the service's Reranker (torch) and its ONNX
-    subclass over the fp32 and int8 exports (``kb-rerank model export``'s function)."""
-    from kb_rerank.models.onnx import OnnxReranker, export_model
+def _export_folders(model: str, onnx_root: Path, names) -> dict[str, Path]:
+    """The export folder of each ONNX backend in ``names``, exported when missing (reused
+    otherwise), by ``kb-rerank model export``'s function."""
+    from kb_rerank.models.onnx import MANIFEST, _copy_preprocessors, _optimize_graph, _write_manifest, export_model
 
-    export_model(model, onnx_root, quantize="int8")  # reused when already there
-    out = {"torch-fp32": Reranker(model, device="cpu", max_length=512, batch_size=batch_size)}
-    for q, name in (("none", "onnx-fp32"), ("int8", "onnx-int8")):
-        out[name] = OnnxReranker(model, export_root=onnx_root, quantize=q, threads=threads,
-                                 max_length=512, batch_size=batch_size)
+    folders = {"onnx-fp32": export_model(model, onnx_root, quantize="none")}
+    if "onnx-int8" in names:
+        folders["onnx-int8"] = export_model(model, onnx_root, quantize="int8", optimize=False)
+    if "onnx-int8-opt" in names:
+        folders["onnx-int8-opt"] = export_model(model, onnx_root, quantize="int8")
+    if "onnx-fp32-opt" in names:
+        folders["onnx-fp32-opt"] = opt = folders["onnx-fp32"].parent / "fp32-optimized"
+        if not (opt / MANIFEST).exists():
+            opt.mkdir(parents=True, exist_ok=True)
+            info = _optimize_graph(folders["onnx-fp32"], opt)
+            _copy_preprocessors(folders["onnx-fp32"], opt)
+            _write_manifest(opt, model=model, quantize="none", graph_optimization=info, seconds=info["seconds"])
+    return {name: folders[name] for name in names if name in folders}
+
+
+def _backend_models(model: str, onnx_root: Path, *, threads: int, batch_size: int,
+                    names=DEFAULT_BACKENDS) -> dict:
+    """The backends over one checkpoint: the service's Reranker (torch) and its ONNX subclass
+    over the exports (``kb-rerank model export``'s function), in the order of ``names``."""
+    from kb_rerank.models.onnx import OnnxReranker
+
+    folders = _export_folders(model, onnx_root, names)
+    out = {}
+    for name in names:
+        if name == "torch-fp32":
+            out[name] = Reranker(model, device="cpu", max_length=512, batch_size=batch_size)
+        else:
+            out[name] = r = OnnxReranker(model, export_root=onnx_root, quantize="int8" if "int8" in name else "none",
+                                         threads=threads, max_length=512, batch_size=batch_size)
+            r.export_dir = folders[name]
     for r in out.values():
         r.load()
     return out
@@ -246,7 +283,7 @@ def agreement(models: dict, query: str, workloads: dict[str, list[str]]) -> list
             for name, r in models.items():
                 _set_max_length(r, ml)
                 scores[name] = r._compute_logits(query, passages)  # logits: same order as sigmoid scores
-            for name in BACKENDS[1:]:
+            for name in (n for n in models if n != "torch-fp32"):
                 rows.append({"workload": workload, "max_length": ml, "backend": name,
                              "spearman_vs_torch_fp32": _spearman(scores["torch-fp32"], scores[name]),
                              "max_abs_logit_diff": round(max(abs(x - y) for x, y in
@@ -255,17 +292,21 @@ def agreement(models: dict, query: str, workloads: dict[str, list[str]]) -> list
 
 
 def run_backends(args) -> int:
-    """torch fp32 vs ONNX fp32 vs ONNX int8 on bge-reranker-v2-m3's architecture: 40 pairs of
-    the ``mixed`` workload, max_length 256 and 512, 1 and 2 threads, backends interleaved per
-    configuration (rotating who goes first); agreement on the tiny model (and the big one)."""
+    """torch fp32 vs the ONNX backends (``--backend-list``) on bge-reranker-v2-m3's
+    architecture: 40 pairs of the ``mixed`` workload, max_length 256 and 512, 1 and 2 threads,
+    backends interleaved per configuration (rotating who goes first); agreement on the tiny
+    model (and the big one). Each timed pass records the host's 1-minute load average."""
     import torch
 
-    from kb_rerank.models.onnx import export_dir_for
-
+    names = tuple(args.backend_list)
+    if names[0] != "torch-fp32":
+        raise SystemExit("--backend-list must start with torch-fp32 (the reference of the ratios)")
     reps = max(1, args.reps if not args.quick else 1)
     result: dict = {"meta": {"python": platform.python_version(), "torch": torch.__version__,
                              "cpu_count": os.cpu_count(), "machine": platform.machine(), "n_pairs": N_PAIRS,
                              "reps": reps, "batch_size": args.batch_size, "workload": "mixed",
+                             "backends": list(names), "command": " ".join(sys.argv),
+                             "loadavg_start": _loadavg(),
                              "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}}
     try:
         import onnxruntime
@@ -286,7 +327,7 @@ def run_backends(args) -> int:
         if not args.skip_tiny:
             print("tiny random model: agreement", flush=True)
             tiny = _backend_models(str(build_tiny_cross_encoder(tmp / "tiny")), onnx_root, threads=0,
-                                   batch_size=args.batch_size)
+                                   batch_size=args.batch_size, names=names)
             query, workloads = make_workloads(tiny["torch-fp32"]._tokenizer)
             result["agreement_tiny"] = agreement(tiny, query, workloads)
             for r in tiny.values():
@@ -306,23 +347,28 @@ def run_backends(args) -> int:
         result["agreement_big"] = agreement_big
         for threads in args.threads:
             torch.set_num_threads(threads)
-            models = _backend_models(big, onnx_root, threads=threads, batch_size=args.batch_size)
+            models = _backend_models(big, onnx_root, threads=threads, batch_size=args.batch_size, names=names)
             result["big_model"]["export_s"] = {
-                q: json.loads((export_dir_for(onnx_root, big, q) / "kb-export.json").read_text()).get("seconds")
-                for q in ("none", "int8")}
+                name: json.loads((r.export_dir / "kb-export.json").read_text()).get("seconds")
+                for name, r in models.items() if name != "torch-fp32"}
+            result["big_model"]["graph_optimization"] = {
+                name: json.loads((r.export_dir / "kb-export.json").read_text()).get("graph_optimization")
+                for name, r in models.items() if name != "torch-fp32"}
             query, workloads = make_workloads(models["torch-fp32"]._tokenizer)
             passages = workloads["mixed"]
             for name, r in models.items():  # untimed: first calls pay one-off set-up
                 warm_up(r, query)
             for k, ml in enumerate(args.max_lengths):
-                order = list(BACKENDS[k % 3:] + BACKENDS[:k % 3])
+                order = list(names[k % len(names):] + names[:k % len(names)])
                 logits: dict[str, list[float]] = {}
                 for rep in range(reps):
                     for name in order if rep % 2 == 0 else order[::-1]:
                         r = models[name]
                         _set_max_length(r, ml)
+                        load_before = _loadavg()
                         res = measure(r, query, passages, batch_size=args.batch_size, sort=True, reps=1)
                         logits[name] = res.pop("logits")
+                        res["loadavg_all"] = [load_before, _loadavg()]
                         row = next((x for x in rows if (x["backend"], x["threads"], x["max_length"])
                                     == (name, threads, ml)), None)
                         if row is None:
@@ -331,12 +377,13 @@ def run_backends(args) -> int:
                             for key in ("forward_s", "cpu_s"):
                                 row[key + "_all"] += res[key + "_all"]
                                 row[key] = min(row[key + "_all"])
-                        print(f"  threads={threads} ml={ml} {name:>10}: {res['forward_s']:8.2f}s "
-                              f"(CPU {res['cpu_s']:.2f}s) "
+                            row["loadavg_all"] += res["loadavg_all"]
+                        print(f"  threads={threads} ml={ml} {name:>13}: {res['forward_s']:8.2f}s "
+                              f"(CPU {res['cpu_s']:.2f}s, load {res['loadavg_all']}) "
                               f"({res['tokens_mean']:.0f} tokens/pair)", flush=True)
                         save()
                 # agreement on the big model, from the timed passes' own logits
-                for name in BACKENDS[1:]:
+                for name in names[1:]:
                     agreement_big.append({
                         "workload": f"mixed, {threads} thread(s)", "max_length": ml, "backend": name,
                         "spearman_vs_torch_fp32": _spearman(logits["torch-fp32"], logits[name]),
@@ -346,6 +393,7 @@ def run_backends(args) -> int:
                 r.close()
             save()
         result["big_model"]["wall_s"] = round(time.perf_counter() - t0, 1)
+    result["meta"]["loadavg_end"] = _loadavg()
     result["ratios"] = ratios(result["rows"])
     save()
     print(backends_markdown(result))
@@ -370,28 +418,41 @@ def ratios(rows: list[dict]) -> list[dict]:
 
 
 def backends_markdown(result: dict) -> str:
-    lines = ["# Cross-encoder backends: torch fp32 vs ONNX Runtime fp32 vs ONNX Runtime int8", ""]
     m = result["meta"]
+    names = m.get("backends", DEFAULT_BACKENDS)
+    lines = ["# Cross-encoder backends: " + " vs ".join(names), ""]
     lines.append(f"{m['n_pairs']} pairs (workload `{m['workload']}`), length-sorted batches of {m['batch_size']}, "
                  f"{m['reps']} timed repetition(s) after an untimed warm-up, backends interleaved; "
                  f"torch {m['torch']}, onnxruntime {m.get('onnxruntime', '-')}, {m['cpu_count']} CPUs, "
                  f"started {m['started']}.")
+    if m.get("command"):
+        lines += ["", f"Command: `{m['command']}`; 1-minute load average at start "
+                      f"{m.get('loadavg_start')}, at end {m.get('loadavg_end', '-')}."]
+    lines += ["", "Backends: onnx-int8 = dynamic int8 of the plain optimum export (the int8 of "
+                  "model_cost-backends.md); onnx-int8-opt = dynamic int8 after ONNX Runtime's transformer "
+                  "fusions (what `kb-rerank model export --quantize int8` writes); onnx-fp32-opt = the fused "
+                  "fp32 graph."]
     if result.get("rows"):
         lines += ["", "## Time per request (bge-reranker-v2-m3 architecture, random weights)", "",
-                  "| threads | max_length | backend | tokens/pair (min-max) | wall s | CPU s | pairs/s |",
-                  "|---|---|---|---|---|---|---|"]
+                  "| threads | max_length | backend | tokens/pair (min-max) | wall s | CPU s | pairs/s | load avg |",
+                  "|---|---|---|---|---|---|---|---|"]
         for r in sorted(result["rows"], key=lambda r: (r["threads"], r["max_length"], BACKENDS.index(r["backend"]))):
             cpu = f"{r['cpu_s']:.2f}" if "cpu_s" in r else "-"
+            load = "-".join(f"{x:.1f}" for x in r.get("loadavg_all", []) if x is not None) or "-"
             lines.append(f"| {r['threads']} | {r['max_length']} | {r['backend']} | {r['tokens_mean']:.0f} "
-                         f"({r['tokens_min']}-{r['tokens_max']}) | {r['forward_s']:.2f} | {cpu} | {r['pairs_per_s']:.2f} |")
+                         f"({r['tokens_min']}-{r['tokens_max']}) | {r['forward_s']:.2f} | {cpu} | {r['pairs_per_s']:.2f} "
+                         f"| {load} |")
     if result.get("ratios"):
-        lines += ["", "## Speed-up over torch fp32 (same run)", "",
-                  "| threads | max_length | torch fp32 wall s | ONNX fp32 (wall / CPU) | ONNX int8 (wall / CPU) |",
-                  "|---|---|---|---|---|"]
+        onnx = [b for b in BACKENDS[1:] if any(f"speedup_{b.replace('-', '_')}" in r for r in result["ratios"])]
+        lines += ["", "## Speed-up over torch fp32 (same run), wall / CPU seconds", "",
+                  "| threads | max_length | torch fp32 wall s | " + " | ".join(onnx) + " |",
+                  "|---|---|---|" + "---|" * len(onnx)]
         for r in result["ratios"]:
-            lines.append(f"| {r['threads']} | {r['max_length']} | {r['torch_fp32_s']:.2f} | "
-                         f"{r.get('speedup_onnx_fp32', '-')}x / {r.get('cpu_speedup_onnx_fp32', '-')}x | "
-                         f"{r.get('speedup_onnx_int8', '-')}x / {r.get('cpu_speedup_onnx_int8', '-')}x |")
+            cells = []
+            for b in onnx:
+                k = b.replace("-", "_")
+                cells.append(f"{r.get('speedup_' + k, '-')}x / {r.get('cpu_speedup_' + k, '-')}x")
+            lines.append(f"| {r['threads']} | {r['max_length']} | {r['torch_fp32_s']:.2f} | " + " | ".join(cells) + " |")
     for key, title in (("agreement_tiny", "tiny random model"), ("agreement_big", "bge-reranker-v2-m3 architecture")):
         if result.get(key):
             lines += ["", f"## Agreement with torch fp32 ({title}): Spearman of the 40 scores", "",
@@ -414,12 +475,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=None,
                    help="default bench/results/model_cost.json (model_cost-backends.json with --backends)")
     p.add_argument("--backends", action="store_true",
-                   help="torch fp32 vs ONNX fp32 vs ONNX int8 (issue 16) instead of the batch-size matrix")
+                   help="torch fp32 vs the ONNX backends of --backend-list (issue 16) instead of the batch-size matrix")
     p.add_argument("--threads", type=int, nargs="+", default=[2, 1], help="--backends: thread counts")
     p.add_argument("--max-lengths", type=int, nargs="+", default=list(MAX_LENGTHS), help="--backends")
     p.add_argument("--batch-size", type=int, default=16, help="--backends")
     p.add_argument("--model-label", default=None, help="--backends: how the results name --model")
     p.add_argument("--onnx-root", default=None, help="--backends: export cache to reuse (default: a temporary one)")
+    p.add_argument("--backend-list", nargs="+", choices=BACKENDS, default=list(DEFAULT_BACKENDS),
+                   help="--backends: which backends, torch-fp32 first (default: %(default)s)")
     args = p.parse_args(argv)
     if args.backends:
         args.out = args.out or ROOT / "bench" / "results" / "model_cost-backends.json"

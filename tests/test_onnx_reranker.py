@@ -1,6 +1,7 @@
 """The ONNX cross-encoder (issue 16, item 1, ``KB_RERANKER_BACKEND=onnx``): ``kb-rerank model
 export`` of the tiny model, agreement with the in-process (flag) backend, the shared
-tokenisation and length-sorted batching, int8, and the fallbacks of the service (export
+tokenisation and length-sorted batching, int8 made from the fused graph (ONNX Runtime's
+transformer fusions: the graph it quantises agrees with fp32 like the export itself), and the fallbacks of the service (export
 missing or broken, timeout) with /readyz naming the backend."""
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from scipy.stats import spearmanr
 from kb_rerank import cli
 from kb_rerank.http.app import build_reranker, create_app
 from kb_rerank.models.cross_encoder import Reranker, RerankerTimeout, RerankerUnavailable
-from kb_rerank.models.onnx import MANIFEST, OnnxReranker, export_dir_for
+from kb_rerank.models.onnx import MANIFEST, OnnxReranker, _copy_preprocessors, _optimize_graph, export_dir_for
 from kb_rerank.testing.tiny_model import sample_words
 
 from .live_server import OPS, OPS_TOKEN
@@ -66,6 +67,11 @@ def test_export_writes_both_folders_once_and_reuses_them(tiny_model_dir, export_
         assert json.loads((folder / MANIFEST).read_text())["model"] == str(tiny_model_dir)
     ops = {n.op_type for n in onnx.load(str(int8 / "model.onnx")).graph.node}
     assert "DynamicQuantizeLinear" in ops and "MatMulInteger" in ops  # dynamic int8
+    # of the fused graph: attention is one quantised node per layer, no Softmax left
+    assert {"QAttention", "SkipLayerNormalization", "BiasGelu"} <= ops and "Softmax" not in ops
+    fused = json.loads((int8 / MANIFEST).read_text())["graph_optimization"]["fused_operators"]
+    assert fused["Attention"] == 2 and fused["SkipLayerNormalization"] == 4  # 2 layers
+    assert not export_dir_for(export_root, str(tiny_model_dir), "int8", optimize=False).exists()
     assert "MatMulInteger" not in {n.op_type for n in onnx.load(str(fp32 / "model.onnx")).graph.node}
     before = (int8 / "model.onnx").stat().st_mtime_ns, (fp32 / "model.onnx").stat().st_mtime_ns
     capsys.readouterr()
@@ -96,6 +102,47 @@ def test_fp32_agrees_with_the_flag_backend(settings, tiny_model_dir, export_root
         assert rr.info()["quantize"] == "none" and rr.ready
     finally:
         rr.close()
+
+
+def test_the_fused_graph_agrees_with_the_flag_backend(settings, tiny_model_dir, export_root, flag, tmp_path):
+    """The graph that int8 is made from (fp32 after the fusions) scores like the plain export."""
+    fp32 = export_dir_for(export_root, str(tiny_model_dir), "none")
+    fused = tmp_path / "fused"
+    fused.mkdir()
+    info = _optimize_graph(fp32, fused, log=lambda *_: None)
+    assert info["fused_operators"]["Attention"] == 2
+    _copy_preprocessors(fp32, fused)
+    (fused / MANIFEST).write_text("{}")
+    rr = _onnx(settings, tiny_model_dir, export_root)
+    rr.export_dir = fused
+    rr.load()
+    try:
+        ops = {n.op_type for n in onnx.load(str(fused / "model.onnx")).graph.node}
+        assert "Attention" in ops and "Softmax" not in ops
+        query, passages = _pairs()
+        a, b = flag.score(query, passages), rr.score(query, passages)
+        assert spearmanr(a, b).statistic >= 0.99
+        assert max(abs(x - y) for x, y in zip(a, b)) < 1e-4
+    finally:
+        rr.close()
+
+
+def test_an_int8_export_from_before_the_fusions_is_quantized_again(tiny_model_dir, export_root, tmp_path, capsys):
+    root = tmp_path / "old"
+    shutil.copytree(export_root, root)
+    int8 = export_dir_for(root, str(tiny_model_dir), "int8")
+    fp32 = export_dir_for(root, str(tiny_model_dir), "none")
+    manifest = json.loads((int8 / MANIFEST).read_text())
+    del manifest["graph_optimization"]
+    (int8 / MANIFEST).write_text(json.dumps(manifest))
+    fp32_before = (fp32 / "model.onnx").stat().st_mtime_ns
+    capsys.readouterr()
+    assert cli.main(["model", "export", "--model", str(tiny_model_dir), "--quantize", "int8", "--out", str(root)]) == 0
+    out = capsys.readouterr().out
+    assert "predates the graph optimisation" in out and f"reusing {fp32}" in out
+    assert json.loads((int8 / MANIFEST).read_text())["graph_optimization"]["fused_operators"]["Attention"] == 2
+    assert (fp32 / "model.onnx").stat().st_mtime_ns == fp32_before
+    assert not list(int8.parent.glob(".*tmp"))  # the fused fp32 intermediate is removed
 
 
 def test_int8_runs_and_is_reported(settings, tiny_model_dir, export_root, flag):

@@ -2,10 +2,17 @@
 
 Export once (``kb-rerank model export``, :func:`export_model`): optimum-onnx writes the
 checkpoint as ``model.onnx`` (with its tokenizer and config) under
-``<KB_RERANKER_ONNX_DIR>/<model slug>/fp32/``; with ``--quantize int8`` ONNX Runtime's
-dynamic int8 quantisation (weights int8 ahead of time, activations quantised per batch at
-run time) writes ``.../int8/``. Each folder gets ``kb-export.json`` last, so a folder
-without it (an interrupted export) is not used.
+``<KB_RERANKER_ONNX_DIR>/<model slug>/fp32/``; with ``--quantize int8`` the fp32 graph is
+first optimised with ONNX Runtime's transformer fusions (``onnxruntime.transformers.optimizer``,
+BERT rules, which match XLM-RoBERTa: one ``Attention`` node per layer, ``SkipLayerNormalization``,
+``BiasGelu``), then ONNX Runtime's dynamic int8 quantisation (weights int8 ahead of time,
+activations quantised per batch at run time; the fused ``Attention`` becomes ``QAttention``)
+writes ``.../int8/``. Quantising the unfused graph instead leaves attention as separate
+``MatMul``/``Softmax`` nodes that ONNX Runtime can no longer fuse once they are quantised
+(measured in ``bench/results/model_cost-backends-optimized.md``). Each folder gets
+``kb-export.json`` last (the int8 one records the fusions under ``graph_optimization``), so
+a folder without it (an interrupted export) is not used; an int8 folder whose manifest
+predates the optimisation is quantised again (the fp32 export is reused).
 
 :class:`OnnxReranker` is :class:`~kb_rerank.models.cross_encoder.Reranker` with a
 different engine: the tokenisation (FlagEmbedding's, query and pair truncation), the
@@ -47,11 +54,14 @@ def _slug(model: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "--", model.strip("/"))
 
 
-def export_dir_for(root: Path | str, model: str, quantize: str) -> Path:
-    """Where the export of ``model`` with ``quantize`` lives under ``root``."""
+def export_dir_for(root: Path | str, model: str, quantize: str, *, optimize: bool = True) -> Path:
+    """Where the export of ``model`` with ``quantize`` lives under ``root``. ``optimize=False``
+    (int8 only): the folder of the int8 quantisation of the unfused graph, which only the
+    benchmark makes (``export_model(..., optimize=False)``); the service loads ``int8``."""
     if quantize not in QUANTIZE_CHOICES:
         raise ValueError(f"quantize must be one of {', '.join(QUANTIZE_CHOICES)}, not {quantize!r}")
-    return Path(root).expanduser() / _slug(model) / ("fp32" if quantize == "none" else quantize)
+    name = "fp32" if quantize == "none" else quantize if optimize else f"{quantize}-unoptimized"
+    return Path(root).expanduser() / _slug(model) / name
 
 
 def _cpu_flags() -> set[str]:
@@ -90,10 +100,51 @@ def _copy_preprocessors(src: Path, dst: Path) -> None:
             shutil.copy2(f, dst / f.name)
 
 
+def _optimize_graph(src: Path, dst: Path, log=print) -> dict[str, Any]:
+    """ONNX Runtime's transformer fusions (python rules, no ORT session: ``opt_level=0``) of
+    ``src``/model.onnx into ``dst``/model.onnx; returns what the manifest records."""
+    from onnxruntime.transformers.optimizer import optimize_model
+
+    config = json.loads((src / "config.json").read_text()) if (src / "config.json").exists() else {}
+    heads, hidden = int(config.get("num_attention_heads", 0)), int(config.get("hidden_size", 0))
+    t0 = time.perf_counter()
+    optimized = optimize_model(str(src / _ONNX_FILE), model_type="bert", num_heads=heads, hidden_size=hidden,
+                               opt_level=0)
+    fused = {k: v for k, v in optimized.get_fused_operator_statistics().items() if v}
+    log(f"graph fusions: {fused}")
+    if not fused.get("Attention"):
+        log("warning: no Attention fusion matched; int8 is made from the graph with the other fusions only")
+    size = sum(f.stat().st_size for f in src.iterdir() if f.name.startswith(_ONNX_FILE))
+    # protobuf's 2 GB limit: a big model keeps its weights in one external file
+    optimized.save_model_to_file(str(dst / _ONNX_FILE), use_external_data_format=size > 1_800_000_000)
+    if (src / "config.json").exists():
+        shutil.copy2(src / "config.json", dst / "config.json")
+    return {"tool": "onnxruntime.transformers.optimizer.optimize_model", "model_type": "bert",
+            "num_heads": heads, "hidden_size": hidden, "opt_level": 0, "fused_operators": fused,
+            "seconds": round(time.perf_counter() - t0, 1)}
+
+
+def _quantize_fused(src: Path, dst: Path, config) -> None:
+    """Dynamic int8 of the fused graph with optimum's preset (``config``) through ONNX Runtime's
+    ``quantize_dynamic``: ONNX shape inference does not know the fused (com.microsoft) ops, so
+    tensors after them get ``DefaultTensorType`` float, which optimum's quantizer cannot pass."""
+    import onnx
+    from onnxruntime.quantization import quantize_dynamic
+
+    quantize_dynamic(src, dst, per_channel=config.per_channel, reduce_range=config.reduce_range,
+                     weight_type=config.weights_dtype,
+                     op_types_to_quantize=[getattr(op, "value", op) for op in config.operators_to_quantize],
+                     extra_options={"WeightSymmetric": config.weights_symmetric,
+                                    "ActivationSymmetric": config.activations_symmetric,
+                                    "DefaultTensorType": onnx.TensorProto.FLOAT})
+
+
 def export_model(model: str, root: Path | str, *, quantize: str = "none", force: bool = False,
-                 log=print) -> Path:
+                 optimize: bool = True, log=print) -> Path:
     """Export ``model`` (hub id in the local HF cache, or a folder) to ONNX under ``root``;
-    with ``quantize="int8"`` also the dynamic int8 version (made from the fp32 export).
+    with ``quantize="int8"`` also the dynamic int8 version, made from the fp32 export after
+    ONNX Runtime's transformer fusions (``optimize=False``: from the unfused fp32 graph, into
+    a folder the service does not load; for the benchmark's comparison).
     Returns the folder the service loads for ``quantize``. An existing complete export is
     reused unless ``force``."""
     from kb_rerank.extras import require
@@ -118,24 +169,44 @@ def export_model(model: str, root: Path | str, *, quantize: str = "none", force:
         log(f"reusing {fp32}")
     if quantize == "none":
         return fp32
-    out = export_dir_for(root, model, quantize)
-    if force or not (out / MANIFEST).exists():
+    out = export_dir_for(root, model, quantize, optimize=optimize)
+    stale = False
+    if not force and (out / MANIFEST).exists() and optimize:
+        stale = "graph_optimization" not in json.loads((out / MANIFEST).read_text())
+        if stale:
+            log(f"{out} predates the graph optimisation: quantizing again")
+    if force or stale or not (out / MANIFEST).exists():
         from optimum.onnxruntime import ORTQuantizer
 
         if out.exists():
             shutil.rmtree(out)
         out.mkdir(parents=True)
         t0 = time.perf_counter()
+        source, optimization = fp32, None
+        if optimize:
+            source = out.parent / f".{out.name}-optimized-fp32.tmp"
+            if source.exists():
+                shutil.rmtree(source)
+            source.mkdir()
+            log(f"optimising the fp32 graph (transformer fusions) in {source} ...")
+            optimization = _optimize_graph(fp32, source, log=log)
         preset, config = _quantization_config()
         log(f"quantizing to int8 ({preset}, dynamic) in {out} ...")
-        quantizer = ORTQuantizer.from_pretrained(fp32, file_name=_ONNX_FILE)
-        written = quantizer.quantize(quantization_config=config, save_dir=out, file_suffix=None)
-        produced = Path(written) / _ONNX_FILE
-        if not produced.exists():  # older optimum versions name it model_quantized.onnx
-            candidates = sorted(Path(written).glob("*.onnx"))
-            candidates[0].rename(produced)
+        try:
+            if optimize:
+                _quantize_fused(source / _ONNX_FILE, out / _ONNX_FILE, config)
+            else:
+                quantizer = ORTQuantizer.from_pretrained(source, file_name=_ONNX_FILE)
+                written = quantizer.quantize(quantization_config=config, save_dir=out, file_suffix=None)
+                produced = Path(written) / _ONNX_FILE
+                if not produced.exists():  # older optimum versions name it model_quantized.onnx
+                    candidates = sorted(Path(written).glob("*.onnx"))
+                    candidates[0].rename(produced)
+        finally:
+            if optimize:
+                shutil.rmtree(source, ignore_errors=True)
         _copy_preprocessors(fp32, out)
-        _write_manifest(out, model=model, quantize=quantize, preset=preset,
+        _write_manifest(out, model=model, quantize=quantize, preset=preset, graph_optimization=optimization,
                         seconds=round(time.perf_counter() - t0, 1),
                         created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
     else:

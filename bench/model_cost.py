@@ -41,6 +41,7 @@ import json
 import os
 import platform
 import random
+import shlex
 import sys
 import tempfile
 import time
@@ -305,7 +306,7 @@ def run_backends(args) -> int:
     result: dict = {"meta": {"python": platform.python_version(), "torch": torch.__version__,
                              "cpu_count": os.cpu_count(), "machine": platform.machine(), "n_pairs": N_PAIRS,
                              "reps": reps, "batch_size": args.batch_size, "workload": "mixed",
-                             "backends": list(names), "command": " ".join(sys.argv),
+                             "backends": list(names), "command": shlex.join(["python", *sys.argv]),
                              "loadavg_start": _loadavg(),
                              "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}}
     try:

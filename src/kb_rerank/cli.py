@@ -880,7 +880,8 @@ def build_parser() -> argparse.ArgumentParser:
                                           "folder the onnx backend loads")
     mx.add_argument("--model", default=None, help="hub id (in the local HF cache) or folder; default KB_RERANKER_MODEL")
     mx.add_argument("--quantize", choices=["none", "int8"], default=None,
-                    help="int8: also the dynamic int8 version; default KB_RERANKER_ONNX_QUANTIZE (none)")
+                    help="int8: also the dynamic int8 version (of the graph after ONNX Runtime's transformer "
+                         "fusions); default KB_RERANKER_ONNX_QUANTIZE (none)")
     mx.add_argument("--out", default=None, help="export root; default KB_RERANKER_ONNX_DIR (<data_dir>/onnx)")
     mx.add_argument("--force", action="store_true", help="export again even if a complete export exists")
     mx.set_defaults(func=cmd_model)

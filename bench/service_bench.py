@@ -117,7 +117,8 @@ def largest_tenant_and_words(url: str):
 def make_app(base: Settings, owner: str):
     """The app over the database at ``owner`` (migrated), with the tiny cross-encoder and the
     configured embedder, both timed; the largest tenant, its words and a token for it."""
-    settings = base.with_(database_url=owner, jwt_secret=SECRET, rate_limit_per_minute=0, cache_ttl_s=3600)
+    settings = base.with_(database_url=owner, jwt_secret=SECRET, rate_limit_per_minute=0,
+                          address_rate_limit_per_minute=0, cache_ttl_s=3600)
     tenant, words, n_chunks = largest_tenant_and_words(owner)
     model_dir = build_tiny_cross_encoder(Path(tempfile.mkdtemp()) / "ce")
     rr = Reranker(str(model_dir), device="cpu", max_length=256)

@@ -16,7 +16,7 @@ from kb_rerank.store import audit
 from kb_rerank.store.session import tenant_transaction
 
 KEY = b"d" * 40
-BEHIND, PENDING = "0014_term_blocks", "0015_audit_partitions"  # the revision before head, and head
+BEHIND, PENDING = "0015_audit_partitions", "0016_app_role"  # the revision before head, and head
 
 
 def _row(app_conn, tenant):
@@ -63,6 +63,9 @@ def rls_bound_role(owner_url):
     with psycopg.connect(owner_url, autocommit=True) as conn:
         conn.execute(sql.SQL("create role {} login nosuperuser nobypassrls password {}").format(
             sql.Identifier(name), sql.Literal(password)))
+        # CONNECT is the app role's alone since 0016_app_role: a DBA's role is granted its own
+        conn.execute(sql.SQL("grant connect on database {} to {}").format(
+            sql.Identifier(conn.info.dbname), sql.Identifier(name)))
         conn.execute(sql.SQL("grant usage on schema kb to {0}; grant select on kb.kb_rerank_audit, kb.audit_checkpoints to {0};"
                              " grant execute on function kb.audit_verify(), kb.audit_row_hash(kb.kb_rerank_audit),"
                              " kb.current_tenant() to {0}").format(sql.Identifier(name)))
@@ -301,7 +304,7 @@ def test_0015_down_and_up_keep_every_row_and_chain(server_url, verify_env, monke
         with psycopg.connect(db.app_url(s)) as app:
             for _ in range(3):
                 _row(app, t)
-        db.downgrade(s, revision=BEHIND)
+        db.downgrade(s, revision="0014_term_blocks")
         with psycopg.connect(url) as conn:
             assert conn.execute("select relkind from pg_class where oid = 'kb.kb_rerank_audit'::regclass"
                                 ).fetchone()[0] == "r"

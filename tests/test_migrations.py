@@ -508,7 +508,8 @@ def test_upgrade_from_every_released_head_equals_a_fresh_install(server_url, set
         with psycopg.connect(url, autocommit=True) as conn:
             for rel, text in layer:
                 try:
-                    conn.execute(text.replace("{{embedding_dim}}", str(s.embedding_dim)))
+                    conn.execute(text.replace("{{embedding_dim}}", str(s.embedding_dim))
+                                 .replace("{{app_role}}", f'"{s.app_role}"'))
                 except psycopg.Error as exc:
                     pytest.fail(f"the layer of {commit} (head {rev}) does not apply: {rel}: {exc}")
         db.migrate(s)

@@ -92,17 +92,23 @@ def test_every_definer_in_every_shipped_sql_file_pins_pg_temp_last():
     assert headers >= 8  # search, statistics, lists, audit, generation, eviction (and the 0006 downgrade)
 
 
-def test_app_role_has_no_temp_and_no_create_anywhere(owner_conn):
-    """(b) no TEMP on the database and no CREATE on any schema, for the app role or PUBLIC."""
+def assert_no_temp_and_no_create(owner_conn, app_role: str = "cyberos_app") -> None:
+    """No TEMP on the database and no CREATE on any schema, for ``app_role`` or PUBLIC
+    (tests/test_app_role.py runs it for a configured KB_APP_ROLE)."""
     assert owner_conn.execute(
-        "select has_database_privilege('cyberos_app', current_database(), 'TEMPORARY')").fetchone()[0] is False
+        "select has_database_privilege(%s, current_database(), 'TEMPORARY')", [app_role]).fetchone()[0] is False
     assert owner_conn.execute(
         "select has_database_privilege('public', current_database(), 'TEMPORARY')").fetchone()[0] is False
     assert owner_conn.execute(
         "select array_agg(nspname) from pg_namespace"
-        " where has_schema_privilege('cyberos_app', oid, 'CREATE')").fetchone()[0] is None
+        " where has_schema_privilege(%s, oid, 'CREATE')", [app_role]).fetchone()[0] is None
     assert owner_conn.execute(
         "select has_schema_privilege('public', 'public', 'CREATE')").fetchone()[0] is False
+
+
+def test_app_role_has_no_temp_and_no_create_anywhere(owner_conn):
+    """(b) no TEMP on the database and no CREATE on any schema, for the app role or PUBLIC."""
+    assert_no_temp_and_no_create(owner_conn)
 
 
 def test_definer_owners_can_do_only_their_job(owner_conn):

@@ -752,7 +752,7 @@ def build_parser() -> argparse.ArgumentParser:
     d = sub.add_parser("db", help="embedded PostgreSQL: start, stop, print URL")
     d.add_argument("action", choices=["start", "stop", "url", "psql"])
     d.add_argument("--app", action="store_true", help="with url: the app role's URL")
-    d.add_argument("--owner", action="store_true", help="with psql: connect as the owner instead of cyberos_app "
+    d.add_argument("--owner", action="store_true", help="with psql: connect as the owner instead of the app role (KB_APP_ROLE) "
                    "(psql's own arguments go after --)")
     d.set_defaults(func=cmd_db)
 

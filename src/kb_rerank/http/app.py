@@ -4,10 +4,10 @@ handlers, telemetry, and the lifespan that builds the pool, the models and the
 
 ``create_app(settings, reranker=None, embedder=None)`` builds a new app; nothing lives at
 module level (no pool, model or settings). The lifespan opens ONE AsyncConnectionPool as
-``cyberos_app`` (autocommit connections, ``statement_timeout`` from settings, pgvector
-registered), checks the database's embedding dimension, builds the embedder and the
-reranker when not given (the model loads in the background: until it is ready requests are
-served with the fallback ordering), starts the periodic cache eviction, and closes all of
+the app role (``KB_APP_ROLE``, ``cyberos_app`` by default; autocommit connections,
+``statement_timeout`` from settings, pgvector registered), checks the database's embedding
+dimension, builds the embedder and the reranker when not given (the model loads in the
+background: until it is ready requests are served with the fallback ordering), starts the periodic cache eviction, and closes all of
 it on shutdown. A reranker or embedder passed in belongs to the caller and is not closed.
 
 Endpoints
@@ -303,7 +303,8 @@ def create_app(settings: Settings, *, reranker=None, embedder=None, dev: bool = 
         "limits": (limits := Limits.from_settings(settings, on_reject=lambda r: metrics.rejected.labels(r).inc())),
         "rate_limiter": limits.tenant_rate,
         "head_revision": None,
-        "layer_version": sqlfiles.layer_version(embedding_dim=settings.embedding_dim),  # /readyz
+        "layer_version": sqlfiles.layer_version(embedding_dim=settings.embedding_dim,  # /readyz
+                                                app_role=settings.app_role),
         "pool": None,
         "replicas": None,  # kb_rerank.store.replicas.ReadReplicas when KB_READ_DATABASE_URL is set
         "pipeline": None,

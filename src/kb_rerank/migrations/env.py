@@ -20,11 +20,12 @@ def _settings_and_url():
     settings = Settings.from_env()
     url = config.attributes.get("kb_url") or owner_url(settings)
     dim = config.attributes.get("kb_embedding_dim") or settings.embedding_dim
-    return url, dim
+    role = config.attributes.get("kb_app_role") or settings.app_role
+    return url, dim, role
 
 
 def run_migrations_online() -> None:
-    url, dim = _settings_and_url()
+    url, dim, role = _settings_and_url()
     engine = create_engine("postgresql+psycopg://", creator=lambda: psycopg.connect(url), poolclass=pool.NullPool)
     upgrades: list[bool] = []
     with engine.connect() as connection:
@@ -36,6 +37,7 @@ def run_migrations_online() -> None:
             on_version_apply=lambda **kw: upgrades.append(kw["step"].is_upgrade),
         )
         context.config.attributes["kb_embedding_dim"] = dim
+        context.config.attributes["kb_app_role"] = role
         with context.begin_transaction():
             context.run_migrations()
             # Functions, policies, grants and views (sql/functions, sql/policies, sql/views) are
@@ -50,8 +52,9 @@ def run_migrations_online() -> None:
                 from kb_rerank import sqlfiles
 
                 raw = connection.connection.driver_connection
-                if upgrades or sqlfiles.applied_layer_version(raw) != sqlfiles.layer_version(embedding_dim=dim):
-                    sqlfiles.apply_idempotent(raw, embedding_dim=dim)
+                if upgrades or sqlfiles.applied_layer_version(raw) != sqlfiles.layer_version(
+                        embedding_dim=dim, app_role=role):
+                    sqlfiles.apply_idempotent(raw, embedding_dim=dim, app_role=role)
 
 
 def run_migrations_offline() -> None:
@@ -60,7 +63,7 @@ def run_migrations_offline() -> None:
     writes them in offline mode), the version-table updates, and, when the upgrade reaches
     head, the idempotent layer (config.attributes['kb_offline_layer'], decided by the caller,
     which can read the database's recorded layer version)."""
-    _, dim = _settings_and_url()
+    _, dim, role = _settings_and_url()
     context.configure(
         dialect_name="postgresql",
         version_table="kb_alembic_version",
@@ -70,6 +73,7 @@ def run_migrations_offline() -> None:
         output_buffer=config.output_buffer,
     )
     context.config.attributes["kb_embedding_dim"] = dim
+    context.config.attributes["kb_app_role"] = role
     with context.begin_transaction():
         context.run_migrations()
         if context.get_revision_argument() == context.script.get_current_head() or (
@@ -77,7 +81,7 @@ def run_migrations_offline() -> None:
             if config.attributes.get("kb_offline_layer", True):
                 from kb_rerank import sqlfiles
 
-                sqlfiles.emit_idempotent(embedding_dim=dim)
+                sqlfiles.emit_idempotent(embedding_dim=dim, app_role=role)
 
 
 if context.is_offline_mode():

@@ -199,7 +199,7 @@ class ReadReplicas:
 
 def standby_urls(settings) -> list[str]:
     """The configured standbys' URLs for the app role (see the module docstring)."""
-    from kb_rerank.admin.database import APP_ROLE, replace_url
+    from kb_rerank.admin.database import replace_url
 
     out = []
     for raw in (settings.read_database_url or "").split(","):
@@ -207,6 +207,6 @@ def standby_urls(settings) -> list[str]:
         if not url:
             continue
         if not urlsplit(url).username:
-            url = replace_url(url, user=APP_ROLE, password=settings.app_password or "")
+            url = replace_url(url, user=settings.app_role, password=settings.app_password or "")
         out.append(url)
     return out

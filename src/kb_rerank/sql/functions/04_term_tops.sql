@@ -114,7 +114,7 @@ end
 $$;
 alter function kb.refresh_term_tops(integer, integer, double precision, double precision) owner to kb_stats;
 revoke all on function kb.refresh_term_tops(integer, integer, double precision, double precision) from public;
-grant execute on function kb.refresh_term_tops(integer, integer, double precision, double precision) to cyberos_app;
+grant execute on function kb.refresh_term_tops(integer, integer, double precision, double precision) to {{app_role}};
 comment on function kb.refresh_term_tops(integer, integer, double precision, double precision) is
   'Rebuild the BM25 impact-ordered blocks (kb.term_tops) of the tenant in auth.tenant_id; returns the number of terms with blocks';
 

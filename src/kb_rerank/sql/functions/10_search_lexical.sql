@@ -2,7 +2,7 @@
 --
 -- Why SECURITY DEFINER (owned by kb_search, which has BYPASSRLS): under RLS the planner may
 -- not evaluate `tsv @@ tsquery` before the policy's tenant check, because @@ is not
--- leakproof, so a ranked full-text query run by cyberos_app ignores the GIN index
+-- leakproof, so a ranked full-text query run by the app role ignores the GIN index
 -- (measured on PostgreSQL 18: 26.7 ms through RLS against 0.4 ms here at 50k rows per
 -- tenant). This function applies the same isolation itself: every table it reads is
 -- filtered on kb.current_tenant(), the tenant of the caller's transaction, and with no

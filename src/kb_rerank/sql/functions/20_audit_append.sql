@@ -150,9 +150,9 @@ comment on function kb.audit_append(text, smallint, text, text, text, text, inte
   'Append an entry (with the service''s MAC) to the caller''s tenant''s hash-chained audit log; raises when no tenant is set';
 
 -- kb_audit (the definer) hashes rows; the app role does not (it writes no row itself).
-revoke all on function kb.audit_row_hash(kb.kb_rerank_audit) from public, cyberos_app;
+revoke all on function kb.audit_row_hash(kb.kb_rerank_audit) from public, {{app_role}};
 grant execute on function kb.audit_row_hash(kb.kb_rerank_audit) to kb_audit;
 revoke all on function kb.audit_append(text, smallint, text, text, text, text, integer, integer, real, text, text, text, text)
   from public;
 grant execute on function kb.audit_append(text, smallint, text, text, text, text, integer, integer, real, text, text, text, text)
-  to cyberos_app;
+  to {{app_role}};

@@ -76,5 +76,5 @@ $$;
 comment on function kb.audit_verify() is
   'Verify the audit hash chain of each visible tenant (RLS applies); NULL first_broken_* and reason when intact';
 
-revoke all on function kb.audit_verify() from public, cyberos_app;
+revoke all on function kb.audit_verify() from public, {{app_role}};
 

@@ -64,7 +64,7 @@ end
 $$;
 alter function kb.evict_expired_cache(integer) owner to kb_maint;
 revoke all on function kb.evict_expired_cache(integer) from public;
-revoke all on function kb.evict_expired_cache(integer) from cyberos_app;
+revoke all on function kb.evict_expired_cache(integer) from {{app_role}};
 -- the role running the migrations (the owner URL) keeps EXECUTE, for `kb-rerank evict`
 do $$
 begin

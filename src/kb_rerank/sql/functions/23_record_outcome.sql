@@ -145,4 +145,4 @@ revoke all on function kb.record_outcome(uuid, bigint, double precision, jsonb, 
                                          text, text, text, uuid) from public;
 grant execute on function kb.record_outcome(uuid, bigint, double precision, jsonb, text, uuid[], character[], real[],
                                             text, smallint, text, text, text, text, integer, integer, real, text,
-                                            text, text, text, uuid) to cyberos_app;
+                                            text, text, text, uuid) to {{app_role}};

@@ -34,7 +34,7 @@ begin
   execute format('create table kb.%I partition of kb.kb_rerank_audit for values from (%L) to (%L)', name, lo, hi);
   execute format('alter table kb.%I enable row level security', name);
   execute format('alter table kb.%I force row level security', name);
-  execute format('revoke all on kb.%I from public, cyberos_app, kb_audit', name);
+  execute format('revoke all on kb.%I from public, {{app_role}}, kb_audit', name);
   with gone as (
     delete from kb.kb_rerank_audit_default d where d.created_at >= lo and d.created_at < hi returning d.*
   )
@@ -46,4 +46,4 @@ end
 $$;
 comment on function kb.audit_add_month(date) is
   'Create the audit log partition of a month (UTC), moving its rows out of the default partition; owner only';
-revoke all on function kb.audit_add_month(date) from public, cyberos_app;
+revoke all on function kb.audit_add_month(date) from public, {{app_role}};

@@ -1,6 +1,8 @@
 -- Schema-level grants. The app role reaches kb objects only through the grants below
 -- and the per-table files; functions are not executable by PUBLIC by default here.
-grant usage on schema kb to cyberos_app, kb_search, kb_stats, kb_audit;
+-- The app_role placeholder (in double braces), in every file of this layer, is the app role: KB_APP_ROLE (default
+-- cyberos_app), rendered by kb_rerank.sqlfiles as a quoted identifier it has checked.
+grant usage on schema kb to {{app_role}}, kb_search, kb_stats, kb_audit;
 
 -- Issue 13, item 1: no role but the owner creates objects that a SECURITY DEFINER body
 -- could resolve by name. No temporary objects for PUBLIC or the app role (a temporary
@@ -9,14 +11,14 @@ grant usage on schema kb to cyberos_app, kb_search, kb_stats, kb_audit;
 do $$
 begin
   execute format('revoke temporary on database %I from public', current_database());
-  execute format('revoke temporary on database %I from cyberos_app', current_database());
+  execute format('revoke temporary on database %I from {{app_role}}', current_database());
 end
 $$;
 revoke create on schema public from public;
-revoke create on schema public from cyberos_app;
+revoke create on schema public from {{app_role}};
 alter default privileges in schema kb revoke execute on functions from public;
 revoke execute on all functions in schema kb from public;
-grant select on kb.embedding_config to cyberos_app;
+grant select on kb.embedding_config to {{app_role}};
 grant execute on function kb.current_tenant(), kb.code_tokens(text), kb.to_tsv(text), kb.doc_length(text), kb.query_terms(text), kb.terms_tsquery(text[]),
                           kb.stop_words_en(), kb.vi_syllable_shape(text), kb.query_is_english(text),
                           kb.code_token_counts(text), kb.query_term_counts(text),
@@ -24,19 +26,19 @@ grant execute on function kb.current_tenant(), kb.code_tokens(text), kb.to_tsv(t
                           kb.search_term_counts(text), kb.search_terms(text),
                           kb.bm25_tf_part(double precision, double precision, double precision, double precision, double precision),
                           kb.ts_rank_tf(), kb.ts_rank_tf_compute()
-  to cyberos_app, kb_search, kb_stats;
+  to {{app_role}}, kb_search, kb_stats;
 -- the policies of the audit tables call kb.current_tenant() as kb_audit
 grant execute on function kb.current_tenant() to kb_audit;
 grant execute on function kb.search_lexical(text, integer, double precision, double precision),
                           kb.search_semantic(public.vector, integer),
                           kb.search_hybrid(text, public.vector, integer, integer, text, double precision, double precision,
                                            double precision, double precision)
-  to cyberos_app;
+  to {{app_role}};
 -- /readyz compares the applied migration with the code's head revision.
 do $$
 begin
   if to_regclass('public.kb_alembic_version') is not null then
-    grant select on public.kb_alembic_version to cyberos_app;
+    grant select on public.kb_alembic_version to {{app_role}};
   end if;
 end
 $$;

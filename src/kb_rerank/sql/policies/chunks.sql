@@ -18,6 +18,6 @@ create policy "Chunks are updated by their tenant" on kb.chunks
 create policy "Chunks are deleted by their tenant" on kb.chunks
   for delete using (tenant_id = (select kb.current_tenant()));
 
-grant select, insert, update, delete on kb.chunks to cyberos_app;
+grant select, insert, update, delete on kb.chunks to {{app_role}};
 -- kb_search owns the search functions, which filter the tenant themselves.
 grant select on kb.chunks to kb_search;

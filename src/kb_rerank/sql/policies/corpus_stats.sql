@@ -18,7 +18,7 @@ drop policy if exists "Champion lists are visible to their tenant" on kb.term_to
 create policy "Champion lists are visible to their tenant" on kb.term_tops
   for select using (tenant_id = (select kb.current_tenant()));
 
-grant select on kb.term_stats, kb.corpus_stats, kb.term_tops to cyberos_app;
+grant select on kb.term_stats, kb.corpus_stats, kb.term_tops to {{app_role}};
 -- kb_search (search functions) reads them; kb_stats (statistics triggers and
 -- kb.refresh_term_tops) writes them, and reads the chunks they are derived from.
 revoke all on kb.term_stats, kb.corpus_stats, kb.term_tops from kb_search;

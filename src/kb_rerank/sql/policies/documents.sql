@@ -18,6 +18,6 @@ create policy "Documents are updated by their tenant" on kb.documents
 create policy "Documents are deleted by their tenant" on kb.documents
   for delete using (tenant_id = (select kb.current_tenant()));
 
-grant select, insert, update, delete on kb.documents to cyberos_app;
+grant select, insert, update, delete on kb.documents to {{app_role}};
 -- kb_search owns the search functions, which filter the tenant themselves.
 grant select on kb.documents to kb_search;

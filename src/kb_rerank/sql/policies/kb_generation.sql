@@ -12,7 +12,7 @@ create policy "Generation is visible to its tenant" on kb.kb_generation
 create policy "Generation is written by the bump trigger" on kb.kb_generation
   for all to kb_generation using (true) with check (true);
 
-revoke all on kb.kb_generation from public, cyberos_app, kb_generation;
-grant select on kb.kb_generation to cyberos_app;
+revoke all on kb.kb_generation from public, {{app_role}}, kb_generation;
+grant select on kb.kb_generation to {{app_role}};
 grant usage on schema kb to kb_generation;
 grant select, insert, update on kb.kb_generation to kb_generation;

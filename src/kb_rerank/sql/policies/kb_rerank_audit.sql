@@ -17,12 +17,12 @@ create policy "Audit entries are visible to their tenant" on kb.kb_rerank_audit
 create policy "Audit entries are appended by their tenant" on kb.kb_rerank_audit
   for insert with check (tenant_id = (select kb.current_tenant()));
 
-revoke all on kb.kb_rerank_audit from cyberos_app;
-grant select on kb.kb_rerank_audit to cyberos_app;
+revoke all on kb.kb_rerank_audit from {{app_role}};
+grant select on kb.kb_rerank_audit to {{app_role}};
 revoke all on kb.kb_rerank_audit from kb_audit;
 grant select, insert on kb.kb_rerank_audit to kb_audit;
 -- audit_id's default (0015: a sequence, the table being partitioned)
-revoke all on sequence kb.kb_rerank_audit_audit_id_seq from public, cyberos_app, kb_audit;
+revoke all on sequence kb.kb_rerank_audit_audit_id_seq from public, {{app_role}}, kb_audit;
 grant usage on sequence kb.kb_rerank_audit_audit_id_seq to kb_audit;
 
 -- The month partitions and the default one (0015): reached only through the parent, whose
@@ -39,7 +39,7 @@ begin
   loop
     execute format('alter table %s enable row level security', p);
     execute format('alter table %s force row level security', p);
-    execute format('revoke all on %s from public, cyberos_app, kb_audit', p);
+    execute format('revoke all on %s from public, {{app_role}}, kb_audit', p);
   end loop;
 end
 $$;
@@ -53,7 +53,7 @@ alter table kb.audit_checkpoints force row level security;
 drop policy if exists "Audit checkpoints are visible to their tenant" on kb.audit_checkpoints;
 create policy "Audit checkpoints are visible to their tenant" on kb.audit_checkpoints
   for select using (tenant_id = (select kb.current_tenant()));
-revoke all on kb.audit_checkpoints from public, cyberos_app, kb_audit;
+revoke all on kb.audit_checkpoints from public, {{app_role}}, kb_audit;
 
 -- kb.audit_heads: each tenant's last seq and row_hash, locked by kb.audit_append to
 -- serialise a tenant's appends. Only kb_audit reaches it; the app role has no privilege, so
@@ -66,7 +66,7 @@ create policy "Audit heads belong to their tenant" on kb.audit_heads
   using (tenant_id = (select kb.current_tenant()))
   with check (tenant_id = (select kb.current_tenant()));
 
-revoke all on kb.audit_heads from public, cyberos_app;
+revoke all on kb.audit_heads from public, {{app_role}};
 revoke all on kb.audit_heads from kb_audit;
 grant select, insert, update on kb.audit_heads to kb_audit;
 

@@ -9,5 +9,5 @@ create policy rerank_cache_rls on kb.kb_rerank_cache
   using (tenant_id = (select kb.current_tenant()))
   with check (tenant_id = (select kb.current_tenant()));
 
-revoke all on kb.kb_rerank_cache from cyberos_app;
-grant select, insert, delete on kb.kb_rerank_cache to cyberos_app;
+revoke all on kb.kb_rerank_cache from {{app_role}};
+grant select, insert, delete on kb.kb_rerank_cache to {{app_role}};

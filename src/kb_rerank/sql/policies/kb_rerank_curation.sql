@@ -21,6 +21,6 @@ create policy "Curations are updated by their tenant" on kb.kb_rerank_curation
 create policy "Curations are deleted by their tenant" on kb.kb_rerank_curation
   for delete using (tenant_id = (select kb.current_tenant()));
 
-revoke all on kb.kb_rerank_curation from cyberos_app;
-grant select, insert, update, delete on kb.kb_rerank_curation to cyberos_app;
+revoke all on kb.kb_rerank_curation from {{app_role}};
+grant select, insert, update, delete on kb.kb_rerank_curation to {{app_role}};
 

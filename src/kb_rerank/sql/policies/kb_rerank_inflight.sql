@@ -12,5 +12,5 @@ create policy rerank_inflight_rls on kb.kb_rerank_inflight
   using (tenant_id = (select kb.current_tenant()))
   with check (tenant_id = (select kb.current_tenant()));
 
-revoke all on kb.kb_rerank_inflight from public, cyberos_app;
-grant select, insert, delete on kb.kb_rerank_inflight to cyberos_app;
+revoke all on kb.kb_rerank_inflight from public, {{app_role}};
+grant select, insert, delete on kb.kb_rerank_inflight to {{app_role}};

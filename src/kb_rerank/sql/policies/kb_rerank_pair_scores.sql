@@ -16,5 +16,5 @@ create policy "Pair scores are inserted by their tenant" on kb.kb_rerank_pair_sc
 create policy "Pair scores are deleted by their tenant" on kb.kb_rerank_pair_scores
   for delete using (tenant_id = (select kb.current_tenant()));
 
-revoke all on kb.kb_rerank_pair_scores from cyberos_app;
-grant select, insert, delete on kb.kb_rerank_pair_scores to cyberos_app;
+revoke all on kb.kb_rerank_pair_scores from {{app_role}};
+grant select, insert, delete on kb.kb_rerank_pair_scores to {{app_role}};

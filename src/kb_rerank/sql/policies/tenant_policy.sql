@@ -16,5 +16,5 @@ create policy "Tenant policies are updated by their tenant" on kb.tenant_policy
   for update using (tenant_id = (select kb.current_tenant()))
   with check (tenant_id = (select kb.current_tenant()));
 
-revoke all on kb.tenant_policy from cyberos_app;
-grant select, insert, update on kb.tenant_policy to cyberos_app;
+revoke all on kb.tenant_policy from {{app_role}};
+grant select, insert, update on kb.tenant_policy to {{app_role}};

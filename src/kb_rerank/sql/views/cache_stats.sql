@@ -1,5 +1,5 @@
 -- Operational views over the rerank cache and audit log. security_invoker = true: the
--- underlying tables' RLS applies to whoever queries the view, so cyberos_app sees only
+-- underlying tables' RLS applies to whoever queries the view, so the app role sees only
 -- its tenant's rows; a role exempt from RLS (a superuser) sees every tenant.
 
 
@@ -43,5 +43,5 @@ create or replace view kb.cache_hit_ratio with (security_invoker = true) as
   ) s;
 comment on view kb.cache_hit_ratio is 'Rerank cache hit ratio per tenant from the audit log (RLS applies)';
 
-grant select on kb.cache_stats, kb.audit_summary, kb.cache_hit_ratio to cyberos_app;
+grant select on kb.cache_stats, kb.audit_summary, kb.cache_hit_ratio to {{app_role}};
 

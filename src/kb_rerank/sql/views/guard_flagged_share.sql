@@ -5,7 +5,7 @@
 --
 -- Who sees what: the view is security_invoker and reads kb.chunks through a SECURITY
 -- INVOKER function, so kb.chunks' row-level security (enabled and forced) applies to
--- whoever queries it: cyberos_app sees only the tenant of its transaction (nothing without
+-- whoever queries it: the app role sees only the tenant of its transaction (nothing without
 -- one); a role exempt from RLS (a superuser, or BYPASSRLS) sees every tenant.
 --
 -- Why a function under the view: a view records a dependency on every column it reads, and
@@ -57,11 +57,11 @@ $$;
 comment on function kb.guard_flagged_share_rows() is
   'Rows of kb.guard_flagged_share (security invoker: kb.chunks RLS applies to the caller)';
 revoke all on function kb.guard_flagged_share_rows() from public;
-grant execute on function kb.guard_flagged_share_rows() to cyberos_app;
+grant execute on function kb.guard_flagged_share_rows() to {{app_role}};
 
 create or replace view kb.guard_flagged_share with (security_invoker = true) as
   select * from kb.guard_flagged_share_rows();
 comment on view kb.guard_flagged_share is
   'Chunks flagged for prompt injection per tenant, by layer (RLS applies: the app role sees its own tenant only)';
 
-grant select on kb.guard_flagged_share to cyberos_app;
+grant select on kb.guard_flagged_share to {{app_role}};

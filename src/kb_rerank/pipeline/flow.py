@@ -19,7 +19,7 @@ Steps of a request (tenant ``t``, a flow of source ``s``)
    computes; a leader that finds the key claimed by another process polls for that
    process's cache row and serves it as a hit (audited ``cache_hit``), and computes only when
    the claim is released with nothing cached or expires. The claim is released in the
-   record step's transaction, with the cache row.
+   record step's statement (kb.record_outcome), with the cache row.
 2. **Lookup** (one tenant transaction): the tenant's injection policy when the flow keys on
    it, the cache key ``query_hash(normalised query, parameters)`` (:mod:`.query`), the
    tenant's knowledge-base generation (or the flow's fixed one) and the key's live row at
@@ -192,7 +192,6 @@ class Pipeline:
         self.replicas = replicas  # kb_rerank.store.replicas.ReadReplicas, or None: reads on the primary
         self.metrics = metrics or PipelineMetrics()
         self._inflight: dict[tuple[str, str, str], asyncio.Future] = {}
-        self._releases: set[asyncio.Task] = set()  # claim releases after a failure
         self._background: set[asyncio.Task] = set()
 
     # ------------------------------------------------------------------ services to flows
@@ -312,8 +311,8 @@ class Pipeline:
                 # In the background: with the database down the release waits a pool timeout,
                 # and the failed request must still fail fast (the claim expires anyway)
                 task = asyncio.get_running_loop().create_task(self._release(flow, tenant, *claim[0]))
-                self._releases.add(task)
-                task.add_done_callback(self._releases.discard)
+                self._background.add(task)
+                task.add_done_callback(self._background.discard)
 
     # ------------------------------------------------------------------ across processes
     def _claim_ttl_s(self) -> float:

@@ -18,6 +18,9 @@ calls, and fused in Python exactly as
             (a missing rank contributes 0)
     convex: score = (lexical_weight * lexn + semantic_weight * semn) / (lexical_weight + semantic_weight),
             lexn / semn = min-max normalised score within the list's top k (1 if max = min; missing 0)
+    dbsf:   (Python only, not in the SQL) distribution-based score fusion as in Qdrant: the convex
+            formula with lexn / semn = (s - (mean - 3 std)) / (6 std) over the list's top k
+            (population std), clipped to [0, 1] (1 if std = 0; missing 0)
     order by score desc, chunk_id (uuid byte order),
 
 then scored with ``kb_rerank.eval.measures.evaluate_run`` (nDCG@10). The lexical list's prefix is the
@@ -32,15 +35,16 @@ computed in Python only, for the before/after comparison on the same lists.
 Grid: candidates k in {20, 40, 60, 100} x
   rrf (and chunk rrf): rrf_k in {10, 30, 60} x (lexical_weight, semantic_weight) in
       {(1,1), (1,1.5), (1,2), (1.5,1), (0.7,1.3), (2,1), (3,1)};
-  convex: (lexical_weight, semantic_weight) in {(0.8,0.2), (0.7,0.3), (0.6,0.4), (0.5,0.5), (0.4,0.6), (0.3,0.7)}.
-``--fusions`` picks which families are swept (default: rrf convex chunk).
+  convex and dbsf: (lexical_weight, semantic_weight) in {(0.8,0.2), (0.7,0.3), (0.6,0.4), (0.5,0.5), (0.4,0.6), (0.3,0.7)}.
+``--fusions`` picks which families are swept (default: rrf convex chunk; dbsf only when named).
 
 Selection criterion (never on one collection): margin(c, config) = hybrid nDCG@10 - max(lexical,
 semantic nDCG@10) on collection c; choose the configuration with the largest *minimum* margin over
 the collections (ties: larger mean nDCG@10, then fewer candidates, then the grid order), among the
-per-document fusions (rrf, convex); chunk rrf is reported, never chosen. Also
-leave-one-collection-out: choose on all but one, report the held-out one. The best rrf and the best
-convex configuration are compared the same way (the score-aware fusion is kept only if it wins).
+per-document fusions (rrf, convex, and dbsf when swept; dbsf is not checked by ``--verify``, it has
+no SQL twin); chunk rrf is reported, never chosen. Also leave-one-collection-out: choose on all but
+one, report the held-out one. The best configurations of the swept families (rrf, convex, dbsf)
+are compared the same way (a score-aware fusion is kept only if it wins).
 
 Writes ``bench/results/fusion-sweep.json`` and prints Markdown tables on stdout.
 
@@ -78,21 +82,23 @@ CANDIDATES = (20, 40, 60, 100)
 RRF_KS = (10, 30, 60)
 WEIGHTS = ((1.0, 1.0), (1.0, 1.5), (1.0, 2.0), (1.5, 1.0), (0.7, 1.3), (2.0, 1.0), (3.0, 1.0))
 CONVEX_WEIGHTS = ((0.8, 0.2), (0.7, 0.3), (0.6, 0.4), (0.5, 0.5), (0.4, 0.6), (0.3, 0.7))
-FUSIONS = ("rrf", "convex", "chunk")
+FUSIONS = ("rrf", "convex", "chunk", "dbsf")
+DEFAULT_FUSIONS = ("rrf", "convex", "chunk")
+SCORE_FUSIONS = ("convex", "dbsf")  # score-aware: no rrf_k, CONVEX_WEIGHTS
 
 
 def make_grid(fusions) -> list[tuple]:
-    """(fusion, candidates, rrf_k, lexical_weight, semantic_weight); rrf_k is 0 for convex."""
+    """(fusion, candidates, rrf_k, lexical_weight, semantic_weight); rrf_k is 0 for convex / dbsf."""
     grid = []
     for f in fusions:
-        if f == "convex":
+        if f in SCORE_FUSIONS:
             grid += [(f, c, 0, lw, sw) for c in CANDIDATES for (lw, sw) in CONVEX_WEIGHTS]
         else:
             grid += [(f, c, r, lw, sw) for c in CANDIDATES for r in RRF_KS for (lw, sw) in WEIGHTS]
     return grid
 
 
-GRID = make_grid(FUSIONS)
+GRID = make_grid(DEFAULT_FUSIONS)
 _S = Settings()
 PRODUCTION = (_S.fusion_method, _S.fusion_depth, _S.rrf_k, _S.lexical_weight, _S.semantic_weight)  # the defaults
 # SQL defaults of kb.search_lexical, which kb.search_hybrid calls without k1/b
@@ -135,6 +141,20 @@ def _minmax(scores: dict) -> dict:
     return {d: (1.0 if hi == lo else (s - lo) / (hi - lo)) for d, s in scores.items()}
 
 
+def _dbsf(scores: dict) -> dict:
+    """Qdrant's distribution-based normalisation: (s - (mean - 3 std)) / (6 std), population std,
+    clipped to [0, 1]; 1 for every score if std = 0."""
+    if not scores:
+        return {}
+    vals = list(scores.values())
+    mean = sum(vals) / len(vals)
+    std = math.sqrt(sum((v - mean) ** 2 for v in vals) / len(vals))
+    if std == 0:
+        return {d: 1.0 for d in scores}
+    lo = mean - 3 * std
+    return {d: min(1.0, max(0.0, (s - lo) / (6 * std))) for d, s in scores.items()}
+
+
 def fuse(lex, sems, fusion: str, k: int, rrf_k: int, lw: float, sw: float):
     """Python twin of kb.search_hybrid: [(chunk_id, doc_id, score)] in SQL order.
 
@@ -158,8 +178,9 @@ def fuse(lex, sems, fusion: str, k: int, rrf_k: int, lw: float, sw: float):
         return out
     ldocs = {did: (cid, rank, score) for cid, did, rank, score in lex[:k]}
     sdocs = {did: (cid, rank, score) for cid, did, rank, score in semantic_docs(sems, k)[0]}
-    lnorm = _minmax({d: v[2] for d, v in ldocs.items()})
-    snorm = _minmax({d: v[2] for d, v in sdocs.items()})
+    norm = _dbsf if fusion == "dbsf" else _minmax
+    lnorm = norm({d: v[2] for d, v in ldocs.items()})
+    snorm = norm({d: v[2] for d, v in sdocs.items()})
     out = []
     for did in ldocs.keys() | sdocs.keys():
         l, s_ = ldocs.get(did), sdocs.get(did)
@@ -263,7 +284,7 @@ def ndcg(run, qrels) -> tuple[float, dict[str, float]]:
     return res["ndcg@10"], {q: v["ndcg@10"] for q, v in res["per_query"].items()}
 
 
-def choose(configs: dict, names: list[str], fusions=("rrf", "convex")):
+def choose(configs: dict, names: list[str], fusions=("rrf", "convex", "dbsf")):
     """Max over configs of the given fusions of min margin over `names`; ties: mean nDCG, fewer
     candidates, grid order."""
     def key(cfg):
@@ -275,8 +296,8 @@ def choose(configs: dict, names: list[str], fusions=("rrf", "convex")):
 
 def fmt_cfg(cfg) -> str:
     f, c, r, lw, sw = cfg
-    if f == "convex":
-        return f"convex c={c} w={lw:g}/{sw:g}"
+    if f in SCORE_FUSIONS:
+        return f"{f} c={c} w={lw:g}/{sw:g}"
     return f"{'chunk rrf' if f == 'chunk' else 'rrf'} c={c} rrf_k={r} w={lw:g}/{sw:g}"
 
 
@@ -285,8 +306,9 @@ def main(argv=None) -> int:
     ap.add_argument("--datasets", nargs="+", type=Path, required=True)
     ap.add_argument("--verify", type=int, default=8, help="queries per collection checked against kb.search_hybrid")
     ap.add_argument("--json", type=Path, default=RESULTS / "fusion-sweep.json")
-    ap.add_argument("--fusions", nargs="+", choices=FUSIONS, default=list(FUSIONS),
-                    help="fusion families to sweep (chunk: the chunk-id RRF before issue 15, never chosen)")
+    ap.add_argument("--fusions", nargs="+", choices=FUSIONS, default=list(DEFAULT_FUSIONS),
+                    help="fusion families to sweep (chunk: the chunk-id RRF before issue 15, never chosen; "
+                         "dbsf: Python only, not verified against SQL)")
     args = ap.parse_args(argv)
     global GRID
     GRID = make_grid(args.fusions)
@@ -345,7 +367,7 @@ def main(argv=None) -> int:
         print("|---|---:|---:|---|---:|---:|", file=out)
         for cfg in GRID:
             m = configs[cfg][n]
-            print(f"| {cfg[0]} | {cfg[1]} | {cfg[2] if cfg[0] != 'convex' else '-'} | {cfg[3]:g} / {cfg[4]:g} "
+            print(f"| {cfg[0]} | {cfg[1]} | {cfg[2] if cfg[0] not in SCORE_FUSIONS else '-'} | {cfg[3]:g} / {cfg[4]:g} "
                   f"| {m['ndcg']:.4f} | {m['margin']:+.4f} |", file=out)
         print(file=out)
 

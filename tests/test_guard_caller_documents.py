@@ -206,8 +206,10 @@ def test_guard_flagged_share_view(settings, embedder, app_conn, owner_conn):
             sum(1 for f, rs, _, _ in stored if f and "fired:classifier" in rs),
             sum(scored), sum(sp for _, _, sp, _ in stored), max(c for *_, c in stored))
     assert rows[0][1:] == want
-    # what the fixtures make of it: 5 chunks, 3 flagged, the legacy one without the classifier
-    assert want[0] == 5 and want[1] == 3 and want[4] >= 1 and want[5] == 4 and want[3] >= 2
+    # what the fixtures make of it: 5 chunks, 3 flagged, the legacy one without the classifier (so by the
+    # patterns); the other two by the classifier, or by the patterns where the weights' veto floor lets them vote
+    assert want[0] == 5 and want[1] == 3 and want[5] == 4
+    assert want[3] >= 1 and want[4] >= 1 and want[3] + want[4] >= 3
     with tenant_transaction(app_conn, b):
         assert [r[:3] for r in app_conn.execute("select tenant_id, chunks, flagged from kb.guard_flagged_share")] \
                == [(b, 1, 0)]

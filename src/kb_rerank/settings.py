@@ -173,10 +173,11 @@ class Settings:
     # without its embedding in time is decided by the patterns alone (not demoted; the answer not cached). ~280 ms a 200-character document on 2 loaded
     # cores (bench/results/guard-cost-2026-11-30.md): the patterns' 200 ms would leave every document uninspected,
     # and raising that one would let the GIL-holding patterns run 10x longer beside the event loop
-    # KB_GUARD_CLASSIFIER_THRESHOLD: a chunk is flagged for injection at ingestion when the patterns flag it
-    # or the learned detector's probability (kb_rerank.ingest.guard_classifier) reaches this; 1.0 turns the
-    # classifier's vote off (its probability is still stored). Precision/recall per threshold: docs/guardrails.md
-    guard_classifier_threshold: float = 0.9
+    # KB_GUARD_CLASSIFIER_THRESHOLD: a chunk is flagged for injection at ingestion when the learned detector's
+    # probability (kb_rerank.ingest.guard_classifier, which reads the pattern signals too) reaches this, or the
+    # patterns flag it and the weights' veto floor does not overrule them; 1.0 leaves the patterns alone
+    # (the probability is still stored). Precision/recall per threshold: docs/guardrails.md
+    guard_classifier_threshold: float = 0.8
 
     # Operational endpoints (issue 13: /metrics, /readyz detail)
     # /metrics and the detail of /readyz need `Authorization: Bearer <ops_token>`; unset: /metrics
@@ -440,9 +441,10 @@ RULES: dict[str, Rule] = {
                                  " reads (reused by MMR); a document without its embedding in time is decided by the"
                                  " patterns alone (not demoted) and the answer is not cached", ge=0),
     "guard_classifier_threshold": Rule("a chunk at ingestion, or a `/v2/rerank` document, is flagged for injection when"
-                                       " the patterns flag it or the"
-                                       " learned detector's probability reaches this (1 leaves only the patterns"
-                                       " deciding); precision / recall per threshold in `docs/guardrails.md`",
+                                       " the learned detector's probability (over its embedding and the pattern"
+                                       " signals) reaches this, or the patterns flag it and the shipped weights'"
+                                       " veto floor does not overrule them (1 leaves only the patterns deciding);"
+                                       " precision / recall per threshold in `docs/guardrails.md`",
                                        gt=0, le=1),
     # Operations
     "ops_token": Rule("bearer token (>= 32 bytes) of `/metrics` and the detail of `/readyz` (unset: `/metrics` is 404)"),

@@ -1,10 +1,14 @@
-"""The learned injection detector: logistic regression over a chunk's embedding (issue 19).
+"""The learned injection detector over a chunk's embedding (issue 19).
 
-Runs beside the patterns of :mod:`kb_rerank.ingest.detectors`, which stay the
-high-precision layer: a chunk is flagged when the patterns flag it OR the classifier's
-probability reaches ``KB_GUARD_CLASSIFIER_THRESHOLD``. The input is the embedding the
-chunk already has at ingestion (no second embedding) plus the pattern score and the
-number of pattern signals, so it costs one 386-term dot product per chunk.
+A logistic regression, or one small ReLU hidden layer before it, whichever the shipped
+weights hold (``bench/train_guard.py --model``). Runs beside the patterns of
+:mod:`kb_rerank.ingest.detectors`, which stay the high-precision layer: a chunk is flagged
+when the classifier's probability reaches ``KB_GUARD_CLASSIFIER_THRESHOLD``, or when the
+patterns flag it and the probability is not below the weights' ``floor`` (the classifier,
+which reads the whole passage, vetoes a pattern hit it finds clearly benign: a security
+article quoting "ignore previous instructions"; see :func:`kb_rerank.ingest.verdict.decide`).
+The input is the embedding the chunk already has at ingestion (no second embedding) plus the
+pattern score and the number of pattern signals: a dot product or two per chunk.
 
 The weights ship inside the package (``guard_classifier.npz``: coefficients with the
 feature standardisation folded in, intercept, version, the embedder they were trained on);
@@ -39,14 +43,22 @@ def features(embedding: np.ndarray, verdict: InjectionVerdict) -> np.ndarray:
 
 @dataclass(frozen=True)
 class GuardClassifier:
-    coef: np.ndarray  # (dim + 2,), standardisation folded in
+    coef: np.ndarray  # (dim + 2,) for a logistic regression, (hidden,) after a hidden layer
     intercept: float
     version: str
     embedder: str
     dim: int
+    # one ReLU hidden layer (dim + 2 -> hidden) before the logistic output, or none
+    w1: np.ndarray | None = None
+    b1: np.ndarray | None = None
+    # pattern veto: a pattern hit counts unless the probability is below this (0: never vetoed)
+    floor: float = 0.0
 
     def probability(self, embedding: np.ndarray, verdict: InjectionVerdict) -> float:
-        z = float(features(embedding, verdict) @ self.coef) + self.intercept
+        x = features(embedding, verdict)
+        if self.w1 is not None:
+            x = np.maximum(x @ self.w1 + self.b1, 0.0)
+        z = float(x @ self.coef) + self.intercept
         # numerically stable logistic
         if z >= 0:
             return 1.0 / (1.0 + math.exp(-z))
@@ -55,12 +67,17 @@ class GuardClassifier:
 
 
 def from_arrays(data) -> GuardClassifier:
+    files = set(getattr(data, "files", None) or data.keys())
+    hidden = "w1" in files
     return GuardClassifier(
         coef=np.asarray(data["coef"], dtype=np.float64).reshape(-1),
         intercept=float(np.asarray(data["intercept"]).reshape(-1)[0]),
         version=str(np.asarray(data["version"]).item()),
         embedder=str(np.asarray(data["embedder"]).item()),
         dim=int(np.asarray(data["dim"]).item()),
+        w1=np.asarray(data["w1"], dtype=np.float64) if hidden else None,
+        b1=np.asarray(data["b1"], dtype=np.float64).reshape(-1) if hidden else None,
+        floor=float(np.asarray(data["floor"]).item()) if "floor" in files else 0.0,
     )
 
 

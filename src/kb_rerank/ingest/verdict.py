@@ -6,10 +6,11 @@
 * caller-supplied documents (``/v2/rerank``): :func:`inspect_documents`, the same rule over
   each document and its embedding, within the request's guard budget.
 
-The rule (:func:`decide`): flagged when the patterns (:mod:`kb_rerank.ingest.detectors`)
-flag the text OR the learned detector's probability
-(:mod:`kb_rerank.ingest.guard_classifier`) reaches the threshold; a threshold of 1.0 turns
-the classifier's vote off (its probability is still reported).
+The rule (:func:`decide`): flagged when the learned detector's probability
+(:mod:`kb_rerank.ingest.guard_classifier`) reaches the threshold, or when the patterns
+(:mod:`kb_rerank.ingest.detectors`) flag the text and that probability is not below the
+weights' veto floor; a threshold of 1.0 turns the classifier off, vote and veto (the
+patterns decide alone; the probability is still reported).
 """
 
 from __future__ import annotations
@@ -43,11 +44,14 @@ class ChunkFlags:
 
 def decide(inj: InjectionVerdict, spam: SpamVerdict, embedding: np.ndarray | None = None,
            classifier: GuardClassifier | None = None, threshold: float = 1.0) -> ChunkFlags:
-    """Patterns OR classifier probability >= ``threshold`` (the classifier votes only when
-    ``threshold`` < 1). The reasons are the pattern signals, then ``classifier_p=<p>``
-    (always, when it ran), then ``fired:patterns`` / ``fired:classifier`` for the layers
-    that flagged the text; the score is the pattern score, or the probability when the
-    classifier fired and it is higher."""
+    """Flagged when the classifier's probability reaches ``threshold`` (it votes and vetoes
+    only when ``threshold`` < 1), or when the patterns flag the text and the probability is not below
+    the classifier's ``floor`` (its veto of pattern hits it finds clearly benign, trained
+    with the weights); without a classifier or an embedding, the patterns alone. The
+    reasons are the pattern signals, then ``classifier_p=<p>`` (always, when it ran), then
+    ``fired:patterns`` / ``fired:classifier`` for the layers that flagged the text, or
+    ``vetoed:patterns`` when the floor overruled a pattern hit; the score is the pattern
+    score, or the probability when the classifier fired and it is higher."""
     score = min(1.0, max(0.0, float(inj.score)))
     reasons = list(inj.reasons)
     flagged = bool(inj.flagged)
@@ -55,12 +59,16 @@ def decide(inj: InjectionVerdict, spam: SpamVerdict, embedding: np.ndarray | Non
         p = classifier.probability(embedding, inj)
         fired = threshold < 1.0 and p >= threshold
         reasons.append(f"classifier_p={p:.3f}")
-        if inj.flagged:
+        patterns = bool(inj.flagged)
+        if patterns and threshold < 1.0 and p < classifier.floor:
+            patterns = False
+            reasons.append("vetoed:patterns")
+        if patterns:
             reasons.append("fired:patterns")
         if fired:
             reasons.append("fired:classifier")
             score = max(score, min(1.0, p))
-        flagged = flagged or fired
+        flagged = patterns or fired
     return ChunkFlags(flagged, score, reasons, bool(spam.flagged))
 
 

@@ -26,6 +26,8 @@ Steps of a request (tenant ``t``, a flow of source ``s``)
    it, in one statement (:mod:`kb_rerank.store.result_cache`). A row the flow cannot
    decode is deleted and treated as a miss. A hit writes its ``cache_hit`` audit row in the
    same transaction and is answered without the model.
+   A leader's miss claims the key (``KB_SHARED_SINGLE_FLIGHT``, step 1) in the same
+   transaction, committed with it.
 3. **Compute** (the flow's own steps: candidates, guard policy, scoring with the pair cache
    and fallback through :meth:`Pipeline.score`, diversification, composition). Every cache
    row and pair score of the answer is keyed by the generation read in step 2, before any

@@ -26,6 +26,8 @@ Steps of a request (tenant ``t``, a flow of source ``s``)
    it, in one statement (:mod:`kb_rerank.store.result_cache`). A row the flow cannot
    decode is deleted and treated as a miss. A hit writes its ``cache_hit`` audit row in the
    same transaction and is answered without the model.
+   A leader's miss claims the key (``KB_SHARED_SINGLE_FLIGHT``, step 1) in the same
+   transaction, committed with it.
 3. **Compute** (the flow's own steps: candidates, guard policy, scoring with the pair cache
    and fallback through :meth:`Pipeline.score`, diversification, composition). Every cache
    row and pair score of the answer is keyed by the generation read in step 2, before any
@@ -93,6 +95,9 @@ class Lookup:
     generation: int
     hit: Any = None  # the decoded cached body
     model: str | None = None  # the model the cached body was computed with
+    # the single-flight claim tried in the lookup's transaction on a miss (``claim_as``):
+    # True when taken, False when another process holds the key, None when not tried
+    claimed: bool | None = None
 
 
 @dataclass
@@ -281,11 +286,14 @@ class Pipeline:
         outcome: Outcome | None = None
         failure: Exception | None = None
         claim: list = []  # [(lookup, claimant)] while this process holds the key's shared claim
+        # the shared claim is tried in the lookup's own transaction when it misses (one
+        # connection and transaction fewer per miss than claiming apart)
+        me = uuid.uuid4() if self.settings.shared_single_flight else None
         try:
-            look = await self._lookup(flow, tenant, trace_id, t0)
+            look = await self._lookup(flow, tenant, trace_id, t0, claim_as=me)
             if look.hit is not None:
                 return Served(look.hit, True, None, look.model or self.model_name)
-            other = await self._claim(flow, tenant, trace_id, t0, look, claim)
+            other = await self._claim(flow, tenant, trace_id, t0, look, claim, me=me)
             if isinstance(other, Served):
                 return other  # another process computed it meanwhile: its cache row, as a hit
             look = other
@@ -320,22 +328,28 @@ class Pipeline:
         for the query embedding, the SQL and the writes."""
         return float(self.settings.rerank_timeout_s) + 10.0
 
-    async def _claim(self, flow: Flow, tenant, trace_id: str, t0: float, look: Lookup, held: list):
+    async def _claim(self, flow: Flow, tenant, trace_id: str, t0: float, look: Lookup, held: list,
+                     me: uuid.UUID | None = None):
         """Single flight across processes (:mod:`kb_rerank.store.inflight`): claim the missed
         key and return the lookup to compute with (``held`` gets the claim), or, when another
         process holds the claim, wait for its cache row and return it as a hit
         (:class:`Served`). A claim released with nothing cached (a fallback, an uncacheable
         answer, a failure) or expired, or a wait past the claim's lifetime, lets this process
-        compute; a moved generation is a new key, claimed afresh."""
+        compute; a moved generation is a new key, claimed afresh. ``me``: the claimant the
+        lookup already tried to claim the key as (``look.claimed``), if it did."""
         if not self.settings.shared_single_flight:
             return look
-        me = uuid.uuid4()
+        if me is None or look.claimed is None:
+            me = uuid.uuid4()
         ttl = self._claim_ttl_s()
         deadline = time.monotonic() + ttl
         while True:
-            async with self.connection(tenant) as conn:
-                async with atenant_transaction(conn, tenant):
-                    got = await inflight.claim(conn, look.query_hash, flow.source, look.generation, me, ttl)
+            if look.claimed is not None:
+                got = look.claimed  # tried in the lookup's transaction (committed with it)
+            else:
+                async with self.connection(tenant) as conn:
+                    async with atenant_transaction(conn, tenant):
+                        got = await inflight.claim(conn, look.query_hash, flow.source, look.generation, me, ttl)
             if got:
                 held.append((look, me))
                 return look
@@ -364,11 +378,17 @@ class Pipeline:
         except Exception as exc:  # noqa: BLE001 - the claim expires on its own
             log.warning("could not release a single-flight claim: %s", type(exc).__name__)
 
-    async def _lookup(self, flow: Flow, tenant: uuid.UUID, trace_id: str, t0: float) -> Lookup:
+    async def _lookup(self, flow: Flow, tenant: uuid.UUID, trace_id: str, t0: float, *,
+                      claim_as: uuid.UUID | None = None) -> Lookup:
         with timing.stage("cache"):
-            return await self._lookup_timed(flow, tenant, trace_id, t0)
+            return await self._lookup_timed(flow, tenant, trace_id, t0, claim_as=claim_as)
 
-    async def _lookup_timed(self, flow: Flow, tenant: uuid.UUID, trace_id: str, t0: float) -> Lookup:
+    async def _lookup_timed(self, flow: Flow, tenant: uuid.UUID, trace_id: str, t0: float, *,
+                            claim_as: uuid.UUID | None = None) -> Lookup:
+        """Step 2. ``claim_as``: on a miss, claim the key for single flight across processes
+        as this claimant in the same transaction (:mod:`kb_rerank.store.inflight`, the
+        statements :meth:`_claim` would run in a transaction of their own; committed with the
+        lookup, so other processes see the claim as promptly); ``look.claimed`` tells."""
         async with self.connection(tenant) as conn:
             async with atenant_transaction(conn, tenant):
                 policy = "exclude"
@@ -381,6 +401,9 @@ class Pipeline:
                 generation, entry = await result_cache.get_live(conn, qh, flow.source, decode=flow.decode,
                                                                 generation=flow.fixed_generation)
                 look = Lookup(tenant, policy, params, qh, generation)
+                if entry is None and claim_as is not None:
+                    look.claimed = await inflight.claim(conn, qh, flow.source, generation, claim_as,
+                                                        self._claim_ttl_s())
                 if entry is not None:
                     look.hit, look.model = entry.body, entry.model or self.model_name
                     await self.audit(conn, tenant, audit.AuditRecord(

@@ -30,7 +30,8 @@ def pair_keys(cands: list[Candidate]) -> list[pair_cache.PairKey]:
 
 async def search_source(conn, source: str, normalized: str, embedding: Any, s: Settings) -> list[Candidate]:
     if source == "hybrid_lexical_semantic":
-        rows = (await search.ahybrid(conn, normalized, embedding, s.fusion_depth, **s.fusion))[: 2 * s.candidates]
+        # only the best 2 x candidates leave the database (the same rows as slicing here)
+        rows = await search.ahybrid(conn, normalized, embedding, s.fusion_depth, **s.fusion, limit=2 * s.candidates)
     elif source == "lexical_only":
         rows = await search.alexical(conn, normalized, s.candidates, k1=s.bm25_k1, b=s.bm25_b)
     elif source == "semantic_only":

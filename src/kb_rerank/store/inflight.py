@@ -41,9 +41,16 @@ RELEASE = (
 async def claim(conn, query_hash: str, source: str, generation: int, claimant: uuid.UUID, ttl_s: float) -> bool:
     """Claim the key for ``ttl_s`` seconds in ``conn``'s tenant transaction; True when this
     caller holds it now, False when another live claim does. (Commit promptly: a concurrent
-    claim of the same key waits on this transaction.)"""
+    claim of the same key waits on this transaction.) The claim is tried first: only when the
+    key is held (live or expired) is its expired claim deleted and the claim tried again, so
+    the usual miss (no claim on the key) costs one statement; the outcome is the same as
+    deleting first."""
+    args = [query_hash, source, generation, claimant, float(ttl_s)]
+    cur = await conn.execute(CLAIM, args)
+    if await cur.fetchone() is not None:
+        return True
     await conn.execute(DELETE_EXPIRED, [query_hash, source, generation])
-    cur = await conn.execute(CLAIM, [query_hash, source, generation, claimant, float(ttl_s)])
+    cur = await conn.execute(CLAIM, args)
     return await cur.fetchone() is not None
 
 

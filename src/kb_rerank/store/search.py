@@ -23,6 +23,10 @@ HYBRID_SQL = (
     " lexical_score, semantic_score, score"
     " from kb.search_hybrid(%s, %s::vector, %s, %s, %s, %s, %s, %s, %s)"
 )
+# The best ``limit`` rows of kb.search_hybrid, in its own order (score desc, chunk_id): the
+# service keeps only 2 x ``candidates`` of the 2 x ``fusion_depth`` rows, so the rest (each
+# with its chunk's content) need not cross the wire nor become Candidates.
+HYBRID_TOP_SQL = HYBRID_SQL + " order by score desc, chunk_id limit %s"
 
 
 def _lexical_rows(rows) -> list[Candidate]:
@@ -70,9 +74,14 @@ async def asemantic(conn, embedding, k: int = 20) -> list[Candidate]:
 
 async def ahybrid(conn, query: str, embedding, k: int = 20, *, rrf_k: int = 60, fusion: str = "rrf",
                   lexical_weight: float = 1.0, semantic_weight: float = 1.0, k1: float = 1.2,
-                  b: float = 0.75) -> list[Candidate]:
-    cur = await conn.execute(HYBRID_SQL, [query, _vec(embedding), k, rrf_k, fusion, lexical_weight, semantic_weight,
-                                           k1, b])
+                  b: float = 0.75, limit: int | None = None) -> list[Candidate]:
+    """kb.search_hybrid's rows; with ``limit``, only its first ``limit`` (the same rows as
+    slicing the full answer)."""
+    args = [query, _vec(embedding), k, rrf_k, fusion, lexical_weight, semantic_weight, k1, b]
+    if limit is None:
+        cur = await conn.execute(HYBRID_SQL, args)
+    else:
+        cur = await conn.execute(HYBRID_TOP_SQL, [*args, int(limit)])
     return _hybrid_rows(await cur.fetchall())
 
 

@@ -439,7 +439,9 @@ def run_config(args, size, n_tenants, sents, centres) -> dict:
             pages = conn.execute(
                 "select sum(pg_prewarm(c.oid, 'read')) from pg_class c"
                 " where c.oid in ('kb.chunks'::regclass, 'kb.chunks_embedding_hnsw_idx'::regclass,"
-                "                 'kb.chunks_tenant_tsv_idx'::regclass, 'kb.chunks_tenant_chunk_key'::regclass)"
+                "                 'kb.chunks_tenant_tsv_idx'::regclass, 'kb.chunks_pkey'::regclass,"
+                "                 'kb.term_tops'::regclass)"
+                "    or c.oid = (select reltoastrelid from pg_class where oid = 'kb.term_tops'::regclass)"
             ).fetchone()[0]
             info["prewarm"] = f"{int(pages) * 8 // 1024} MB in {time.perf_counter() - t0:.0f} s"
     tenants = [uuid.UUID(t) for t in info["tenants"]]

@@ -22,8 +22,8 @@ Compute (a miss):
    order; more than ``rerank_max_candidates`` documents -> the best are scored, the rest
    dropped (``meta.cut_off``). ``max_tokens_per_doc`` truncates each document to that many
    whitespace-separated tokens before scoring.
-3. Guard, the rule ingestion stores per chunk (:mod:`kb_rerank.ingest.verdict`: patterns OR
-   the learned detector over the document's embedding) off the event loop: the patterns in
+3. Guard, the rule ingestion stores per chunk (:mod:`kb_rerank.ingest.verdict`: the learned
+   detector over the document's embedding and the pattern signals, with its veto floor) off the event loop: the patterns in
    the detectors' worker thread within ``guard_budget_ms``, the embeddings on the embedder's
    executor meanwhile within ``guard_embed_budget_ms``; then the guard policy
    (:mod:`.guard_policy`); a document whose embedding is late is decided by the patterns

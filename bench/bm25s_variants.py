@@ -13,14 +13,17 @@ Prints nDCG@10 per collection (trec_eval definitions, kb_rerank.eval.measures).
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "bench"))
 
 
 def main(argv=None) -> int:
     import bm25s
     import Stemmer
+    from quality import bm25s_run  # the baselines' own BM25 run (k1 is what varies here)
 
     from kb_rerank.eval.measures import evaluate_run, load_beir
     from kb_rerank.eval.runs import document_text
@@ -34,23 +37,20 @@ def main(argv=None) -> int:
         "title+text": lambda t, x: f"{t} {x}".strip(),
         "text only": lambda t, x: x or t,
     }
+    stemmer = Stemmer.Stemmer("english")
+
+    def tok(items: list[str]) -> list[list[str]]:  # as bench/quality.py's `bm25s stem` baseline
+        return bm25s.tokenize(items, stopwords="en", stemmer=stemmer, return_ids=False, show_progress=False)
+
     print("| collection | document text | k1 1.2 | k1 1.5 |\n|---|---|---:|---:|")
     for path in args.datasets:
         coll = load_beir(path)
         ids = list(coll.corpus)
-        stemmer = Stemmer.Stemmer("english")
-        qids = list(coll.queries)
-        qtok = bm25s.tokenize([coll.queries[q] for q in qids], stopwords="en", stemmer=stemmer, show_progress=False)
+        queries = dict(zip(coll.queries, tok(list(coll.queries.values()))))
         for name, make in texts.items():
-            tok = bm25s.tokenize([make(*coll.corpus[i]) for i in ids], stopwords="en", stemmer=stemmer,
-                                 show_progress=False)
-            row = []
-            for k1 in (1.2, 1.5):
-                r = bm25s.BM25(k1=k1, b=0.75, method="lucene")
-                r.index(tok, show_progress=False)
-                res, _ = r.retrieve(qtok, k=100, show_progress=False)
-                run = {q: [ids[j] for j in res[n]] for n, q in enumerate(qids)}
-                row.append(evaluate_run(run, coll.qrels)["ndcg@10"])
+            docs = tok([make(*coll.corpus[i]) for i in ids])
+            row = [evaluate_run(bm25s_run(ids, docs, queries, dedup_query=False, k1=k1), coll.qrels)["ndcg@10"]
+                   for k1 in (1.2, 1.5)]
             print(f"| {path.name} | {name} | {row[0]:.4f} | {row[1]:.4f} |", flush=True)
     return 0
 

@@ -106,10 +106,11 @@ def _topk(scores: np.ndarray, ids: list[str], k: int, *, positive: bool = False)
     return [ids[i] for i in idx if not positive or scores[i] > 0]
 
 
-def bm25s_run(doc_ids, doc_tokens, queries: dict[str, list[str]], *, dedup_query: bool) -> dict[str, list[str]]:
+def bm25s_run(doc_ids, doc_tokens, queries: dict[str, list[str]], *, dedup_query: bool,
+              k1: float = 1.2) -> dict[str, list[str]]:
     import bm25s
 
-    r = bm25s.BM25(k1=1.2, b=0.75, method="lucene")
+    r = bm25s.BM25(k1=k1, b=0.75, method="lucene")
     r.index(doc_tokens, show_progress=False)
     vocab = r.vocab_dict
     run = {}

@@ -34,6 +34,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from kb_rerank.ingest.detectors import detect_injection  # noqa: E402
 from kb_rerank.ingest.guard_classifier import WEIGHTS_RESOURCE, features  # noqa: E402
+from kb_rerank.settings import Settings  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 MAX_CHARS = 600  # texts cut here (a chunk is at most ~1,000 characters); keeps training embeddings cheap
@@ -141,7 +142,6 @@ def load_samples(data: Path, shared: Path, rng: random.Random) -> list[dict]:
 
     from kb_rerank.ingest.chunking import chunk_text
     from kb_rerank.ingest.readers import SourceDoc, iter_documents
-    from kb_rerank.settings import Settings
 
     st = Settings()
     for d in iter_documents([str(resources.files("kb_rerank") / "demo_kb")]):
@@ -251,7 +251,8 @@ def main() -> None:
     ap.add_argument("--C", type=float, default=C, help="inverse regularisation (mlp: alpha = 1 / C)")
     ap.add_argument("--floor", type=float, default=FLOOR,
                     help="pattern veto: a pattern hit counts unless the classifier's probability is below this")
-    ap.add_argument("--threshold", type=float, default=0.8, help="the shipped default (KB_GUARD_CLASSIFIER_THRESHOLD), reported")
+    ap.add_argument("--threshold", type=float, default=Settings().guard_classifier_threshold,
+                    help="default: the shipped KB_GUARD_CLASSIFIER_THRESHOLD; reported")
     ap.add_argument("--explore", action="store_true",
                     help="print the cross-validated grid (model x C x floor) the defaults were chosen from; write nothing")
     ap.add_argument("--no-write", action="store_true", help="report only, keep the shipped weights")

@@ -339,8 +339,7 @@ class Pipeline:
         lookup already tried to claim the key as (``look.claimed``), if it did."""
         if not self.settings.shared_single_flight:
             return look
-        if me is None or look.claimed is None:
-            me = uuid.uuid4()
+        me = me or uuid.uuid4()
         ttl = self._claim_ttl_s()
         deadline = time.monotonic() + ttl
         while True:

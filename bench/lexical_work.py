@@ -21,8 +21,10 @@ can be told from the query sets' (search_bench draws each tenant's queries with 
 --variant NAME installs a prototype variant of the search (see VARIANTS) next to the baseline
 copy and records its counters too (same rows checked).
 
-    PYTHONPATH=src python bench/lexical_work.py --host %2Ftmp%2Fkb-bench-1m%2Fpg \\
-        --db kb_bench_1000000_10 --tenants 0,9 --cross --out bench/results/lexical-work-1m-2026-12-01
+    # (defaults: --host %2Ftmp%2Fkb-bench-1m%2Fpg --db kb_bench_1000000_10 --tenants 0,9)
+    PYTHONPATH=src python bench/lexical_work.py --cross --variant finish-1x --variant finish-half \\
+        --ideal 10 --out bench/results/lexical-work-1m-2026-12-01
+    PYTHONPATH=src python bench/lexical_work.py --report bench/results/lexical-work-1m-2026-12-01  # .md only
 """
 
 from __future__ import annotations

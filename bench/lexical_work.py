@@ -449,7 +449,7 @@ def main(argv=None) -> int:
            "ideal": ideals, "db": args.db, "args": vars(args), "installed_matches_worktree": same,
            "tenants": {ti: {"tenant_id": str(stats[ti][0]), "chunks": stats[ti][1]} for ti in tis}, "rows": rows}
     if args.out:
-        Path(args.out + ".json").write_text(json.dumps(res, indent=1, default=str), encoding="utf-8")
+        Path(args.out + ".json").write_text(json.dumps(res, separators=(",", ":"), default=str), encoding="utf-8")
         Path(args.out + ".md").write_text(report(json.loads(json.dumps(res, default=str))), encoding="utf-8")
         print(f"wrote {args.out}.json and .md", file=sys.stderr)
     return 0

@@ -281,6 +281,21 @@ def test_inspect_documents_scores_spans_within_the_deadline():
     seen = asyncio.run(inspect_documents([LONG_PLAIN], 5.0, classifier=clf, threshold=0.8, embed=embed))
     assert seen.flags[0].injection_flag and "fired:spans" in seen.flags[0].injection_reasons
     assert seen.unclassified == 0
+    assert seen.span_texts_embedded == len(spans(LONG_PLAIN))  # what /v2/rerank charges for spans
+    # the spans go to embed_spans when given (the caller counts what it embeds)
+    span_calls = []
+
+    async def embed_spans(texts):
+        span_calls.append(list(texts))
+        return await embed(texts)
+
+    seen = asyncio.run(inspect_documents([LONG_PLAIN], 5.0, classifier=clf, threshold=0.8, embed=embed,
+                                         embed_spans=embed_spans))
+    assert span_calls == [spans(LONG_PLAIN)] and seen.span_texts_embedded == len(spans(LONG_PLAIN))
+    # a clear document has no span embedded
+    seen = asyncio.run(inspect_documents([LONG_PLAIN], 5.0, classifier=clf, threshold=0.8,
+                                         embed=lambda t: _async(np.stack([_unit(1) for _ in t]))))
+    assert seen.span_texts_embedded == 0
 
     async def late_spans(texts):
         if texts[0] == LONG_PLAIN:
@@ -291,3 +306,9 @@ def test_inspect_documents_scores_spans_within_the_deadline():
     seen = asyncio.run(inspect_documents([LONG_PLAIN], 0.2, classifier=clf, threshold=0.8, embed=late_spans))
     # spans not back in time: decided without them, counted (the answer is not cached)
     assert not seen.flags[0].injection_flag and seen.unclassified == 1
+    # the late batch still runs on the embedder: charged
+    assert seen.span_texts_embedded == len(spans(LONG_PLAIN))
+
+
+async def _async(value):
+    return value

@@ -137,13 +137,18 @@ class Inspection:
     # failed), so the classifier had no vote; or decided without their spans, not embedded in
     # time (an answer with any is not cached)
     unclassified: int = 0
+    # span texts handed to the embedder (a batch late for the deadline still runs on the
+    # embedder's thread, and one that failed was attempted: both count): what /v2/rerank
+    # charges for spans
+    span_texts_embedded: int = 0
 
 
 async def inspect_documents(texts: Sequence[str], budget_s: float, *, classifier: GuardClassifier | None = None,
                             threshold: float = 1.0,
                             embed: Callable[[list[str]], Awaitable[np.ndarray]] | None = None,
                             fatal: tuple[type[BaseException], ...] = (),
-                            embed_budget_s: float | None = None) -> Inspection:
+                            embed_budget_s: float | None = None,
+                            embed_spans: Callable[[list[str]], Awaitable[np.ndarray]] | None = None) -> Inspection:
     """:func:`decide` over each text, off the event loop, within two deadlines started now.
 
     The patterns run in the detectors' worker thread (:func:`detectors.inspect_documents`)
@@ -160,6 +165,10 @@ async def inspect_documents(texts: Sequence[str], budget_s: float, *, classifier
     document of a long request for the embedder's speed would reorder ordinary requests). An
     ``embed`` failure leaves its texts not embedded (logged), except the exception types in
     ``fatal``, which propagate (the tenant's embedder cap: 429, as for any embedding).
+    ``embed_spans``: the embedder call for the spans (default ``embed``), so that a caller can
+    count the span texts it embeds even when the inspection is interrupted (/v2/rerank
+    settles its span reservation from that count); ``span_texts_embedded`` of the result
+    counts the span texts handed to it.
     """
     n = len(texts)
     if n == 0:
@@ -183,8 +192,9 @@ async def inspect_documents(texts: Sequence[str], budget_s: float, *, classifier
                 wanted[i] = span_texts(texts[i], v[0], vec, classifier, threshold)
     flat = [t for w in wanted for t in w]
     svecs: list[np.ndarray | None] = [None] * len(flat)
+    span_sent = 0
     if flat:
-        await _embed_until(flat, svecs, embed, deadline, fatal)
+        span_sent = await _embed_until(flat, svecs, embed_spans or embed, deadline, fatal)
     flags: list[ChunkFlags | None] = []
     unclassified = 0
     at = 0
@@ -205,31 +215,36 @@ async def inspect_documents(texts: Sequence[str], budget_s: float, *, classifier
         else:
             span_p = classifier.span_probability(got, text_spans) if text_spans else None
             flags.append(decide(v[0], v[1], vec, classifier, threshold, span_p))
-    return Inspection(flags, vecs, unclassified)
+    return Inspection(flags, vecs, unclassified, span_sent)
 
 
 async def _embed_until(texts: Sequence[str], vecs: list[np.ndarray | None],
                        embed: Callable[[list[str]], Awaitable[np.ndarray]], deadline: float,
-                       fatal: tuple[type[BaseException], ...]) -> None:
+                       fatal: tuple[type[BaseException], ...]) -> int:
+    """Embed ``texts`` in batches into ``vecs`` until ``deadline``; returns how many texts were
+    handed to ``embed`` (a batch late or failed included)."""
+    sent = 0
     for start in range(0, len(texts), EMBED_BATCH):
         left = deadline - time.monotonic()
         if left <= 0:
-            return
+            return sent
         batch = list(texts[start:start + EMBED_BATCH])
+        sent += len(batch)
         fut = asyncio.ensure_future(embed(batch))
         try:
             got = await asyncio.wait_for(asyncio.shield(fut), timeout=left)
         except asyncio.TimeoutError:
             # the batch finishes on the embedder's thread; its result is not waited for
             fut.add_done_callback(_consume)
-            return
+            return sent
         except fatal:
             raise
         except Exception as exc:  # noqa: BLE001 - the embedder failed: these texts are not inspected
             log.warning("embedding documents for the injection classifier failed: %s", type(exc).__name__)
-            return
+            return sent
         for i, row in enumerate(np.asarray(got, dtype=np.float32)):
             vecs[start + i] = row
+    return sent
 
 
 def _consume(fut: asyncio.Future) -> None:

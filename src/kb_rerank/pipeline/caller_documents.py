@@ -16,8 +16,11 @@ answer reads no knowledge-base document, so an ingest does not evict it and it c
 knowledge-base text. The cache row holds ``{"kind": "kb_v2_rerank_v1", "response": ...}``.
 
 Compute (a miss):
-1. The documents (and the passages MMR will embed) are charged before any work on them
-   (by the route, before the cache read; :mod:`.limits`).
+1. The documents (and the passages the guard and MMR will embed) are charged before any work
+   on them (by the route, before the cache read; :mod:`.limits`), in one charge with a
+   reservation for the most spans the guard may embed (:meth:`CallerDocumentsFlow.span_reserve`);
+   when the request ends (served, from the cache, failed or cancelled) the reservation of the
+   spans not embedded is given back (:meth:`CallerDocumentsFlow.settle`).
 2. First stage: RRF (k = 60) of the caller's bm25 and cosine ranks where given, else input
    order; more than ``rerank_max_candidates`` documents -> the best are scored, the rest
    dropped (``meta.cut_off``). ``max_tokens_per_doc`` truncates each document to that many
@@ -45,7 +48,7 @@ import numpy as np
 
 from kb_rerank.candidate import Candidate, sha256_hex
 from kb_rerank.ingest import verdict
-from kb_rerank.ingest.guard_classifier import load_shipped
+from kb_rerank.ingest.guard_classifier import SPAN_MAX, SPAN_MIN_CHARS, load_shipped
 from kb_rerank.pipeline import diversify, timing
 from kb_rerank.pipeline.compose import fallback_relevance, rounded, tiers
 from kb_rerank.pipeline.flow import Lookup, Outcome, Pipeline, Served, StoredResponse
@@ -94,6 +97,9 @@ class CallerDocumentsFlow(StoredResponse):
     tag = "v2_rerank"
     fixed_generation = pair_cache.CALLER_DOCUMENTS_GENERATION
     keyed_on_policy = True
+    # the span reservation taken at admission (tokens) and the span texts embedded since
+    _span_reserved = 0.0
+    _spans_embedded = 0
 
     def __init__(self, req: V2Request, settings: Settings, model: str) -> None:
         self.req = req
@@ -129,10 +135,32 @@ class CallerDocumentsFlow(StoredResponse):
             return 0
         return min(len(self.req.documents), max(1, self.settings.rerank_max_candidates))
 
+    def span_reserve(self, pipe: Pipeline) -> int:
+        """The most span texts the guard may embed (reserved with the documents): none unless
+        the classifier votes and scores spans; else :data:`SPAN_MAX` for each document that will
+        be embedded and is long enough to have spans (more than :data:`SPAN_MIN_CHARS`
+        characters: truncation only shortens it), at most ``rerank_max_candidates`` of them.
+        Only string lengths are read: no work on the documents before they are charged."""
+        clf = self.classifier(pipe)
+        if clf is None or clf.span_threshold is None:
+            return 0
+        long_docs = sum(1 for d in self.req.documents if len(d if isinstance(d, str) else d.text) > SPAN_MIN_CHARS)
+        return min(long_docs, max(1, self.settings.rerank_max_candidates)) * SPAN_MAX
+
     def admit(self, pipe: Pipeline, tenant) -> None:
-        # the documents, and the passages the guard and MMR will embed, before any work on
-        # them (hashing, guard, scoring, embedding)
-        pipe.limits.charge_documents(tenant, len(self.req.documents), self.embedded_texts(pipe))
+        # the documents, the passages the guard and MMR will embed and the most spans the guard
+        # may embed, in one charge before any work on them (hashing, guard, scoring, embedding)
+        self._spans_embedded = 0
+        self._span_reserved = pipe.limits.charge_documents(tenant, len(self.req.documents), self.embedded_texts(pipe),
+                                                           span_reserve=self.span_reserve(pipe))
+
+    def settle(self, pipe: Pipeline, tenant) -> None:
+        """When the request ends, however (:meth:`Pipeline.run`'s finally): give back the span
+        reservation of the spans not embedded (all of it for a cache hit, a single-flight
+        follower or a request that failed before its guard); once."""
+        reserved, self._span_reserved = self._span_reserved, 0.0
+        if reserved > 0:
+            pipe.limits.settle_spans(tenant, reserved, self._spans_embedded)
 
     def params(self, policy: str | None) -> Mapping[str, Any]:
         req, s = self.req, self.settings
@@ -175,11 +203,20 @@ class CallerDocumentsFlow(StoredResponse):
             async with pipe.limits.embedding(tenant, len(texts), charge=False):  # prepaid with the documents
                 return await pipe.embed(pipe.embedder.embed_passages, texts)
 
+        async def embed_spans(texts: list[str]) -> np.ndarray:
+            # reserved at admission; counted once its embedder slot is held (a batch the guard
+            # stops waiting for still runs): what settle keeps of the reservation, also when
+            # the request fails or is cancelled after this point
+            async with pipe.limits.embedding(tenant, len(texts), charge=False):
+                self._spans_embedded += len(texts)
+                return await pipe.embed(pipe.embedder.embed_passages, texts)
+
         with timing.stage("guard"):
             seen = await verdict.inspect_documents([c.content for c in cands], s.guard_budget_ms / 1000.0,
                                                    classifier=clf, threshold=s.guard_classifier_threshold,
                                                    embed=embed, fatal=(LimitExceeded,),
-                                                   embed_budget_s=s.guard_embed_budget_ms / 1000.0)
+                                                   embed_budget_s=s.guard_embed_budget_ms / 1000.0,
+                                                   embed_spans=embed_spans)
         if seen.unclassified:
             log.info("guard: %d of %d documents decided by the patterns alone (embeddings not back within "
                      "KB_GUARD_EMBED_BUDGET_MS); the answer is not cached", seen.unclassified, len(cands))

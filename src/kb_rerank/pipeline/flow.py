@@ -130,7 +130,9 @@ class Flow(Protocol):
     normalized: str
 
     def admit(self, pipe: Pipeline, tenant: uuid.UUID) -> None:
-        """Charge what the request's size already tells (before the cache read); 429 if short."""
+        """Charge what the request's size already tells (before the cache read); 429 if short.
+        A flow may also define ``settle(pipe, tenant)``, called once when the request ends
+        (however it ends), to give back the unused part of what it reserved here."""
 
     def params(self, policy: str | None) -> Mapping[str, Any] | None:
         """The parameters that change the answer (None: the query alone keys it)."""
@@ -256,7 +258,14 @@ class Pipeline:
     async def run(self, flow: Flow, tenant: uuid.UUID, trace_id: str) -> Served:
         t0 = time.perf_counter()
         flow.admit(self, tenant)
-        served = await self._run(flow, tenant, trace_id, t0)
+        try:
+            served = await self._run(flow, tenant, trace_id, t0)
+        finally:
+            # a flow that reserved tokens at admission gives back what was not used, whether
+            # the request was served, failed or was cancelled (optional: /v2/rerank's spans)
+            settle = getattr(flow, "settle", None)
+            if settle is not None:
+                settle(self, tenant)
         self.metrics.served(flow.source, time.perf_counter() - t0)
         return served
 

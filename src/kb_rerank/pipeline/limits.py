@@ -16,7 +16,9 @@ included, serialised per tenant: docs/scaling.md.)
    to the documents); a call of the cross-encoder pays ``rate_cost_per_pair`` per pair it
    is sent (pairs the pair-score cache holds are free; prepaid by ``/v2/rerank``'s
    documents); a call of the embedder pays ``rate_cost_per_embedding`` per text (the query
-   of a miss, the passages MMR embeds). Defaults: a hybrid miss with 40 pairs costs
+   of a miss, the passages MMR and the injection classifier embed; on ``/v2/rerank`` the
+   most spans the classifier may embed are reserved with the documents, and what was not
+   embedded is given back once the request ends, served, failed or cancelled). Defaults: a hybrid miss with 40 pairs costs
    1 + 4 + 40 x 0.1 = 9, a 1000-document ``/v2/rerank`` 1 + 100 (+ 4 per passage MMR
    embeds). How they were chosen: 0.1 a pair is the issue's 1 + pairs/10, and puts a
    40-pair rerank at the price of a few hits, which is its cost on a GPU; the embedding
@@ -272,11 +274,26 @@ class Limits:
         """The pairs a request sends to the cross-encoder (after its REQUEST_COST)."""
         self.charge(tenant, self.cost_per_pair * pairs, paid=REQUEST_COST)
 
-    def charge_documents(self, tenant: Any, documents: int, embeddings: int = 0) -> None:
-        """The documents of a /v2/rerank request and the passages it will embed (MMR), in one
-        charge before any of the work (after its REQUEST_COST)."""
-        self.charge(tenant, self.cost_per_document * documents + self.cost_per_embedding * embeddings,
+    def charge_documents(self, tenant: Any, documents: int, embeddings: int = 0, *, span_reserve: int = 0) -> float:
+        """The documents of a /v2/rerank request, the passages it will embed (guard and MMR)
+        and the most spans the guard may embed (``span_reserve`` texts), in one charge before
+        any of the work (after its REQUEST_COST). Returns the spans' share, to be settled with
+        :meth:`settle_spans` once the spans actually embedded are known (also when the request
+        fails or is cancelled)."""
+        spans_cost = self.cost_per_embedding * max(0, int(span_reserve))
+        self.charge(tenant, self.cost_per_document * documents + self.cost_per_embedding * embeddings + spans_cost,
                     paid=REQUEST_COST)
+        return spans_cost
+
+    def settle_spans(self, tenant: Any, reserved: float, spans: int) -> None:
+        """Give back what :meth:`charge_documents` reserved for spans that were not embedded
+        (never more than ``reserved``; spans beyond the reservation are not charged again)."""
+        self.refund(tenant, reserved, self.cost_per_embedding * max(0, int(spans)))
+
+    def refund(self, tenant: Any, reserved: float, used: float) -> None:
+        """Give back the unused part of a reservation of ``reserved`` tokens of which ``used``
+        were spent: between 0 and ``reserved``."""
+        self.tenant_rate.refund(tenant, min(max(0.0, float(reserved)), max(0.0, float(reserved) - float(used))))
 
     def reserve_miss(self, tenant: Any, *, embeddings: int, max_pairs: int) -> float:
         """A cache miss's whole cost in one charge before any of its work: its query
@@ -291,7 +308,7 @@ class Limits:
 
     def settle_pairs(self, tenant: Any, reserved: float, pairs: int) -> None:
         """Give back what :meth:`reserve_miss` reserved for pairs that were not sent."""
-        self.tenant_rate.refund(tenant, max(0.0, reserved - self.cost_per_pair * pairs))
+        self.refund(tenant, reserved, self.cost_per_pair * pairs)
 
     # ------------------------------------------------------------------ caps
     async def enter_model(self, tenant: Any, pairs: int, *, charge: bool = True,

@@ -167,7 +167,7 @@ async def inspect_documents(texts: Sequence[str], budget_s: float, *, classifier
     ``fatal``, which propagate (the tenant's embedder cap: 429, as for any embedding).
     ``embed_spans``: the embedder call for the spans (default ``embed``), so that a caller can
     count the span texts it embeds even when the inspection is interrupted (/v2/rerank
-    settles its span reservation from that count); ``span_texts_embedded`` of the result
+    charges its spans from that count when the request ends); ``span_texts_embedded`` of the result
     counts the span texts handed to it.
     """
     n = len(texts)

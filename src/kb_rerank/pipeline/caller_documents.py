@@ -17,10 +17,12 @@ knowledge-base text. The cache row holds ``{"kind": "kb_v2_rerank_v1", "response
 
 Compute (a miss):
 1. The documents (and the passages the guard and MMR will embed) are charged before any work
-   on them (by the route, before the cache read; :mod:`.limits`), in one charge with a
-   reservation for the most spans the guard may embed (:meth:`CallerDocumentsFlow.span_reserve`);
-   when the request ends (served, from the cache, failed or cancelled) the reservation of the
-   spans not embedded is given back (:meth:`CallerDocumentsFlow.settle`).
+   on them (by the route, before the cache read; :mod:`.limits`). The spans the guard embeds
+   for the documents its classifier finds doubtful are not known before: they are charged
+   after the fact, as a debt, when the request ends (served, failed or cancelled;
+   :meth:`CallerDocumentsFlow.settle`): the spans actually embedded, debited whatever the
+   tenant's bucket holds (never refused; a negative bucket is waited out by the tenant's
+   next requests). A cache hit or a single-flight follower embeds none and pays none.
 2. First stage: RRF (k = 60) of the caller's bm25 and cosine ranks where given, else input
    order; more than ``rerank_max_candidates`` documents -> the best are scored, the rest
    dropped (``meta.cut_off``). ``max_tokens_per_doc`` truncates each document to that many
@@ -48,7 +50,7 @@ import numpy as np
 
 from kb_rerank.candidate import Candidate, sha256_hex
 from kb_rerank.ingest import verdict
-from kb_rerank.ingest.guard_classifier import SPAN_MAX, SPAN_MIN_CHARS, load_shipped
+from kb_rerank.ingest.guard_classifier import load_shipped
 from kb_rerank.pipeline import diversify, timing
 from kb_rerank.pipeline.compose import fallback_relevance, rounded, tiers
 from kb_rerank.pipeline.flow import Lookup, Outcome, Pipeline, Served, StoredResponse
@@ -97,9 +99,10 @@ class CallerDocumentsFlow(StoredResponse):
     tag = "v2_rerank"
     fixed_generation = pair_cache.CALLER_DOCUMENTS_GENERATION
     keyed_on_policy = True
-    # the span reservation taken at admission (tokens) and the span texts embedded since
-    _span_reserved = 0.0
+    # span texts embedded and not yet charged (by settle); once settled, a late batch is
+    # charged as it is embedded
     _spans_embedded = 0
+    _settled = False
 
     def __init__(self, req: V2Request, settings: Settings, model: str) -> None:
         self.req = req
@@ -135,32 +138,20 @@ class CallerDocumentsFlow(StoredResponse):
             return 0
         return min(len(self.req.documents), max(1, self.settings.rerank_max_candidates))
 
-    def span_reserve(self, pipe: Pipeline) -> int:
-        """The most span texts the guard may embed (reserved with the documents): none unless
-        the classifier votes and scores spans; else :data:`SPAN_MAX` for each document that will
-        be embedded and is long enough to have spans (more than :data:`SPAN_MIN_CHARS`
-        characters: truncation only shortens it), at most ``rerank_max_candidates`` of them.
-        Only string lengths are read: no work on the documents before they are charged."""
-        clf = self.classifier(pipe)
-        if clf is None or clf.span_threshold is None:
-            return 0
-        long_docs = sum(1 for d in self.req.documents if len(d if isinstance(d, str) else d.text) > SPAN_MIN_CHARS)
-        return min(long_docs, max(1, self.settings.rerank_max_candidates)) * SPAN_MAX
-
     def admit(self, pipe: Pipeline, tenant) -> None:
-        # the documents, the passages the guard and MMR will embed and the most spans the guard
-        # may embed, in one charge before any work on them (hashing, guard, scoring, embedding)
-        self._spans_embedded = 0
-        self._span_reserved = pipe.limits.charge_documents(tenant, len(self.req.documents), self.embedded_texts(pipe),
-                                                           span_reserve=self.span_reserve(pipe))
+        # the documents and the passages the guard and MMR will embed, before any work on them
+        # (hashing, guard, scoring, embedding); the spans are charged by settle
+        self._spans_embedded, self._settled = 0, False
+        pipe.limits.charge_documents(tenant, len(self.req.documents), self.embedded_texts(pipe))
 
     def settle(self, pipe: Pipeline, tenant) -> None:
-        """When the request ends, however (:meth:`Pipeline.run`'s finally): give back the span
-        reservation of the spans not embedded (all of it for a cache hit, a single-flight
-        follower or a request that failed before its guard); once."""
-        reserved, self._span_reserved = self._span_reserved, 0.0
-        if reserved > 0:
-            pipe.limits.settle_spans(tenant, reserved, self._spans_embedded)
+        """When the request ends, however (:meth:`Pipeline.run`'s finally; once): charge the
+        span texts the guard had embedded, after the fact and unconditionally (the bucket may
+        go negative: :meth:`Limits.charge_spans`). None for a cache hit, a single-flight
+        follower or a request that failed before its guard."""
+        spans, self._spans_embedded, self._settled = self._spans_embedded, 0, True
+        if spans > 0:
+            pipe.limits.charge_spans(tenant, spans)
 
     def params(self, policy: str | None) -> Mapping[str, Any]:
         req, s = self.req, self.settings
@@ -204,11 +195,14 @@ class CallerDocumentsFlow(StoredResponse):
                 return await pipe.embed(pipe.embedder.embed_passages, texts)
 
         async def embed_spans(texts: list[str]) -> np.ndarray:
-            # reserved at admission; counted once its embedder slot is held (a batch the guard
-            # stops waiting for still runs): what settle keeps of the reservation, also when
-            # the request fails or is cancelled after this point
+            # counted once its embedder slot is held (a batch the guard stops waiting for still
+            # runs), charged by settle when the request ends, also when it fails or is cancelled
+            # after this point; a late batch that gets its slot after that is charged at once
             async with pipe.limits.embedding(tenant, len(texts), charge=False):
-                self._spans_embedded += len(texts)
+                if self._settled:
+                    pipe.limits.charge_spans(tenant, len(texts))
+                else:
+                    self._spans_embedded += len(texts)
                 return await pipe.embed(pipe.embedder.embed_passages, texts)
 
         with timing.stage("guard"):

@@ -132,7 +132,8 @@ class Flow(Protocol):
     def admit(self, pipe: Pipeline, tenant: uuid.UUID) -> None:
         """Charge what the request's size already tells (before the cache read); 429 if short.
         A flow may also define ``settle(pipe, tenant)``, called once when the request ends
-        (however it ends), to give back the unused part of what it reserved here."""
+        (however it ends), to charge work whose size is known only once it is done
+        (/v2/rerank's guard spans, as a debt)."""
 
     def params(self, policy: str | None) -> Mapping[str, Any] | None:
         """The parameters that change the answer (None: the query alone keys it)."""
@@ -261,8 +262,8 @@ class Pipeline:
         try:
             served = await self._run(flow, tenant, trace_id, t0)
         finally:
-            # a flow that reserved tokens at admission gives back what was not used, whether
-            # the request was served, failed or was cancelled (optional: /v2/rerank's spans)
+            # a flow charges the work it could not price at admission, whether the request was
+            # served, failed or was cancelled (optional: /v2/rerank's guard spans, as a debt)
             settle = getattr(flow, "settle", None)
             if settle is not None:
                 settle(self, tenant)

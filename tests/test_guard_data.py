@@ -2,7 +2,8 @@
 
 The second after-freeze set measured the 2026-12-01.1 weights (scored once) and is training
 data since (source after_freeze_v2, from 2026-12-01.2); the next set, written after the next
-freeze, measures, so the training script must not read any later set. Every file holds
+freeze, measures, so the training script must not read any later set: the third
+(after_freeze_v3, written after the 2026-12-01.2 freeze) measures the shipped weights. Every file holds
 labelled, language-tagged rows of the shapes bench/train_guard.py and
 bench/guard_after_freeze.py read.
 """
@@ -22,6 +23,8 @@ TRAINING = [ROOT / "bench/data/guard" / n for n in
                                                 "after_freeze_v2.jsonl")]
 # the second after-freeze set: scored once against 2026-12-01.1, training data since
 MEASURING = ROOT / "tests/data/injection/after_freeze_v2.jsonl"
+# the third: written after the 2026-12-01.2 freeze (commit 0e1c103), scored once against it
+MEASURING_V3 = ROOT / "tests/data/injection/after_freeze_v3.jsonl"
 
 
 def _rows(path: Path) -> list[dict]:
@@ -32,7 +35,7 @@ def _norm(text: str) -> str:
     return " ".join(text.split()).casefold()
 
 
-@pytest.mark.parametrize("path", TRAINING[:4] + [MEASURING], ids=lambda p: p.name)
+@pytest.mark.parametrize("path", TRAINING[:4] + [MEASURING, MEASURING_V3], ids=lambda p: p.name)
 def test_written_sets_are_labelled_balanced_and_multilingual(path):
     rows = _rows(path)
     assert rows
@@ -44,8 +47,9 @@ def test_written_sets_are_labelled_balanced_and_multilingual(path):
         assert labels == {r["label"] for r in rows}, (lang, labels)
 
 
-def test_after_freeze_v2_is_balanced_with_half_hard_negatives():
-    rows = _rows(MEASURING)
+@pytest.mark.parametrize("path", [MEASURING, MEASURING_V3], ids=lambda p: p.name)
+def test_after_freeze_sets_are_balanced_with_half_hard_negatives(path):
+    rows = _rows(path)
     hostile = [r for r in rows if r["label"] == 1]
     benign = [r for r in rows if r["label"] == 0]
     assert len(hostile) >= 100 and len(benign) >= 100
@@ -57,6 +61,13 @@ def test_v2_passages_are_new_to_the_other_training_sources():
     measured = {_norm(r["text"]) for r in _rows(MEASURING)}
     trained = {_norm(r["text"]) for p in TRAINING if p != MEASURING for r in _rows(p)}
     assert not measured & trained
+
+
+def test_v3_passages_are_new_to_every_training_source():
+    # v3 measures the 2026-12-01.2 weights: none of its passages is in a source they were trained on
+    measured = {_norm(r["text"]) for r in _rows(MEASURING_V3)}
+    trained = {_norm(r["text"]) for p in TRAINING for r in _rows(p)}
+    assert len(measured) == 216 and not measured & trained
 
 
 def test_training_reads_the_scored_after_freeze_sets_and_no_later_one():

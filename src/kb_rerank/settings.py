@@ -426,7 +426,9 @@ RULES: dict[str, Rule] = {
     "rate_cost_per_pair": Rule("extra tokens per (query, passage) pair sent to the cross-encoder", ge=0),
     "rate_cost_per_document": Rule("extra tokens per `/v2/rerank` document, up front (1000 documents: 101)", ge=0),
     "rate_cost_per_embedding": Rule("extra tokens per text embedded (the query of a miss; `/v2/rerank` passages, for MMR"
-                                    " and the injection classifier): a hybrid"
+                                    " and the injection classifier, and the spans of the documents the classifier finds"
+                                    " doubtful: those actually embedded, charged after the request as a debt, the"
+                                    " bucket may go negative): a hybrid"
                                     " miss with 40 pairs costs 1 + 4 + 4 = 9", ge=0),
     "tenant_model_slots": Rule("cross-encoder (and embedder) calls one tenant may have queued or running; 0 disables",
                                ge=0),

@@ -7,8 +7,14 @@ when the classifier's probability reaches ``KB_GUARD_CLASSIFIER_THRESHOLD``, or 
 patterns flag it and the probability is not below the weights' ``floor`` (the classifier,
 which reads the whole passage, vetoes a pattern hit it finds clearly benign: a security
 article quoting "ignore previous instructions"; see :func:`kb_rerank.ingest.verdict.decide`).
-The input is the embedding the chunk already has at ingestion (no second embedding) plus the
-pattern score and the number of pattern signals: a dot product or two per chunk.
+The input is the embedding the chunk already has at ingestion plus the pattern score and the
+number of pattern signals: a dot product or two per chunk. Span-level scoring (weights from
+2026-12-01.2, ``span_threshold``): a hostile clause inside otherwise benign text is diluted
+in the whole-chunk embedding, so a chunk the classifier finds at all doubtful (probability
+>= ``span_gate``) also has its sentence windows and surfaced hidden spans (:func:`spans`)
+embedded and scored, and is flagged when one of them reaches ``span_threshold``
+(bench/results/guard-spans.md: measured by leave-one-source-out cross-validation; the
+embedder returns no token states, so each span is one more, short, embedding).
 
 The weights ship inside the package (``guard_classifier.npz``: coefficients with the
 feature standardisation folded in, intercept, version, the embedder they were trained on);
@@ -19,15 +25,56 @@ to vectors of that embedder: with another ``KB_EMBEDDER`` the classifier is skip
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 from functools import lru_cache
 from importlib import resources
 
 import numpy as np
 
+from kb_rerank.ingest import detectors
 from kb_rerank.ingest.detectors import InjectionVerdict
 
 WEIGHTS_RESOURCE = "guard_classifier.npz"
+
+# span-level scoring (issue 19): a chunk longer than SPAN_MIN_CHARS is also read as windows
+# of whole sentences (packed up to SPAN_CHARS characters, no overlap) plus the hidden HTML
+# (comments, CSS-hidden elements), code blocks and markdown images in it, each its own span
+SPAN_MIN_CHARS = 200
+SPAN_CHARS = 160
+SPAN_MAX = 8  # spans per chunk, at most
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+|(?<=[\u3002\uff01\uff1f])|\n+")
+_CODE_BLOCK = re.compile(r"```.*?(?:```|$)|~~~.*?(?:~~~|$)", re.DOTALL)
+_MD_IMAGE = re.compile(r"!\[[^\]\n]{0,200}\]\([^)\s]{1,500}\)")
+
+
+def spans(text: str) -> list[str]:
+    """The windows of ``text`` the classifier reads beside the whole text: none for a text
+    of at most :data:`SPAN_MIN_CHARS` characters; else its sentences packed in order into
+    windows of at most :data:`SPAN_CHARS` characters (a longer sentence is its own window,
+    cut at twice that), then the hidden HTML, code blocks and markdown images, at most
+    :data:`SPAN_MAX` spans in all (the surfaced ones first). Deterministic; shared by
+    training (bench/train_guard.py) and scoring."""
+    if len(text) <= SPAN_MIN_CHARS:
+        return []
+    special = [s for s in detectors._html_comments(text) + detectors._hidden_elements(text) if len(s.strip()) >= 12]
+    special += [m.group(0) for m in _CODE_BLOCK.finditer(text)] + [m.group(0) for m in _MD_IMAGE.finditer(text)]
+    windows: list[str] = []
+    cur = ""
+    for sent in (x.strip() for x in _SENTENCE_END.split(text)):
+        if not sent:
+            continue
+        if cur and len(cur) + 1 + len(sent) > SPAN_CHARS:
+            windows.append(cur)
+            cur = ""
+        cur = f"{cur} {sent}" if cur else sent
+    if cur:
+        windows.append(cur)
+    out: list[str] = []
+    for s in [x.strip()[: 2 * SPAN_CHARS] for x in special] + [w[: 2 * SPAN_CHARS] for w in windows]:
+        if s and s not in out and s != text.strip():
+            out.append(s)
+    return out[:SPAN_MAX]
 
 
 def features(embedding: np.ndarray, verdict: InjectionVerdict) -> np.ndarray:
@@ -53,6 +100,21 @@ class GuardClassifier:
     b1: np.ndarray | None = None
     # pattern veto: a pattern hit counts unless the probability is below this (0: never vetoed)
     floor: float = 0.0
+    # span-level scoring: a chunk whose probability is at least span_gate has its spans
+    # (:func:`spans`) embedded and scored by the same model; it is flagged when the highest
+    # span probability reaches span_threshold (None: no span scoring, weights before 2026-12-01.2)
+    span_threshold: float | None = None
+    span_gate: float = 0.0
+
+    def wants_spans(self, p: float) -> bool:
+        """Whether a chunk of probability ``p`` has its spans scored."""
+        return self.span_threshold is not None and p >= self.span_gate
+
+    def span_probability(self, span_embeddings, span_texts) -> float:
+        """The highest probability over the spans (their embeddings, and their texts for the
+        pattern features); 0.0 for none."""
+        return max((self.probability(e, detectors.detect_injection(t)) for e, t in zip(span_embeddings, span_texts)),
+                   default=0.0)
 
     def probability(self, embedding: np.ndarray, verdict: InjectionVerdict) -> float:
         x = features(embedding, verdict)
@@ -78,6 +140,8 @@ def from_arrays(data) -> GuardClassifier:
         w1=np.asarray(data["w1"], dtype=np.float64) if hidden else None,
         b1=np.asarray(data["b1"], dtype=np.float64).reshape(-1) if hidden else None,
         floor=float(np.asarray(data["floor"]).item()) if "floor" in files else 0.0,
+        span_threshold=float(np.asarray(data["span_threshold"]).item()) if "span_threshold" in files else None,
+        span_gate=float(np.asarray(data["span_gate"]).item()) if "span_gate" in files else 0.0,
     )
 
 

@@ -170,7 +170,7 @@ def _ingest_one(conn, tenant_id, doc: SourceDoc, embedder: Embedder, settings: S
             [doc.source_uri, doc.title, doc.language, doc.authority, h],
         ).fetchone()[0]
         _write_chunks(conn, doc_id, pieces, hashes, vectors, guard_classifier(embedder),
-                      settings.guard_classifier_threshold)
+                      settings.guard_classifier_threshold, embedder.embed_passages)
         report.chunks_written += len(pieces)
         if row is None:
             report.added += 1
@@ -186,11 +186,13 @@ def _passage_text(doc: SourceDoc, piece: str) -> str:
 
 
 def _write_chunks(conn, doc_id, pieces: Sequence[str], hashes: Sequence[str], vectors,
-                  classifier: GuardClassifier | None = None, threshold: float = 1.0) -> None:
+                  classifier: GuardClassifier | None = None, threshold: float = 1.0, embed=None) -> None:
     # COPY is not allowed under row-level security; executemany pipelines the inserts.
+    # ``embed``: the embedder's embed_passages, for the spans of the chunks the classifier
+    # finds doubtful (span-level scoring, kb_rerank.ingest.verdict.chunk_flags)
     rows = []
     for pos, (piece, ch, vec) in enumerate(zip(pieces, hashes, vectors)):
-        f = chunk_flags(piece, vec, classifier, threshold)
+        f = chunk_flags(piece, vec, classifier, threshold, embed)
         if f.injection_flag or f.spam_flag:
             log.info("chunk %d of doc %s flagged: injection=%s (%.2f %s) spam=%s", pos, doc_id,
                      f.injection_flag, f.injection_score, ",".join(f.injection_reasons), f.spam_flag)
@@ -219,12 +221,23 @@ def rescan_chunks(conn: psycopg.Connection, tenant_id: UUID | str, settings: Set
                   progress: bool = False, batch: int = 500) -> ScanReport:
     """Re-score a tenant's stored chunks with the current detectors and shipped classifier
     (``kb-rerank guard scan``, after a model or pattern update) from their stored text and
-    embedding: nothing is embedded again. Only rows whose verdict changed are written (the
+    embedding: no chunk is embedded again; with weights that score spans, the spans of the
+    chunks the classifier finds doubtful are (the settings' embedder, loaded only then). Only rows whose verdict changed are written (the
     update triggers bump the tenant's generation, so cached answers built on the old
     verdicts are not served). One transaction per batch of ``batch`` chunks, in chunk_id
     order, so a long scan neither holds one transaction nor misses a row."""
     configure_connection(conn)
     clf = classifier_for(settings.embedder, settings.embedding_dim)
+    embedder = None
+
+    def embed_spans(texts: list[str]) -> np.ndarray:
+        nonlocal embedder
+        if embedder is None:
+            from kb_rerank.models.embedders import get_embedder
+
+            embedder = get_embedder(settings)
+        return embedder.embed_passages(texts)
+
     report = ScanReport()
     with tenant_transaction(conn, tenant_id):
         total = conn.execute("select count(*) from kb.chunks").fetchone()[0]
@@ -245,7 +258,7 @@ def rescan_chunks(conn: psycopg.Connection, tenant_id: UUID | str, settings: Set
             updates = []
             for chunk_id, content, emb, flag, score, reasons, spam in rows:
                 vec = np.asarray(emb.to_numpy() if hasattr(emb, "to_numpy") else emb, dtype=np.float32)
-                f = chunk_flags(content, vec, clf, settings.guard_classifier_threshold)
+                f = chunk_flags(content, vec, clf, settings.guard_classifier_threshold, embed_spans)
                 report.flagged += f.injection_flag
                 if (f.injection_flag, f.injection_reasons, f.spam_flag) != (flag, list(reasons), spam) \
                         or abs(f.injection_score - score) > 1e-6:

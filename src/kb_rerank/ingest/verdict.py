@@ -25,7 +25,7 @@ import numpy as np
 
 from kb_rerank.ingest import detectors
 from kb_rerank.ingest.detectors import InjectionVerdict, SpamVerdict
-from kb_rerank.ingest.guard_classifier import GuardClassifier, classifier_for
+from kb_rerank.ingest.guard_classifier import GuardClassifier, classifier_for, spans
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +43,8 @@ class ChunkFlags:
 
 
 def decide(inj: InjectionVerdict, spam: SpamVerdict, embedding: np.ndarray | None = None,
-           classifier: GuardClassifier | None = None, threshold: float = 1.0) -> ChunkFlags:
+           classifier: GuardClassifier | None = None, threshold: float = 1.0,
+           span_p: float | None = None) -> ChunkFlags:
     """Flagged when the classifier's probability reaches ``threshold`` (it votes and vetoes
     only when ``threshold`` < 1), or when the patterns flag the text and the probability is not below
     the classifier's ``floor`` (its veto of pattern hits it finds clearly benign, trained
@@ -51,7 +52,11 @@ def decide(inj: InjectionVerdict, spam: SpamVerdict, embedding: np.ndarray | Non
     reasons are the pattern signals, then ``classifier_p=<p>`` (always, when it ran), then
     ``fired:patterns`` / ``fired:classifier`` for the layers that flagged the text, or
     ``vetoed:patterns`` when the floor overruled a pattern hit; the score is the pattern
-    score, or the probability when the classifier fired and it is higher."""
+    score, or the probability when the classifier fired and it is higher. ``span_p``: the
+    highest probability over the text's spans (:meth:`GuardClassifier.span_probability`),
+    when they were scored: reported as ``span_p=<p>``, and the text is flagged
+    (``fired:spans``) when it reaches the classifier's ``span_threshold`` (while the
+    classifier votes, ``threshold`` < 1)."""
     score = min(1.0, max(0.0, float(inj.score)))
     reasons = list(inj.reasons)
     flagged = bool(inj.flagged)
@@ -68,16 +73,52 @@ def decide(inj: InjectionVerdict, spam: SpamVerdict, embedding: np.ndarray | Non
         if fired:
             reasons.append("fired:classifier")
             score = max(score, min(1.0, p))
-        flagged = patterns or fired
+        span_fired = False
+        if span_p is not None and classifier.span_threshold is not None:
+            reasons.append(f"span_p={span_p:.3f}")
+            span_fired = threshold < 1.0 and span_p >= classifier.span_threshold
+            if span_fired:
+                reasons.append("fired:spans")
+                score = max(score, min(1.0, span_p))
+        flagged = patterns or fired or span_fired
     return ChunkFlags(flagged, score, reasons, bool(spam.flagged))
 
 
 def chunk_flags(piece: str, embedding: np.ndarray | None = None, classifier: GuardClassifier | None = None,
-                threshold: float = 1.0) -> ChunkFlags:
+                threshold: float = 1.0,
+                embed: Callable[[list[str]], np.ndarray] | None = None) -> ChunkFlags:
     """:func:`decide` over the detectors' verdicts of ``piece`` (cheap, deterministic:
-    recomputed on every write, also for chunks whose embedding is reused)."""
-    return decide(detectors.detect_injection(piece), detectors.detect_stuffing(piece), embedding, classifier,
-                  threshold)
+    recomputed on every write, also for chunks whose embedding is reused). With ``embed``
+    (the embedder's ``embed_passages``) and a classifier that scores spans, the spans of a
+    chunk it finds doubtful (:func:`span_probability`) are embedded and scored too."""
+    inj = detectors.detect_injection(piece)
+    return decide(inj, detectors.detect_stuffing(piece), embedding, classifier, threshold,
+                  span_probability(piece, inj, embedding, classifier, threshold, embed))
+
+
+def span_texts(piece: str, inj: InjectionVerdict, embedding: np.ndarray | None, classifier: GuardClassifier | None,
+               threshold: float) -> list[str]:
+    """The spans of ``piece`` to embed and score: none unless the classifier votes
+    (``threshold`` < 1), scores spans and finds the whole text at least as doubtful as its
+    ``span_gate``."""
+    if classifier is None or embedding is None or threshold >= 1.0 or classifier.span_threshold is None:
+        return []
+    if not classifier.wants_spans(classifier.probability(embedding, inj)):
+        return []
+    return spans(piece)
+
+
+def span_probability(piece: str, inj: InjectionVerdict, embedding: np.ndarray | None,
+                     classifier: GuardClassifier | None, threshold: float,
+                     embed: Callable[[list[str]], np.ndarray] | None) -> float | None:
+    """The highest span probability of ``piece`` (None: spans not scored: no ``embed``, or
+    :func:`span_texts` has none)."""
+    if embed is None:
+        return None
+    texts = span_texts(piece, inj, embedding, classifier, threshold)
+    if not texts:
+        return None
+    return classifier.span_probability(np.asarray(embed(texts), dtype=np.float32), texts)
 
 
 def guard_classifier(embedder) -> GuardClassifier | None:
@@ -93,15 +134,21 @@ class Inspection:
     flags: list[ChunkFlags | None]
     embeddings: list[np.ndarray | None]
     # texts the patterns decided alone: their embedding was not back in time (or the embedder
-    # failed), so the classifier had no vote (an answer with any is not cached)
+    # failed), so the classifier had no vote; or decided without their spans, not embedded in
+    # time (an answer with any is not cached)
     unclassified: int = 0
+    # span texts handed to the embedder (a batch late for the deadline still runs on the
+    # embedder's thread, and one that failed was attempted: both count): what /v2/rerank
+    # charges for spans
+    span_texts_embedded: int = 0
 
 
 async def inspect_documents(texts: Sequence[str], budget_s: float, *, classifier: GuardClassifier | None = None,
                             threshold: float = 1.0,
                             embed: Callable[[list[str]], Awaitable[np.ndarray]] | None = None,
                             fatal: tuple[type[BaseException], ...] = (),
-                            embed_budget_s: float | None = None) -> Inspection:
+                            embed_budget_s: float | None = None,
+                            embed_spans: Callable[[list[str]], Awaitable[np.ndarray]] | None = None) -> Inspection:
     """:func:`decide` over each text, off the event loop, within two deadlines started now.
 
     The patterns run in the detectors' worker thread (:func:`detectors.inspect_documents`)
@@ -118,6 +165,10 @@ async def inspect_documents(texts: Sequence[str], budget_s: float, *, classifier
     document of a long request for the embedder's speed would reorder ordinary requests). An
     ``embed`` failure leaves its texts not embedded (logged), except the exception types in
     ``fatal``, which propagate (the tenant's embedder cap: 429, as for any embedding).
+    ``embed_spans``: the embedder call for the spans (default ``embed``), so that a caller can
+    count the span texts it embeds even when the inspection is interrupted (/v2/rerank
+    charges its spans from that count when the request ends); ``span_texts_embedded`` of the result
+    counts the span texts handed to it.
     """
     n = len(texts)
     if n == 0:
@@ -132,9 +183,24 @@ async def inspect_documents(texts: Sequence[str], budget_s: float, *, classifier
             patterns.cancel()
             raise
     verdicts = await patterns
+    # span-level scoring: the spans of the documents the classifier finds doubtful, embedded
+    # after the documents within the same deadline
+    wanted: list[list[str]] = [[] for _ in range(n)]
+    if classifier is not None and embed is not None:
+        for i, (v, vec) in enumerate(zip(verdicts, vecs)):
+            if v is not None and vec is not None:
+                wanted[i] = span_texts(texts[i], v[0], vec, classifier, threshold)
+    flat = [t for w in wanted for t in w]
+    svecs: list[np.ndarray | None] = [None] * len(flat)
+    span_sent = 0
+    if flat:
+        span_sent = await _embed_until(flat, svecs, embed_spans or embed, deadline, fatal)
     flags: list[ChunkFlags | None] = []
     unclassified = 0
-    for v, vec in zip(verdicts, vecs):
+    at = 0
+    for text_spans, v, vec in zip(wanted, verdicts, vecs):
+        got = svecs[at:at + len(text_spans)]
+        at += len(text_spans)
         if v is None:
             flags.append(None)
         elif classifier is None or embed is None:
@@ -142,33 +208,43 @@ async def inspect_documents(texts: Sequence[str], budget_s: float, *, classifier
         elif vec is None:
             flags.append(decide(*v))
             unclassified += 1
-        else:
+        elif text_spans and any(g is None for g in got):
+            # its spans not embedded in time: the whole-text classifier and the patterns decide
             flags.append(decide(v[0], v[1], vec, classifier, threshold))
-    return Inspection(flags, vecs, unclassified)
+            unclassified += 1
+        else:
+            span_p = classifier.span_probability(got, text_spans) if text_spans else None
+            flags.append(decide(v[0], v[1], vec, classifier, threshold, span_p))
+    return Inspection(flags, vecs, unclassified, span_sent)
 
 
 async def _embed_until(texts: Sequence[str], vecs: list[np.ndarray | None],
                        embed: Callable[[list[str]], Awaitable[np.ndarray]], deadline: float,
-                       fatal: tuple[type[BaseException], ...]) -> None:
+                       fatal: tuple[type[BaseException], ...]) -> int:
+    """Embed ``texts`` in batches into ``vecs`` until ``deadline``; returns how many texts were
+    handed to ``embed`` (a batch late or failed included)."""
+    sent = 0
     for start in range(0, len(texts), EMBED_BATCH):
         left = deadline - time.monotonic()
         if left <= 0:
-            return
+            return sent
         batch = list(texts[start:start + EMBED_BATCH])
+        sent += len(batch)
         fut = asyncio.ensure_future(embed(batch))
         try:
             got = await asyncio.wait_for(asyncio.shield(fut), timeout=left)
         except asyncio.TimeoutError:
             # the batch finishes on the embedder's thread; its result is not waited for
             fut.add_done_callback(_consume)
-            return
+            return sent
         except fatal:
             raise
         except Exception as exc:  # noqa: BLE001 - the embedder failed: these texts are not inspected
             log.warning("embedding documents for the injection classifier failed: %s", type(exc).__name__)
-            return
+            return sent
         for i, row in enumerate(np.asarray(got, dtype=np.float32)):
             vecs[start + i] = row
+    return sent
 
 
 def _consume(fut: asyncio.Future) -> None:

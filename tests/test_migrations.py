@@ -200,7 +200,7 @@ def test_0008_downgrade_keeps_search_and_writes_working(server_url):
         conn.execute("select set_config('auth.tenant_id', %s, false)", [str(tenant)])
         doc = conn.execute(
             "insert into kb.documents (tenant_id, source_uri, title, content_hash)"
-            " values (%s, 'a', 'a', repeat('0', 64)) returning doc_id", [tenant]).fetchone()[0]
+            " values (%s, 'a', '', repeat('0', 64)) returning doc_id", [tenant]).fetchone()[0]
         conn.execute(insert, [tenant, doc, 0, "zebra crossing"])
         # zebra, crossing and their stemmed lexemes (0011): `~ zebra`, `~ cross`
         assert conn.execute("select kb.refresh_term_tops(4, 1)").fetchone()[0] == 4
@@ -284,6 +284,20 @@ def test_catalog_query_sees_what_a_drift_would_change(server_url, settings):
             assert _catalog(url) != before, sql
 
 
+def _copy_database_acl(admin, source: str, target: str) -> None:
+    """CREATE DATABASE ... TEMPLATE copies a database's contents, not its own privileges
+    (pg_database.datacl, which 0010 and 0016 set): give the copy the source's."""
+    rows = admin.execute(
+        "select coalesce(r.rolname, 'public'), a.privilege_type from pg_database d"
+        " cross join lateral aclexplode(coalesce(d.datacl, acldefault('d', d.datdba))) as a"
+        " left join pg_roles r on r.oid = a.grantee where d.datname = %s and a.grantee <> d.datdba",
+        [source]).fetchall()
+    admin.execute(f'revoke all on database "{target}" from public')
+    for grantee, privilege in rows:
+        who = "public" if grantee == "public" else f'"{grantee}"'
+        admin.execute(f'grant {privilege} on database "{target}" to {who}')
+
+
 def test_upgrade_from_every_revision_equals_a_fresh_install(server_url, settings):
     """For each revision r: a database at r, upgraded to head, has the catalog of a fresh
     install. The databases at r are copies (CREATE DATABASE ... TEMPLATE) of one database
@@ -299,6 +313,7 @@ def test_upgrade_from_every_revision_equals_a_fresh_install(server_url, settings
             db.migrate(s, revision=rev)
             name = f"{ladder_name}_{rev[:4]}"
             admin.execute(f'create database "{name}" template "{ladder_name}"')
+            _copy_database_acl(admin, ladder_name, name)
             copies[rev] = db.replace_url(server_url, dbname=name)
     drifted = {}
     for rev, url in copies.items():
@@ -538,7 +553,7 @@ def test_0011_downgrade_removes_the_stemmed_field_and_upgrade_adds_it_to_existin
         conn.execute("select set_config('auth.tenant_id', %s, false)", [str(tenant)])
         doc = conn.execute(
             "insert into kb.documents (tenant_id, source_uri, title, content_hash, language)"
-            " values (%s, 'a', 'a', repeat('0', 64), 'en') returning doc_id", [tenant]).fetchone()[0]
+            " values (%s, 'a', '', repeat('0', 64), 'en') returning doc_id", [tenant]).fetchone()[0]
         conn.execute(insert, [tenant, doc, 0, "The servers were connected"])
         conn.execute(insert, [tenant, doc, 1, "Invoices ERR_402"])
         conn.commit()
@@ -590,7 +605,7 @@ def test_0014_downgrade_keeps_level_0_as_the_champion_list_and_search_exact(serv
         conn.execute("select set_config('auth.tenant_id', %s, false)", [str(tenant)])
         docs = [conn.execute("insert into kb.documents (tenant_id, source_uri, title, content_hash)"
                              " values (%s, %s, %s, repeat('0', 64)) returning doc_id",
-                             [tenant, f"u{i}", f"t{i}"]).fetchone()[0] for i in range(40)]
+                             [tenant, f"u{i}", ""]).fetchone()[0] for i in range(40)]
         for i, doc in enumerate(docs):
             conn.execute(insert, [tenant, doc, 0, " ".join(["zebra"] * (1 + i % 3) + ["filler"] * (i % 7))])
         conn.execute("select kb.refresh_term_tops(2, 1)")

@@ -420,8 +420,9 @@ def test_diacritics_typed_are_exact_and_folded_queries_find_all(app_conn, tenant
             "select d.title, c.doc_len from kb.chunks c join kb.documents d using (doc_id)").fetchall())
     assert exact == {"invoice"} and other == {"peace"} and folded == {"invoice", "peace"}
     assert terms == ["don", "hoa", "hóa", "đơn"]
-    # the extra exact forms do not lengthen a document for BM25
-    assert lens == {"invoice": 5, "peace": 5}
+    # the extra exact forms do not lengthen a document for BM25 (the title field's one word,
+    # migration 0017, and the content's five)
+    assert lens == {"invoice": 1 + 5, "peace": 1 + 5}
 
 
 @pytest.mark.parametrize("query,expected", [
@@ -502,9 +503,11 @@ def _assert_lexical_equals_exhaustive_bm25(app_conn, tenant, toks, queries, ks=(
                                            params=((1.2, 0.75), (0.9, 0.4))):
     """kb.search_lexical's top k for every query (and k, and BM25 parameters k1, b) equals
     BM25 computed here over every document: same scores in the same order; the documents
-    may differ only within exact ties."""
+    may differ only within exact ties. Each document's title (its key in ``toks``, one word
+    that no query holds) is indexed with its content (the title field, migration 0017): one
+    more word of length."""
     n = len(toks)
-    avg = sum(len(v) for v in toks.values()) / n
+    avg = sum(1 + len(v) for v in toks.values()) / n
     df = Counter(w for v in toks.values() for w in set(v))
     checked = 0
     for k1, b in params:
@@ -519,7 +522,7 @@ def _check_bm25(app_conn, tenant, toks, queries, ks, n, avg, df, k1, b):
             tf = toks[d].count(term)
             if tf:
                 idf = math.log(1 + (n - df[term] + 0.5) / (df[term] + 0.5))
-                s += idf * tf * (k1 + 1) / (tf + k1 * (1 - b + b * len(toks[d]) / avg))
+                s += idf * tf * (k1 + 1) / (tf + k1 * (1 - b + b * (1 + len(toks[d])) / avg))
         return s
 
     checked = 0
@@ -860,7 +863,8 @@ def test_pruned_bm25_top_k_equals_exhaustive_scoring_on_the_stemmed_field(app_co
         stems = Counter("~ " + stem[w] for w in words if len(w) >= 2 and w not in stop and w not in codes)
         stems.update("~ zq" for w in words if w in codes)  # the code token's letters, as a word
         fields[title] = stems + Counter(w for w in words if w in codes)
-        assert lens[title] == (len(words) + sum(w in codes for w in words), sum(stems.values())), title
+        # (+ 1 in each field: the title, one word that no query holds, indexed with the content: 0017)
+        assert lens[title] == (1 + len(words) + sum(w in codes for w in words), 1 + sum(stems.values())), title
     n = len(docs)
     avg = {False: sum(d for d, _ in lens.values()) / n, True: sum(s for _, s in lens.values()) / n}
     df = Counter(t for f in fields.values() for t in f)

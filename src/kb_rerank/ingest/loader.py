@@ -125,7 +125,7 @@ def _ingest_one(conn, tenant_id, doc: SourceDoc, embedder: Embedder, settings: S
     h = document_hash(doc)
     with tenant_transaction(conn, tenant_id):
         row = conn.execute(
-            "select doc_id, content_hash from kb.documents where source_uri = %s", [doc.source_uri]
+            "select doc_id, content_hash, title from kb.documents where source_uri = %s", [doc.source_uri]
         ).fetchone()
         if row is not None and row[1] == h:
             report.unchanged += 1
@@ -136,7 +136,8 @@ def _ingest_one(conn, tenant_id, doc: SourceDoc, embedder: Embedder, settings: S
             return
         hashes = [sha256_hex(p) for p in pieces]
         reusable: dict[str, np.ndarray] = {}
-        if row is not None:
+        # a chunk's vector embeds the title with it (_passage_text): reused only under the same title
+        if row is not None and row[2] == doc.title:
             for ch, emb in conn.execute(
                 "select content_hash, embedding from kb.chunks where doc_id = %s and content_hash = any(%s)",
                 [row[0], hashes],
@@ -153,6 +154,10 @@ def _ingest_one(conn, tenant_id, doc: SourceDoc, embedder: Embedder, settings: S
         report.embeddings_computed += len(todo)
         report.embeddings_reused += len(pieces) - len(todo)
 
+        if row is not None:
+            # before the document's update, so that a new title or language does not first
+            # re-derive the chunks about to be replaced (kb.documents_rederive_chunks)
+            conn.execute("delete from kb.chunks where doc_id = %s", [row[0]])
         doc_id = conn.execute(
             """
             insert into kb.documents as d (tenant_id, source_uri, title, language, authority, content_hash, updated_at)
@@ -164,8 +169,6 @@ def _ingest_one(conn, tenant_id, doc: SourceDoc, embedder: Embedder, settings: S
             """,
             [doc.source_uri, doc.title, doc.language, doc.authority, h],
         ).fetchone()[0]
-        if row is not None:
-            conn.execute("delete from kb.chunks where doc_id = %s", [doc_id])
         _write_chunks(conn, doc_id, pieces, hashes, vectors, guard_classifier(embedder),
                       settings.guard_classifier_threshold, embedder.embed_passages)
         report.chunks_written += len(pieces)

@@ -61,7 +61,7 @@ FUNCTIONS = {
     "query_stems": "pure text function",
     "search_term_counts": "pure text function", "search_terms": "pure text function",
     "terms_tsquery": "pure text function", "doc_length": "pure text function", "audit_row_hash": "pure: hashes the row it is given",
-    "chunks_derive": "trigger", "chunks_maintain_stats": "trigger", "chunks_maintain_term_tops": "trigger",
+    "chunks_derive": "trigger", "documents_rederive_chunks": "trigger", "chunks_maintain_stats": "trigger", "chunks_maintain_term_tops": "trigger",
     "apply_stats_delta": "not executable by the app",
     "bump_generation": "trigger",
     "bm25_tf_part": "pure arithmetic", "ts_rank_tf": "a constant array", "ts_rank_tf_compute": "pure: ts_rank of constants",
@@ -260,7 +260,8 @@ def test_functions_as_b_return_nothing_of_a(app_conn, owner_conn, ab):
     with tenant_transaction(app_conn, b):
         assert app_conn.execute("select kb.refresh_term_tops(2, 1)").fetchone()[0] >= 1
     assert owner_conn.execute(lists_sql, [a]).fetchone()[0] == lists_a
-    for fn in ("kb.apply_stats_delta(kb.chunks[], integer)", "kb.chunks_derive()", "kb.chunks_maintain_stats()",
+    for fn in ("kb.apply_stats_delta(kb.chunks[], integer)", "kb.chunks_derive()", "kb.documents_rederive_chunks()",
+               "kb.chunks_maintain_stats()",
                "kb.chunks_maintain_term_tops()", "kb.audit_row_hash(kb.kb_rerank_audit)", "kb.audit_verify()",
                "kb.evict_expired_cache(integer)"):
         assert owner_conn.execute("select has_function_privilege('cyberos_app', %s, 'EXECUTE')", [fn]).fetchone()[0] is False, fn

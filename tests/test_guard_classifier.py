@@ -272,17 +272,19 @@ def test_inspect_documents_scores_spans_within_the_deadline():
 
     clf = _toy_spans(gate=0.2)
     doubtful = _unit(1) + 0.6 * _unit(0)
+    handed = []  # the span texts handed to the embedder
 
     async def embed(texts):
         if texts[0] == LONG_PLAIN:  # the documents themselves
             return np.stack([doubtful for _ in texts])
+        handed.extend(texts)
         return np.stack([_unit(0) if i == 1 else _unit(2) for i in range(len(texts))])
 
     seen = asyncio.run(inspect_documents([LONG_PLAIN], 5.0, classifier=clf, threshold=0.8, embed=embed))
     assert seen.flags[0].injection_flag and "fired:spans" in seen.flags[0].injection_reasons
     assert seen.unclassified == 0
-    assert seen.span_texts_embedded == len(spans(LONG_PLAIN))  # what /v2/rerank charges for spans
-    # the spans go to embed_spans when given (the caller counts what it embeds)
+    assert handed == spans(LONG_PLAIN)
+    # the spans go to embed_spans when given (the caller counts what it embeds: /v2/rerank charges them)
     span_calls = []
 
     async def embed_spans(texts):
@@ -291,24 +293,28 @@ def test_inspect_documents_scores_spans_within_the_deadline():
 
     seen = asyncio.run(inspect_documents([LONG_PLAIN], 5.0, classifier=clf, threshold=0.8, embed=embed,
                                          embed_spans=embed_spans))
-    assert span_calls == [spans(LONG_PLAIN)] and seen.span_texts_embedded == len(spans(LONG_PLAIN))
+    assert span_calls == [spans(LONG_PLAIN)] and handed == 2 * spans(LONG_PLAIN)
     # a clear document has no span embedded
-    seen = asyncio.run(inspect_documents([LONG_PLAIN], 5.0, classifier=clf, threshold=0.8,
-                                         embed=lambda t: _async(np.stack([_unit(1) for _ in t]))))
-    assert seen.span_texts_embedded == 0
+    calls = []
+
+    async def clear(texts):
+        calls.append(list(texts))
+        return np.stack([_unit(1) for _ in texts])
+
+    seen = asyncio.run(inspect_documents([LONG_PLAIN], 5.0, classifier=clf, threshold=0.8, embed=clear))
+    assert calls == [[LONG_PLAIN]] and not seen.flags[0].injection_flag
+    late = []
 
     async def late_spans(texts):
         if texts[0] == LONG_PLAIN:
             return np.stack([doubtful for _ in texts])
+        late.extend(texts)
         await asyncio.sleep(0.5)
         return np.stack([_unit(0) for _ in texts])
 
-    seen = asyncio.run(inspect_documents([LONG_PLAIN], 0.2, classifier=clf, threshold=0.8, embed=late_spans))
+    seen = asyncio.run(inspect_documents([LONG_PLAIN], 0.2, classifier=clf, threshold=0.8, embed=late_spans,
+                                         embed_spans=late_spans))
     # spans not back in time: decided without them, counted (the answer is not cached)
     assert not seen.flags[0].injection_flag and seen.unclassified == 1
-    # the late batch still runs on the embedder: charged
-    assert seen.span_texts_embedded == len(spans(LONG_PLAIN))
-
-
-async def _async(value):
-    return value
+    # the late batch was still handed to the embedder (it runs on: /v2/rerank charges it)
+    assert late == spans(LONG_PLAIN)

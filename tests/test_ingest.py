@@ -12,18 +12,20 @@ from .conftest import EXAMPLES
 
 
 def _stats_are_exact(conn, tenant):
-    """kb.term_stats / kb.corpus_stats equal what the chunks say, for this tenant."""
+    """kb.term_stats / kb.corpus_stats equal what the chunks say, for this tenant (both
+    fields' lengths)."""
     with tenant_transaction(conn, tenant):
         df = Counter()
-        total = 0
-        rows = conn.execute("select tsvector_to_array(tsv), doc_len from kb.chunks").fetchall()
-        for lexemes, n in rows:
+        total = stem_total = 0
+        rows = conn.execute("select tsvector_to_array(tsv), doc_len, stem_len from kb.chunks").fetchall()
+        for lexemes, n, sn in rows:
             df.update(lexemes)
             total += n
+            stem_total += sn
         stored = dict(conn.execute("select term, df from kb.term_stats").fetchall())
-        corpus = conn.execute("select n_chunks, total_len from kb.corpus_stats").fetchone()
+        corpus = conn.execute("select n_chunks, total_len, stem_total_len from kb.corpus_stats").fetchone()
     assert stored == dict(df)
-    assert (corpus or (0, 0)) == (len(rows), total)
+    assert (corpus or (0, 0, 0)) == (len(rows), total, stem_total)
 
 
 def test_ingest_is_idempotent_and_replaces_changed_documents(app_conn, tenant, embedder, settings, tmp_path):

@@ -4,7 +4,6 @@ title and its content; a title changed in SQL or by ingestion re-derives (and re
 from __future__ import annotations
 
 import uuid
-from collections import Counter
 
 import psycopg
 
@@ -14,16 +13,8 @@ from kb_rerank.store import search
 from kb_rerank.store.session import tenant_transaction
 
 from .helpers import basis, insert_doc
+from .test_ingest import _stats_are_exact
 from .test_migrations import _new_database
-
-
-def _stats_are_exact(conn, tenant):
-    with tenant_transaction(conn, tenant):
-        rows = conn.execute("select tsvector_to_array(tsv), doc_len, stem_len from kb.chunks").fetchall()
-        df = Counter(x for lexemes, _, _ in rows for x in lexemes)
-        assert dict(conn.execute("select term, df from kb.term_stats").fetchall()) == dict(df)
-        assert conn.execute("select n_chunks, total_len, stem_total_len from kb.corpus_stats").fetchone() == (
-            len(rows), sum(r[1] for r in rows), sum(r[2] for r in rows))
 
 
 def _lexemes(conn, tenant, doc_id):

@@ -44,7 +44,7 @@ class ChunkFlags:
 
 def decide(inj: InjectionVerdict, spam: SpamVerdict, embedding: np.ndarray | None = None,
            classifier: GuardClassifier | None = None, threshold: float = 1.0,
-           span_p: float | None = None) -> ChunkFlags:
+           span_p: float | None = None, p: float | None = None) -> ChunkFlags:
     """Flagged when the classifier's probability reaches ``threshold`` (it votes and vetoes
     only when ``threshold`` < 1), or when the patterns flag the text and the probability is not below
     the classifier's ``floor`` (its veto of pattern hits it finds clearly benign, trained
@@ -56,12 +56,14 @@ def decide(inj: InjectionVerdict, spam: SpamVerdict, embedding: np.ndarray | Non
     highest probability over the text's spans (:meth:`GuardClassifier.span_probability`),
     when they were scored: reported as ``span_p=<p>``, and the text is flagged
     (``fired:spans``) when it reaches the classifier's ``span_threshold`` (while the
-    classifier votes, ``threshold`` < 1)."""
+    classifier votes, ``threshold`` < 1). ``p``: the classifier's probability for this text
+    when the caller computed it already (:func:`probability`), else computed here."""
     score = min(1.0, max(0.0, float(inj.score)))
     reasons = list(inj.reasons)
     flagged = bool(inj.flagged)
     if classifier is not None and embedding is not None:
-        p = classifier.probability(embedding, inj)
+        if p is None:
+            p = classifier.probability(embedding, inj)
         fired = threshold < 1.0 and p >= threshold
         reasons.append(f"classifier_p={p:.3f}")
         patterns = bool(inj.flagged)
@@ -92,30 +94,36 @@ def chunk_flags(piece: str, embedding: np.ndarray | None = None, classifier: Gua
     (the embedder's ``embed_passages``) and a classifier that scores spans, the spans of a
     chunk it finds doubtful (:func:`span_probability`) are embedded and scored too."""
     inj = detectors.detect_injection(piece)
+    p = probability(classifier, embedding, inj)
     return decide(inj, detectors.detect_stuffing(piece), embedding, classifier, threshold,
-                  span_probability(piece, inj, embedding, classifier, threshold, embed))
+                  span_probability(piece, p, classifier, threshold, embed), p=p)
 
 
-def span_texts(piece: str, inj: InjectionVerdict, embedding: np.ndarray | None, classifier: GuardClassifier | None,
-               threshold: float) -> list[str]:
+def probability(classifier: GuardClassifier | None, embedding: np.ndarray | None,
+                inj: InjectionVerdict) -> float | None:
+    """The classifier's probability for a text (None without a classifier or an embedding):
+    computed once, for the span gate and for :func:`decide`."""
+    if classifier is None or embedding is None:
+        return None
+    return classifier.probability(embedding, inj)
+
+
+def span_texts(piece: str, p: float | None, classifier: GuardClassifier | None, threshold: float) -> list[str]:
     """The spans of ``piece`` to embed and score: none unless the classifier votes
-    (``threshold`` < 1), scores spans and finds the whole text at least as doubtful as its
-    ``span_gate``."""
-    if classifier is None or embedding is None or threshold >= 1.0 or classifier.span_threshold is None:
-        return []
-    if not classifier.wants_spans(classifier.probability(embedding, inj)):
+    (``threshold`` < 1), scores spans and finds the whole text (probability ``p``) at least
+    as doubtful as its ``span_gate``."""
+    if classifier is None or p is None or threshold >= 1.0 or not classifier.wants_spans(p):
         return []
     return spans(piece)
 
 
-def span_probability(piece: str, inj: InjectionVerdict, embedding: np.ndarray | None,
-                     classifier: GuardClassifier | None, threshold: float,
+def span_probability(piece: str, p: float | None, classifier: GuardClassifier | None, threshold: float,
                      embed: Callable[[list[str]], np.ndarray] | None) -> float | None:
     """The highest span probability of ``piece`` (None: spans not scored: no ``embed``, or
     :func:`span_texts` has none)."""
     if embed is None:
         return None
-    texts = span_texts(piece, inj, embedding, classifier, threshold)
+    texts = span_texts(piece, p, classifier, threshold)
     if not texts:
         return None
     return classifier.span_probability(np.asarray(embed(texts), dtype=np.float32), texts)
@@ -137,10 +145,6 @@ class Inspection:
     # failed), so the classifier had no vote; or decided without their spans, not embedded in
     # time (an answer with any is not cached)
     unclassified: int = 0
-    # span texts handed to the embedder (a batch late for the deadline still runs on the
-    # embedder's thread, and one that failed was attempted: both count): what /v2/rerank
-    # charges for spans
-    span_texts_embedded: int = 0
 
 
 async def inspect_documents(texts: Sequence[str], budget_s: float, *, classifier: GuardClassifier | None = None,
@@ -167,8 +171,7 @@ async def inspect_documents(texts: Sequence[str], budget_s: float, *, classifier
     ``fatal``, which propagate (the tenant's embedder cap: 429, as for any embedding).
     ``embed_spans``: the embedder call for the spans (default ``embed``), so that a caller can
     count the span texts it embeds even when the inspection is interrupted (/v2/rerank
-    charges its spans from that count when the request ends); ``span_texts_embedded`` of the result
-    counts the span texts handed to it.
+    charges its spans from that count when the request ends).
     """
     n = len(texts)
     if n == 0:
@@ -186,19 +189,20 @@ async def inspect_documents(texts: Sequence[str], budget_s: float, *, classifier
     # span-level scoring: the spans of the documents the classifier finds doubtful, embedded
     # after the documents within the same deadline
     wanted: list[list[str]] = [[] for _ in range(n)]
+    probs: list[float | None] = [None] * n
     if classifier is not None and embed is not None:
         for i, (v, vec) in enumerate(zip(verdicts, vecs)):
             if v is not None and vec is not None:
-                wanted[i] = span_texts(texts[i], v[0], vec, classifier, threshold)
+                probs[i] = probability(classifier, vec, v[0])
+                wanted[i] = span_texts(texts[i], probs[i], classifier, threshold)
     flat = [t for w in wanted for t in w]
     svecs: list[np.ndarray | None] = [None] * len(flat)
-    span_sent = 0
     if flat:
-        span_sent = await _embed_until(flat, svecs, embed_spans or embed, deadline, fatal)
+        await _embed_until(flat, svecs, embed_spans or embed, deadline, fatal)
     flags: list[ChunkFlags | None] = []
     unclassified = 0
     at = 0
-    for text_spans, v, vec in zip(wanted, verdicts, vecs):
+    for text_spans, v, vec, p in zip(wanted, verdicts, vecs, probs):
         got = svecs[at:at + len(text_spans)]
         at += len(text_spans)
         if v is None:
@@ -210,41 +214,37 @@ async def inspect_documents(texts: Sequence[str], budget_s: float, *, classifier
             unclassified += 1
         elif text_spans and any(g is None for g in got):
             # its spans not embedded in time: the whole-text classifier and the patterns decide
-            flags.append(decide(v[0], v[1], vec, classifier, threshold))
+            flags.append(decide(v[0], v[1], vec, classifier, threshold, p=p))
             unclassified += 1
         else:
             span_p = classifier.span_probability(got, text_spans) if text_spans else None
-            flags.append(decide(v[0], v[1], vec, classifier, threshold, span_p))
-    return Inspection(flags, vecs, unclassified, span_sent)
+            flags.append(decide(v[0], v[1], vec, classifier, threshold, span_p, p=p))
+    return Inspection(flags, vecs, unclassified)
 
 
 async def _embed_until(texts: Sequence[str], vecs: list[np.ndarray | None],
                        embed: Callable[[list[str]], Awaitable[np.ndarray]], deadline: float,
-                       fatal: tuple[type[BaseException], ...]) -> int:
-    """Embed ``texts`` in batches into ``vecs`` until ``deadline``; returns how many texts were
-    handed to ``embed`` (a batch late or failed included)."""
-    sent = 0
+                       fatal: tuple[type[BaseException], ...]) -> None:
+    """Embed ``texts`` in batches into ``vecs`` until ``deadline``."""
     for start in range(0, len(texts), EMBED_BATCH):
         left = deadline - time.monotonic()
         if left <= 0:
-            return sent
+            return
         batch = list(texts[start:start + EMBED_BATCH])
-        sent += len(batch)
         fut = asyncio.ensure_future(embed(batch))
         try:
             got = await asyncio.wait_for(asyncio.shield(fut), timeout=left)
         except asyncio.TimeoutError:
             # the batch finishes on the embedder's thread; its result is not waited for
             fut.add_done_callback(_consume)
-            return sent
+            return
         except fatal:
             raise
         except Exception as exc:  # noqa: BLE001 - the embedder failed: these texts are not inspected
             log.warning("embedding documents for the injection classifier failed: %s", type(exc).__name__)
-            return sent
+            return
         for i, row in enumerate(np.asarray(got, dtype=np.float32)):
             vecs[start + i] = row
-    return sent
 
 
 def _consume(fut: asyncio.Future) -> None:

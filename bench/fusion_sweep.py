@@ -46,6 +46,10 @@ no SQL twin); chunk rrf is reported, never chosen. Also leave-one-collection-out
 one, report the held-out one. The best configurations of the swept families (rrf, convex, dbsf)
 are compared the same way (a score-aware fusion is kept only if it wins).
 
+``--k1`` / ``--b`` read the lexical list with other BM25 parameters than the service's (1.2 / 0.75),
+for the parameter comparison in ``bench/results/bm25-params-2026-12-01.md``; the verification
+then calls ``kb.search_hybrid`` with the same ones.
+
 Writes ``bench/results/fusion-sweep.json`` and prints Markdown tables on stdout.
 
     KB_DATA_DIR=/tmp/kb-eval OPENBLAS_NUM_THREADS=1 python bench/fusion_sweep.py \\
@@ -262,7 +266,7 @@ def fetch_lists(settings: Settings, path: Path, embedder, conn_factory, verify: 
                 with tenant_transaction(conn, tenant):
                     lex, sem = _read_lists(conn, coll.queries[qid], qembs[qid])
                     rows = search.hybrid(conn, coll.queries[qid], qembs[qid], c, rrf_k=r, fusion=f,
-                                         lexical_weight=lw, semantic_weight=sw)
+                                         lexical_weight=lw, semantic_weight=sw, k1=SQL_K1, b=SQL_B)
                 if (lex, sem) != lists[qid]:
                     lists_moved += 1
                 sql = [(x.chunk_id, x.score) for x in rows]
@@ -309,8 +313,11 @@ def main(argv=None) -> int:
     ap.add_argument("--fusions", nargs="+", choices=FUSIONS, default=list(DEFAULT_FUSIONS),
                     help="fusion families to sweep (chunk: the chunk-id RRF before issue 15, never chosen; "
                          "dbsf: Python only, not verified against SQL)")
+    ap.add_argument("--k1", type=float, default=1.2, help="BM25 k1 of the lexical list (default: the service's)")
+    ap.add_argument("--b", type=float, default=0.75, help="BM25 b of the lexical list (default: the service's)")
     args = ap.parse_args(argv)
-    global GRID
+    global GRID, SQL_K1, SQL_B
+    SQL_K1, SQL_B = args.k1, args.b
     GRID = make_grid(args.fusions)
     if PRODUCTION not in GRID:
         GRID.append(PRODUCTION)
@@ -358,7 +365,7 @@ def main(argv=None) -> int:
     out = sys.stdout
     date = datetime.now(timezone.utc).isoformat(timespec="seconds")
     machine = f"{platform.machine()}, {os.cpu_count()} cores"
-    print(f"# Fusion sweep ({date}, {machine}, embedder {embedder.name})\n", file=out)
+    print(f"# Fusion sweep ({date}, {machine}, embedder {embedder.name}, BM25 k1 {SQL_K1:g} b {SQL_B:g})\n", file=out)
     for n in names:
         p = per[n]
         print(f"### {n} ({p['num_queries']} queries): lexical {p['lexical']:.4f}, semantic {p['semantic']:.4f}\n",
@@ -433,7 +440,7 @@ def main(argv=None) -> int:
 
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps({
-        "date": date, "machine": machine, "embedder": embedder.name, "depth": DEPTH,
+        "date": date, "machine": machine, "embedder": embedder.name, "depth": DEPTH, "bm25": {"k1": SQL_K1, "b": SQL_B},
         "grid": {"fusions": args.fusions, "candidates": CANDIDATES, "rrf_k": RRF_KS, "weights": WEIGHTS,
                  "convex_weights": CONVEX_WEIGHTS},
         "criterion": "max over configs of min over collections of (hybrid nDCG@10 - max(lexical, semantic)); "

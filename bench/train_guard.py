@@ -38,15 +38,19 @@ from kb_rerank.settings import Settings  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 MAX_CHARS = 600  # texts cut here (a chunk is at most ~1,000 characters); keeps training embeddings cheap
-VERSION = "2026-12-01.2"
-# the shipped configuration, chosen by --explore (docs/guardrails.md)
-MODEL, HIDDEN, C, FLOOR = "mlp", 16, 0.1, 1.0
+VERSION = "2026-12-01.3"
+# the shipped configuration, chosen by --explore (docs/guardrails.md; 2026-12-01.3: C 1.0, with
+# 3,049 texts the less regularised MLP has the highest recall at P >= 0.9 on the after-freeze-like
+# sources: 0.676 at threshold 0.8, against 0.561 for C 0.1 at its best point)
+MODEL, HIDDEN, C, FLOOR = "mlp", 16, 1.0, 1.0
 # span-level scoring, chosen by --spans (bench/results/guard-spans.md: "max over spans, same
-# model", the best point with a margin, P >= 0.91 on the after-freeze-like sources and >= 0.9
-# over all): the whole-passage model also scores the spans of a chunk of probability >=
+# model", a point with a margin, P >= 0.91 on the after-freeze-like sources and >= 0.9 over
+# all, at the gate of 2026-12-01.2: with KB_GUARD_CLASSIFIER_THRESHOLD 0.9, P 0.923 R 0.694
+# there; gate 0.3 or 0.2 adds 0.014-0.019 recall for half as many chunks again whose spans are
+# embedded): the whole-passage model also scores the spans of a chunk of probability >=
 # SPAN_GATE, flagged when one reaches SPAN_THRESHOLD. Not the multiple-instance variant
-# (fit_mil): more recall there, but it lowers the whole-passage probability of short blatant
-# attacks (project_fixtures recall 0.742 -> 0.589 held out)
+# (fit_mil): it lowers the whole-passage probability of short blatant attacks (project_fixtures
+# recall 0.742 -> 0.589 held out at 2026-12-01.2; 0.815 -> 0.782 at 2026-12-01.3)
 SPAN_THRESHOLD, SPAN_GATE = 0.9, 0.5
 BIPIA_PLAIN_TASKS = {("text_attack_train.json", c) for c in (
     "Information Retrieval", "Content Creation", "Learning and Tutoring", "Language Translation", "Programming Help")} | {
@@ -129,19 +133,24 @@ def load_samples(data: Path, shared: Path, rng: random.Random) -> list[dict]:
             add(r["text"], label, "project_fixtures", r["lang"], str(r.get("kind", "")).startswith("hard:"))
 
     # the project's written sets (bench/data/guard/, docs/guardrails.md): multilingual attacks
-    # by family and hard negatives, written for training on 2026-12-01 by two authors (a, b:
-    # separate sources, so that cross-validation tests each on a model that never saw its
-    # author); and the first after-freeze set (tests/data/injection/after_freeze.jsonl),
-    # scored once against the 2026-11-30.1 weights, and the second
-    # (after_freeze_v2.jsonl), scored once against 2026-12-01.1: training data since (a
-    # later set, written after the next freeze, measures)
+    # by family and hard negatives, written for training on 2026-12-01 by four authors (a, b;
+    # c: en/de/zh and d: vi/fr/es, written for 2026-12-01.3; separate sources, so that
+    # cross-validation tests each on a model that never saw its author); and the after-freeze
+    # sets (tests/data/injection/), each scored once against the weights it was written after
+    # (v1: 2026-11-30.1, v2: 2026-12-01.1, v3: 2026-12-01.2): training data since (a later
+    # set, written after the next freeze, measures)
     g = ROOT / "bench" / "data" / "guard"
     for path, source in ((g / "hostile_written.jsonl", "written_2026-12-01a"),
                          (g / "benign_written.jsonl", "written_2026-12-01a"),
                          (g / "hostile_written2.jsonl", "written_2026-12-01b"),
                          (g / "benign_written2.jsonl", "written_2026-12-01b"),
+                         (g / "hostile_written3.jsonl", "written_2026-12-01c"),
+                         (g / "benign_written3.jsonl", "written_2026-12-01c"),
+                         (g / "hostile_written4.jsonl", "written_2026-12-01d"),
+                         (g / "benign_written4.jsonl", "written_2026-12-01d"),
                          (ROOT / "tests" / "data" / "injection" / "after_freeze.jsonl", "after_freeze_v1"),
-                         (ROOT / "tests" / "data" / "injection" / "after_freeze_v2.jsonl", "after_freeze_v2")):
+                         (ROOT / "tests" / "data" / "injection" / "after_freeze_v2.jsonl", "after_freeze_v2"),
+                         (ROOT / "tests" / "data" / "injection" / "after_freeze_v3.jsonl", "after_freeze_v3")):
         for r in _jsonl(path):
             add(r["text"], int(r["label"]), source, r["lang"], bool(r.get("hard_negative")))
 
@@ -329,7 +338,8 @@ def main() -> None:
 
 # the sources written like the after-freeze set (multilingual, the issue's attack families,
 # half of the benign hard negatives, balanced): the operating point is chosen on these
-AFTER_FREEZE_LIKE = ("after_freeze_v1", "after_freeze_v2", "written_2026-12-01a", "written_2026-12-01b")
+AFTER_FREEZE_LIKE = ("after_freeze_v1", "after_freeze_v2", "after_freeze_v3", "written_2026-12-01a",
+                     "written_2026-12-01b", "written_2026-12-01c", "written_2026-12-01d")
 
 
 def explore(X, y, groups, hard, pat, seed) -> None:
@@ -469,7 +479,7 @@ def span_experiment(texts, X, y, groups, langs, hard, pat, args) -> None:
              f"({', '.join(AFTER_FREEZE_LIKE)}), each by models that never saw it; 'all' = every source pooled. "
              "Flagged: chunk p >= t (or patterns with p >= floor), or max span p >= ts, the spans embedded and "
              "scored only for a chunk of p >= gate. extra tokens: the embedded spans' tokens over the texts' "
-             "(all sources / the benign corpora demo_kb, cacm, cisi, cranfield, xquad-vi: an ordinary ingestion). fixed: t = the shipped threshold, ts 0.95, gate 0; best: the grid point of highest "
+             "(all sources / the benign corpora demo_kb, cacm, cisi, cranfield, xquad-vi: an ordinary ingestion). fixed: t = the shipped threshold, ts 0.95, gate 0; shipped: the threshold setting, SPAN_THRESHOLD and SPAN_GATE; best: the grid point of highest "
              "recall meeting P >= 0.9 and hard FPR <= 0.1 on those sources.", "",
              "| variant | t | ts | gate | extra tokens all / corpora | P | R | hard FPR | all P | all R | "
              + " | ".join(f"R {l}" for l in lang_list) + " | " + " | ".join(f"R {g}" for g in like_list) + " |",
@@ -495,6 +505,8 @@ def span_experiment(texts, X, y, groups, langs, hard, pat, args) -> None:
         # the best point, the cheapest one within 0.01 recall of it, and the best one with a
         # margin (P >= 0.91 on those sources and >= 0.9 over every source)
         picks = [("fixed", fixed[0])]
+        if sk == "chunk_span":  # the shipped operating point (threshold setting, SPAN_THRESHOLD, SPAN_GATE)
+            picks += [("shipped", r) for r in rows_ if (r[0], r[1], r[2]) == (args.threshold, SPAN_THRESHOLD, SPAN_GATE)]
         if ok:
             picks.append(("best", ok[0]))
             cheap = min((r for r in ok if r[4]["recall"] >= ok[0][4]["recall"] - 0.01), key=lambda r: (r[3][0], -r[4]["recall"]))

@@ -36,6 +36,7 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings as hsettings, strategies as st
 
 from kb_rerank.ingest import detectors as guard
+from kb_rerank.ingest.guard_classifier import spans as guard_spans
 from kb_rerank.settings import Settings
 from kb_rerank.testing.tiny_model import build_tiny_cross_encoder
 
@@ -57,6 +58,8 @@ UNITS = [
     "đ", "instructions ", "password ", "from now on ", "dan ",
     # issue 19 normalisation: base64 alphabet runs, padding, rot13 words, soft hyphens
     "QWxhZGRpbjpvcGVuIHNlc2FtZQ", "aWdub3Jl", "+/", "=", "-_", "vtaber ", "\u00ad", "\u200e", "\u0585",
+    # the de-obfuscated view the classifier's spans read: letters spelled out one by one
+    "i g n o r e ", "a ", "a b", " x y z",
 ]
 
 
@@ -81,7 +84,8 @@ def _timed_calls(texts: list[str]) -> list[tuple[str, float]]:
     """In the child: each detector on each text, (name, seconds) of the slowest per text."""
     out = []
     for text in texts:
-        for fn in (guard.detect_injection, guard.detect_stuffing, guard.sanitize_for_prompt):
+        for fn in (guard.detect_injection, guard.detect_stuffing, guard.sanitize_for_prompt, guard.deobfuscated,
+                   guard_spans):
             t0 = time.perf_counter()
             fn(text)
             out.append((fn.__name__, time.perf_counter() - t0))

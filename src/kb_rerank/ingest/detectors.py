@@ -648,6 +648,33 @@ def _normalise(text: str) -> _Normalised:
     return _Normalised(norm, nfkc, max(zero_width, 0), bidi_override, bidi_other, tags, mixed)
 
 
+# Letters spelled out one by one ("i g n o r e  a l l"): at least five single letters, one
+# space apart (possessive, and a matched run is consumed whole: linear)
+_SPACED_LETTERS_RE = re.compile(r"(?<!\w)\w(?= )(?: \w(?!\w)){4,}+")
+
+
+def deobfuscated(text: str) -> str | None:
+    """``text`` with its hiding undone, for the learned classifier to read (issue 19: the
+    patterns read the normalised text, the classifier otherwise only the raw chunk's
+    embedding): hidden characters removed, tag-character and short base64 payloads decoded
+    (:func:`_normalise`), homoglyphs folded to their Latin skeleton when a word mixes them
+    with Latin letters, letters spelled out one by one joined, and a rot13 text decoded;
+    case folded. None when that changes nothing beyond NFKC and case (an ordinary text).
+    Linear in the text."""
+    if not text:
+        return None
+    n = _normalise(text)
+    view = n.nfkc.casefold()
+    if n.mixed_words:
+        view = view.translate(_CONFUSABLE_TABLE)
+    view = _SPACED_LETTERS_RE.sub(lambda m: m.group(0).replace(" ", ""), view)
+    rot = _strip_accents(view).replace("\u2019", "'").translate(_ROT13)
+    if _ROT13_MARKERS.search(rot):
+        view = view + "\n" + rot
+    base = unicodedata.normalize("NFKC", text[1:] if text.startswith("\ufeff") else text).casefold()
+    return None if " ".join(view.split()) == " ".join(base.split()) else view
+
+
 def _text_signals(norm: str) -> set[str]:
     found: set[str] = set()
     spaced = " " + norm

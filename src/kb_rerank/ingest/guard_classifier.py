@@ -49,19 +49,23 @@ _MD_IMAGE = re.compile(r"!\[[^\]\n]{0,200}\]\([^)\s]{1,500}\)")
 
 
 def spans(text: str) -> list[str]:
-    """The windows of ``text`` the classifier reads beside the whole text: none for a text
-    of at most :data:`SPAN_MIN_CHARS` characters; else its sentences packed in order into
-    windows of at most :data:`SPAN_CHARS` characters (a longer sentence is its own window,
-    cut at twice that), then the hidden HTML, code blocks and markdown images, at most
-    :data:`SPAN_MAX` spans in all (the surfaced ones first). Deterministic; shared by
-    training (bench/train_guard.py) and scoring."""
+    """The windows of ``text`` the classifier reads beside the whole text: for a text of at
+    most :data:`SPAN_MIN_CHARS` characters, none, or its de-obfuscated form
+    (:func:`kb_rerank.ingest.detectors.deobfuscated`: hidden characters out, payloads
+    decoded, homoglyphs folded) when it has one; else its sentences (those of the
+    de-obfuscated form, when it has one) packed in order into windows of at most
+    :data:`SPAN_CHARS` characters (a longer sentence is its own window, cut at twice that),
+    after the hidden HTML, code blocks and markdown images, at most :data:`SPAN_MAX` spans in
+    all (the surfaced ones first). Deterministic; shared by training (bench/train_guard.py)
+    and scoring."""
+    view = detectors.deobfuscated(text)
     if len(text) <= SPAN_MIN_CHARS:
-        return []
+        return [view.strip()[: 2 * SPAN_CHARS]] if view and view.strip() else []
     special = [s for s in detectors._html_comments(text) + detectors._hidden_elements(text) if len(s.strip()) >= 12]
     special += [m.group(0) for m in _CODE_BLOCK.finditer(text)] + [m.group(0) for m in _MD_IMAGE.finditer(text)]
     windows: list[str] = []
     cur = ""
-    for sent in (x.strip() for x in _SENTENCE_END.split(text)):
+    for sent in (x.strip() for x in _SENTENCE_END.split(view or text)):
         if not sent:
             continue
         if cur and len(cur) + 1 + len(sent) > SPAN_CHARS:

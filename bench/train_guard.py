@@ -38,20 +38,21 @@ from kb_rerank.settings import Settings  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 MAX_CHARS = 600  # texts cut here (a chunk is at most ~1,000 characters); keeps training embeddings cheap
-VERSION = "2026-12-01.3"
+VERSION = "2026-12-01.4"
 # the shipped configuration, chosen by --explore (docs/guardrails.md; 2026-12-01.3: C 1.0, with
 # 3,049 texts the less regularised MLP has the highest recall at P >= 0.9 on the after-freeze-like
 # sources: 0.676 at threshold 0.8, against 0.561 for C 0.1 at its best point)
 MODEL, HIDDEN, C, FLOOR = "mlp", 16, 1.0, 1.0
 # span-level scoring, chosen by --spans (bench/results/guard-spans.md: "max over spans, same
-# model", a point with a margin, P >= 0.91 on the after-freeze-like sources and >= 0.9 over
-# all, at the gate of 2026-12-01.2: with KB_GUARD_CLASSIFIER_THRESHOLD 0.9, P 0.923 R 0.694
-# there; gate 0.3 or 0.2 adds 0.014-0.019 recall for half as many chunks again whose spans are
-# embedded): the whole-passage model also scores the spans of a chunk of probability >=
-# SPAN_GATE, flagged when one reaches SPAN_THRESHOLD. Not the multiple-instance variant
-# (fit_mil): it lowers the whole-passage probability of short blatant attacks (project_fixtures
-# recall 0.742 -> 0.589 held out at 2026-12-01.2; 0.815 -> 0.782 at 2026-12-01.3)
-SPAN_THRESHOLD, SPAN_GATE = 0.9, 0.5
+# model", the cheapest point within 0.01 recall of the highest recall with P >= 0.9 and
+# hard-negative FPR <= 0.1 on the after-freeze-like sources: for 2026-12-01.4,
+# KB_GUARD_CLASSIFIER_THRESHOLD 0.95, span threshold 0.9, gate 0.3, P 0.901 R 0.631 there;
+# 2026-12-01.2 / .3 had threshold 0.8 / 0.9, span threshold 0.9, gate 0.5): the whole-passage
+# model also scores the spans of a chunk of probability >= SPAN_GATE, flagged when one reaches
+# SPAN_THRESHOLD. Not the multiple-instance variant (fit_mil): it lowers the whole-passage
+# probability of short blatant attacks (project_fixtures recall 0.742 -> 0.589 held out at
+# 2026-12-01.2; 0.815 -> 0.782 at 2026-12-01.3)
+SPAN_THRESHOLD, SPAN_GATE = 0.9, 0.3
 BIPIA_PLAIN_TASKS = {("text_attack_train.json", c) for c in (
     "Information Retrieval", "Content Creation", "Learning and Tutoring", "Language Translation", "Programming Help")} | {
     ("text_attack_test.json", c) for c in (
@@ -133,12 +134,15 @@ def load_samples(data: Path, shared: Path, rng: random.Random) -> list[dict]:
             add(r["text"], label, "project_fixtures", r["lang"], str(r.get("kind", "")).startswith("hard:"))
 
     # the project's written sets (bench/data/guard/, docs/guardrails.md): multilingual attacks
-    # by family and hard negatives, written for training on 2026-12-01 by four authors (a, b;
-    # c: en/de/zh and d: vi/fr/es, written for 2026-12-01.3; separate sources, so that
-    # cross-validation tests each on a model that never saw its author); and the after-freeze
-    # sets (tests/data/injection/), each scored once against the weights it was written after
-    # (v1: 2026-11-30.1, v2: 2026-12-01.1, v3: 2026-12-01.2): training data since (a later
-    # set, written after the next freeze, measures)
+    # by family and hard negatives, written for training on 2026-12-01 by six authors (a, b;
+    # c: en/de/zh and d: vi/fr/es, written for 2026-12-01.3; e: structured documents (invoices,
+    # configurations, minutes, HTML, tables) mostly benign, and f: the subtle families
+    # (promotion, answer manipulation, indirect, tool abuse, exfiltration) with look-alike
+    # benign text, written for 2026-12-01.4 after v4 showed those two gaps; separate sources,
+    # so that cross-validation tests each on a model that never saw its author); and the
+    # after-freeze sets (tests/data/injection/), each scored once against the weights it was
+    # written after (v1: 2026-11-30.1, v2: 2026-12-01.1, v3: 2026-12-01.2, v4: 2026-12-01.3):
+    # training data since (a later set, written after the next freeze, measures)
     g = ROOT / "bench" / "data" / "guard"
     for path, source in ((g / "hostile_written.jsonl", "written_2026-12-01a"),
                          (g / "benign_written.jsonl", "written_2026-12-01a"),
@@ -148,9 +152,14 @@ def load_samples(data: Path, shared: Path, rng: random.Random) -> list[dict]:
                          (g / "benign_written3.jsonl", "written_2026-12-01c"),
                          (g / "hostile_written4.jsonl", "written_2026-12-01d"),
                          (g / "benign_written4.jsonl", "written_2026-12-01d"),
+                         (g / "hostile_written5.jsonl", "written_2026-12-01e"),
+                         (g / "benign_written5.jsonl", "written_2026-12-01e"),
+                         (g / "hostile_written6.jsonl", "written_2026-12-01f"),
+                         (g / "benign_written6.jsonl", "written_2026-12-01f"),
                          (ROOT / "tests" / "data" / "injection" / "after_freeze.jsonl", "after_freeze_v1"),
                          (ROOT / "tests" / "data" / "injection" / "after_freeze_v2.jsonl", "after_freeze_v2"),
-                         (ROOT / "tests" / "data" / "injection" / "after_freeze_v3.jsonl", "after_freeze_v3")):
+                         (ROOT / "tests" / "data" / "injection" / "after_freeze_v3.jsonl", "after_freeze_v3"),
+                         (ROOT / "tests" / "data" / "injection" / "after_freeze_v4.jsonl", "after_freeze_v4")):
         for r in _jsonl(path):
             add(r["text"], int(r["label"]), source, r["lang"], bool(r.get("hard_negative")))
 
@@ -173,6 +182,25 @@ def load_samples(data: Path, shared: Path, rng: random.Random) -> list[dict]:
         rng.shuffle(rows)
         for r in rows[:40]:
             add(((r.get("title") or "") + "\n" + r["text"]).strip(), 0, coll, lang)
+
+    # short benign texts (from 2026-12-01.4): up to two sentences (12-200 characters) of every
+    # ordinary benign passage above, each in its passage's source, so that cross-validation
+    # holds it out with that source; not of the hard negatives, whose sentences can be a
+    # quoted attack. Without them the benign side had almost no short text and the hostile
+    # side many (bare attacker instructions), and the model took a short factual sentence for
+    # an attack ("Paris is the capital of France.": p 1.00 with the 2026-12-01.3 weights).
+    from kb_rerank.ingest.guard_classifier import _SENTENCE_END
+
+    seen = {r["text"] for r in out}
+    for r in list(out):
+        if r["label"] != 0 or r["hard"]:
+            continue
+        sents = [x.strip() for x in _SENTENCE_END.split(r["text"]) if 12 <= len(x.strip()) <= 200]
+        rng.shuffle(sents)
+        for x in sents[:2]:
+            if x not in seen and x != r["text"]:
+                seen.add(x)
+                add(x, 0, r["source"], r["lang"])
     return out
 
 
@@ -338,8 +366,9 @@ def main() -> None:
 
 # the sources written like the after-freeze set (multilingual, the issue's attack families,
 # half of the benign hard negatives, balanced): the operating point is chosen on these
-AFTER_FREEZE_LIKE = ("after_freeze_v1", "after_freeze_v2", "after_freeze_v3", "written_2026-12-01a",
-                     "written_2026-12-01b", "written_2026-12-01c", "written_2026-12-01d")
+AFTER_FREEZE_LIKE = ("after_freeze_v1", "after_freeze_v2", "after_freeze_v3", "after_freeze_v4",
+                     "written_2026-12-01a", "written_2026-12-01b", "written_2026-12-01c", "written_2026-12-01d",
+                     "written_2026-12-01e", "written_2026-12-01f")
 
 
 def explore(X, y, groups, hard, pat, seed) -> None:

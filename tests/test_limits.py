@@ -531,12 +531,18 @@ def test_flow_settle_charges_the_spans_once():
     assert lim.tenant_rate.level("a") == pytest.approx(100 - 12) and flow._settled
 
 
+def _spans_app(settings, embedder, burst=200, budget_ms=60_000):
+    """An app whose tenant bucket refills about nothing during a test (1 token a minute) and
+    whose guard has time to embed every span (the span-charging tests)."""
+    return _app(settings, embedder, rate_limit_per_minute=1, rate_limit_burst=burst,
+                guard_budget_ms=budget_ms, guard_embed_budget_ms=budget_ms)
+
+
 def test_v2_spans_actually_embedded_are_charged_when_the_request_ends(settings, embedder):
     doubtful, benign, n_spans = _span_fixtures(embedder)
     s = settings
     counting = TextCountingEmbedder(embedder)
-    app = _app(settings, counting, rate_limit_per_minute=1, rate_limit_burst=200,  # refill ~0 during the test
-               guard_budget_ms=60_000, guard_embed_budget_ms=60_000)
+    app = _spans_app(settings, counting)
     charges, debits = _spy_charges(app)
     tenant = uuid.uuid4()
     docs = [doubtful[0], benign[0]]
@@ -564,8 +570,7 @@ def test_v2_spans_actually_embedded_are_charged_when_the_request_ends(settings, 
 def test_v2_benign_documents_pay_nothing_for_spans(settings, embedder):
     _doubtful, benign, _n = _span_fixtures(embedder)
     s = settings
-    app = _app(settings, embedder, rate_limit_per_minute=1, rate_limit_burst=200,
-               guard_budget_ms=60_000, guard_embed_budget_ms=60_000)
+    app = _spans_app(settings, embedder)
     charges, debits = _spy_charges(app)
     tenant = uuid.uuid4()
     with TestClient(app) as client:
@@ -585,8 +590,7 @@ def test_v2_fifty_long_documents_are_not_refused_for_their_spans(settings, embed
     s = settings
     assert s.rerank_max_candidates == 50
     counting = TextCountingEmbedder(embedder)
-    app = _app(settings, counting, rate_limit_per_minute=1, rate_limit_burst=300,  # the default bucket's size
-               guard_budget_ms=120_000, guard_embed_budget_ms=120_000)
+    app = _spans_app(settings, counting, burst=300, budget_ms=120_000)  # 300: the default bucket's size
     tenant = uuid.uuid4()
     docs = doubtful + [benign[i % 2] + f" Item {i}." for i in range(30)]
     assert len(docs) == 50
@@ -618,8 +622,7 @@ def test_v2_fifty_long_documents_are_not_refused_for_their_spans(settings, embed
 def test_v2_request_failing_after_the_guard_still_pays_its_spans(settings, embedder):
     doubtful, benign, n_spans = _span_fixtures(embedder)
     s = settings
-    app = _app(settings, embedder, rate_limit_per_minute=1, rate_limit_burst=200,
-               guard_budget_ms=60_000, guard_embed_budget_ms=60_000)
+    app = _spans_app(settings, embedder)
     _charges, debits = _spy_charges(app)
     tenant = uuid.uuid4()
 

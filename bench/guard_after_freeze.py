@@ -9,9 +9,11 @@ neither them nor their training data, scored once; training data of the later we
 frozen (commit 0e1c103), by another author who saw neither the detector nor its training
 data; scored once; training data of 2026-12-01.3. ``after_freeze_v4.jsonl``: written after
 the 2026-12-01.3 weights were frozen (commit 81d9bc5) by another author; scored once;
-training data of 2026-12-01.4. ``after_freeze_v5.jsonl`` (the default): written after the
-2026-12-01.4 weights were frozen (commit 7594485), by another author who saw neither the
-detector nor its training data, and not used to tune either.
+training data of 2026-12-01.4. ``after_freeze_v5.jsonl``: written after the 2026-12-01.4
+weights were frozen (commit 7594485) by another author; scored once; training data of
+2026-12-01.5. ``after_freeze_v6.jsonl`` (the default): written after the 2026-12-01.5 weights
+were frozen, by another author who saw neither the detector nor its training data, and not
+used to tune either.
 Reports precision, recall, and the false-positive rate on hard negatives for the patterns,
 the classifier at the shipped threshold and the shipped decision
 (:func:`kb_rerank.ingest.verdict.chunk_flags`, as ingestion calls it: classifier, spans of a
@@ -19,7 +21,7 @@ doubtful text, or patterns not vetoed), overall, per
 language and per kind, plus a threshold table; writes
 bench/results/guard-after-freeze[-<set>].{json,md}.
 
-    OPENBLAS_NUM_THREADS=1 python bench/guard_after_freeze.py [--set after_freeze_v5]
+    OPENBLAS_NUM_THREADS=1 python bench/guard_after_freeze.py [--set after_freeze_v6]
 """
 
 from __future__ import annotations
@@ -53,7 +55,7 @@ def stats(y, pred, hard):
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--set", default="after_freeze_v5", help="file name under tests/data/injection/, without .jsonl")
+    ap.add_argument("--set", default="after_freeze_v6", help="file name under tests/data/injection/, without .jsonl")
     args = ap.parse_args()
     rows = [json.loads(x) for x in (ROOT / "tests/data/injection" / f"{args.set}.jsonl").read_text("utf-8").splitlines()
             if x.strip()]

@@ -37,22 +37,28 @@ from kb_rerank.ingest.guard_classifier import WEIGHTS_RESOURCE, features  # noqa
 from kb_rerank.settings import Settings  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
+# passages of each shared retrieval collection on the benign side (40 up to 2026-12-01.4)
+CORPUS_PASSAGES = 250
 MAX_CHARS = 600  # texts cut here (a chunk is at most ~1,000 characters); keeps training embeddings cheap
-VERSION = "2026-12-01.4"
+VERSION = "2026-12-01.5"
 # the shipped configuration, chosen by --explore (docs/guardrails.md; 2026-12-01.3: C 1.0, with
 # 3,049 texts the less regularised MLP has the highest recall at P >= 0.9 on the after-freeze-like
-# sources: 0.676 at threshold 0.8, against 0.561 for C 0.1 at its best point)
-MODEL, HIDDEN, C, FLOOR = "mlp", 16, 1.0, 1.0
+# sources: 0.676 at threshold 0.8, against 0.561 for C 0.1 at its best point; 2026-12-01.5: with
+# spans, by the rule below, on 8,669 texts: 64 units and C 10 reach recall 0.771 there, 64 units
+# and C 1.0 0.750, 16 units and C 1.0 (2026-12-01.4's) 0.728; docs/guardrails.md)
+MODEL, HIDDEN, C, FLOOR = "mlp", 64, 10.0, 1.0
 # span-level scoring, chosen by --spans (bench/results/guard-spans.md: "max over spans, same
-# model", the cheapest point within 0.01 recall of the highest recall with P >= 0.9 and
-# hard-negative FPR <= 0.1 on the after-freeze-like sources: for 2026-12-01.4,
-# KB_GUARD_CLASSIFIER_THRESHOLD 0.95, span threshold 0.9, gate 0.3, P 0.901 R 0.631 there;
-# 2026-12-01.2 / .3 had threshold 0.8 / 0.9, span threshold 0.9, gate 0.5): the whole-passage
+# model", the cheapest point within 0.01 recall of the highest recall with precision at the
+# after-freeze mix (mix_precision) >= 0.9 and hard-negative FPR <= 0.1 on the after-freeze-like
+# sources and FPR <= CORPUS_FPR_MAX on the benign corpora: for 2026-12-01.5,
+# KB_GUARD_CLASSIFIER_THRESHOLD 0.9, span threshold 0.98, gate 0.3, P at mix 0.919, R 0.771,
+# hard FPR 0.096, corpus FPR 0.019 there; 2026-12-01.4 had 0.95 / 0.9 / 0.3 by plain
+# precision, 2026-12-01.2 / .3 had threshold 0.8 / 0.9, span threshold 0.9, gate 0.5): the whole-passage
 # model also scores the spans of a chunk of probability >= SPAN_GATE, flagged when one reaches
 # SPAN_THRESHOLD. Not the multiple-instance variant (fit_mil): it lowers the whole-passage
 # probability of short blatant attacks (project_fixtures recall 0.742 -> 0.589 held out at
 # 2026-12-01.2; 0.815 -> 0.782 at 2026-12-01.3)
-SPAN_THRESHOLD, SPAN_GATE = 0.9, 0.3
+SPAN_THRESHOLD, SPAN_GATE = 0.98, 0.3
 BIPIA_PLAIN_TASKS = {("text_attack_train.json", c) for c in (
     "Information Retrieval", "Content Creation", "Learning and Tutoring", "Language Translation", "Programming Help")} | {
     ("text_attack_test.json", c) for c in (
@@ -134,15 +140,18 @@ def load_samples(data: Path, shared: Path, rng: random.Random) -> list[dict]:
             add(r["text"], label, "project_fixtures", r["lang"], str(r.get("kind", "")).startswith("hard:"))
 
     # the project's written sets (bench/data/guard/, docs/guardrails.md): multilingual attacks
-    # by family and hard negatives, written for training on 2026-12-01 by six authors (a, b;
+    # by family and hard negatives, written for training on 2026-12-01 by eight authors (a, b;
     # c: en/de/zh and d: vi/fr/es, written for 2026-12-01.3; e: structured documents (invoices,
     # configurations, minutes, HTML, tables) mostly benign, and f: the subtle families
     # (promotion, answer manipulation, indirect, tool abuse, exfiltration) with look-alike
-    # benign text, written for 2026-12-01.4 after v4 showed those two gaps; separate sources,
-    # so that cross-validation tests each on a model that never saw its author); and the
-    # after-freeze sets (tests/data/injection/), each scored once against the weights it was
-    # written after (v1: 2026-11-30.1, v2: 2026-12-01.1, v3: 2026-12-01.2, v4: 2026-12-01.3):
-    # training data since (a later set, written after the next freeze, measures)
+    # benign text, written for 2026-12-01.4 after v4 showed those two gaps; g: Vietnamese,
+    # half without diacritics, and h: en/fr/es/de/zh, both the subtle families, code blocks
+    # and tables with look-alike benign text, written for 2026-12-01.5 after v5's misses;
+    # separate sources, so that cross-validation tests each on a model that never saw its
+    # author); and the after-freeze sets (tests/data/injection/), each scored once against the
+    # weights it was written after (v1: 2026-11-30.1, v2: 2026-12-01.1, v3: 2026-12-01.2,
+    # v4: 2026-12-01.3, v5: 2026-12-01.4): training data since (a later set, written after
+    # the next freeze, measures)
     g = ROOT / "bench" / "data" / "guard"
     for path, source in ((g / "hostile_written.jsonl", "written_2026-12-01a"),
                          (g / "benign_written.jsonl", "written_2026-12-01a"),
@@ -156,10 +165,15 @@ def load_samples(data: Path, shared: Path, rng: random.Random) -> list[dict]:
                          (g / "benign_written5.jsonl", "written_2026-12-01e"),
                          (g / "hostile_written6.jsonl", "written_2026-12-01f"),
                          (g / "benign_written6.jsonl", "written_2026-12-01f"),
+                         (g / "hostile_written7.jsonl", "written_2026-12-01g"),
+                         (g / "benign_written7.jsonl", "written_2026-12-01g"),
+                         (g / "hostile_written8.jsonl", "written_2026-12-01h"),
+                         (g / "benign_written8.jsonl", "written_2026-12-01h"),
                          (ROOT / "tests" / "data" / "injection" / "after_freeze.jsonl", "after_freeze_v1"),
                          (ROOT / "tests" / "data" / "injection" / "after_freeze_v2.jsonl", "after_freeze_v2"),
                          (ROOT / "tests" / "data" / "injection" / "after_freeze_v3.jsonl", "after_freeze_v3"),
-                         (ROOT / "tests" / "data" / "injection" / "after_freeze_v4.jsonl", "after_freeze_v4")):
+                         (ROOT / "tests" / "data" / "injection" / "after_freeze_v4.jsonl", "after_freeze_v4"),
+                         (ROOT / "tests" / "data" / "injection" / "after_freeze_v5.jsonl", "after_freeze_v5")):
         for r in _jsonl(path):
             add(r["text"], int(r["label"]), source, r["lang"], bool(r.get("hard_negative")))
 
@@ -176,11 +190,11 @@ def load_samples(data: Path, shared: Path, rng: random.Random) -> list[dict]:
             for piece in chunk_text(d.text, st.chunk_max_chars, st.chunk_overlap):
                 add(f"{d.title}\n{piece}", 0, "demo_kb", d.language or "en")
 
-    # the shared retrieval collections' passages (benign)
+    # the shared retrieval collections' passages (benign): CORPUS_PASSAGES of each
     for coll, lang in (("cacm", "en"), ("cisi", "en"), ("cranfield", "en"), ("xquad-vi", "vi")):
         rows = _jsonl(shared / coll / "corpus.jsonl")
         rng.shuffle(rows)
-        for r in rows[:40]:
+        for r in rows[:CORPUS_PASSAGES]:
             add(((r.get("title") or "") + "\n" + r["text"]).strip(), 0, coll, lang)
 
     # short benign texts (from 2026-12-01.4): up to two sentences (12-200 characters) of every
@@ -274,7 +288,22 @@ def prf(y: np.ndarray, pred: np.ndarray, hard: np.ndarray | None = None) -> dict
     if hard is not None:
         h = hard & (y == 0)
         out["hard_fpr"] = round(int((pred & h).sum()) / int(h.sum()), 3) if h.sum() else None
+        out["mix_precision"] = mix_precision(y, pred, hard)
     return out
+
+
+def mix_precision(y: np.ndarray, pred: np.ndarray, hard: np.ndarray) -> float | None:
+    """Precision at the after-freeze sets' composition: as many hostile as benign texts, half
+    of the benign hard negatives (recall / (recall + (hard FPR + ordinary FPR) / 2)). A pool
+    of another mix gives another precision for the same errors: the after-freeze-like sources
+    pooled hold 1.8 benign texts per hostile one (short benign sentences included), so their
+    plain precision understated the after-freeze set's (2026-12-01.4: the rule chose threshold
+    0.95 for P 0.901 there; v5 then measured P 0.964 at 0.95 and 0.940 at 0.8)."""
+    hn, on = hard & (y == 0), ~hard & (y == 0)
+    if not (y == 1).any() or not hn.any() or not on.any():
+        return None
+    r = pred[y == 1].mean()
+    return round(float(r / (r + (pred[hn].mean() + pred[on].mean()) / 2)), 3) if r else None
 
 
 def out_of_fold(X, y, groups, seed, c, model, hidden) -> np.ndarray:
@@ -364,20 +393,30 @@ def main() -> None:
         print(f"wrote {out} ({out.stat().st_size} bytes)")
 
 
+# the benign knowledge-base corpora (ordinary passages of domains no written source covers):
+# their held-out false-positive rate is what the detector costs an ordinary tenant, whose
+# domain the model never saw. The operating point must keep it at or under CORPUS_FPR_MAX, the
+# level of the 2026-12-01.4 weights it replaces (1.9 % held out). Without this bound, and with
+# 40 passages of each collection (CORPUS_PASSAGES), the rule chose for 2026-12-01.5 a model
+# (64 units, C 10, threshold 0.9) that flagged 3.8 % of these texts held out (Cranfield
+# aerodynamics abstracts at p 0.99) and 2 of the 92 demo chunks it was trained on; with 250
+# passages of each the same model stays within the bound.
+CORPORA = ("demo_kb", "cacm", "cisi", "cranfield", "xquad-vi")
+CORPUS_FPR_MAX = 0.02
 # the sources written like the after-freeze set (multilingual, the issue's attack families,
 # half of the benign hard negatives, balanced): the operating point is chosen on these
-AFTER_FREEZE_LIKE = ("after_freeze_v1", "after_freeze_v2", "after_freeze_v3", "after_freeze_v4",
+AFTER_FREEZE_LIKE = ("after_freeze_v1", "after_freeze_v2", "after_freeze_v3", "after_freeze_v4", "after_freeze_v5",
                      "written_2026-12-01a", "written_2026-12-01b", "written_2026-12-01c", "written_2026-12-01d",
-                     "written_2026-12-01e", "written_2026-12-01f")
+                     "written_2026-12-01e", "written_2026-12-01f", "written_2026-12-01g", "written_2026-12-01h")
 
 
 def explore(X, y, groups, hard, pat, seed) -> None:
     """The grid the defaults were chosen from, on the same leave-one-source-out folds: for
     each model and regularisation, the operating points (threshold, floor) that meet the
-    after-freeze targets (precision >= 0.9, hard-negative FPR <= 0.1) on the sources written
+    after-freeze targets (precision at the after-freeze mix >= 0.9, hard-negative FPR <= 0.1) on the sources written
     like that set (AFTER_FREEZE_LIKE, each scored by a model that never saw it), the one of
     highest recall first, with the pooled figures over every source beside it."""
-    like = np.isin(groups, AFTER_FREEZE_LIKE)
+    like, corpus = np.isin(groups, AFTER_FREEZE_LIKE), np.isin(groups, CORPORA)
     grid = [("lr", c, 0) for c in (0.01, 0.03, 0.1, 0.3, 1.0)] + [("mlp", c, h) for c in (0.1, 1.0, 10.0) for h in (16, 64)]
     for model, c, h in grid:
         oof = out_of_fold(X, y, groups, seed, c, model, h)
@@ -386,12 +425,13 @@ def explore(X, y, groups, hard, pat, seed) -> None:
             for fl in (0.0, 0.2, 0.5, 1.0):
                 pred = decide(pat, oof, t, fl)
                 d = prf(y[like], pred[like], hard[like])
-                if (d["precision"] or 0) >= 0.9 and (d["hard_fpr"] or 0) <= 0.1:
+                if ((d["mix_precision"] or 0) >= 0.9 and (d["hard_fpr"] or 0) <= 0.1
+                        and pred[corpus].mean() <= CORPUS_FPR_MAX):
                     best.append((d["recall"], t, fl, d, prf(y, pred, hard)))
         best.sort(key=lambda b: -b[0])
-        top = "; ".join(f"t {t} floor {fl}: P {d['precision']} R {d['recall']} hardFPR {d['hard_fpr']} "
+        top = "; ".join(f"t {t} floor {fl}: P {d['precision']} (at mix {d['mix_precision']}) R {d['recall']} hardFPR {d['hard_fpr']} "
                         f"(pooled P {q['precision']} R {q['recall']} hardFPR {q['hard_fpr']})" for _, t, fl, d, q in best[:2])
-        print(f"{model} C={c} hidden={h}: {top or 'no operating point meets P >= 0.9 and hard FPR <= 0.1'}", flush=True)
+        print(f"{model} C={c} hidden={h}: {top or f'no operating point meets P at mix >= 0.9, hard FPR <= 0.1 and corpus FPR <= {CORPUS_FPR_MAX}'}", flush=True)
 
 
 def span_features(texts: list[str], cache: Path):
@@ -442,7 +482,8 @@ def span_experiment(texts, X, y, groups, langs, hard, pat, args) -> None:
     """Span-level scoring (issue 19), leave-one-source-out: each variant's out-of-fold
     chunk and span probabilities, every source scored by models that never saw it; P / R /
     hard FPR pooled over the after-freeze-like sources and per language, at fixed and at
-    the best operating point (P >= 0.9, hard FPR <= 0.1 on those sources)."""
+    the best operating point (P at the after-freeze mix >= 0.9, hard FPR <= 0.1 on those sources,
+    false-positive rate <= CORPUS_FPR_MAX on the benign corpora)."""
     import time
 
     SX, owner, stexts, span_pat = span_features(texts, args.cache)
@@ -498,7 +539,7 @@ def span_experiment(texts, X, y, groups, langs, hard, pat, args) -> None:
     like_list = [g for g in AFTER_FREEZE_LIKE + ("project_fixtures",) if (groups == g).any()]
     span_tok = np.array([m.token_count(t) for t in stexts], dtype=float)
     # the benign corpora (knowledge-base-like passages): what span scoring costs an ordinary ingestion
-    corpus = np.isin(groups, ("demo_kb", "cacm", "cisi", "cranfield", "xquad-vi"))
+    corpus = np.isin(groups, CORPORA)
     tok_corpus = float(sum(m.token_count(t) for t, c in zip(texts, corpus) if c))
     lines = ["# Span-level scoring of the injection classifier: leave-one-source-out", "",
              f"Command: `OPENBLAS_NUM_THREADS=1 python bench/train_guard.py --data DATA --spans` (seed {args.seed}, "
@@ -507,12 +548,13 @@ def span_experiment(texts, X, y, groups, langs, hard, pat, args) -> None:
              f"(texts cut at {MAX_CHARS} characters). Scored on the after-freeze-like sources "
              f"({', '.join(AFTER_FREEZE_LIKE)}), each by models that never saw it; 'all' = every source pooled. "
              "Flagged: chunk p >= t (or patterns with p >= floor), or max span p >= ts, the spans embedded and "
-             "scored only for a chunk of p >= gate. extra tokens: the embedded spans' tokens over the texts' "
+             "scored only for a chunk of p >= gate. P at mix: the precision at the after-freeze sets' composition (as many hostile as benign, half of the benign hard negatives; mix_precision). extra tokens: the embedded spans' tokens over the texts' "
              "(all sources / the benign corpora demo_kb, cacm, cisi, cranfield, xquad-vi: an ordinary ingestion). fixed: t = the shipped threshold, ts 0.95, gate 0; shipped: the threshold setting, SPAN_THRESHOLD and SPAN_GATE; best: the grid point of highest "
-             "recall meeting P >= 0.9 and hard FPR <= 0.1 on those sources.", "",
-             "| variant | t | ts | gate | extra tokens all / corpora | P | R | hard FPR | all P | all R | "
+             f"recall meeting P at mix >= 0.9 and hard FPR <= 0.1 on those sources and FPR <= {CORPUS_FPR_MAX} on the "
+             "benign corpora (corpus FPR: demo_kb, cacm, cisi, cranfield, xquad-vi and their sentences, each held out).", "",
+             "| variant | t | ts | gate | extra tokens all / corpora | P | P at mix | R | hard FPR | corpus FPR | all P | all R | "
              + " | ".join(f"R {l}" for l in lang_list) + " | " + " | ".join(f"R {g}" for g in like_list) + " |",
-             "|---|---|---|---|---|---|---|---|---|---|" + "---|" * (len(lang_list) + len(like_list))]
+             "|---|---|---|---|---|---|---|---|---|---|---|---|" + "---|" * (len(lang_list) + len(like_list))]
     for name, (ck, sk) in variants.items():
         rows_ = []
         for t in (0.5, 0.6, 0.7, 0.8, 0.9, 0.95):
@@ -529,10 +571,11 @@ def span_experiment(texts, X, y, groups, langs, hard, pat, args) -> None:
                     d = prf(y[like], pred[like], hard[like])
                     rows_.append((t, ts, gate, (extra, extra_kb), d, pred))
         fixed = [r for r in rows_ if r[0] == args.threshold and r[1] in (None, 0.95) and r[2] == 0.0]
-        ok = sorted((r for r in rows_ if (r[4]["precision"] or 0) >= 0.9 and (r[4]["hard_fpr"] or 0) <= 0.1),
-                    key=lambda r: (-r[4]["recall"], -r[4]["precision"], r[3][0]))
+        ok = sorted((r for r in rows_ if (r[4]["mix_precision"] or 0) >= 0.9 and (r[4]["hard_fpr"] or 0) <= 0.1
+                     and r[5][corpus].mean() <= CORPUS_FPR_MAX),
+                    key=lambda r: (-r[4]["recall"], -r[4]["mix_precision"], r[3][0]))
         # the best point, the cheapest one within 0.01 recall of it, and the best one with a
-        # margin (P >= 0.91 on those sources and >= 0.9 over every source)
+        # margin (P at mix >= 0.91 on those sources and >= 0.9 over every source)
         picks = [("fixed", fixed[0])]
         if sk == "chunk_span":  # the shipped operating point (threshold setting, SPAN_THRESHOLD, SPAN_GATE)
             picks += [("shipped", r) for r in rows_ if (r[0], r[1], r[2]) == (args.threshold, SPAN_THRESHOLD, SPAN_GATE)]
@@ -541,7 +584,7 @@ def span_experiment(texts, X, y, groups, langs, hard, pat, args) -> None:
             cheap = min((r for r in ok if r[4]["recall"] >= ok[0][4]["recall"] - 0.01), key=lambda r: (r[3][0], -r[4]["recall"]))
             if cheap is not ok[0]:
                 picks.append(("cheapest near best", cheap))
-            margin = [r for r in ok if r[4]["precision"] >= 0.91 and (prf(y, r[5])["precision"] or 0) >= 0.9]
+            margin = [r for r in ok if r[4]["mix_precision"] >= 0.91 and (prf(y, r[5])["precision"] or 0) >= 0.9]
             if margin and margin[0] is not ok[0]:
                 picks.append(("best with margin", margin[0]))
         for tag, r in picks:
@@ -551,7 +594,9 @@ def span_experiment(texts, X, y, groups, langs, hard, pat, args) -> None:
             per_src = [prf(y[groups == g], pred[groups == g])["recall"] for g in like_list]
             lines.append(f"| {name} ({tag}) | {t} | {ts if ts is not None else '-'} | {gate} | "
                          f"+{extra[0]:.0%} / +{extra[1]:.0%} | "
-                         f"{d['precision']} | {d['recall']} | {d['hard_fpr']} | {a['precision']} | {a['recall']} | "
+                         f"{d['precision']} | {d['mix_precision']} | {d['recall']} | {d['hard_fpr']} | "
+                         f"{pred[corpus].mean():.3f} | {a['precision']} | "
+                         f"{a['recall']} | "
                          + " | ".join(str(x) for x in per) + " | " + " | ".join(str(x) for x in per_src) + " |")
     out = "\n".join(lines) + "\n"
     (ROOT / "bench" / "results" / "guard-spans.md").write_text(out)

@@ -200,7 +200,10 @@ def test_sample_kb_shape_tiers_metadata_explain_trace(api_tiny, sample_tenant, r
     assert "[1]..[4]" in body["system_prompt"]
     # explain: the stage table covers every candidate, the selected ones flagged
     stages = body["stages"]
-    assert len(stages) == body["reranked_count"] <= body["candidate_count"]
+    # (the reranked candidates, then any the injection policy excluded: a flagged chunk)
+    excluded = [f for f in body["filtered"] if f.get("action") == "excluded"]
+    assert len(stages) == body["reranked_count"] + len(excluded) <= body["candidate_count"]
+    assert {s["chunk_id"] for s in stages[body["reranked_count"]:]} == {f["chunk_id"] for f in excluded}
     assert {s["chunk_id"] for s in stages if s["selected"]} == {r["chunk_id"] for r in res}
     for s in stages:
         assert set(s) >= {"lexical", "semantic", "fused", "rerank", "mmr", "final"}

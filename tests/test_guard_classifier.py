@@ -124,9 +124,10 @@ def test_known_miss_still_scores_above_ordinary_prose(embedder):
     texts = [PARAPHRASED_MISSED] + ORDINARY
     ps = [clf.probability(v, detect_injection(t)) for t, v in zip(texts, embedder.embed_passages(texts))]
     assert not detect_injection(PARAPHRASED_MISSED).flagged
-    # far above ordinary prose; flagged at the 2026-12-01.3 operating point (0.9), not at
-    # 2026-12-01.4's (0.95, chosen for precision: p 0.903 here), a miss the docs record
-    assert ps[0] >= 0.9 and ps[0] > 10 * max(ps[1:]), ps
+    # far above ordinary prose and doubtful enough to have its spans scored; flagged at the
+    # 2026-12-01.3 operating point (0.9), not with 2026-12-01.4 (p 0.903 at threshold 0.95) nor
+    # 2026-12-01.5 (p 0.649 at 0.8, a one-sentence text without spans): a miss the docs record
+    assert ps[0] >= clf.span_gate and ps[0] > 10 * max(ps[1:]), ps
     # ordinary prose is not even doubtful enough to have its spans embedded
     assert max(ps[1:]) < clf.span_gate, ps
 

@@ -2,9 +2,9 @@
 
 Each after-freeze set measured the weights it was written after (scored once) and is training
 data since: v2 (source after_freeze_v2) from 2026-12-01.2, v3 from 2026-12-01.3, v4 from
-2026-12-01.4. The next set, written after the next freeze, measures, so the training script
-must not read any later set: the fifth (after_freeze_v5, written after the 2026-12-01.4
-freeze) measures the shipped weights. Every file holds labelled, language-tagged rows of the
+2026-12-01.4, v5 from 2026-12-01.5. The next set, written after the next freeze, measures, so
+the training script must not read any later set: the sixth (after_freeze_v6, written after
+the 2026-12-01.5 freeze) measures the shipped weights. Every file holds labelled, language-tagged rows of the
 shapes bench/train_guard.py and bench/guard_after_freeze.py read.
 """
 
@@ -20,11 +20,12 @@ LANGS = {"en", "vi", "fr", "es", "de", "zh"}
 WRITTEN = [ROOT / "bench/data/guard" / n for n in
            ("hostile_written.jsonl", "benign_written.jsonl", "hostile_written2.jsonl", "benign_written2.jsonl",
             "hostile_written3.jsonl", "benign_written3.jsonl", "hostile_written4.jsonl", "benign_written4.jsonl",
-            "hostile_written5.jsonl", "benign_written5.jsonl", "hostile_written6.jsonl", "benign_written6.jsonl")]
+            "hostile_written5.jsonl", "benign_written5.jsonl", "hostile_written6.jsonl", "benign_written6.jsonl",
+            "hostile_written7.jsonl", "benign_written7.jsonl", "hostile_written8.jsonl", "benign_written8.jsonl")]
 TRAINING = WRITTEN + [
     ROOT / "tests/data/injection" / n for n in ("hostile.jsonl", "benign.jsonl", "after_freeze.jsonl",
                                                 "after_freeze_v2.jsonl", "after_freeze_v3.jsonl",
-                                                "after_freeze_v4.jsonl")]
+                                                "after_freeze_v4.jsonl", "after_freeze_v5.jsonl")]
 # the second after-freeze set: scored once against 2026-12-01.1, training data since
 MEASURING = ROOT / "tests/data/injection/after_freeze_v2.jsonl"
 # the third: written after the 2026-12-01.2 freeze (commit 0e1c103), scored once against it,
@@ -34,9 +35,13 @@ TRAINED_FROM_2026_12_01_3 = [MEASURING_V3] + WRITTEN[4:8]
 # the fourth: written after the 2026-12-01.3 freeze (commit 81d9bc5), scored once against it,
 # training data of 2026-12-01.4 (with the sets written for it: authors e and f)
 MEASURING_V4 = ROOT / "tests/data/injection/after_freeze_v4.jsonl"
-TRAINED_FROM_2026_12_01_4 = [MEASURING_V4] + WRITTEN[8:]
-# the fifth: written after the 2026-12-01.4 freeze, scored once against it
+TRAINED_FROM_2026_12_01_4 = [MEASURING_V4] + WRITTEN[8:12]
+# the fifth: written after the 2026-12-01.4 freeze (commit 7594485), scored once against it,
+# training data of 2026-12-01.5 (with the sets written for it: authors g and h)
 MEASURING_V5 = ROOT / "tests/data/injection/after_freeze_v5.jsonl"
+TRAINED_FROM_2026_12_01_5 = [MEASURING_V5] + WRITTEN[12:]
+# the sixth: written after the 2026-12-01.5 freeze, scored once against it
+MEASURING_V6 = ROOT / "tests/data/injection/after_freeze_v6.jsonl"
 
 
 def _rows(path: Path) -> list[dict]:
@@ -47,7 +52,7 @@ def _norm(text: str) -> str:
     return " ".join(text.split()).casefold()
 
 
-@pytest.mark.parametrize("path", WRITTEN + [MEASURING, MEASURING_V3, MEASURING_V4, MEASURING_V5],
+@pytest.mark.parametrize("path", WRITTEN + [MEASURING, MEASURING_V3, MEASURING_V4, MEASURING_V5, MEASURING_V6],
                          ids=lambda p: p.name)
 def test_written_sets_are_labelled_balanced_and_multilingual(path):
     rows = _rows(path)
@@ -56,9 +61,12 @@ def test_written_sets_are_labelled_balanced_and_multilingual(path):
         assert r["label"] in (0, 1) and r["lang"] in LANGS and r["kind"] and r["text"].strip()
         assert r["label"] == 0 or not r.get("hard_negative")  # hard negatives are benign
     # every language the file's author wrote in has both classes where the file holds both;
-    # a, b, e and f wrote in all six, c in en / de / zh and d in vi / fr / es
+    # a, b, e and f wrote in all six, c in en / de / zh, d in vi / fr / es, g in vi and h in
+    # the five others
     langs = {r["lang"] for r in rows}
-    assert langs == LANGS or path.name.endswith(("written3.jsonl", "written4.jsonl")) and len(langs) == 3
+    assert (langs == LANGS or path.name.endswith(("written3.jsonl", "written4.jsonl")) and len(langs) == 3
+            or path.name.endswith("written7.jsonl") and langs == {"vi"}
+            or path.name.endswith("written8.jsonl") and langs == LANGS - {"vi"})
     for lang in langs:
         labels = {r["label"] for r in rows if r["lang"] == lang}
         assert labels == {r["label"] for r in rows}, (lang, labels)
@@ -70,7 +78,8 @@ def test_written_sources_cover_every_language():
         assert {r["lang"] for r in rows if r["label"] == label} == LANGS
 
 
-@pytest.mark.parametrize("path", [MEASURING, MEASURING_V3, MEASURING_V4, MEASURING_V5], ids=lambda p: p.name)
+@pytest.mark.parametrize("path", [MEASURING, MEASURING_V3, MEASURING_V4, MEASURING_V5, MEASURING_V6],
+                         ids=lambda p: p.name)
 def test_after_freeze_sets_are_balanced_with_half_hard_negatives(path):
     rows = _rows(path)
     hostile = [r for r in rows if r["label"] == 1]
@@ -89,7 +98,7 @@ def test_v2_passages_are_new_to_the_other_training_sources():
 def test_v3_passages_are_new_to_every_source_of_the_weights_it_measured():
     # v3 measured the 2026-12-01.2 weights: none of its passages is in a source they were trained on
     measured = {_norm(r["text"]) for r in _rows(MEASURING_V3)}
-    later = TRAINED_FROM_2026_12_01_3 + TRAINED_FROM_2026_12_01_4
+    later = TRAINED_FROM_2026_12_01_3 + TRAINED_FROM_2026_12_01_4 + TRAINED_FROM_2026_12_01_5
     trained = {_norm(r["text"]) for p in TRAINING if p not in later for r in _rows(p)}
     assert len(measured) == 216 and not measured & trained
 
@@ -97,13 +106,21 @@ def test_v3_passages_are_new_to_every_source_of_the_weights_it_measured():
 def test_v4_passages_are_new_to_every_source_of_the_weights_it_measured():
     # v4 measured the 2026-12-01.3 weights: none of its passages is in a source they were trained on
     measured = {_norm(r["text"]) for r in _rows(MEASURING_V4)}
-    trained = {_norm(r["text"]) for p in TRAINING if p not in TRAINED_FROM_2026_12_01_4 for r in _rows(p)}
+    later = TRAINED_FROM_2026_12_01_4 + TRAINED_FROM_2026_12_01_5
+    trained = {_norm(r["text"]) for p in TRAINING if p not in later for r in _rows(p)}
     assert len(measured) == 216 and not measured & trained
 
 
-def test_v5_passages_are_new_to_every_training_source():
-    # v5 measures the 2026-12-01.4 weights: none of its passages is in a source they were trained on
+def test_v5_passages_are_new_to_every_source_of_the_weights_it_measured():
+    # v5 measured the 2026-12-01.4 weights: none of its passages is in a source they were trained on
     measured = {_norm(r["text"]) for r in _rows(MEASURING_V5)}
+    trained = {_norm(r["text"]) for p in TRAINING if p not in TRAINED_FROM_2026_12_01_5 for r in _rows(p)}
+    assert len(measured) == 216 and not measured & trained
+
+
+def test_v6_passages_are_new_to_every_training_source():
+    # v6 measures the 2026-12-01.5 weights: none of its passages is in a source they were trained on
+    measured = {_norm(r["text"]) for r in _rows(MEASURING_V6)}
     trained = {_norm(r["text"]) for p in TRAINING for r in _rows(p)}
     assert len(measured) >= 200 and not measured & trained
 
@@ -112,13 +129,14 @@ def test_training_reads_the_scored_after_freeze_sets_and_no_later_one():
     import re
 
     src = (ROOT / "bench/train_guard.py").read_text(encoding="utf-8")
-    # a set written after the next freeze (v5 or later) measures: the training script must not read it
-    assert not re.search(r"after_freeze_v([5-9]|\d\d)", src)
+    # a set written after the next freeze (v6 or later) measures: the training script must not read it
+    assert not re.search(r"after_freeze_v([6-9]|\d\d)", src)
     # every scored set and every written source is read, as its own source
-    for name in ("after_freeze.jsonl", "after_freeze_v2.jsonl", "after_freeze_v3.jsonl", "after_freeze_v4.jsonl"):
+    for name in ("after_freeze.jsonl", "after_freeze_v2.jsonl", "after_freeze_v3.jsonl", "after_freeze_v4.jsonl",
+                 "after_freeze_v5.jsonl"):
         assert name in src
     for p in WRITTEN:
         assert p.name in src
-    # the operating point is chosen on the after-freeze-like sources, v3 among them
+    # the operating point is chosen on the after-freeze-like sources, every scored set among them
     assert re.search(r'AFTER_FREEZE_LIKE = \([^)]*"after_freeze_v1"[^)]*"after_freeze_v2"[^)]*"after_freeze_v3"'
-                     r'[^)]*"after_freeze_v4"', src)
+                     r'[^)]*"after_freeze_v4"[^)]*"after_freeze_v5"', src)

@@ -177,7 +177,7 @@ class Settings:
     # probability (kb_rerank.ingest.guard_classifier, which reads the pattern signals too) reaches this, or the
     # patterns flag it and the weights' veto floor does not overrule them; 1.0 leaves the patterns alone
     # (the probability is still stored). Precision/recall per threshold: docs/guardrails.md
-    guard_classifier_threshold: float = 0.95
+    guard_classifier_threshold: float = 0.9
 
     # Operational endpoints (issue 13: /metrics, /readyz detail)
     # /metrics and the detail of /readyz need `Authorization: Bearer <ops_token>`; unset: /metrics

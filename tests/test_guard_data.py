@@ -140,3 +140,36 @@ def test_training_reads_the_scored_after_freeze_sets_and_no_later_one():
     # the operating point is chosen on the after-freeze-like sources, every scored set among them
     assert re.search(r'AFTER_FREEZE_LIKE = \([^)]*"after_freeze_v1"[^)]*"after_freeze_v2"[^)]*"after_freeze_v3"'
                      r'[^)]*"after_freeze_v4"[^)]*"after_freeze_v5"', src)
+
+
+def _train_guard():
+    import importlib
+    import sys
+
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        return importlib.import_module("train_guard")
+    finally:
+        sys.path.remove(str(ROOT / "bench"))
+
+
+def test_mix_precision_is_the_precision_of_a_set_of_the_after_freeze_composition():
+    import numpy as np
+
+    tg = _train_guard()
+
+    def pool(hostile, hit, hard, hard_hit, ordinary, ordinary_hit):
+        y = np.array([1] * hostile + [0] * (hard + ordinary))
+        h = np.array([False] * hostile + [True] * hard + [False] * ordinary)
+        pred = np.array([True] * hit + [False] * (hostile - hit) + [True] * hard_hit + [False] * (hard - hard_hit)
+                        + [True] * ordinary_hit + [False] * (ordinary - ordinary_hit))
+        return y, pred, h
+
+    # the same error rates (recall 0.8, 10% of hard negatives and of ordinary texts flagged) in a
+    # pool of 4 benign texts per hostile one and in a set of the after-freeze composition
+    # (as many hostile as benign, half of the benign hard negatives)
+    big = pool(20, 16, 20, 2, 60, 6)
+    measured = pool(20, 16, 10, 1, 10, 1)
+    assert tg.prf(*big)["precision"] == pytest.approx(16 / 24, abs=1e-3)  # the pool's own mix understates it
+    assert tg.mix_precision(*big) == tg.prf(*measured)["precision"] == pytest.approx(16 / 18, abs=1e-3)
+    assert tg.prf(*big)["mix_precision"] == tg.mix_precision(*big)

@@ -313,8 +313,8 @@ def main(argv=None) -> int:
     ap.add_argument("--fusions", nargs="+", choices=FUSIONS, default=list(DEFAULT_FUSIONS),
                     help="fusion families to sweep (chunk: the chunk-id RRF before issue 15, never chosen; "
                          "dbsf: Python only, not verified against SQL)")
-    ap.add_argument("--k1", type=float, default=1.2, help="BM25 k1 of the lexical list (default: the service's)")
-    ap.add_argument("--b", type=float, default=0.75, help="BM25 b of the lexical list (default: the service's)")
+    ap.add_argument("--k1", type=float, default=SQL_K1, help="BM25 k1 of the lexical list (default: the service's)")
+    ap.add_argument("--b", type=float, default=SQL_B, help="BM25 b of the lexical list (default: the service's)")
     args = ap.parse_args(argv)
     global GRID, SQL_K1, SQL_B
     SQL_K1, SQL_B = args.k1, args.b

@@ -404,6 +404,15 @@ def main() -> None:
 # passages of each the same model stays within the bound.
 CORPORA = ("demo_kb", "cacm", "cisi", "cranfield", "xquad-vi")
 CORPUS_FPR_MAX = 0.02
+
+
+def meets_rule(d: dict, pred: np.ndarray, corpus: np.ndarray) -> bool:
+    """The operating-point rule of --explore and --spans: on the after-freeze-like sources
+    (``d``: their prf), precision at the after-freeze mix >= 0.9 and hard-negative FPR <= 0.1;
+    on the benign corpora (``corpus``: their rows), a false-positive rate <= CORPUS_FPR_MAX."""
+    return ((d["mix_precision"] or 0) >= 0.9 and (d["hard_fpr"] or 0) <= 0.1
+            and float(pred[corpus].mean()) <= CORPUS_FPR_MAX)
+
 # the sources written like the after-freeze set (multilingual, the issue's attack families,
 # half of the benign hard negatives, balanced): the operating point is chosen on these
 AFTER_FREEZE_LIKE = ("after_freeze_v1", "after_freeze_v2", "after_freeze_v3", "after_freeze_v4", "after_freeze_v5",
@@ -426,8 +435,7 @@ def explore(X, y, groups, hard, pat, seed) -> None:
             for fl in (0.0, 0.2, 0.5, 1.0):
                 pred = decide(pat, oof, t, fl)
                 d = prf(y[like], pred[like], hard[like])
-                if ((d["mix_precision"] or 0) >= 0.9 and (d["hard_fpr"] or 0) <= 0.1
-                        and pred[corpus].mean() <= CORPUS_FPR_MAX):
+                if meets_rule(d, pred, corpus):
                     best.append((d["recall"], t, fl, d, prf(y, pred, hard)))
         best.sort(key=lambda b: -b[0])
         top = "; ".join(f"t {t} floor {fl}: P {d['precision']} (at mix {d['mix_precision']}) R {d['recall']} hardFPR {d['hard_fpr']} "
@@ -550,9 +558,9 @@ def span_experiment(texts, X, y, groups, langs, hard, pat, args) -> None:
              f"({', '.join(AFTER_FREEZE_LIKE)}), each by models that never saw it; 'all' = every source pooled. "
              "Flagged: chunk p >= t (or patterns with p >= floor), or max span p >= ts, the spans embedded and "
              "scored only for a chunk of p >= gate. P at mix: the precision at the after-freeze sets' composition (as many hostile as benign, half of the benign hard negatives; mix_precision). extra tokens: the embedded spans' tokens over the texts' "
-             "(all sources / the benign corpora demo_kb, cacm, cisi, cranfield, xquad-vi: an ordinary ingestion). fixed: t = the shipped threshold, ts 0.95, gate 0; shipped: the threshold setting, SPAN_THRESHOLD and SPAN_GATE; best: the grid point of highest "
+             f"(all sources / the benign corpora {', '.join(CORPORA)}: an ordinary ingestion). fixed: t = the shipped threshold, ts 0.95, gate 0; shipped: the threshold setting, SPAN_THRESHOLD and SPAN_GATE; best: the grid point of highest "
              f"recall meeting P at mix >= 0.9 and hard FPR <= 0.1 on those sources and FPR <= {CORPUS_FPR_MAX} on the "
-             "benign corpora (corpus FPR: demo_kb, cacm, cisi, cranfield, xquad-vi and their sentences, each held out).", "",
+             f"benign corpora (corpus FPR: {', '.join(CORPORA)} and their sentences, each held out).", "",
              "| variant | t | ts | gate | extra tokens all / corpora | P | P at mix | R | hard FPR | corpus FPR | all P | all R | "
              + " | ".join(f"R {l}" for l in lang_list) + " | " + " | ".join(f"R {g}" for g in like_list) + " |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|" + "---|" * (len(lang_list) + len(like_list))]
@@ -572,8 +580,7 @@ def span_experiment(texts, X, y, groups, langs, hard, pat, args) -> None:
                     d = prf(y[like], pred[like], hard[like])
                     rows_.append((t, ts, gate, (extra, extra_kb), d, pred))
         fixed = [r for r in rows_ if r[0] == args.threshold and r[1] in (None, 0.95) and r[2] == 0.0]
-        ok = sorted((r for r in rows_ if (r[4]["mix_precision"] or 0) >= 0.9 and (r[4]["hard_fpr"] or 0) <= 0.1
-                     and r[5][corpus].mean() <= CORPUS_FPR_MAX),
+        ok = sorted((r for r in rows_ if meets_rule(r[4], r[5], corpus)),
                     key=lambda r: (-r[4]["recall"], -r[4]["mix_precision"], r[3][0]))
         # the best point, the cheapest one within 0.01 recall of it, and the best one with a
         # margin (P at mix >= 0.91 on those sources and >= 0.9 over every source)

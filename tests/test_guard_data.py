@@ -143,14 +143,12 @@ def test_training_reads_the_scored_after_freeze_sets_and_no_later_one():
 
 
 def _train_guard():
-    import importlib
-    import sys
+    import importlib.util
 
-    sys.path.insert(0, str(ROOT / "bench"))
-    try:
-        return importlib.import_module("train_guard")
-    finally:
-        sys.path.remove(str(ROOT / "bench"))
+    spec = importlib.util.spec_from_file_location("kb_bench_train_guard", ROOT / "bench" / "train_guard.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
 
 
 def test_mix_precision_is_the_precision_of_a_set_of_the_after_freeze_composition():

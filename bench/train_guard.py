@@ -150,7 +150,7 @@ def load_samples(data: Path, shared: Path, rng: random.Random) -> list[dict]:
     # separate sources, so that cross-validation tests each on a model that never saw its
     # author); and the after-freeze sets (tests/data/injection/), each scored once against the
     # weights it was written after (v1: 2026-11-30.1, v2: 2026-12-01.1, v3: 2026-12-01.2,
-    # v4: 2026-12-01.3, v5: 2026-12-01.4): training data since (a later set, written after
+    # v4: 2026-12-01.3, v5: 2026-12-01.4, v6: 2026-12-01.5): training data since (a later set, written after
     # the next freeze, measures)
     g = ROOT / "bench" / "data" / "guard"
     for path, source in ((g / "hostile_written.jsonl", "written_2026-12-01a"),
@@ -173,7 +173,8 @@ def load_samples(data: Path, shared: Path, rng: random.Random) -> list[dict]:
                          (ROOT / "tests" / "data" / "injection" / "after_freeze_v2.jsonl", "after_freeze_v2"),
                          (ROOT / "tests" / "data" / "injection" / "after_freeze_v3.jsonl", "after_freeze_v3"),
                          (ROOT / "tests" / "data" / "injection" / "after_freeze_v4.jsonl", "after_freeze_v4"),
-                         (ROOT / "tests" / "data" / "injection" / "after_freeze_v5.jsonl", "after_freeze_v5")):
+                         (ROOT / "tests" / "data" / "injection" / "after_freeze_v5.jsonl", "after_freeze_v5"),
+                         (ROOT / "tests" / "data" / "injection" / "after_freeze_v6.jsonl", "after_freeze_v6")):
         for r in _jsonl(path):
             add(r["text"], int(r["label"]), source, r["lang"], bool(r.get("hard_negative")))
 
@@ -416,6 +417,7 @@ def meets_rule(d: dict, pred: np.ndarray, corpus: np.ndarray) -> bool:
 # the sources written like the after-freeze set (multilingual, the attack families,
 # half of the benign hard negatives, balanced): the operating point is chosen on these
 AFTER_FREEZE_LIKE = ("after_freeze_v1", "after_freeze_v2", "after_freeze_v3", "after_freeze_v4", "after_freeze_v5",
+                     "after_freeze_v6",
                      "written_2026-12-01a", "written_2026-12-01b", "written_2026-12-01c", "written_2026-12-01d",
                      "written_2026-12-01e", "written_2026-12-01f", "written_2026-12-01g", "written_2026-12-01h")
 

@@ -109,6 +109,11 @@ class GuardClassifier:
     # span probability reaches span_threshold (None: no span scoring, weights before 2026-12-01.2)
     span_threshold: float | None = None
     span_gate: float = 0.0
+    # strong evidence: a probability at or above this is what the default policy excludes
+    # (held-out false-positive rate on ordinary text <= 0.1 %: bench/results/guard-ordinary.md);
+    # a flagged text below it is doubtful, demoted and reported. None: weights without it
+    # (no classifier-only exclusion)
+    strong_threshold: float | None = None
 
     def wants_spans(self, p: float) -> bool:
         """Whether a chunk of probability ``p`` has its spans scored."""
@@ -146,6 +151,7 @@ def from_arrays(data) -> GuardClassifier:
         floor=float(np.asarray(data["floor"]).item()) if "floor" in files else 0.0,
         span_threshold=float(np.asarray(data["span_threshold"]).item()) if "span_threshold" in files else None,
         span_gate=float(np.asarray(data["span_gate"]).item()) if "span_gate" in files else 0.0,
+        strong_threshold=float(np.asarray(data["strong_threshold"]).item()) if "strong_threshold" in files else None,
     )
 
 

@@ -146,6 +146,11 @@ def test_provisional_rule_strong_only_when_the_patterns_fire_and_the_classifier_
     assert f.injection_flag and not f.strong and f.injection_reasons[-1] == "evidence:doubtful"
     f = decide(HIT, NO_SPAM, vec, _Clf(0.95), 0.9)
     assert f.injection_flag and not f.strong and f.injection_reasons[-1] == "evidence:doubtful"
+    # the shipped weights' veto floor 1.0 keeps the patterns from voting alone; their own verdict still counts
+    sure = _Clf(0.995)
+    sure.floor = 1.0
+    f = decide(HIT, NO_SPAM, vec, sure, 0.9)
+    assert {"vetoed:patterns", "fired:classifier", "evidence:strong"} <= set(f.injection_reasons) and f.strong
     f = decide(HIT, NO_SPAM)
     assert f.injection_flag and f.strong and f.injection_reasons == ["ignore_previous", "evidence:strong"]
     f = decide(MISS, NO_SPAM, vec, _Clf(0.5), 0.9)

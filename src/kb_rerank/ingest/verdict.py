@@ -59,11 +59,12 @@ def strong_evidence(inj: InjectionVerdict, p: float | None, span_p: float | None
     flagged texts only.
 
     PROVISIONAL RULE, to be replaced once each layer's precision on unseen text is measured:
-    strong when the patterns fired AND either no classifier voted (none, no probability, or a
-    threshold of 1.0: the patterns decide alone, as before the classifier existed) or the
-    classifier's probability is at least :data:`STRONG_P`: two layers agreeing far above the
-    threshold. A flag by the classifier or the spans alone is doubtful. (p >= STRONG_P is
-    above any veto floor the weights carry, so a vetoed pattern hit is never strong.)"""
+    strong when the patterns flag the text (``inj.flagged``: their own verdict, also where the
+    weights' veto floor keeps them from voting alone, as the shipped floor 1.0 does) AND
+    either no classifier voted (none, no probability, or a threshold of 1.0: the patterns
+    decide alone, as before the classifier existed) or the classifier's probability is at
+    least :data:`STRONG_P`: two layers agreeing far above the threshold. A flag by the
+    classifier or the spans alone is doubtful."""
     if not inj.flagged:
         return False
     if classifier is None or p is None or threshold >= 1.0:

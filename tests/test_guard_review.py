@@ -30,6 +30,8 @@ PLAIN = "GENUINE refunds are issued to the original card within five business da
 def cli_env(monkeypatch, settings):
     monkeypatch.setenv("KB_DATABASE_URL", settings.database_url)
     monkeypatch.setenv("KB_GUARD_CLASSIFIER_THRESHOLD", "1.0")
+    if settings.app_password:
+        monkeypatch.setenv("KB_APP_PASSWORD", settings.app_password)
 
 
 def run(capsys, *argv: str) -> tuple[int, str, str]:
@@ -119,7 +121,8 @@ def test_review_loop(cli_env, capsys, tmp_path, settings, embedder, app_conn):
 
         # a re-scan (new weights, new patterns) keeps the review; so does a re-ingest of the same files
         code, out, _ = run(capsys, "guard", "scan", "--tenant", str(a), "--quiet")
-        assert code == 0 and "2 chunks scanned" in out
+        assert code == 0 and "2 chunks scanned, 0 verdicts changed, 1 flagged for injection (1 strong evidence," \
+                             " 0 doubtful)" in out
         code, out, _ = run(capsys, "ingest", str(folder), "--tenant", str(a), "--quiet")
         assert code == 0 and "0 added, 0 updated, 2 unchanged" in out
         assert [(r["chunk_id"], r["review"]) for r in listed(capsys, a)] == [(hostile["chunk_id"], "allow")]

@@ -241,7 +241,8 @@ def cmd_guard_review(args, settings: Settings) -> int:
                 marked = record_review(conn, decision, doc_id=args.doc, chunk_id=args.chunk, note=args.note,
                                        reviewed_by=by)
         except UnknownTarget as exc:
-            print(f"kb-rerank: error: guard {decision}: {exc} for tenant {args.tenant}; nothing changed", file=sys.stderr)
+            print(f"kb-rerank: error: guard {decision}: {exc} for tenant {args.tenant}; nothing changed",
+                  file=sys.stderr)
             return 1
     for c in marked:
         state = ("flagged, " + ("strong" if c.injection_strong else "doubtful")) if c.injection_flag else "not flagged"

@@ -191,7 +191,8 @@ class FilteredChunk(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     # prompt_injection only: strong (excluded under the default policy "exclude") | doubtful
     # (demoted under it); a chunk a person blocked counts as strong
     evidence: str | UnsetType = UNSET
-    review: str | UnsetType = UNSET  # prompt_injection of a reviewed chunk: allowed | blocked (kb-rerank guard allow / block)
+    # prompt_injection of a reviewed chunk: allowed | blocked (kb-rerank guard allow / block)
+    review: str | UnsetType = UNSET
 
 
 class Gate(msgspec.Struct, forbid_unknown_fields=True):

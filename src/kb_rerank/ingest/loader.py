@@ -260,9 +260,11 @@ class ScanReport:
     scanned: int = 0
     changed: int = 0
     flagged: int = 0
+    strong: int = 0  # of the flagged, those with strong evidence
 
     def summary(self) -> str:
-        return f"{self.scanned} chunks scanned, {self.changed} verdicts changed, {self.flagged} flagged for injection"
+        return (f"{self.scanned} chunks scanned, {self.changed} verdicts changed, {self.flagged} flagged for injection"
+                f" ({self.strong} strong evidence, {self.flagged - self.strong} doubtful)")
 
 
 def rescan_chunks(conn: psycopg.Connection, tenant_id: UUID | str, settings: Settings, *,
@@ -309,8 +311,9 @@ def rescan_chunks(conn: psycopg.Connection, tenant_id: UUID | str, settings: Set
                 vec = np.asarray(emb.to_numpy() if hasattr(emb, "to_numpy") else emb, dtype=np.float32)
                 f = chunk_flags(content, vec, clf, settings.guard_classifier_threshold, embed_spans)
                 report.flagged += f.injection_flag
-                if (f.injection_flag, f.injection_reasons, f.spam_flag, f.strong) != (flag, list(reasons), spam, strong) \
-                        or abs(f.injection_score - score) > 1e-6:
+                report.strong += f.injection_flag and f.strong
+                if (f.injection_flag, f.injection_reasons, f.spam_flag, f.strong) \
+                        != (flag, list(reasons), spam, strong) or abs(f.injection_score - score) > 1e-6:
                     updates.append((f.injection_flag, f.injection_score, f.injection_reasons, f.spam_flag, f.strong,
                                     chunk_id))
             if updates:

@@ -32,7 +32,6 @@ from typing import Any, Callable
 from kb_rerank.candidate import Candidate
 from kb_rerank.pipeline.compose import rounded
 
-POLICIES = ("exclude", "demote", "allow")
 REVIEWS = ("allow", "block")
 
 

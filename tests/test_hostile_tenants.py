@@ -41,6 +41,8 @@ TABLES = {
     "kb_rerank_curation": "insert into kb.kb_rerank_curation (tenant_id, query_hash, position, chunk_id)"
                           " values (%(t)s, repeat('a', 64), 0, %(chunk)s)",
     "tenant_policy": "insert into kb.tenant_policy (tenant_id, injection_policy) values (%(t)s, 'allow')",
+    "guard_reviews": "insert into kb.guard_reviews (tenant_id, content_hash, decision, chunk_id)"
+                     " values (%(t)s, repeat('e', 64), 'allow', %(chunk)s)",
     "kb_rerank_inflight": "insert into kb.kb_rerank_inflight (tenant_id, query_hash, source, generation, claimant,"
                           " expires_at) values (%(t)s, repeat('a', 64), 'lexical_only', 0, gen_random_uuid(),"
                           " now() + interval '1 minute')",
@@ -64,6 +66,7 @@ FUNCTIONS = {
     "chunks_derive": "trigger", "documents_rederive_chunks": "trigger", "chunks_maintain_stats": "trigger", "chunks_maintain_term_tops": "trigger",
     "apply_stats_delta": "not executable by the app",
     "bump_generation": "trigger",
+    "chunks_take_review": "trigger", "guard_reviews_apply": "trigger",
     "bm25_tf_part": "pure arithmetic", "ts_rank_tf": "a constant array", "ts_rank_tf_compute": "pure: ts_rank of constants",
     "refresh_term_tops": "rebuilds kb.current_tenant()'s lists only",
     "search_lexical": "filters kb.current_tenant()", "search_semantic": "filters kb.current_tenant()",
@@ -107,6 +110,10 @@ def ab(app_url):
                 conn.execute("select kb.refresh_term_tops(4, 1)")  # BM25 lists for every word
                 if t == a:  # B has no policy row, so B's own insert (rolled back) can be tried
                     conn.execute("insert into kb.tenant_policy (tenant_id) values (kb.current_tenant())")
+                    # a review of A's chunk (B's own review of the same text is tried, rolled back)
+                    conn.execute("insert into kb.guard_reviews (tenant_id, content_hash, decision, chunk_id)"
+                                 " select kb.current_tenant(), content_hash, 'block', chunk_id from kb.chunks"
+                                 " where chunk_id = %s", [chunk])
             ids[t] = {"doc": doc, "chunk": chunk, "word": word}
     return a, b, ids
 

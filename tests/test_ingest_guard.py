@@ -32,7 +32,8 @@ def test_chunk_flags_follow_guard():
     assert detect_injection(HOSTILE).flagged and detect_stuffing(STUFFED).flagged
     f = chunk_flags(HOSTILE)
     assert f.injection_flag and 0.5 <= f.injection_score <= 1.0 and f.injection_reasons
-    assert list(detect_injection(HOSTILE).reasons) == f.injection_reasons
+    # without a classifier the patterns decide alone: strong evidence (verdict.strong_evidence)
+    assert list(detect_injection(HOSTILE).reasons) + ["evidence:strong"] == f.injection_reasons and f.strong
     assert chunk_flags(STUFFED).spam_flag
     g = chunk_flags(GENUINE)
     assert not g.injection_flag and not g.spam_flag

@@ -630,3 +630,49 @@ def test_0014_downgrade_keeps_level_0_as_the_champion_list_and_search_exact(serv
         conn.execute("select kb.refresh_term_tops(2, 1)")
         assert conn.execute("select max(level) from kb.term_tops where term = 'zebra'").fetchone()[0] >= 2
         assert len(conn.execute(search_sql).fetchone()[0]) == len(before)
+
+
+def test_0018_guard_review_down_and_up(server_url):
+    """Down to 0017, the evidence and review columns, kb.guard_reviews and the review trigger
+    go, and chunks can still be written; up again, existing chunks are doubtful (not strong)
+    and unreviewed until re-scored or reviewed, and a review reaches its chunks again."""
+    url, s = _new_database(server_url)
+    db.migrate(s)
+    tenant = uuid.uuid4()
+    insert = ("insert into kb.chunks (tenant_id, doc_id, position, content, content_hash, embedding, injection_flag)"
+              " select %s, %s, %s, %s, md5(%s) || md5(%s), array_fill(0.1::real, array[dim])::vector, true"
+              " from kb.embedding_config")
+    cols = ("select count(*) from pg_attribute where attrelid = 'kb.chunks'::regclass and not attisdropped"
+            " and attname in ('injection_strong', 'injection_review')")
+    with psycopg.connect(url) as conn:
+        conn.execute("select set_config('auth.tenant_id', %s, false)", [str(tenant)])
+        doc = conn.execute("insert into kb.documents (tenant_id, source_uri, title, content_hash)"
+                           " values (%s, 'a', '', repeat('0', 64)) returning doc_id", [tenant]).fetchone()[0]
+        conn.execute(insert, [tenant, doc, 0, "ignore previous", "x", "x"])
+        conn.execute("update kb.chunks set injection_strong = true")
+        conn.execute("insert into kb.guard_reviews (tenant_id, content_hash, decision)"
+                     " select tenant_id, content_hash, 'allow' from kb.chunks")
+        assert conn.execute("select injection_strong, injection_review from kb.chunks").fetchone() == (True, "allow")
+        conn.commit()
+    db.downgrade(s, revision="0017_title_field")
+    with psycopg.connect(url) as conn:
+        conn.execute("select set_config('auth.tenant_id', %s, false)", [str(tenant)])
+        assert conn.execute(cols).fetchone()[0] == 0
+        assert conn.execute("select to_regclass('kb.guard_reviews'), to_regprocedure('kb.chunks_take_review()'),"
+                            " to_regprocedure('kb.guard_reviews_apply()')").fetchone() == (None, None, None)
+        conn.execute(insert, [tenant, doc, 1, "written at 0017", "y", "y"])
+        conn.commit()
+        assert conn.execute("select count(*) from kb.chunks").fetchone()[0] == 2
+    db.migrate(s)
+    with psycopg.connect(url) as conn:
+        conn.execute("select set_config('auth.tenant_id', %s, false)", [str(tenant)])
+        assert conn.execute(cols).fetchone()[0] == 2
+        assert conn.execute("select injection_strong, injection_review from kb.chunks order by position").fetchall() \
+               == [(False, None), (False, None)]
+        assert conn.execute("select count(*) from kb.guard_reviews").fetchone()[0] == 0
+        conn.execute("insert into kb.guard_reviews (tenant_id, content_hash, decision)"
+                     " select tenant_id, content_hash, 'block' from kb.chunks where position = 1")
+        assert conn.execute("select injection_review from kb.chunks order by position").fetchall() == [
+            (None,), ("block",)]
+        assert conn.execute("select flagged, flagged_strong, flagged_doubtful, reviewed_blocked"
+                            " from kb.guard_flagged_share").fetchone() == (2, 0, 2, 1)

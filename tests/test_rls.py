@@ -12,7 +12,7 @@ from kb_rerank.store.session import tenant_transaction
 from .helpers import basis, insert_doc
 
 TENANT_TABLES = {"documents", "chunks", "term_stats", "corpus_stats", "term_tops", "kb_rerank_cache", "kb_rerank_audit",
-                 "kb_rerank_curation", "kb_rerank_pair_scores"}
+                 "kb_rerank_curation", "kb_rerank_pair_scores", "tenant_policy", "guard_reviews"}
 
 
 def test_app_role_is_neither_superuser_nor_bypassrls_nor_owner(app_conn):

@@ -219,6 +219,10 @@ def _calls(b):
         f" select kb.current_tenant(), d.doc_id, 7, 'alpha alpha zebra', repeat('0', 64), {vec}"
         " from kb.documents d limit 1",
         "update kb.chunks set content = 'alpha zebra zebra' where position = 7",
+        # a review of that chunk's text: the review triggers (invoker) update the chunk
+        "insert into kb.guard_reviews (tenant_id, content_hash, decision) values (kb.current_tenant(),"
+        " repeat('0', 64), 'block')",
+        "update kb.guard_reviews set decision = 'allow'",
         "delete from kb.chunks where position = 7",
         "select kb.evict_expired_cache()",
     ]
@@ -288,7 +292,8 @@ def test_temp_schema_attack_with_temp_granted_back(app_url, owner_conn, two_tena
     assert "select * from kb.search_lexical('alpha', 5)" not in errors
     assert "select kb.refresh_term_tops(4, 1)" not in errors
     # the chunk write's triggers ran with the domain in place
-    assert not [s for s in errors if s.startswith(("insert into kb.chunks", "update kb.chunks", "delete"))], errors
+    assert not [s for s in errors if s.startswith(("insert into kb.chunks", "update kb.chunks", "delete",
+                                                   "insert into kb.guard_reviews", "update kb.guard_reviews"))], errors
 
 
 # --------------------------------------------------------------------------- item 3: audit

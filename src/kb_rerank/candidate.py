@@ -36,8 +36,12 @@ class Candidate:
     injection_flag: bool = False
     injection_score: float = 0.0
     injection_reasons: list[str] = field(default_factory=list)
+    injection_strong: bool = False  # strong evidence (verdict.strong_evidence); a flag without it is doubtful
+    # a person's review of the chunk's text (kb.chunks.injection_review): 'allow', 'block' or None
+    injection_review: str | None = None
     spam_flag: bool = False
     inspected: bool = True
+    classified: bool = True  # False: a caller document the learned classifier could not reach
     # document metadata (composite score) and the chunk's embedding (MMR)
     source_uri: str = ""
     authority: float = 1.0

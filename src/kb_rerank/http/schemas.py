@@ -188,6 +188,11 @@ class FilteredChunk(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     score: float | None | UnsetType = UNSET  # prompt_injection only
     signals: list[str] | UnsetType = UNSET  # prompt_injection only
     action: str  # excluded | demoted | allowed
+    # prompt_injection only: strong (excluded under the default policy "exclude") | doubtful
+    # (demoted under it); a chunk a person blocked counts as strong
+    evidence: str | UnsetType = UNSET
+    # prompt_injection of a reviewed chunk: allowed | blocked (kb-rerank guard allow / block)
+    review: str | UnsetType = UNSET
 
 
 class Gate(msgspec.Struct, forbid_unknown_fields=True):
@@ -262,10 +267,15 @@ class V2Result(msgspec.Struct, forbid_unknown_fields=True):
 
 class V2Filtered(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     index: int
-    reason: str  # prompt_injection | keyword_stuffing | not_inspected
+    # prompt_injection | keyword_stuffing | not_inspected (no verdict in time) | not_classified
+    # (the learned classifier had no vote on it: demoted, allowed under "allow")
+    reason: str
     score: float | None | UnsetType = UNSET  # prompt_injection only
     signals: list[str] | UnsetType = UNSET  # prompt_injection only
     action: str  # excluded | demoted | allowed
+    # prompt_injection only: strong (excluded under the default policy "exclude") | doubtful (demoted under it)
+    evidence: str | UnsetType = UNSET
+    review: str | UnsetType = UNSET  # not set for caller documents (reviews apply to knowledge-base chunks)
 
 
 class V2ApiVersion(msgspec.Struct, forbid_unknown_fields=True):

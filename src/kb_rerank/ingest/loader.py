@@ -25,7 +25,9 @@ from kb_rerank.models.embedders import Embedder
 from kb_rerank.ingest.guard_classifier import GuardClassifier, classifier_for
 # the decision stored per chunk is the one rule of kb_rerank.ingest.verdict (also /v2/rerank's)
 from kb_rerank.ingest.verdict import ChunkFlags, chunk_flags, guard_classifier  # noqa: F401 - re-exported
+from kb_rerank.pipeline.guard_policy import injection_decision
 from kb_rerank.settings import Settings
+from kb_rerank.store.guard_reviews import tenant_policy
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +47,12 @@ class IngestReport:
     term_lists: int | None = None  # BM25 impact-ordered blocks rebuilt at the end (None: not rebuilt)
     bad_files: list[BadFile] = field(default_factory=list)
     deleted: list[str] = field(default_factory=list)  # source_uri of documents removed by a sync
+    # the chunks written that the tenant's injection policy acts on (flagged, or reviewed
+    # `block`), by what it does with them under that policy (guard_policy.injection_decision)
+    policy: str = "exclude"
+    guard_excluded: int = 0
+    guard_demoted: int = 0
+    guard_allowed: int = 0
 
     def summary(self) -> str:
         s = (
@@ -60,6 +68,39 @@ class IngestReport:
             s += f"; {len(self.bad_files)} failed: " + "; ".join(f"{b.path}: {b.reason}" for b in self.bad_files)
         return s
 
+    @property
+    def guard_flagged(self) -> int:
+        return self.guard_excluded + self.guard_demoted + self.guard_allowed
+
+    def guard_summary(self, tenant_id: UUID | str) -> str:
+        """The chunks written flagged for prompt injection, what the tenant's policy does with
+        them, and the command to review them."""
+        n, m = self.guard_flagged, self.chunks_written
+        pct = 100.0 * n / m if m else 0.0
+        if self.policy == "exclude":
+            parts = [f"{self.guard_excluded} excluded (strong evidence)", f"{self.guard_demoted} demoted (doubtful)"]
+            if self.guard_allowed:
+                parts.append(f"{self.guard_allowed} allowed (reviewed)")
+        elif self.policy == "demote":
+            parts = [f"{self.guard_demoted} demoted (policy demote)"]
+            if self.guard_allowed:
+                parts.append(f"{self.guard_allowed} allowed (reviewed)")
+        else:
+            parts = [f"{self.guard_allowed} allowed (policy allow)"]
+        return (f"{n} of {m} chunks flagged for prompt injection ({pct:.1f}%): " + ", ".join(parts)
+                + f"; review: kb-rerank guard list --tenant {tenant_id}")
+
+    def count_guard(self, flagged: bool, strong: bool, review: str | None) -> None:
+        d = injection_decision(flagged, strong, review, self.policy)
+        if d is None or not (flagged or d.review == "blocked"):
+            return
+        if d.action == "excluded":
+            self.guard_excluded += 1
+        elif d.action == "demoted":
+            self.guard_demoted += 1
+        else:
+            self.guard_allowed += 1
+
 
 def ingest_documents(
     conn: psycopg.Connection,
@@ -74,6 +115,8 @@ def ingest_documents(
     """Write documents for one tenant. ``conn`` is a connection as the app role."""
     configure_connection(conn)
     report = IngestReport()
+    with tenant_transaction(conn, tenant_id):
+        report.policy = tenant_policy(conn)
     items = docs
     if progress:
         from tqdm import tqdm
@@ -172,6 +215,11 @@ def _ingest_one(conn, tenant_id, doc: SourceDoc, embedder: Embedder, settings: S
         _write_chunks(conn, doc_id, pieces, hashes, vectors, guard_classifier(embedder),
                       settings.guard_classifier_threshold, embedder.embed_passages)
         report.chunks_written += len(pieces)
+        # the review of each chunk's text is set by the insert trigger (kb.chunks_take_review)
+        for flag, strong, review in conn.execute(
+                "select injection_flag, injection_strong, injection_review from kb.chunks"
+                " where doc_id = %s and (injection_flag or injection_review is not null)", [doc_id]):
+            report.count_guard(flag, strong, review)
         if row is None:
             report.added += 1
         else:
@@ -197,12 +245,12 @@ def _write_chunks(conn, doc_id, pieces: Sequence[str], hashes: Sequence[str], ve
             log.info("chunk %d of doc %s flagged: injection=%s (%.2f %s) spam=%s", pos, doc_id,
                      f.injection_flag, f.injection_score, ",".join(f.injection_reasons), f.spam_flag)
         rows.append((doc_id, pos, piece, ch, vec, f.injection_flag, f.injection_score, f.injection_reasons,
-                     f.spam_flag))
+                     f.spam_flag, f.strong))
     with conn.cursor() as cur:
         cur.executemany(
             "insert into kb.chunks (tenant_id, doc_id, position, content, content_hash, embedding,"
-            " injection_flag, injection_score, injection_reasons, spam_flag)"
-            " values (kb.current_tenant(), %s, %s, %s, %s, %s, %s, %s, %s, %s)",
+            " injection_flag, injection_score, injection_reasons, spam_flag, injection_strong)"
+            " values (kb.current_tenant(), %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
             rows,
         )
 
@@ -212,9 +260,11 @@ class ScanReport:
     scanned: int = 0
     changed: int = 0
     flagged: int = 0
+    strong: int = 0  # of the flagged, those with strong evidence
 
     def summary(self) -> str:
-        return f"{self.scanned} chunks scanned, {self.changed} verdicts changed, {self.flagged} flagged for injection"
+        return (f"{self.scanned} chunks scanned, {self.changed} verdicts changed, {self.flagged} flagged for injection"
+                f" ({self.strong} strong evidence, {self.flagged - self.strong} doubtful)")
 
 
 def rescan_chunks(conn: psycopg.Connection, tenant_id: UUID | str, settings: Settings, *,
@@ -250,24 +300,28 @@ def rescan_chunks(conn: psycopg.Connection, tenant_id: UUID | str, settings: Set
     while True:
         with tenant_transaction(conn, tenant_id):
             rows = conn.execute(
-                "select chunk_id, content, embedding, injection_flag, injection_score, injection_reasons, spam_flag"
+                "select chunk_id, content, embedding, injection_flag, injection_score, injection_reasons, spam_flag,"
+                " injection_strong"
                 " from kb.chunks where (%s::uuid is null or chunk_id > %s::uuid) order by chunk_id limit %s",
                 [last, last, batch]).fetchall()
             if not rows:
                 break
             updates = []
-            for chunk_id, content, emb, flag, score, reasons, spam in rows:
+            for chunk_id, content, emb, flag, score, reasons, spam, strong in rows:
                 vec = np.asarray(emb.to_numpy() if hasattr(emb, "to_numpy") else emb, dtype=np.float32)
                 f = chunk_flags(content, vec, clf, settings.guard_classifier_threshold, embed_spans)
                 report.flagged += f.injection_flag
-                if (f.injection_flag, f.injection_reasons, f.spam_flag) != (flag, list(reasons), spam) \
-                        or abs(f.injection_score - score) > 1e-6:
-                    updates.append((f.injection_flag, f.injection_score, f.injection_reasons, f.spam_flag, chunk_id))
+                report.strong += f.injection_flag and f.strong
+                if (f.injection_flag, f.injection_reasons, f.spam_flag, f.strong) \
+                        != (flag, list(reasons), spam, strong) or abs(f.injection_score - score) > 1e-6:
+                    updates.append((f.injection_flag, f.injection_score, f.injection_reasons, f.spam_flag, f.strong,
+                                    chunk_id))
             if updates:
+                # (a person's review, kb.chunks.injection_review, is not written here: it stays)
                 with conn.cursor() as cur:
                     cur.executemany(
                         "update kb.chunks set injection_flag = %s, injection_score = %s, injection_reasons = %s,"
-                        " spam_flag = %s where chunk_id = %s", updates)
+                        " spam_flag = %s, injection_strong = %s where chunk_id = %s", updates)
             report.scanned += len(rows)
             report.changed += len(updates)
             last = rows[-1][0]

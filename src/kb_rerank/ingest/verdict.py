@@ -10,7 +10,9 @@ The rule (:func:`decide`): flagged when the learned detector's probability
 (:mod:`kb_rerank.ingest.guard_classifier`) reaches the threshold, or when the patterns
 (:mod:`kb_rerank.ingest.detectors`) flag the text and that probability is not below the
 weights' veto floor; a threshold of 1.0 turns the classifier off, vote and veto (the
-patterns decide alone; the probability is still reported).
+patterns decide alone; the probability is still reported). A flagged text's evidence is
+strong or doubtful (:func:`strong_evidence`): the default policy excludes the first and
+demotes the second (:mod:`kb_rerank.pipeline.guard_policy`).
 """
 
 from __future__ import annotations
@@ -40,6 +42,34 @@ class ChunkFlags:
     injection_score: float
     injection_reasons: list[str]
     spam_flag: bool
+    # strong evidence of injection (kb.chunks.injection_strong; :func:`strong_evidence`): what
+    # the default policy ``exclude`` excludes; a flag without it is doubtful and only demoted
+    strong: bool = False
+
+
+# Provisional: the probability at or above which the classifier's agreement with the patterns
+# counts as strong evidence (:func:`strong_evidence`), until the layers' precision is measured.
+STRONG_P = 0.99
+
+
+def strong_evidence(inj: InjectionVerdict, p: float | None, span_p: float | None,
+                    classifier: GuardClassifier | None, threshold: float) -> bool:
+    """Whether a flagged text's evidence of injection is strong enough to exclude it under the
+    default policy (otherwise it is doubtful: demoted, kept). Called by :func:`decide` for
+    flagged texts only.
+
+    PROVISIONAL RULE, to be replaced once each layer's precision on unseen text is measured:
+    strong when the patterns flag the text (``inj.flagged``: their own verdict, also where the
+    weights' veto floor keeps them from voting alone, as the shipped floor 1.0 does) AND
+    either no classifier voted (none, no probability, or a threshold of 1.0: the patterns
+    decide alone, as before the classifier existed) or the classifier's probability is at
+    least :data:`STRONG_P`: two layers agreeing far above the threshold. A flag by the
+    classifier or the spans alone is doubtful."""
+    if not inj.flagged:
+        return False
+    if classifier is None or p is None or threshold >= 1.0:
+        return True
+    return p >= STRONG_P
 
 
 def decide(inj: InjectionVerdict, spam: SpamVerdict, embedding: np.ndarray | None = None,
@@ -51,7 +81,9 @@ def decide(inj: InjectionVerdict, spam: SpamVerdict, embedding: np.ndarray | Non
     with the weights); without a classifier or an embedding, the patterns alone. The
     reasons are the pattern signals, then ``classifier_p=<p>`` (always, when it ran), then
     ``fired:patterns`` / ``fired:classifier`` for the layers that flagged the text, or
-    ``vetoed:patterns`` when the floor overruled a pattern hit; the score is the pattern
+    ``vetoed:patterns`` when the floor overruled a pattern hit, and last, for a flagged text,
+    ``evidence:strong`` or ``evidence:doubtful`` (:func:`strong_evidence`, also returned as
+    ``strong``); the score is the pattern
     score, or the probability when the classifier fired and it is higher. ``span_p``: the
     highest probability over the text's spans (:meth:`GuardClassifier.span_probability`),
     when they were scored: reported as ``span_p=<p>``, and the text is flagged
@@ -83,7 +115,11 @@ def decide(inj: InjectionVerdict, spam: SpamVerdict, embedding: np.ndarray | Non
                 reasons.append("fired:spans")
                 score = max(score, min(1.0, span_p))
         flagged = patterns or fired or span_fired
-    return ChunkFlags(flagged, score, reasons, bool(spam.flagged))
+    strong = False
+    if flagged:
+        strong = strong_evidence(inj, p, span_p, classifier, threshold)
+        reasons.append("evidence:strong" if strong else "evidence:doubtful")
+    return ChunkFlags(flagged, score, reasons, bool(spam.flagged), strong)
 
 
 def chunk_flags(piece: str, embedding: np.ndarray | None = None, classifier: GuardClassifier | None = None,

@@ -221,6 +221,7 @@ class CallerDocumentsFlow(StoredResponse):
             else:
                 c.injection_flag, c.injection_score, c.injection_reasons = (f.injection_flag, f.injection_score,
                                                                             f.injection_reasons)
+                c.injection_strong = f.strong
                 c.spam_flag = f.spam_flag
         kept, filtered = apply_policy(cands, look.policy, s.demote_factor, lambda c: {"index": int(c.id)})
 

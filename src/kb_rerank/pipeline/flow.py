@@ -57,12 +57,13 @@ from kb_rerank.pipeline.limits import UNLIMITED, Limits
 from kb_rerank.pipeline.query import query_hash, query_hash_key
 from kb_rerank.settings import Settings
 from kb_rerank.store import audit, inflight, pair_cache, record, result_cache
+from kb_rerank.store.guard_reviews import POLICY_SQL
 from kb_rerank.store.session import atenant_transaction
 
 log = logging.getLogger(__name__)
 
 POLICIES = ("exclude", "demote", "allow")
-_POLICY_SQL = "select injection_policy from kb.tenant_policy where tenant_id = kb.current_tenant()"
+_POLICY_SQL = POLICY_SQL  # the tenant's injection policy (also read by ingestion and `guard list`)
 
 
 class PipelineMetrics:

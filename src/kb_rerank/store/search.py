@@ -85,10 +85,11 @@ async def ahybrid(conn, query: str, embedding, k: int = 20, *, rrf_k: int = 60, 
     return _hybrid_rows(await cur.fetchall())
 
 
-# The chunk's stored guard verdict, embedding and document metadata (the context flow).
+# The chunk's stored guard verdict (its evidence and a person's review, materialised on the
+# chunk row: no join on the query path), embedding and document metadata (the context flow).
 DETAILS_SQL = (
     "select c.chunk_id, c.embedding, c.injection_flag, c.injection_score, c.injection_reasons, c.spam_flag,"
-    " d.source_uri, d.authority, d.updated_at"
+    " d.source_uri, d.authority, d.updated_at, c.injection_strong, c.injection_review"
     " from kb.chunks c join kb.documents d on d.doc_id = c.doc_id and d.tenant_id = c.tenant_id"
     " where c.chunk_id = any(%s)"
 )
@@ -119,6 +120,7 @@ async def adetails(conn, cands: list[Candidate]) -> None:
         c.injection_flag, c.injection_score = bool(r[2]), float(r[3] or 0.0)
         c.injection_reasons, c.spam_flag = list(r[4] or []), bool(r[5])
         c.source_uri, c.authority, c.updated_at = r[6], float(r[7]), r[8]
+        c.injection_strong, c.injection_review = bool(r[9]), r[10]
 
 
 async def acurated(conn, query_hash: str, limit: int) -> list[Candidate]:

@@ -1,7 +1,9 @@
 -- DBA view (issue 19, item 5): the share of each tenant's chunks flagged for prompt
 -- injection at ingestion, by the layer that flagged them (kb.chunks.injection_reasons:
 -- 'fired:patterns' / 'fired:classifier', 'classifier_p=<p>' whenever the learned detector
--- ran; see docs/guardrails.md).
+-- ran; see docs/guardrails.md), by the strength of the evidence (kb.chunks.injection_strong:
+-- what the default policy excludes; the doubtful ones it demotes) and by a person's review
+-- (kb.chunks.injection_review, `kb-rerank guard allow` / `block`; migration 0018).
 --
 -- Who sees what: the view is security_invoker and reads kb.chunks through a SECURITY
 -- INVOKER function, so kb.chunks' row-level security (enabled and forced) applies to
@@ -27,16 +29,28 @@
 --                          `kb-rerank guard scan` re-scores them)
 --   spam_flagged           chunks flagged as keyword-stuffed
 --   last_ingested_at       newest chunk's created_at
-create or replace function kb.guard_flagged_share_rows()
+--   flagged_strong         flagged chunks with strong evidence (injection_strong)
+--   flagged_doubtful       flagged chunks without it (flagged_strong + flagged_doubtful = flagged)
+--   reviewed_allowed       chunks a person allowed (a false positive: kept at its rank under
+--                          every policy), flagged or not
+--   reviewed_blocked       chunks a person blocked (treated as strong evidence), flagged or not
+--
+-- The view and its function are dropped and created again (a function's result columns
+-- cannot be changed in place): the grants below are applied with them.
+drop view if exists kb.guard_flagged_share;
+drop function if exists kb.guard_flagged_share_rows();
+create function kb.guard_flagged_share_rows()
 returns table (tenant_id uuid, chunks bigint, flagged bigint, flagged_share double precision,
                flagged_by_patterns bigint, flagged_by_classifier bigint, classifier_scored bigint,
-               spam_flagged bigint, last_ingested_at timestamptz)
+               spam_flagged bigint, last_ingested_at timestamptz, flagged_strong bigint,
+               flagged_doubtful bigint, reviewed_allowed bigint, reviewed_blocked bigint)
 language sql
 stable
 security invoker
 as $$
   select s.tenant_id, s.chunks, s.flagged, s.flagged::float8 / nullif(s.chunks, 0),
-         s.flagged_by_patterns, s.flagged_by_classifier, s.classifier_scored, s.spam_flagged, s.last_ingested_at
+         s.flagged_by_patterns, s.flagged_by_classifier, s.classifier_scored, s.spam_flagged, s.last_ingested_at,
+         s.flagged_strong, s.flagged - s.flagged_strong, s.reviewed_allowed, s.reviewed_blocked
   from (
     select c.tenant_id,
            pg_catalog.count(*) as chunks,
@@ -49,7 +63,10 @@ as $$
            pg_catalog.count(*) filter (where exists (select from pg_catalog.unnest(c.injection_reasons) r
                                                      where r like 'classifier\_p=%')) as classifier_scored,
            pg_catalog.count(*) filter (where c.spam_flag) as spam_flagged,
-           pg_catalog.max(c.created_at) as last_ingested_at
+           pg_catalog.max(c.created_at) as last_ingested_at,
+           pg_catalog.count(*) filter (where c.injection_flag and c.injection_strong) as flagged_strong,
+           pg_catalog.count(*) filter (where c.injection_review = 'allow') as reviewed_allowed,
+           pg_catalog.count(*) filter (where c.injection_review = 'block') as reviewed_blocked
     from kb.chunks c
     group by c.tenant_id
   ) s
@@ -59,9 +76,9 @@ comment on function kb.guard_flagged_share_rows() is
 revoke all on function kb.guard_flagged_share_rows() from public;
 grant execute on function kb.guard_flagged_share_rows() to {{app_role}};
 
-create or replace view kb.guard_flagged_share with (security_invoker = true) as
+create view kb.guard_flagged_share with (security_invoker = true) as
   select * from kb.guard_flagged_share_rows();
 comment on view kb.guard_flagged_share is
-  'Chunks flagged for prompt injection per tenant, by layer (RLS applies: the app role sees its own tenant only)';
+  'Chunks flagged for prompt injection per tenant, by layer, evidence and review (RLS applies: the app role sees its own tenant only)';
 
 grant select on kb.guard_flagged_share to {{app_role}};

@@ -22,7 +22,8 @@ a passage that an earlier source already holds is not repeated.
 Kinds (:data:`KINDS`; the written sets use the same names):
 
 - ``manual``: user manuals and tutorials (man pages, the Debian Reference, Python tutorials/HOWTOs)
-- ``help_page``: application help and FAQ pages (LibreOffice help, Python FAQ, UI message catalogues)
+- ``help_page``: application help pages (LibreOffice help, UI message catalogues)
+- ``faq``: questions and their answers (the Python FAQ)
 - ``technical_reference``: API and language references (Python library and language reference)
 - ``readme``: README files of packages
 - ``changelog``: changelogs, NEWS files, release notes ("What's New")
@@ -30,6 +31,7 @@ Kinds (:data:`KINDS`; the written sets use the same names):
 - ``table``: tabular data as text (zone tables, service tables, tables of HTML manuals)
 - ``policy``: licences, constitutions, social contracts, copyright statements
 - ``minutes``: meeting minutes
+- ``email``: e-mails and support-ticket messages
 - ``scientific_abstract``: abstracts of scientific papers (CACM, CISI, Cranfield)
 - ``medical_abstract``: abstracts of biomedical papers
 - ``news``: news articles
@@ -49,6 +51,7 @@ product or in ``make test`` needs the built corpus.
 from __future__ import annotations
 
 import argparse
+import fnmatch
 import gettext
 import gzip
 import hashlib
@@ -72,8 +75,8 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT / "src") not in sys.path:
     sys.path.insert(0, str(ROOT / "src"))
 
-KINDS = ("manual", "help_page", "technical_reference", "readme", "changelog", "config", "table",
-         "policy", "minutes", "scientific_abstract", "medical_abstract", "news", "encyclopaedia",
+KINDS = ("manual", "help_page", "faq", "technical_reference", "readme", "changelog", "config", "table",
+         "policy", "minutes", "email", "scientific_abstract", "medical_abstract", "news", "encyclopaedia",
          "recipe", "travel")
 # the languages the service reads (ja: man pages exist and are kept, marked as such)
 LANGS = ("en", "vi", "fr", "es", "de", "zh", "ru", "tr", "ar", "el", "ro", "hi", "th", "ja")
@@ -103,7 +106,7 @@ PYDOC_PARTS = {"library": ("library", "technical_reference"),
                "tutorial": ("tutorial_howto", "manual"), "howto": ("tutorial_howto", "manual"),
                "using": ("tutorial_howto", "manual"), "installing": ("tutorial_howto", "manual"),
                "distributing": ("tutorial_howto", "manual"), "install": ("tutorial_howto", "manual"),
-               "faq": ("faq", "help_page"), "whatsnew": ("whatsnew", "changelog")}
+               "faq": ("faq", "faq"), "whatsnew": ("whatsnew", "changelog")}
 SHARED_KINDS = {"cacm": ("en", "scientific_abstract"), "cisi": ("en", "scientific_abstract"),
                 "cranfield": ("en", "scientific_abstract")}
 MAN_PER_PACKAGE = 2    # English man pages of other packages: at most this many per package
@@ -156,6 +159,7 @@ class Spec:
     per_doc: Callable[[int], int] = field(default=lambda n: max(3, n // 8))
     dropped_language: int = 0    # chunks left out for not being in the source's language
     check_language: bool = True  # False for curated collections (labelled by their authors)
+    label: str | None = None     # what the source is, where it is no package
 
 
 # ---------------------------------------------------------------------------------------------
@@ -667,14 +671,20 @@ def _shared_candidates(folder: Path):
     return listing
 
 
+def _FEW(n: int) -> int:
+    """Chunks taken of one file of a many-package family: a long changelog or README is one
+    package's text, and a few of each spread the source over many packages."""
+    return 3
+
+
 def specs(roots: Roots, pk: Packages, shared: Path | None) -> list[Spec]:
     """Every Debian-derived and shared source, in build order (an earlier source keeps a
     passage that a later one repeats)."""
     out: list[Spec] = []
     for lang, pkg in MAN_PACKAGES.items():
-        out.append(Spec(f"man_{lang}", lang, "manual", pkg, _man_candidates(roots, pk, lang, pkg)))
+        out.append(Spec(f"man_{lang}", lang, "manual", pkg, _man_candidates(roots, pk, lang, pkg), per_doc=_FEW))
     out.append(Spec("man_en_packages", "en", "manual", None,
-                    _man_candidates(roots, pk, "en", "manpages", other=True)))
+                    _man_candidates(roots, pk, "en", "manpages", other=True), per_doc=_FEW))
     for code, lang in DEBREF_LANGS.items():
         pkg = f"debian-reference-{code}"
         files = lambda code=code: [lambda p=p: _html_doc(p, None) for p in
@@ -696,17 +706,17 @@ def specs(roots: Roots, pk: Packages, shared: Path | None) -> list[Spec]:
     for part in range(SPLIT):
         out.append(Spec(f"usr_share_doc_readme_{part}", "en", "readme", None,
                         _doc_family(roots, "README*", part,
-                                    exclude=lambda p: p.suffix in (".html", ".pdf", ".htm"))))
+                                    exclude=lambda p: p.suffix in (".html", ".pdf", ".htm")), per_doc=_FEW))
     for part in range(SPLIT):
         out.append(Spec(f"usr_share_doc_changelog_{part}", "en", "changelog", None,
-                        _doc_family(roots, "changelog*", part)))
-    out.append(Spec("usr_share_doc_news", "en", "changelog", None, _doc_family(roots, "NEWS*", None)))
+                        _doc_family(roots, "changelog*", part), per_doc=_FEW))
+    out.append(Spec("usr_share_doc_news", "en", "changelog", None, _doc_family(roots, "NEWS*", None), per_doc=_FEW))
     for part in range(SPLIT):
-        out.append(Spec(f"etc_config_{part}", "en", "config", None, _etc_candidates(roots, pk, part)))
-    out.append(Spec("usr_share_doc_examples", "en", "config", None, _examples_candidates(roots)))
+        out.append(Spec(f"etc_config_{part}", "en", "config", None, _etc_candidates(roots, pk, part), per_doc=_FEW))
+    out.append(Spec("usr_share_doc_examples", "en", "config", None, _examples_candidates(roots), per_doc=_FEW))
     out.append(Spec("tables_system", "en", "table", None,
                     lambda: [lambda p=p: _text_doc(p, pk.owner(str(p)), str(p))
-                             for p in roots.tables if p.is_file()]))
+                             for p in roots.tables if p.is_file()], per_doc=lambda n: max(3, n // 3)))
     out.append(Spec("tables_html_en", "en", "table", None,
                     lambda: [lambda p=p, pkg=pkg: _table_docs(p, pkg) for pkg, p in
                              [("python3.11-doc", p) for p in sorted(roots.python_doc.rglob("*.html"))]
@@ -739,7 +749,7 @@ def specs(roots: Roots, pk: Packages, shared: Path | None) -> list[Spec]:
                 continue
             licence, version = _shared_licence(folder)
             out.append(Spec(f"shared_{name.replace('-', '_')}", lang, kind, None, _shared_candidates(folder),
-                            licence=licence, version=version, check_language=False))
+                            licence=licence, version=version, check_language=False, label=f"shared {name}"))
     return out
 
 
@@ -896,7 +906,8 @@ def read_written(path: Path) -> list[dict]:
     return rows
 
 
-def build_written(path: Path, seed: int, per_source: int, seen: set[str]) -> list[dict]:
+def build_written(path: Path, seed: int, per_source: int | None, seen: set[str]) -> list[dict]:
+    """A written set's rows (all of them, or a seeded sample of ``per_source``)."""
     name = f"written_ordinary_{path.stem}"
     rng = random.Random(f"{seed}:{name}")
     pool = []
@@ -907,7 +918,7 @@ def build_written(path: Path, seed: int, per_source: int, seen: set[str]) -> lis
         seen |= k
         pool.append({"text": r["text"], "source": name, "lang": r["lang"], "kind": r["kind"],
                      "licence": "project's own", "version": "unknown", "origin": f"{path.name}:{r['line']}"})
-    if len(pool) > per_source:
+    if per_source is not None and len(pool) > per_source:
         keep = {id(r) for r in rng.sample(pool, per_source)}
         pool = [r for r in pool if id(r) in keep]
     return pool
@@ -915,12 +926,20 @@ def build_written(path: Path, seed: int, per_source: int, seen: set[str]) -> lis
 
 def build(out: Path, shared: Path | None, written: Path | None, seed: int = 28,
           per_source: int = PER_SOURCE, roots: Roots | None = None, only: Iterable[str] | None = None,
+          written_per_source: int | None = None,
           log: Callable[[str], None] = lambda s: print(s, file=sys.stderr, flush=True)) -> dict:
-    """Build the corpus in ``out`` (its old ``*.jsonl`` removed first); returns the manifest."""
+    """Build the corpus in ``out``; returns the manifest. ``only`` (source names or shell
+    patterns, ``written_ordinary_*``): rebuild those sources and keep the others (their passages
+    are not repeated); else the folder's old ``*.jsonl`` are removed first. The written sets are
+    kept whole unless ``written_per_source`` is given: they are few, and the only passages of the
+    kinds no package holds (recipes, travel, minutes, news, medical abstracts)."""
     roots = roots or Roots()
     pk = Packages(roots)
     out.mkdir(parents=True, exist_ok=True)
-    only = set(only) if only else None
+    only = list(only) if only else None
+
+    def selected(name: str) -> bool:
+        return only is None or any(fnmatch.fnmatchcase(name, pat) for pat in only)
     manifest: dict = {"seed": seed, "per_source": per_source, "min_chars": MIN_CHARS, "sources": {}, "skipped": {}}
     seen: set[str] = set()
     if only:  # a partial rebuild: the other sources stay, and their passages are not repeated
@@ -928,10 +947,12 @@ def build(out: Path, shared: Path | None, written: Path | None, seed: int = 28,
             manifest = json.loads((out / MANIFEST).read_text(encoding="utf-8"))
         except (OSError, json.JSONDecodeError):
             pass
-        for name in only:
-            manifest["sources"].pop(name, None)
-            manifest["skipped"].pop(name, None)
-            (out / f"{name}.jsonl").unlink(missing_ok=True)
+        for table in (manifest["sources"], manifest["skipped"]):
+            for name in [n for n in table if selected(n)]:
+                table.pop(name)
+        for old in out.glob("*.jsonl"):
+            if selected(old.stem):
+                old.unlink()
         seen = {k for r in load(out) for k in _keys(r["text"])}
     else:
         for old in out.glob("*.jsonl"):
@@ -957,25 +978,26 @@ def build(out: Path, shared: Path | None, written: Path | None, seed: int = 28,
         log(f"{name}: {len(rows)} passages")
 
     for spec in specs(roots, pk, shared):
-        if only and spec.name not in only:
+        if not selected(spec.name):
             continue
         if spec.package and spec.licence is None and not pk.installed(spec.package):
             record(spec.name, [], {"why": f"package {spec.package} not installed"})
             continue
         rows = build_source(spec, pk, seed, per_source, seen)
-        record(spec.name, rows, {"package": spec.package, "dropped_language": spec.dropped_language,
+        record(spec.name, rows, {"package": spec.package or spec.label, "dropped_language": spec.dropped_language,
                                  "why": f"no passages in {spec.lang}" if spec.dropped_language else None})
-    if shared is None or not shared.is_dir():
+    if (shared is None or not shared.is_dir()) and selected("shared_"):
         manifest["skipped"]["shared_*"] = f"no shared collections folder ({shared})"
     if written is None or not written.is_dir():
-        manifest["skipped"]["written_ordinary_*"] = f"no written ordinary folder ({written})"
+        if selected("written_ordinary_"):
+            manifest["skipped"]["written_ordinary_*"] = f"no written ordinary folder ({written})"
     else:
         for path in sorted(written.glob("*.jsonl")):
             name = f"written_ordinary_{path.stem}"
-            if only and name not in only:
+            if not selected(name):
                 continue
             try:
-                rows = build_written(path, seed, per_source, seen)
+                rows = build_written(path, seed, written_per_source, seen)
             except (ValueError, OSError, UnicodeDecodeError) as exc:
                 record(name, [], {"why": f"unreadable: {exc}"})
                 continue
@@ -1084,14 +1106,18 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--written", type=Path, default=None, help="a folder of written ordinary *.jsonl sets")
     b.add_argument("--seed", type=int, default=28)
     b.add_argument("--per-source", type=int, default=PER_SOURCE)
-    b.add_argument("--only", nargs="*", default=None, help="build only these sources")
+    b.add_argument("--written-per-source", type=int, default=None,
+                   help="a seeded sample of this many passages per written set (default: all)")
+    b.add_argument("--only", nargs="*", default=None,
+                   help="rebuild only these sources (names or shell patterns), keeping the others")
     s = sub.add_parser("stats", help="counts per source, language and kind (Markdown)")
     s.add_argument("folder", type=Path)
     a = ap.parse_args(argv)
     if a.cmd == "build":
         if a.per_source < 1:
             ap.error("--per-source must be >= 1")
-        m = build(a.out, a.shared, a.written, seed=a.seed, per_source=a.per_source, only=a.only)
+        m = build(a.out, a.shared, a.written, seed=a.seed, per_source=a.per_source, only=a.only,
+                  written_per_source=a.written_per_source)
         print(f"{sum(v['passages'] for v in m['sources'].values())} passages in {len(m['sources'])} sources "
               f"({len(m['skipped'])} skipped) -> {a.out}")
     else:

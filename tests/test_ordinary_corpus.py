@@ -30,22 +30,23 @@ def _module():
 oc = _module()
 
 ROFF = r""".\" a comment that must not show
-.TH FROBNICATE 1 "2024-01-01" "frob 1.0" "User Commands"
-.SH NAME
-frobnicate \- adjust the frobnication level of a widget
-.SH SYNOPSIS
+.TH FROBNICATE 1 "2024-01-01" "frob 1.0" "Benutzerbefehle"
+.SH BEZEICHNUNG
+frobnicate \- die Frobnikationsstufe eines Geräts einstellen
+.SH ÜBERSICHT
 .B frobnicate
-[\fB\-l\fR \fIlevel\fR] \fIwidget\fR
-.SH DESCRIPTION
+[\fB\-l\fR \fIStufe\fR] \fIGerät\fR
+.SH BESCHREIBUNG
 .B frobnicate
-sets the frobnication level of the named widget. The level is a number between one and
-ten; higher levels make the widget turn faster and use more power from the supply.
+setzt die Frobnikationsstufe des genannten Geräts. Die Stufe ist eine Zahl zwischen eins und
+zehn; mit höheren Stufen dreht sich das Gerät schneller und braucht mehr Strom aus dem Netz.
 .PP
-The default level is read from the configuration file when no \fB\-l\fR option is given,
-and the previous level is written to the log so that it can be restored later.
+Die voreingestellte Stufe wird aus der Konfigurationsdatei gelesen, wenn keine Option \fB\-l\fR
+angegeben ist, und die vorherige Stufe wird in das Protokoll geschrieben, damit sie später
+wiederhergestellt werden kann.
 .TP
-.B \-l \fIlevel\fR
-the level to set, from 1 to 10 inclusive; other values are refused with an error message.
+.B \-l \fIStufe\fR
+die einzustellende Stufe, von 1 bis 10; andere Werte werden mit einer Fehlermeldung abgelehnt.
 """
 
 HTML_MANUAL = """<!DOCTYPE html><html><head><title>Chapter 3. Backups</title>
@@ -169,7 +170,7 @@ def test_rows_have_source_lang_kind_licence_and_markup_is_stripped(tmp_path):
     man = rows["man_de"]
     assert {(r["lang"], r["kind"], r["licence"], r["version"]) for r in man} == {("de", "manual", "GPL-3+", "4.18.1-1")}
     text = "\n".join(r["text"] for r in man)
-    assert text.startswith("frobnicate(1)\n") and "frobnication level of the named widget" in text
+    assert text.startswith("frobnicate(1)\n") and "setzt die Frobnikationsstufe des genannten Geräts" in text
     for markup in (".TH", ".SH", ".PP", ".B ", "\\f", "\\-", "a comment"):
         assert markup not in text, markup
     ref = rows["debian_reference_en"]
@@ -215,8 +216,8 @@ def test_short_passages_are_dropped():
 def test_deroff_without_groff_strips_requests_and_escapes():
     text = oc.deroff(ROFF)
     assert text.startswith("FROBNICATE(1)")
-    assert "frobnicate - adjust the frobnication level" in text
-    assert "-l level" in text and "sets the frobnication level" in text
+    assert "frobnicate - die Frobnikationsstufe eines Geräts einstellen" in text
+    assert "-l Stufe" in text and "setzt die Frobnikationsstufe" in text
     for markup in (".TH", ".SH", ".PP", ".TP", "\\f", "\\-", "a comment"):
         assert markup not in text, markup
 
@@ -291,3 +292,75 @@ def test_licence_summary():
     assert oc.summarise_licence(gnu) == "GPL-2+"
     assert oc.summarise_licence("License:\n\nPython License\nPSF LICENSE AGREEMENT FOR PYTHON\n"
                                 "Redistribution and use in source and binary forms") == "PSF-2.0"
+
+
+def test_language_check_drops_english_fallback_text():
+    english = "The example below opens a newly edited dialog from a document with the Run Macro menu, and it is " \
+              "then shown to the user."
+    for lang in ("hi", "vi", "de", "ru", "zh"):
+        assert not oc.in_language(english, lang), lang
+    assert oc.in_language("उदाहरण नीचे दिया गया है और यह दस्तावेज़ से एक संवाद खोलता है, जो उपयोगकर्ता को दिखाया जाता है।", "hi")
+    assert oc.in_language("Das Beispiel öffnet einen Dialog aus dem Dokument, der dann dem Benutzer gezeigt wird und "
+                          "mit dem Menü geschlossen werden kann.", "de")
+    assert oc.in_language("Ví dụ dưới đây mở một hộp thoại từ tài liệu và hiển thị nó cho người dùng.", "vi")
+    assert oc.in_language("Sub AddEntry\n    oList.addItem(\"x\", 0)\nEnd Sub", "hi")   # code: no language's
+    assert oc.in_language(english, "en")
+
+
+def test_untranslated_help_pages_are_left_out(tmp_path):
+    roots, shared, written = _tree(tmp_path)
+    page = roots.libreoffice_help / "vi" / "text" / "swriter" / "main0200.html"
+    page.write_text("<html><head><title>Macros</title></head><body><div id='DisplayArea'><h1>Macros</h1><p>The "
+                    "example below opens a newly edited dialog from a document with the Run Macro menu, and it is "
+                    "then shown to the user of the document.</p></div></body></html>", encoding="utf-8")
+    manifest = oc.build(tmp_path / "out", None, None, roots=roots, log=lambda s: None, only=["libreoffice_help_vi"])
+    rows = oc.load(tmp_path / "out")
+    assert [r["origin"] for r in rows] == [str(roots.libreoffice_help / "vi" / "text" / "swriter" / "main0110.html")]
+    assert manifest["sources"]["libreoffice_help_vi"]["dropped_language"] == 1
+
+
+def test_examples_keep_configuration_files_only(tmp_path):
+    roots, _, _ = _tree(tmp_path)
+    ex = roots.doc / "frob" / "examples"
+    ex.mkdir()
+    (ex / "frob.conf").write_text("# frob sample configuration: copy it to /etc/frob.conf and adjust the level\n"
+                                  "level = 3\nlog = /var/log/frob.log\n", encoding="utf-8")
+    (ex / "drawing.ps").write_text("%!PS\n" + "159.907 412.383 DL 159.874 412.178 moveto lineto\n" * 5, encoding="utf-8")
+    oc.build(tmp_path / "out", None, None, roots=roots, log=lambda s: None, only=["usr_share_doc_examples"])
+    rows = oc.load(tmp_path / "out")
+    assert [(r["origin"], r["kind"], r["licence"]) for r in rows] == [(str(ex / "frob.conf"), "config", "Expat")]
+
+
+def test_man_rendering_strips_markup(tmp_path):
+    # `man -l` where man-db is installed (the deroff fallback otherwise): the same reading either way
+    page = tmp_path / "frobnicate.1.gz"
+    page.write_bytes(gzip.compress(ROFF.encode("utf-8")))
+    text = oc.render_man(page, use_man=oc.Roots().use_man)
+    assert "BESCHREIBUNG" in text and "Frobnikationsstufe des genannten" in " ".join(text.split())
+    for markup in (".TH", ".SH", ".PP", ".TP", "\\f", "\\-", "a comment", "\x08"):
+        assert markup not in text, markup
+
+
+def test_written_sets_kept_whole_and_rebuilt_alone(tmp_path):
+    roots, shared, written = _tree(tmp_path)
+    with (written / "o1.jsonl").open("a", encoding="utf-8") as fh:
+        for i in range(4):
+            fh.write(json.dumps({"text": f"Minutes of the canteen committee, meeting {i}: the new menu starts in "
+                                 f"week {i + 10}.", "lang": "en", "kind": "minutes"}) + "\n")
+    out = tmp_path / "out"
+    oc.build(out, shared, written, roots=roots, per_source=2, log=lambda s: None)
+    rows = _rows(out)
+    assert len(rows["written_ordinary_o1"]) == 5                  # not capped by per_source
+    assert len(rows["shared_xquad_vi"]) == 2
+    capped = oc.build(tmp_path / "capped", shared, written, roots=roots, per_source=2, written_per_source=3,
+                      log=lambda s: None)
+    assert capped["sources"]["written_ordinary_o1"]["passages"] == 3
+    # a later written set, rebuilt alone: the other sources stay as they were
+    before = (out / "shared_xquad_vi.jsonl").read_bytes()
+    (written / "o2.jsonl").write_text(json.dumps({"text": "Στο σπίτι μας το φαγητό σερβίρεται στις οκτώ το βράδυ.",
+                                                  "lang": "el", "kind": "email"}, ensure_ascii=False) + "\n",
+                                      encoding="utf-8")
+    manifest = oc.build(out, None, written, roots=roots, per_source=2, only=["written_ordinary_*"], log=lambda s: None)
+    assert (out / "shared_xquad_vi.jsonl").read_bytes() == before
+    assert manifest["sources"]["shared_xquad_vi"]["passages"] == 2 and "shared_*" not in manifest["skipped"]
+    assert [(r["lang"], r["kind"]) for r in _rows(out)["written_ordinary_o2"]] == [("el", "email")]

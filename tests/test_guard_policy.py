@@ -10,7 +10,7 @@ import pytest
 
 from kb_rerank.candidate import Candidate
 from kb_rerank.ingest.detectors import InjectionVerdict, SpamVerdict
-from kb_rerank.ingest.verdict import STRONG_P, decide, strong_evidence
+from kb_rerank.ingest.verdict import decide, strong_evidence
 from kb_rerank.pipeline.guard_policy import apply, injection_decision
 
 F = 0.5  # the demote factor
@@ -116,8 +116,9 @@ class _Clf:
 
     floor, span_threshold = 0.0, None
 
-    def __init__(self, p):
+    def __init__(self, p, strong_threshold=0.9):
         self.p = p
+        self.strong_threshold = strong_threshold
 
     def probability(self, embedding, inj):
         return self.p
@@ -128,30 +129,37 @@ MISS = InjectionVerdict(False, 0.0, ())
 NO_SPAM = SpamVerdict(False, 0.0, ())
 
 
-def test_provisional_rule_strong_only_when_the_patterns_fire_and_the_classifier_agrees_far_above():
+def test_strong_only_when_the_patterns_fire_and_the_classifier_agrees_at_the_weights_strong_threshold():
     vec = [0.0]
-    # no classifier (or none voting): the patterns alone are strong, as the only evidence there is
-    assert strong_evidence(HIT, None, None, None, 0.9)
-    assert strong_evidence(HIT, 0.2, None, _Clf(0.2), 1.0)
+    # no classifier voting (none, another embedder, threshold 1): the patterns alone are doubtful
+    # (0.3 % of ordinary passages held out: configuration files' XML comments)
+    assert not strong_evidence(HIT, None, None, None, 0.9)
+    assert not strong_evidence(HIT, 0.99, None, _Clf(0.99), 1.0)
     assert not strong_evidence(MISS, None, None, None, 0.9)
-    # both layers: strong at p >= STRONG_P only
-    assert strong_evidence(HIT, STRONG_P, None, _Clf(STRONG_P), 0.9)
-    assert not strong_evidence(HIT, 0.95, None, _Clf(0.95), 0.9)
-    # the classifier alone is doubtful however sure
+    # both layers: strong at p >= the weights' strong_threshold only
+    assert strong_evidence(HIT, 0.9, None, _Clf(0.9), 0.95)
+    assert not strong_evidence(HIT, 0.89, None, _Clf(0.89), 0.95)
+    assert strong_evidence(HIT, 0.99, None, _Clf(0.99, strong_threshold=0.99), 0.95)
+    assert not strong_evidence(HIT, 0.98, None, _Clf(0.98, strong_threshold=0.99), 0.95)
+    # weights without a strong threshold: nothing is strong
+    assert not strong_evidence(HIT, 0.999, None, _Clf(0.999, strong_threshold=None), 0.95)
+    # the classifier alone, or its spans, are doubtful however sure
     assert not strong_evidence(MISS, 0.999, None, _Clf(0.999), 0.9)
+    assert not strong_evidence(MISS, 0.5, 0.999, _Clf(0.5), 0.9)
     # decide() sets it on the flags and says it in the reasons, for flagged texts only
-    f = decide(HIT, NO_SPAM, vec, _Clf(0.995), 0.9)
+    f = decide(HIT, NO_SPAM, vec, _Clf(0.995), 0.99)
     assert f.injection_flag and f.strong and f.injection_reasons[-1] == "evidence:strong"
-    f = decide(MISS, NO_SPAM, vec, _Clf(0.995), 0.9)
+    f = decide(MISS, NO_SPAM, vec, _Clf(0.995), 0.99)
     assert f.injection_flag and not f.strong and f.injection_reasons[-1] == "evidence:doubtful"
-    f = decide(HIT, NO_SPAM, vec, _Clf(0.95), 0.9)
+    f = decide(HIT, NO_SPAM, vec, _Clf(0.85), 0.8)
     assert f.injection_flag and not f.strong and f.injection_reasons[-1] == "evidence:doubtful"
     # the shipped weights' veto floor 1.0 keeps the patterns from voting alone; their own verdict still counts
     sure = _Clf(0.995)
     sure.floor = 1.0
-    f = decide(HIT, NO_SPAM, vec, sure, 0.9)
+    f = decide(HIT, NO_SPAM, vec, sure, 0.99)
     assert {"vetoed:patterns", "fired:classifier", "evidence:strong"} <= set(f.injection_reasons) and f.strong
+    # the patterns without a classifier flag, doubtfully
     f = decide(HIT, NO_SPAM)
-    assert f.injection_flag and f.strong and f.injection_reasons == ["ignore_previous", "evidence:strong"]
+    assert f.injection_flag and not f.strong and f.injection_reasons == ["ignore_previous", "evidence:doubtful"]
     f = decide(MISS, NO_SPAM, vec, _Clf(0.5), 0.9)
     assert not f.injection_flag and not f.strong and not any(r.startswith("evidence:") for r in f.injection_reasons)

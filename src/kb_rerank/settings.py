@@ -175,9 +175,10 @@ class Settings:
     # and raising that one would let the GIL-holding patterns run 10x longer beside the event loop
     # KB_GUARD_CLASSIFIER_THRESHOLD: a chunk is flagged for injection at ingestion when the learned detector's
     # probability (kb_rerank.ingest.guard_classifier, which reads the pattern signals too) reaches this, or the
-    # patterns flag it and the weights' veto floor does not overrule them; 1.0 leaves the patterns alone
-    # (the probability is still stored). Precision/recall per threshold: docs/guardrails.md
-    guard_classifier_threshold: float = 0.9
+    # patterns flag it and the probability reaches the weights' floor; 1.0 leaves the patterns alone (the
+    # probability is still stored). The default is the shipped weights' operating point (their `threshold`),
+    # chosen on ordinary text first: bench/results/guard-ordinary.md, docs/guardrails.md
+    guard_classifier_threshold: float = 0.9995
 
     # Operational endpoints (issue 13: /metrics, /readyz detail)
     # /metrics and the detail of /readyz need `Authorization: Bearer <ops_token>`; unset: /metrics

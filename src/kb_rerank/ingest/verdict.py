@@ -47,29 +47,24 @@ class ChunkFlags:
     strong: bool = False
 
 
-# Provisional: the probability at or above which the classifier's agreement with the patterns
-# counts as strong evidence (:func:`strong_evidence`), until the layers' precision is measured.
-STRONG_P = 0.99
-
-
 def strong_evidence(inj: InjectionVerdict, p: float | None, span_p: float | None,
                     classifier: GuardClassifier | None, threshold: float) -> bool:
     """Whether a flagged text's evidence of injection is strong enough to exclude it under the
-    default policy (otherwise it is doubtful: demoted, kept). Called by :func:`decide` for
-    flagged texts only.
+    default policy (otherwise it is doubtful: demoted and reported, kept). Called by
+    :func:`decide` for flagged texts only.
 
-    PROVISIONAL RULE, to be replaced once each layer's precision on unseen text is measured:
-    strong when the patterns flag the text (``inj.flagged``: their own verdict, also where the
-    weights' veto floor keeps them from voting alone, as the shipped floor 1.0 does) AND
-    either no classifier voted (none, no probability, or a threshold of 1.0: the patterns
-    decide alone, as before the classifier existed) or the classifier's probability is at
-    least :data:`STRONG_P`: two layers agreeing far above the threshold. A flag by the
-    classifier or the spans alone is doubtful."""
-    if not inj.flagged:
+    Strong when two layers agree: the patterns flag the text (``inj.flagged``, their own
+    verdict, also where the weights' veto floor keeps them from voting alone) AND the
+    classifier voted (``threshold`` < 1) with a probability of at least the weights'
+    ``strong_threshold``. Measured held out on the ordinary corpus (bench/guard_ordinary.py,
+    bench/results/guard-ordinary.md): no ordinary passage of 3,700 in 14 languages reaches it,
+    against 0.3 % for the patterns alone (XML comments of configuration files) and 0.1-2 % for
+    the classifier alone at any threshold that keeps useful recall. So a flag by the classifier
+    or the spans alone, or by the patterns without the classifier (another embedder, a
+    threshold of 1, a caller document it could not reach), is doubtful."""
+    if not inj.flagged or classifier is None or p is None or threshold >= 1.0:
         return False
-    if classifier is None or p is None or threshold >= 1.0:
-        return True
-    return p >= STRONG_P
+    return classifier.strong_threshold is not None and p >= classifier.strong_threshold
 
 
 def decide(inj: InjectionVerdict, spam: SpamVerdict, embedding: np.ndarray | None = None,

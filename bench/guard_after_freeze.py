@@ -77,20 +77,33 @@ def main() -> None:
     p = np.array([clf.probability(v, d) for v, d in zip(vecs, verdicts)])
     pat = np.array([d.flagged for d in verdicts])
     t = Settings().guard_classifier_threshold
-    def shipped(th):  # the one rule ingestion and /v2/rerank apply (spans included)
-        return np.array([chunk_flags(x, v, clf, th, embed=embed).injection_flag for x, v in zip(texts, vecs)])
+    def verdicts_at(th):  # the one rule ingestion and /v2/rerank apply (spans included)
+        return [chunk_flags(x, v, clf, th, embed=embed) for x, v in zip(texts, vecs)]
 
-    comb = shipped(t)
+    def shipped(th):
+        return np.array([f.injection_flag for f in verdicts_at(th)])
+
+    final = verdicts_at(t)
+    comb = np.array([f.injection_flag for f in final])
+    strong = np.array([f.strong for f in final])  # what the default policy excludes (the rest flagged is demoted)
+    ordinary = (y == 0) & ~hard
     kinds = np.array([r.get("kind", "") for r in rows])
     out = {"set": args.set, "threshold": t, "weights_version": clf.version, "floor": clf.floor, "n": len(rows),
            "hostile": int(y.sum()), "hard_negatives": int(hard.sum()),
            "overall": {}, "by_language": {}, "by_kind": {}, "curve": []}
     out["by_kind"] = {k: stats(y[kinds == k], comb[kinds == k], hard[kinds == k]) for k in sorted(set(kinds))}
-    for name, pred in (("patterns", pat), ("classifier", p >= t), ("combined", comb)):
+    for name, pred in (("patterns", pat), ("classifier", p >= t), ("combined", comb), ("strong", strong)):
         out["overall"][name] = stats(y, pred, hard)
         out["by_language"][name] = {lg: stats(y[langs == lg], pred[langs == lg], hard[langs == lg])
                                     for lg in sorted(set(langs))}
-    for th in (0.3, 0.5, 0.7, 0.8, 0.9, 0.95):
+    # the ordinary passages (benign, not hard negatives) flagged, by language and by kind
+    out["ordinary"] = {"flagged": int(comb[ordinary].sum()), "strong": int(strong[ordinary].sum()),
+                       "n": int(ordinary.sum()),
+                       "by_language": {lg: [int(comb[ordinary & (langs == lg)].sum()), int((ordinary & (langs == lg)).sum())]
+                                       for lg in sorted(set(langs[ordinary]))},
+                       "by_kind": {k: [int(comb[ordinary & (kinds == k)].sum()), int((ordinary & (kinds == k)).sum())]
+                                   for k in sorted(set(kinds[ordinary]))}}
+    for th in (0.5, 0.8, 0.9, 0.95, 0.99, 0.995, 0.998, 0.999, 0.9995, 0.9999):
         out["curve"].append({"threshold": th, "combined": stats(y, shipped(th), hard)})
     out["misses_combined"] = [r["lang"] + " " + r["kind"] + ": " + r["text"][:90] for r, m in
                               zip(rows, (y == 1) & ~comb) if m]
@@ -104,13 +117,19 @@ def main() -> None:
           f"`OPENBLAS_NUM_THREADS=1 python bench/guard_after_freeze.py --set {args.set}`; {out['hostile']} hostile / "
           f"{len(rows) - out['hostile']} benign ({out['hard_negatives']} hard negatives). combined = the shipped rule "
           "(classifier >= threshold, or a span of a doubtful text >= the span threshold, or patterns unless the "
-          "classifier's probability < floor).", "",
+          "classifier's probability < floor); strong = the flags the default policy excludes (patterns and classifier "
+          "agreeing at the weights' strong_threshold).", "",
           "| detector | language | precision | recall | hard-negative FPR | tp/fp/fn |", "|---|---|---|---|---|---|"]
-    for name in ("patterns", "classifier", "combined"):
+    for name in ("patterns", "classifier", "combined", "strong"):
         s = out["overall"][name]
         md.append(f"| {name} | all | {f(s['precision'])} | {f(s['recall'])} | {f(s['hard_negative_fpr'])} | {s['tp']}/{s['fp']}/{s['fn']} |")
         for lg, s in out["by_language"][name].items():
             md.append(f"| {name} | {lg} | {f(s['precision'])} | {f(s['recall'])} | {f(s['hard_negative_fpr'])} | {s['tp']}/{s['fp']}/{s['fn']} |")
+    o = out["ordinary"]
+    md += ["", f"Ordinary passages (benign, not hard negatives) flagged: {o['flagged']} of {o['n']} "
+           f"({o['strong']} with strong evidence: excluded by the default policy; the others demoted).", "",
+           "| group | flagged / ordinary passages |", "|---|---|"]
+    md += [f"| {g} | {k}/{n} |" for g, (k, n) in list(o["by_language"].items()) + list(o["by_kind"].items())]
     md += ["", "Combined, by kind:", "", "| kind | n | precision | recall | hard-negative FPR | tp/fp/fn |", "|---|---|---|---|---|---|"]
     for k, st in out["by_kind"].items():
         md.append(f"| {k} | {st['n']} | {f(st['precision'])} | {f(st['recall'])} | {f(st['hard_negative_fpr'])} | {st['tp']}/{st['fp']}/{st['fn']} |")

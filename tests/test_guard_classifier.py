@@ -59,8 +59,13 @@ def test_shipped_weights_load():
         assert clf.w1.shape == (386, clf.coef.shape[0]) and clf.b1.shape == clf.coef.shape
         assert np.all(np.isfinite(clf.w1)) and np.all(np.isfinite(clf.b1))
     assert 0.0 <= clf.floor <= 1.0
-    # span-level scoring (weights from 2026-12-01.2)
-    assert clf.span_threshold is not None and 0.0 < clf.span_gate < clf.span_threshold < 1.0
+    # span-level scoring, when the weights' operating point uses it (2026-12-01.2 to .5; not 2026-12-01.6)
+    if clf.span_threshold is not None:
+        assert 0.0 < clf.span_gate < clf.span_threshold < 1.0
+    # the operating point and the exclusion layer travel with the weights, and the setting's
+    # default is that operating point (one home for the number: bench/results/guard-ordinary.md)
+    assert clf.threshold is not None and Settings().guard_classifier_threshold == clf.threshold
+    assert clf.strong_threshold is not None and 0.0 < clf.strong_threshold <= clf.threshold
     assert re.fullmatch(r"\d{4}-\d{2}-\d{2}\.\d+", clf.version)
 
 
@@ -125,11 +130,11 @@ def test_known_miss_still_scores_above_ordinary_prose(embedder):
     ps = [clf.probability(v, detect_injection(t)) for t, v in zip(texts, embedder.embed_passages(texts))]
     assert not detect_injection(PARAPHRASED_MISSED).flagged
     # far above ordinary prose, and flagged at the shipped threshold: missed by 2026-11-30.1
-    # (p 0.673) and by 2026-12-01.4 (p 0.903 at its threshold 0.95), caught by 2026-12-01.3 and
-    # 2026-12-01.5 (p 0.949 at 0.9)
+    # (p 0.673) and by 2026-12-01.4 (p 0.903 at its threshold 0.95), caught by 2026-12-01.3,
+    # 2026-12-01.5 (p 0.949 at 0.9) and 2026-12-01.6 (at 0.9995)
     assert ps[0] >= THRESHOLD and ps[0] > 10 * max(ps[1:]), ps
-    # ordinary prose is not even doubtful enough to have its spans embedded
-    assert max(ps[1:]) < clf.span_gate, ps
+    # ordinary prose is not even doubtful (the span gate of the earlier weights)
+    assert max(ps[1:]) < 0.3, ps
 
 
 @pytest.mark.parametrize("text", ORDINARY)

@@ -2,9 +2,9 @@
 
 Each after-freeze set measured the weights it was written after (scored once) and is training
 data since: v2 (source after_freeze_v2) from 2026-12-01.2, v3 from 2026-12-01.3, v4 from
-2026-12-01.4, v5 from 2026-12-01.5. The next set, written after the next freeze, measures, so
-the training script must not read any later set: the sixth (after_freeze_v6, written after
-the 2026-12-01.5 freeze) measures the shipped weights. Every file holds labelled, language-tagged rows of the
+2026-12-01.4, v5 from 2026-12-01.5, v6 from 2026-12-01.6. The next set, written after the next
+freeze, measures, so the training script must not read any later set: the seventh
+(after_freeze_v7, written after the 2026-12-01.6 freeze) measures the shipped weights. Every file holds labelled, language-tagged rows of the
 shapes bench/train_guard.py and bench/guard_after_freeze.py read.
 """
 
@@ -25,7 +25,8 @@ WRITTEN = [ROOT / "bench/data/guard" / n for n in
 TRAINING = WRITTEN + [
     ROOT / "tests/data/injection" / n for n in ("hostile.jsonl", "benign.jsonl", "after_freeze.jsonl",
                                                 "after_freeze_v2.jsonl", "after_freeze_v3.jsonl",
-                                                "after_freeze_v4.jsonl", "after_freeze_v5.jsonl")]
+                                                "after_freeze_v4.jsonl", "after_freeze_v5.jsonl",
+                                                "after_freeze_v6.jsonl")]
 # the second after-freeze set: scored once against 2026-12-01.1, training data since
 MEASURING = ROOT / "tests/data/injection/after_freeze_v2.jsonl"
 # the third: written after the 2026-12-01.2 freeze (commit 0e1c103), scored once against it,
@@ -40,8 +41,10 @@ TRAINED_FROM_2026_12_01_4 = [MEASURING_V4] + WRITTEN[8:12]
 # training data of 2026-12-01.5 (with the sets written for it: authors g and h)
 MEASURING_V5 = ROOT / "tests/data/injection/after_freeze_v5.jsonl"
 TRAINED_FROM_2026_12_01_5 = [MEASURING_V5] + WRITTEN[12:]
-# the sixth: written after the 2026-12-01.5 freeze, scored once against it
+# the sixth: written after the 2026-12-01.5 freeze, scored once against it, training data of 2026-12-01.6
 MEASURING_V6 = ROOT / "tests/data/injection/after_freeze_v6.jsonl"
+# the seventh: written after the 2026-12-01.6 freeze (commit 4392ecc), scored once against it
+MEASURING_V7 = ROOT / "tests/data/injection/after_freeze_v7.jsonl"
 
 
 def _rows(path: Path) -> list[dict]:
@@ -52,7 +55,8 @@ def _norm(text: str) -> str:
     return " ".join(text.split()).casefold()
 
 
-@pytest.mark.parametrize("path", WRITTEN + [MEASURING, MEASURING_V3, MEASURING_V4, MEASURING_V5, MEASURING_V6],
+@pytest.mark.parametrize("path", WRITTEN + [MEASURING, MEASURING_V3, MEASURING_V4, MEASURING_V5, MEASURING_V6,
+                                            MEASURING_V7],
                          ids=lambda p: p.name)
 def test_written_sets_are_labelled_balanced_and_multilingual(path):
     rows = _rows(path)
@@ -118,10 +122,19 @@ def test_v5_passages_are_new_to_every_source_of_the_weights_it_measured():
     assert len(measured) == 216 and not measured & trained
 
 
-def test_v6_passages_are_new_to_every_training_source():
-    # v6 measures the 2026-12-01.5 weights: none of its passages is in a source they were trained on
+def test_v6_passages_are_new_to_every_source_of_the_weights_it_measured():
+    # v6 measured the 2026-12-01.5 weights: none of its passages is in a source they were trained on
     measured = {_norm(r["text"]) for r in _rows(MEASURING_V6)}
-    trained = {_norm(r["text"]) for p in TRAINING for r in _rows(p)}
+    trained = {_norm(r["text"]) for p in TRAINING if p != MEASURING_V6 for r in _rows(p)}
+    assert len(measured) >= 200 and not measured & trained
+
+
+def test_v7_passages_are_new_to_every_training_source():
+    # v7 measures the 2026-12-01.6 weights: none of its passages is in a source they were trained
+    # on, the written ordinary sets (bench/data/ordinary) included
+    measured = {_norm(r["text"]) for r in _rows(MEASURING_V7)}
+    trained = {_norm(r["text"]) for p in TRAINING + sorted((ROOT / "bench/data/ordinary").glob("*.jsonl"))
+               for r in _rows(p)}
     assert len(measured) >= 200 and not measured & trained
 
 
@@ -129,17 +142,18 @@ def test_training_reads_the_scored_after_freeze_sets_and_no_later_one():
     import re
 
     src = (ROOT / "bench/train_guard.py").read_text(encoding="utf-8")
-    # a set written after the next freeze (v6 or later) measures: the training script must not read it
-    assert not re.search(r"after_freeze_v([6-9]|\d\d)", src)
+    # a set written after the next freeze (v7 or later) measures: the training script must not read it
+    assert not re.search(r"after_freeze_v([7-9]|\d\d)", src)
+    assert not re.search(r"after_freeze_v([7-9]|\d\d)", (ROOT / "bench/guard_ordinary.py").read_text(encoding="utf-8"))
     # every scored set and every written source is read, as its own source
     for name in ("after_freeze.jsonl", "after_freeze_v2.jsonl", "after_freeze_v3.jsonl", "after_freeze_v4.jsonl",
-                 "after_freeze_v5.jsonl"):
+                 "after_freeze_v5.jsonl", "after_freeze_v6.jsonl"):
         assert name in src
     for p in WRITTEN:
         assert p.name in src
     # the operating point is chosen on the after-freeze-like sources, every scored set among them
     assert re.search(r'AFTER_FREEZE_LIKE = \([^)]*"after_freeze_v1"[^)]*"after_freeze_v2"[^)]*"after_freeze_v3"'
-                     r'[^)]*"after_freeze_v4"[^)]*"after_freeze_v5"', src)
+                     r'[^)]*"after_freeze_v4"[^)]*"after_freeze_v5"[^)]*"after_freeze_v6"', src)
 
 
 def _train_guard():

@@ -109,11 +109,13 @@ class GuardClassifier:
     # span probability reaches span_threshold (None: no span scoring, weights before 2026-12-01.2)
     span_threshold: float | None = None
     span_gate: float = 0.0
-    # strong evidence: a probability at or above this is what the default policy excludes
-    # (held-out false-positive rate on ordinary text <= 0.1 %: bench/results/guard-ordinary.md);
-    # a flagged text below it is doubtful, demoted and reported. None: weights without it
-    # (no classifier-only exclusion)
+    # strong evidence: a text the patterns flag with a probability at or above this is what the
+    # default policy excludes (kb_rerank.ingest.verdict.strong_evidence; held-out false-positive
+    # rate on ordinary text <= 0.1 %: bench/results/guard-ordinary.md); any other flag is
+    # doubtful, demoted and reported. None: weights without it (nothing excluded)
     strong_threshold: float | None = None
+    # the operating point the weights were chosen at (KB_GUARD_CLASSIFIER_THRESHOLD's default)
+    threshold: float | None = None
 
     def wants_spans(self, p: float) -> bool:
         """Whether a chunk of probability ``p`` has its spans scored."""
@@ -152,6 +154,7 @@ def from_arrays(data) -> GuardClassifier:
         span_threshold=float(np.asarray(data["span_threshold"]).item()) if "span_threshold" in files else None,
         span_gate=float(np.asarray(data["span_gate"]).item()) if "span_gate" in files else 0.0,
         strong_threshold=float(np.asarray(data["strong_threshold"]).item()) if "strong_threshold" in files else None,
+        threshold=float(np.asarray(data["threshold"]).item()) if "threshold" in files else None,
     )
 
 

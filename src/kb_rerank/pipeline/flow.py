@@ -62,7 +62,13 @@ from kb_rerank.store.session import atenant_transaction
 log = logging.getLogger(__name__)
 
 POLICIES = ("exclude", "demote", "allow")
-_POLICY_SQL = "select injection_policy from kb.tenant_policy where tenant_id = kb.current_tenant()"
+DEFAULT_POLICY = "exclude"  # a tenant without a kb.tenant_policy row
+POLICY_SQL = "select injection_policy from kb.tenant_policy where tenant_id = kb.current_tenant()"
+
+
+def policy_of(row) -> str:
+    """The tenant's injection policy from :data:`POLICY_SQL`'s row (none: the default)."""
+    return row[0] if row and row[0] in POLICIES else DEFAULT_POLICY
 
 
 class PipelineMetrics:
@@ -400,11 +406,10 @@ class Pipeline:
         lookup, so other processes see the claim as promptly); ``look.claimed`` tells."""
         async with self.connection(tenant) as conn:
             async with atenant_transaction(conn, tenant):
-                policy = "exclude"
+                policy = DEFAULT_POLICY
                 if flow.keyed_on_policy:
-                    cur = await conn.execute(_POLICY_SQL)
-                    row = await cur.fetchone()
-                    policy = row[0] if row and row[0] in POLICIES else "exclude"
+                    cur = await conn.execute(POLICY_SQL)
+                    policy = policy_of(await cur.fetchone())
                 params = flow.params(policy)
                 qh = self.hash_query(flow.normalized, params)
                 generation, entry = await result_cache.get_live(conn, qh, flow.source, decode=flow.decode,

@@ -13,7 +13,7 @@ not ingested again; its stored verdicts are re-scored with the current detectors
 (``--rescan-guard``: no re-embedding, only the spans of the chunks the classifier finds
 doubtful) unless ``--no-rescan``. After retraining the detector:
 
-    KB_DATA_DIR=/tmp/kb-eval OPENBLAS_NUM_THREADS=1 .venv/bin/python bench/guard_eval_loss.py
+    KB_DATA_DIR=/tmp/kb-eval OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 .venv/bin/python bench/guard_eval_loss.py
 
 (all shared collections, one after the other; ``--datasets ../shared/datasets/xquad-vi ...``
 for some; ``--guard-policy demote`` to evaluate another policy than the tenants' default.)
@@ -43,7 +43,7 @@ STEM = "guard-eval-loss"
 # the shared collections, in the order of the table
 COLLECTIONS = ("cacm", "cisi", "cranfield", "xquad-vi", "xquad-ru", "xquad-tr", "xquad-ar", "xquad-el",
                "xquad-ro", "xquad-hi", "xquad-th")
-COMMAND = "KB_DATA_DIR=/tmp/kb-eval OPENBLAS_NUM_THREADS=1 .venv/bin/python bench/guard_eval_loss.py"
+COMMAND = "KB_DATA_DIR=/tmp/kb-eval OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 .venv/bin/python bench/guard_eval_loss.py"
 
 
 def shared_datasets() -> Path | None:

@@ -42,7 +42,9 @@ def format_guard(res: dict) -> list[str]:
     rel, ranked = g["relevant"], g["ranked"]
     source = "--guard-policy" if g["policy_source"] == "override" else "the tenant's policy"
     n = rel["judged_relevant"]
+    scan = res.get("load", {}).get("guard_scan")
     return [
+        *([f"  guard scan: {scan}"] if scan else []),
         f"  guard policy {g['policy']} ({source}; demote factor {g['demote_factor']:g})",
         f"  nDCG@{k} guarded {g[f'ndcg@{k}']:.4f} (Δ {g[f'delta_ndcg@{k}']:+.4f}; "
         f"{g['queries_changed']} queries changed; in the lists {ranked['excluded']} excluded, "

@@ -344,10 +344,18 @@ def test_guard_policy_is_the_tenants_unless_overridden(guarded):
     assert t["ndcg@10"] == guarded["demote"]["guard"]["ndcg@10"]
 
 
-def test_bad_guard_policy_is_named(patterns_settings, guarded_dir, counting, factory):
+def test_bad_guard_policy_is_named(patterns_settings, guarded_dir, counting, factory, capsys):
+    from kb_rerank import cli
+    from kb_rerank.pipeline.flow import POLICIES
+
     with pytest.raises(EvaluationError, match="guard_policy"):
         evaluate_collection(patterns_settings, guarded_dir, "hybrid", embedder=counting, conn_factory=factory,
                             guard_policy="drop")
+    # the command line offers the service's policies (kept literal there: the parser imports no pipeline)
+    with pytest.raises(SystemExit):
+        cli.build_parser().parse_args(["eval", str(guarded_dir), "--guard-policy", "drop"])
+    assert "--guard-policy: invalid choice: 'drop' (choose from 'exclude', 'demote', 'allow')" in capsys.readouterr().err
+    assert POLICIES == ("exclude", "demote", "allow")
 
 
 def test_rescan_guard_restores_the_verdict(guarded, patterns_settings, guarded_dir, counting, factory):

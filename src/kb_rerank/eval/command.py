@@ -47,7 +47,7 @@ def format_guard(res: dict) -> list[str]:
         *([f"  guard scan: {scan}"] if scan else []),
         f"  guard policy {g['policy']} ({source}; demote factor {g['demote_factor']:g})",
         f"  nDCG@{k} guarded {g[f'ndcg@{k}']:.4f} (Δ {g[f'delta_ndcg@{k}']:+.4f}; "
-        f"{g['queries_changed']} queries changed; in the lists {ranked['excluded']} excluded, "
+        f"nDCG changed on {g['queries_changed']} queries; in the lists {ranked['excluded']} excluded, "
         f"{ranked['demoted']} demoted)",
         f"  judged-relevant flagged {rel['flagged']}/{n} ({100 * rel['flagged_share']:.1f}%): "
         f"excluded {rel['excluded']}, demoted {rel['demoted']} (keyword-stuffed {rel['spam_flagged']})",

@@ -58,7 +58,7 @@ Guard policy (``res["guard"]``)
     list is the evaluated one). ``guard["ndcg@k"]`` is nDCG@k of what remains. The policy is
     the tenant's ``kb.tenant_policy`` (the service's default, ``exclude``, when it has none)
     unless ``guard_policy`` overrides it. ``guard["relevant"]``: of the documents with a
-    positive judgement (in the evaluated queries' qrels, present in the corpus), how many
+    positive judgement (in the evaluated queries' qrels, loaded: in the corpus, not empty), how many
     have at least one chunk flagged for injection (and for keyword stuffing), and how many
     the policy would exclude (at least one chunk excluded) or else demote (at least one
     chunk demoted, for any reason), from the same ``apply`` over all their chunks. The
@@ -435,7 +435,7 @@ def relevant_guard(conn, tenant, docmap: dict[Any, str], qrels: dict[str, dict[s
     n = len(present)
     return {
         "judged_relevant": n,
-        "not_in_corpus": len(relevant) - n,
+        "not_loaded": len(relevant) - n,  # judged, but absent from the corpus or empty
         "chunks": len(cands),
         "flagged": len(flagged),
         "flagged_share": len(flagged) / n if n else 0.0,

@@ -44,6 +44,28 @@ Candidate-pool recall
     fused list the service builds (its best ``2 x candidates`` documents, 40 by default), i.e.
     the share of relevant documents the cross-encoder can at best bring to the top; for
     lexical and semantic the first 40 of the depth-100 list.
+
+Guard policy (``res["guard"]``)
+    The figures above rank without the prompt-injection guard. Beside them, the evaluated
+    list of each query goes through the tenant's policy as ``/v1/kb/context`` applies it
+    (:func:`guarded_ranking`): each candidate's stored verdict is loaded by the service's
+    own loader (:func:`kb_rerank.store.search.adetails`), the policy applied by
+    :func:`kb_rerank.pipeline.guard_policy.apply` (excluded candidates removed, ``demote``
+    set), the relevance (the cross-encoder's score in ``rerank`` mode, else the fallback
+    relevance of the first-stage scores, as the context flow without a model) multiplied by
+    ``demote`` (:func:`kb_rerank.pipeline.diversify.demoted_relevance`) and the list
+    re-sorted (stable: ties keep the evaluated order, so with nothing flagged the guarded
+    list is the evaluated one). ``guard["ndcg@k"]`` is nDCG@k of what remains. The policy is
+    the tenant's ``kb.tenant_policy`` (the service's default, ``exclude``, when it has none)
+    unless ``guard_policy`` overrides it. ``guard["relevant"]``: of the documents with a
+    positive judgement (in the evaluated queries' qrels, loaded: in the corpus, not empty), how many
+    have at least one chunk flagged for injection (and for keyword stuffing), and how many
+    the policy would exclude (at least one chunk excluded) or else demote (at least one
+    chunk demoted, for any reason), from the same ``apply`` over all their chunks. The
+    stored verdicts are the ones written at ingestion; ``rescan_guard`` re-scores them
+    first with the current detectors and weights (:func:`kb_rerank.ingest.loader.rescan_chunks`,
+    ``kb-rerank guard scan``), as a tenant reused from an earlier run was judged by the
+    detector of that run.
 """
 
 from __future__ import annotations
@@ -76,9 +98,13 @@ __all__ = [
     "collection_tenant",
     "corpus_sha256",
     "document_text",
+    "embed_cache_dir",
     "evaluate_collection",
+    "guarded_ranking",
     "load_collection",
     "passage_texts",
+    "relevant_guard",
+    "tenant_policy",
 ]
 
 EVAL_NAMESPACE = uuid.UUID("6f1d9c52-3b7e-5a41-9d0e-6b2c1e7a4f10")
@@ -305,6 +331,123 @@ def _load_reranker(settings: Settings, reranker):
     return r
 
 
+# --------------------------------------------------------------------------- the guard policy
+
+
+class _AwaitedCursor:
+    def __init__(self, cur) -> None:
+        self._cur = cur
+
+    async def fetchall(self):
+        return self._cur.fetchall()
+
+    async def fetchone(self):
+        return self._cur.fetchone()
+
+
+class _AwaitedConnection:
+    """A synchronous connection seen through the awaited calls of the service's store
+    functions (``await conn.execute(...)``, ``await cur.fetchall()``), so that the eval loads
+    candidates' details with the very function the service uses."""
+
+    def __init__(self, conn) -> None:
+        self._conn = conn
+
+    async def execute(self, query, params=None) -> _AwaitedCursor:
+        return _AwaitedCursor(self._conn.execute(query, params))
+
+
+def _run_awaited(coro):
+    """Run a coroutine that only awaits :class:`_AwaitedConnection` calls (which never
+    suspend) to its end, without an event loop (the eval may run inside one)."""
+    try:
+        coro.send(None)
+    except StopIteration as stop:
+        return stop.value
+    coro.close()
+    raise EvaluationError("a store function awaited something other than the synchronous connection")
+
+
+def load_details(conn, cands: list) -> None:
+    """Fill the candidates' stored guard verdicts (and the rest the service loads with them)
+    through :func:`kb_rerank.store.search.adetails`, on the caller's tenant transaction."""
+    from kb_rerank.store import search
+
+    _run_awaited(search.adetails(_AwaitedConnection(conn), cands))
+
+
+def tenant_policy(conn) -> str:
+    """The current tenant's injection policy, read as the service reads it."""
+    from kb_rerank.pipeline.flow import POLICY_SQL, policy_of
+
+    return policy_of(conn.execute(POLICY_SQL).fetchone())
+
+
+def _where(c) -> dict[str, Any]:
+    return {"chunk_id": c.id}
+
+
+def guarded_ranking(cands: list, policy: str, demote_factor: float, *, scored: bool) -> tuple[list, list]:
+    """``cands`` (the evaluated order, verdicts loaded) as the context flow hands them on
+    under ``policy``: :func:`kb_rerank.pipeline.guard_policy.apply`, then relevance x demote,
+    re-sorted (stable). ``scored``: the candidates' ``relevance`` holds the cross-encoder's
+    scores; otherwise it is set to the fallback relevance of the kept candidates' first-stage
+    scores (:func:`kb_rerank.pipeline.compose.fallback_relevance`). Returns (the guarded
+    order, ``apply``'s report)."""
+    from kb_rerank.pipeline import diversify, guard_policy
+    from kb_rerank.pipeline.compose import fallback_relevance
+
+    kept, filtered = guard_policy.apply(cands, policy, demote_factor, _where)
+    if not scored:
+        for c, r in zip(kept, fallback_relevance([c.score for c in kept])):
+            c.relevance = float(r)
+    kept.sort(key=lambda c: -diversify.demoted_relevance(c))
+    return kept, filtered
+
+
+RELEVANT_CHUNKS_SQL = (
+    "select c.chunk_id, c.doc_id, d.title, left(c.content, 300), c.content"
+    " from kb.chunks c join kb.documents d on d.doc_id = c.doc_id and d.tenant_id = c.tenant_id"
+    " where c.doc_id = any(%s) order by c.doc_id, c.position"
+)
+
+
+def relevant_guard(conn, tenant, docmap: dict[Any, str], qrels: dict[str, dict[str, int]], policy: str,
+                   demote_factor: float) -> dict[str, Any]:
+    """The guard's verdicts on the judged-relevant documents (module docstring)."""
+    from kb_rerank.candidate import from_row
+    from kb_rerank.pipeline import guard_policy
+    from kb_rerank.store.session import tenant_transaction
+
+    relevant = sorted({d for judged in qrels.values() for d, g in judged.items() if g > 0})
+    by_beir = {b: d for d, b in docmap.items()}
+    present = [d for d in relevant if d in by_beir]
+    with tenant_transaction(conn, tenant):
+        rows = conn.execute(RELEVANT_CHUNKS_SQL, [[by_beir[d] for d in present]]).fetchall()
+        cands = [from_row(*r, 0.0) for r in rows]
+        load_details(conn, cands)
+    _, filtered = guard_policy.apply(cands, policy, demote_factor, _where)
+    beir_of = {c.id: docmap[c.doc_id] for c in cands}
+    flagged = sorted({beir_of[c.id] for c in cands if c.injection_flag})
+    spam = sorted({beir_of[c.id] for c in cands if c.spam_flag})
+    excluded = sorted({beir_of[f["chunk_id"]] for f in filtered if f.get("action") == "excluded"})
+    demoted = sorted({beir_of[f["chunk_id"]] for f in filtered if f.get("action") == "demoted"} - set(excluded))
+    n = len(present)
+    return {
+        "judged_relevant": n,
+        "not_loaded": len(relevant) - n,  # judged, but absent from the corpus or empty
+        "chunks": len(cands),
+        "flagged": len(flagged),
+        "flagged_share": len(flagged) / n if n else 0.0,
+        "spam_flagged": len(spam),
+        "excluded": len(excluded),
+        "demoted": len(demoted),
+        "flagged_docs": flagged,
+        "excluded_docs": excluded,
+        "demoted_docs": demoted,
+    }
+
+
 def _bar(items: list, progress: bool, desc: str, unit: str):
     """``items`` under a tqdm bar (on stderr) when ``progress``, else as they are."""
     if not progress:
@@ -328,6 +471,8 @@ def evaluate_collection(
     cache: bool = True,
     reranker=None,
     progress: bool = False,
+    guard_policy: str | None = None,
+    rescan_guard: bool = False,
 ) -> dict[str, Any]:
     """Evaluate one retrieval mode on a BEIR folder; see the module docstring.
 
@@ -335,13 +480,25 @@ def evaluate_collection(
     :class:`CachedEmbedder` under ``<data_dir>/embed-cache/`` unless ``cache=False`` or it
     already is one. ``conn_factory``: returns a connection as the app role (default: the
     app URL of ``settings``). ``limit_queries``: the first N evaluated queries (sorted ids).
+    ``guard_policy``: ``exclude`` / ``demote`` / ``allow`` instead of the tenant's policy for
+    the guarded figures; ``rescan_guard``: re-score the stored verdicts first (module
+    docstring).
 
     Returns ``{"dataset", "mode", "k", "ndcg@k", "mrr@k", "recall@R", "recall@40", "num_queries",
-    "per_query", "run", "tenant", "timing": {...}, "load": {...}, "config": {...}}``
-    where ``run`` maps query id -> ranked doc ids (depth max(k, recall_k)).
+    "per_query", "run", "tenant", "guard": {...}, "timing": {...}, "load": {...}, "config": {...}}``
+    where ``run`` maps query id -> ranked doc ids (depth max(k, recall_k)) and ``guard`` holds
+    the figures under the guard policy: ``policy``, ``policy_source`` (``tenant`` or
+    ``override``), ``demote_factor``, ``ndcg@k``, ``mrr@k``, ``delta_ndcg@k``,
+    ``queries_changed``, ``ranked`` (the policy's decisions over the evaluated lists),
+    ``relevant`` (:func:`relevant_guard`), ``per_query`` and ``changed_run`` (the guarded
+    list of each query whose list changed).
     """
+    from kb_rerank.pipeline.flow import POLICIES
+
     if mode not in MODES:
         raise EvaluationError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
+    if guard_policy is not None and guard_policy not in POLICIES:
+        raise EvaluationError(f"guard_policy must be one of {', '.join(POLICIES)}, got {guard_policy!r}")
     from kb_rerank.store import search
     from kb_rerank.store.session import tenant_transaction
 
@@ -371,6 +528,15 @@ def evaluate_collection(
         tenant = uuid.UUID(load["tenant"])
         docmap = _doc_map(conn, tenant)
         timing["load_s"] = load["ingest_s"]
+        if rescan_guard:
+            from kb_rerank.ingest.loader import rescan_chunks
+
+            t0 = time.perf_counter()
+            load["guard_scan"] = rescan_chunks(conn, tenant, settings, progress=progress).summary()
+            timing["guard_scan_s"] = time.perf_counter() - t0
+        with tenant_transaction(conn, tenant):
+            own_policy = tenant_policy(conn)
+        policy = guard_policy or own_policy
 
         t0 = time.perf_counter()
         qembs: dict[str, np.ndarray] = {}
@@ -381,8 +547,11 @@ def evaluate_collection(
 
         run: dict[str, list[str]] = {}
         recall_run: dict[str, list[str]] = {}
+        guard_run: dict[str, list[str]] = {}
+        decisions = {"excluded": 0, "demoted": 0, "allowed": 0, "queries_with_excluded": 0,
+                     "queries_with_demoted": 0}
         t0 = time.perf_counter()
-        rerank_s = 0.0
+        rerank_s = guard_s = 0.0
         for qid in _bar(qids, progress, mode, "query"):
             q = coll.queries[qid]
             with tenant_transaction(conn, tenant):
@@ -397,26 +566,59 @@ def evaluate_collection(
                     deep = search.hybrid(conn, q, qembs[qid], max(cand, recall_k, settings.fusion_depth),
                                          **settings.fusion)
                     recall_run[qid] = _dedup(docmap[r.doc_id] for r in deep)
+                t1 = time.perf_counter()
+                load_details(conn, rows)
+                guard_s += time.perf_counter() - t1
             if mode == "rerank" and rows:
                 t1 = time.perf_counter()
                 scores = reranker.score(q, [r.content for r in rows])
                 rerank_s += time.perf_counter() - t1
+                for r, sc in zip(rows, scores):
+                    r.relevance = float(sc)
                 order = sorted(range(len(rows)), key=lambda i: -scores[i])
                 rows = [rows[i] for i in order]
             run[qid] = _dedup(docmap[r.doc_id] for r in rows)
-        timing["search_s"] = time.perf_counter() - t0 - rerank_s
+            t1 = time.perf_counter()
+            guarded, filtered = guarded_ranking(rows, policy, settings.demote_factor, scored=mode == "rerank")
+            guard_run[qid] = _dedup(docmap[c.doc_id] for c in guarded)
+            actions = [f["action"] for f in filtered]
+            for a in ("excluded", "demoted", "allowed"):
+                decisions[a] += actions.count(a)
+            decisions["queries_with_excluded"] += "excluded" in actions
+            decisions["queries_with_demoted"] += "demoted" in actions
+            guard_s += time.perf_counter() - t1
+        timing["search_s"] = time.perf_counter() - t0 - rerank_s - guard_s
         if mode == "rerank":
             timing["rerank_s"] = rerank_s
+        qrels = {qid: coll.qrels[qid] for qid in qids}
+        t1 = time.perf_counter()
+        relevant = relevant_guard(conn, tenant, docmap, qrels, policy, settings.demote_factor)
+        timing["guard_s"] = guard_s + time.perf_counter() - t1
     timing["per_query_ms"] = 1000 * (timing["search_s"] + timing.get("rerank_s", 0.0)) / len(qids)
 
-    qrels = {qid: coll.qrels[qid] for qid in qids}
     res = evaluate_run(run, qrels, k=k, recall_k=recall_k, extra_recall_ks=(POOL_RECALL_K,))
+    guarded_res = evaluate_run(guard_run, qrels, k=k, recall_k=recall_k)
     if recall_run:
         rec = evaluate_run(recall_run, qrels, k=k, recall_k=recall_k)
         name = f"recall@{recall_k}"
         res[name] = rec[name]
         for qid, m in res["per_query"].items():
             m[name] = rec["per_query"][qid][name]
+    nk, mk = f"ndcg@{k}", f"mrr@{k}"
+    res["guard"] = {
+        "policy": policy,
+        "policy_source": "override" if guard_policy else "tenant",
+        "tenant_policy": own_policy,
+        "demote_factor": settings.demote_factor,
+        nk: guarded_res[nk],
+        mk: guarded_res[mk],
+        f"delta_{nk}": guarded_res[nk] - res[nk],
+        "queries_changed": sum(1 for qid, m in guarded_res["per_query"].items() if m[nk] != res["per_query"][qid][nk]),
+        "ranked": decisions,
+        "relevant": relevant,
+        "per_query": {qid: {nk: m[nk], mk: m[mk]} for qid, m in guarded_res["per_query"].items()},
+        "changed_run": {qid: guard_run[qid] for qid in qids if guard_run[qid] != run[qid]},
+    }
     timing["total_s"] = time.perf_counter() - t_start
     if isinstance(embedder, CachedEmbedder):
         load["embed_cache"] = {"path": str(embedder.path), "hits": embedder.hits, "misses": embedder.misses}

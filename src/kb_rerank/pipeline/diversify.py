@@ -51,6 +51,7 @@ from kb_rerank.candidate import Candidate
 __all__ = [
     "Ranked",
     "composite",
+    "demoted_relevance",
     "information_density",
     "mmr",
     "mmr_select",
@@ -177,6 +178,12 @@ def _ts(d: datetime | None) -> float:
     return d.timestamp()
 
 
+def demoted_relevance(c: Candidate) -> float:
+    """The relevance the final order uses: the candidate's relevance times its guard-policy
+    ``demote`` (1 unless the policy demoted it)."""
+    return float(c.relevance) * float(c.demote)
+
+
 def tie_key(c: Candidate) -> tuple:
     """Sort key (ascending) for equal scores: authority desc, updated_at desc,
     information density desc, id asc."""
@@ -208,7 +215,7 @@ def composite(
            for i in pre]
     auth = [authority_weight * (max(0.0, cands[i].authority) / (1.0 + max(0.0, cands[i].authority)))
             if authority_weight else 0.0 for i in pre]
-    rel = [float(cands[i].relevance) * float(cands[i].demote) for i in pre]
+    rel = [demoted_relevance(cands[i]) for i in pre]
     boosted = [r + a + b for r, a, b in zip(rel, rec, auth)]
     emb = np.asarray(embeddings)[pre] if n else np.zeros((0, 1))
     order, sims = mmr_select(boosted, emb, lam, k, sim_floor)

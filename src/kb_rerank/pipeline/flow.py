@@ -57,13 +57,12 @@ from kb_rerank.pipeline.limits import UNLIMITED, Limits
 from kb_rerank.pipeline.query import query_hash, query_hash_key
 from kb_rerank.settings import Settings
 from kb_rerank.store import audit, inflight, pair_cache, record, result_cache
-from kb_rerank.store.guard_reviews import POLICY_SQL
+from kb_rerank.store.guard_reviews import DEFAULT_POLICY, POLICY_SQL, policy_of  # noqa: F401 (eval reads them here)
 from kb_rerank.store.session import atenant_transaction
 
 log = logging.getLogger(__name__)
 
 POLICIES = ("exclude", "demote", "allow")
-_POLICY_SQL = POLICY_SQL  # the tenant's injection policy (also read by ingestion and `guard list`)
 
 
 class PipelineMetrics:
@@ -401,11 +400,10 @@ class Pipeline:
         lookup, so other processes see the claim as promptly); ``look.claimed`` tells."""
         async with self.connection(tenant) as conn:
             async with atenant_transaction(conn, tenant):
-                policy = "exclude"
+                policy = DEFAULT_POLICY
                 if flow.keyed_on_policy:
-                    cur = await conn.execute(_POLICY_SQL)
-                    row = await cur.fetchone()
-                    policy = row[0] if row and row[0] in POLICIES else "exclude"
+                    cur = await conn.execute(POLICY_SQL)
+                    policy = policy_of(await cur.fetchone())
                 params = flow.params(policy)
                 qh = self.hash_query(flow.normalized, params)
                 generation, entry = await result_cache.get_live(conn, qh, flow.source, decode=flow.decode,

@@ -23,12 +23,17 @@ from kb_rerank.pipeline.guard_policy import REVIEWS
 
 POLICY_SQL = "select injection_policy from kb.tenant_policy where tenant_id = kb.current_tenant()"
 DEFAULT_POLICY = "exclude"
+POLICIES = ("exclude", "demote", "allow")
+
+
+def policy_of(row) -> str:
+    """The tenant's injection policy from :data:`POLICY_SQL`'s row (none: the default)."""
+    return row[0] if row and row[0] in POLICIES else DEFAULT_POLICY
 
 
 def tenant_policy(conn: psycopg.Connection) -> str:
     """The injection policy of the transaction's tenant (``exclude`` without a row)."""
-    row = conn.execute(POLICY_SQL).fetchone()
-    return row[0] if row else DEFAULT_POLICY
+    return policy_of(conn.execute(POLICY_SQL).fetchone())
 
 
 @dataclass(frozen=True)

@@ -290,8 +290,14 @@ def guarded(patterns_settings, guarded_dir, counting, factory):
         return evaluate_collection(patterns_settings, guarded_dir, "hybrid", embedder=counting, conn_factory=factory,
                                    guard_policy=policy)
 
-    out = {"default": run()}
-    for p in ("exclude", "demote", "allow"):
+    out = {"allow": run("allow")}  # loads the collection: the patterns flag tides, doubtfully (classifier off)
+    # the verdict the default policy excludes (patterns and classifier agreeing), set on the stored chunk
+    from kb_rerank.store.session import tenant_transaction
+
+    with factory() as conn, tenant_transaction(conn, collection_tenant(guarded_dir, patterns_settings)):
+        assert conn.execute("update kb.chunks set injection_strong = true where injection_flag").rowcount == 1
+    out["default"] = run()
+    for p in ("exclude", "demote"):
         out[p] = run(p)
     _set_policy(factory, collection_tenant(guarded_dir, patterns_settings), "demote")
     out["tenant"] = run()
@@ -374,13 +380,22 @@ def test_rescan_guard_restores_the_verdict(guarded, patterns_settings, guarded_d
                                 guard_policy="exclude", rescan_guard=True)
     assert "1 verdicts changed, 1 flagged" in again["load"]["guard_scan"]
     assert again["guard"]["relevant"]["flagged_docs"] == ["tides"]
-    assert again["guard"]["ndcg@10"] == guarded["exclude"]["guard"]["ndcg@10"]
+    # re-scored by the patterns alone (classifier off): doubtful evidence, demoted under exclude,
+    # so the list is the demote policy's
+    assert again["guard"]["relevant"]["excluded"] == 0 and again["guard"]["relevant"]["demoted"] == 1
+    assert again["guard"]["ndcg@10"] == guarded["demote"]["guard"]["ndcg@10"]
 
 
 def test_eval_cli_reports_the_guard_for_rerank(capsys, monkeypatch, settings, patterns_settings, guarded, guarded_dir,
-                                              tiny_model_dir, tmp_path):
+                                              tiny_model_dir, tmp_path, factory):
     """`kb-rerank eval --mode rerank --guard-policy exclude`: the guarded lines and JSON."""
     from kb_rerank import cli
+    from kb_rerank.store.session import tenant_transaction
+
+    with factory() as conn, \
+            tenant_transaction(conn, collection_tenant(guarded_dir, patterns_settings)):
+        # strong evidence on the stored verdict (an earlier test may have re-scanned it to doubtful)
+        assert conn.execute("update kb.chunks set injection_strong = true where injection_flag").rowcount == 1
 
     monkeypatch.setenv("KB_DATABASE_URL", settings.database_url)
     if settings.app_password:

@@ -378,7 +378,7 @@ def load_details(conn, cands: list) -> None:
 
 def tenant_policy(conn) -> str:
     """The current tenant's injection policy, read as the service reads it."""
-    from kb_rerank.pipeline.flow import POLICY_SQL, policy_of
+    from kb_rerank.store.guard_reviews import POLICY_SQL, policy_of
 
     return policy_of(conn.execute(POLICY_SQL).fetchone())
 

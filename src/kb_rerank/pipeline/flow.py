@@ -57,12 +57,11 @@ from kb_rerank.pipeline.limits import UNLIMITED, Limits
 from kb_rerank.pipeline.query import query_hash, query_hash_key
 from kb_rerank.settings import Settings
 from kb_rerank.store import audit, inflight, pair_cache, record, result_cache
-from kb_rerank.store.guard_reviews import DEFAULT_POLICY, POLICY_SQL, policy_of  # noqa: F401 (eval reads them here)
+from kb_rerank.store.guard_reviews import DEFAULT_POLICY, POLICIES, POLICY_SQL, policy_of  # noqa: F401 (eval reads them here)
 from kb_rerank.store.session import atenant_transaction
 
 log = logging.getLogger(__name__)
 
-POLICIES = ("exclude", "demote", "allow")
 
 
 class PipelineMetrics:

@@ -65,3 +65,54 @@ def test_flags_are_tenant_isolated(app_conn, embedder, settings):
     ingest_documents(app_conn, a, [_doc("hostile.md", HOSTILE)], embedder, settings)
     assert _flags(app_conn, b) == {}
     assert _flags(app_conn, a)["hostile.md"][0] is True
+
+
+# --------------------------------------------------------------------------- the span gate
+# Spans are embedded only for a chunk they can still flip: doubtful (probability >= the
+# weights' span_gate) and not flagged by its whole text. Both fixtures are the classifier-
+# missed paraphrase of tests/test_guard_classifier.py beside an ordinary sentence: after a
+# password-reset paragraph the whole-text classifier flags it, after an invoice sentence it
+# only finds it doubtful (both checked here, not assumed).
+
+
+class TextCounting:
+    """The session's embedder, recording the texts of every passage call."""
+
+    def __init__(self, inner) -> None:
+        self.inner, self.name, self.dim = inner, inner.name, inner.dim
+        self.calls: list[list[str]] = []
+
+    def embed_query(self, text):
+        return self.inner.embed_query(text)
+
+    def embed_passages(self, texts):
+        self.calls.append(list(texts))
+        return self.inner.embed_passages(texts)
+
+
+def test_spans_are_embedded_only_where_they_can_change_the_decision(app_conn, embedder, settings):
+    from kb_rerank.ingest.guard_classifier import spans
+    from kb_rerank.ingest.verdict import guard_classifier
+
+    from .test_guard_classifier import ORDINARY, PARAPHRASED_MISSED
+
+    flagged_whole = f"{ORDINARY[0]} {PARAPHRASED_MISSED}"
+    doubtful = f"{ORDINARY[1].split('. ')[0]}. {PARAPHRASED_MISSED}"
+    clf = guard_classifier(embedder)
+    ps = [clf.probability(v, detect_injection(t))
+          for t, v in zip([flagged_whole, doubtful], embedder.embed_passages([flagged_whole, doubtful]))]
+    t = settings.guard_classifier_threshold
+    assert clf.wants_spans(ps[0]) and ps[0] >= t, ps  # doubtful enough for the old gate, flagged whole
+    assert clf.wants_spans(ps[1]) and ps[1] < t, ps  # doubtful, not flagged whole
+    assert spans(flagged_whole) and spans(doubtful)
+    counting = TextCounting(embedder)
+    tenant = uuid.uuid4()
+    ingest_documents(app_conn, tenant, [_doc("flagged.md", flagged_whole, title="")], counting, settings)
+    assert counting.calls == [[flagged_whole]]  # its chunk only: no span
+    counting.calls.clear()
+    ingest_documents(app_conn, tenant, [_doc("doubtful.md", doubtful, title="")], counting, settings)
+    assert counting.calls == [[doubtful], spans(doubtful)]
+    rows = _flags(app_conn, tenant)
+    assert rows["flagged.md"][0] is True and "fired:classifier" in rows["flagged.md"][2]
+    assert not any(r.startswith("span_p=") for r in rows["flagged.md"][2])
+    assert any(r.startswith("span_p=") for r in rows["doubtful.md"][2])

@@ -38,6 +38,7 @@ class Candidate:
     injection_reasons: list[str] = field(default_factory=list)
     spam_flag: bool = False
     inspected: bool = True
+    classified: bool = True
     # document metadata (composite score) and the chunk's embedding (MMR)
     source_uri: str = ""
     authority: float = 1.0

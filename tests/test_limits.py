@@ -456,8 +456,10 @@ def test_per_tenant_model_cap_refuses_the_flooder_and_serves_the_others(settings
 # span-level scoring): admission charges the documents and the passages only (as before span
 # scoring), and the spans actually embedded are debited when the request ends, whatever the
 # bucket holds (it may go negative: a debt the tenant's next requests wait out). DOUBTFUL:
-# tests/test_guard_classifier.py's PARAPHRASED_MISSED made long enough to have spans
-# (> SPAN_MIN_CHARS); the shipped weights find it doubtful (checked here, not assumed).
+# tests/test_guard_classifier.py's PARAPHRASED_MISSED after an ordinary sentence, long enough to
+# have spans (> SPAN_MIN_CHARS); the shipped weights find it doubtful (probability >= span_gate)
+# and do not flag it by its whole text (spans are scored only where they can change the
+# decision): checked here, not assumed.
 
 
 def _span_fixtures(embedder, n_doubtful=1):
@@ -467,13 +469,15 @@ def _span_fixtures(embedder, n_doubtful=1):
 
     from .test_guard_classifier import LONG_PLAIN, ORDINARY, PARAPHRASED_MISSED
 
-    doubtful = [PARAPHRASED_MISSED + " Thank you." + (f" Ref {i}." if i else "") for i in range(n_doubtful)]
+    doubtful = [f"{ORDINARY[1].split('. ')[0]}. {PARAPHRASED_MISSED}" + (f" ({i})" if i else "")
+                for i in range(n_doubtful)]
     benign = [LONG_PLAIN, ORDINARY[0] + " " + ORDINARY[1]]
     clf = guard_classifier(embedder)
     assert clf is not None and clf.span_threshold is not None
     texts = doubtful + benign
     ps = [clf.probability(v, detect_injection(t)) for t, v in zip(texts, embedder.embed_passages(texts))]
     assert all(clf.wants_spans(p) for p in ps[:n_doubtful]) and not any(clf.wants_spans(p) for p in ps[n_doubtful:]), ps
+    assert all(p < Settings().guard_classifier_threshold for p in ps[:n_doubtful]), ps  # not flagged whole
     assert all(len(t) > SPAN_MIN_CHARS for t in texts)
     n_spans = [len(spans(t)) for t in doubtful]
     assert all(0 < n < SPAN_MAX for n in n_spans)  # a charge of SPAN_MAX a document, or of none, would show
@@ -524,7 +528,7 @@ def test_flow_settle_charges_the_spans_once():
     lim = Limits(tenant_rate=RateLimiter(60, 100, clock=lambda: 0.0), cost_per_embedding=4.0)
     pipe = SimpleNamespace(limits=lim)
     flow = CallerDocumentsFlow.__new__(CallerDocumentsFlow)
-    flow._spans_embedded = 3
+    flow._owed_embeddings = 3
     flow.settle(pipe, "a")
     assert lim.tenant_rate.level("a") == pytest.approx(100 - 12)
     flow.settle(pipe, "a")  # a second call charges nothing more
@@ -535,7 +539,7 @@ def _spans_app(settings, embedder, burst=200, budget_ms=60_000):
     """An app whose tenant bucket refills about nothing during a test (1 token a minute) and
     whose guard has time to embed every span (the span-charging tests)."""
     return _app(settings, embedder, rate_limit_per_minute=1, rate_limit_burst=burst,
-                guard_budget_ms=budget_ms, guard_embed_budget_ms=budget_ms)
+                guard_budget_ms=budget_ms, guard_embed_timeout_s=budget_ms / 1000)
 
 
 def test_v2_spans_actually_embedded_are_charged_when_the_request_ends(settings, embedder):

@@ -104,7 +104,8 @@ def main() -> None:
             return await asyncio.get_running_loop().run_in_executor(executor, emb.embed_passages, batch)
 
         def end_to_end(ds):
-            got = asyncio.run(verdict.inspect_documents(ds, 3600.0, classifier=clf, threshold=0.9, embed=embed))
+            got = asyncio.run(verdict.inspect_documents(ds, 3600.0, classifier=clf, threshold=0.9, embed=embed,
+                                                       embed_timeout_s=3600.0))
             assert all(f is not None for f in got.flags)
 
         load = os.getloadavg()[0]

@@ -14,8 +14,10 @@ import threading
 import time
 import uuid
 
+import numpy as np
 import pytest
 
+from kb_rerank.ingest import verdict
 from kb_rerank.ingest.detectors import detect_injection
 from kb_rerank.ingest.loader import chunk_flags, guard_classifier, ingest_documents
 from kb_rerank.ingest.readers import SourceDoc
@@ -76,7 +78,7 @@ def test_v2_flags_a_classifier_only_document_as_ingestion_does(settings, embedde
     counting = CountingEmbedder(embedder)
     t_exclude, t_demote = uuid.uuid4(), uuid.uuid4()
     set_policy(app_conn, t_demote, "demote")
-    with client_for(settings, r, counting, guard_budget_ms=60_000, guard_embed_budget_ms=60_000) as client:
+    with client_for(settings, r, counting, guard_budget_ms=60_000, guard_embed_timeout_s=120) as client:
         before = counting.passage_calls
         ex = call(client, t_exclude, {"query": "invoice password", "documents": docs, "lambda": 0.6})
         # one embedding a document: the guard's batch, reused by MMR (3 documents: one batch)
@@ -106,7 +108,7 @@ def test_v2_classifier_also_runs_without_mmr(settings, embedder):
     """lambda = 1 (no MMR): the documents are still embedded for the classifier (which alone
     flags HIDDEN: doubtful, demoted under the default policy)."""
     r = ScriptedReranker()
-    with client_for(settings, r, embedder, guard_budget_ms=60_000, guard_embed_budget_ms=60_000) as client:
+    with client_for(settings, r, embedder, guard_budget_ms=60_000, guard_embed_timeout_s=120) as client:
         body = call(client, uuid.uuid4(), {"query": "invoice", "documents": [HARD_NEGATIVE, HIDDEN], "lambda": 1.0})
     assert body["meta"]["mmr"] is False
     assert [(f["index"], f["action"]) for f in body["meta"]["filtered"]] == [(1, "demoted")]
@@ -115,7 +117,7 @@ def test_v2_classifier_also_runs_without_mmr(settings, embedder):
 
 def test_v2_threshold_one_leaves_the_patterns_deciding(settings, embedder):
     counting = CountingEmbedder(embedder)
-    with client_for(settings, ScriptedReranker(), counting, guard_budget_ms=60_000, guard_embed_budget_ms=60_000,
+    with client_for(settings, ScriptedReranker(), counting, guard_budget_ms=60_000, guard_embed_timeout_s=120,
                     guard_classifier_threshold=1.0) as client:
         before = counting.passage_calls
         body = call(client, uuid.uuid4(), {"query": "invoice", "documents": [HARD_NEGATIVE, HIDDEN], "lambda": 1.0})
@@ -123,15 +125,14 @@ def test_v2_threshold_one_leaves_the_patterns_deciding(settings, embedder):
     assert body["meta"]["filtered"] == []
 
 
-def test_v2_budget_bounds_the_embedding(settings, embedder):
-    """The embedder takes 2 s a batch, the embedding budget is 300 ms: the request does not wait for it;
-    the documents without their embedding are decided by the patterns alone (the one they flag
-    is excluded, the others keep their rank: none demoted, including the one only the
-    classifier would have caught), and the answer is not cached."""
+def test_v2_hard_cap_bounds_the_embedding(settings, embedder):
+    """The embedder takes 2 s a call, the hard cap is 300 ms: the request does not wait for it;
+    the documents without their embedding are not classified (meta.unclassified counts all
+    three, the pattern-flagged one included), and the answer is not cached."""
     slow = CountingEmbedder(embedder, delay=2.0)
     docs = [ORDINARY[1], HIDDEN, PATTERN_HOSTILE]
     body = {"query": "invoice", "documents": docs, "lambda": 1.0, "explain": True}
-    with client_for(settings, ScriptedReranker(), slow, guard_embed_budget_ms=300) as client:
+    with client_for(settings, ScriptedReranker(), slow, guard_embed_timeout_s=0.3) as client:
         t0 = time.monotonic()
         first = call(client, uuid.uuid4(), body)
         elapsed = time.monotonic() - t0
@@ -139,12 +140,165 @@ def test_v2_budget_bounds_the_embedding(settings, embedder):
         call(client, tenant, body)
         again = call(client, tenant, body)
     assert elapsed < 1.8, elapsed
-    # (the patterns alone, no classifier vote: strong evidence under the provisional rule)
-    assert sorted((f["index"], f["reason"], f["action"], f["evidence"]) for f in first["meta"]["filtered"]) == [
-        (2, "prompt_injection", "excluded", "strong")]
-    assert {x["index"] for x in first["results"]} == {0, 1}
-    assert [x["stages"]["demote"] for x in first["results"]] == [1.0, 1.0]
-    assert again["meta"]["from_cache"] is False
+    assert first["meta"]["unclassified"] == 3
+    assert again["meta"]["from_cache"] is False and again["meta"]["unclassified"] == 3
+
+
+# --------------------------------------------------------------------------- every document classified
+
+
+def test_v2_classifies_every_document_past_one_embedder_call(settings, embedder, monkeypatch):
+    """More documents than one embedder call holds: every one is embedded and judged by the
+    classifier (the one only it catches is last, in the third call), MMR reuses the guard's
+    vectors (no passage call of its own), and the answer is cached."""
+    monkeypatch.setattr(verdict, "EMBED_BATCH", 4)
+    counting = CountingEmbedder(embedder)
+    docs = [f"{ORDINARY[i % 4]} Ref {i}." for i in range(9)] + [HIDDEN]
+    body = {"query": "invoice password", "documents": docs, "lambda": 0.6}
+    tenant = uuid.uuid4()
+    with client_for(settings, ScriptedReranker(), counting, guard_budget_ms=60_000,
+                    guard_embed_timeout_s=120) as client:
+        before = counting.passage_calls
+        first = call(client, tenant, body)
+        assert counting.passage_calls - before == 3  # ceil(10 / 4), the guard's calls only
+        again = call(client, tenant, body)
+    assert first["meta"]["unclassified"] == 0 and first["meta"]["mmr"] is True
+    hit = [f for f in first["meta"]["filtered"] if f["index"] == 9]
+    assert len(hit) == 1 and hit[0]["reason"] == "prompt_injection" and "fired:classifier" in hit[0]["signals"]
+    assert all(f["index"] == 9 for f in first["meta"]["filtered"] if f["reason"] == "prompt_injection")
+    assert again["meta"]["from_cache"] is True
+
+
+class FailingOnce(CountingEmbedder):
+    """Raises on its ``fail_at``-th passage call (1-based), embeds the others."""
+
+    def __init__(self, inner, fail_at: int) -> None:
+        super().__init__(inner)
+        self.fail_at = fail_at
+
+    def embed_passages(self, texts):
+        with self.lock:
+            self.passage_calls += 1
+            n = self.passage_calls
+        if n == self.fail_at:
+            raise RuntimeError("embedder down for one call")
+        return self.inner.embed_passages(texts)
+
+
+def _run(coro):
+    import asyncio
+
+    return asyncio.run(coro)
+
+
+def test_inspect_documents_embedder_failing_for_one_call(monkeypatch):
+    """The second of three embedder calls fails: its documents are not classified (decided by
+    the patterns, counted), the others are; the call after the failure still runs."""
+    from .test_guard_classifier import _toy_spans, _unit
+
+    monkeypatch.setattr(verdict, "EMBED_BATCH", 2)
+    clf = _toy_spans(gate=0.99)  # no spans: only the documents' own embeddings
+    calls = []
+
+    async def embed(texts):
+        calls.append(list(texts))
+        if len(calls) == 2:
+            raise RuntimeError("embedder down for one call")
+        return np.stack([_unit(0) if "hostile" in t else _unit(1) for t in texts])
+
+    docs = ["plain 0", "plain 1", PATTERN_HOSTILE, "plain 3", "hostile words 4"]
+    seen = _run(verdict.inspect_documents(docs, 5.0, classifier=clf, threshold=0.9, embed=embed))
+    assert [len(c) for c in calls] == [2, 2, 1]
+    assert seen.classified == [True, True, False, False, True] and seen.unclassified == 2
+    assert [e is None for e in seen.embeddings] == [False, False, True, True, False]
+    # documents 2 and 3: the patterns alone (document 2 is the patterns' catch), no classifier_p
+    assert seen.flags[2].injection_flag and not any(r.startswith("classifier_p") for r in seen.flags[2].injection_reasons)
+    assert not seen.flags[3].injection_flag
+    # document 4: only the classifier flags it, and it was reached after the failed call
+    assert seen.flags[4].injection_flag and "fired:classifier" in seen.flags[4].injection_reasons
+
+
+def test_inspect_documents_hard_cap():
+    """Every call takes 0.5 s, the cap is 0.2 s: the inspection returns at the cap, the
+    patterns' verdicts in, no document classified."""
+    from .test_guard_classifier import _toy_spans, _unit
+    import asyncio
+
+    async def slow(texts):
+        await asyncio.sleep(0.5)
+        return np.stack([_unit(1) for _ in texts])
+
+    t0 = time.monotonic()
+    seen = _run(verdict.inspect_documents(["a", PATTERN_HOSTILE], 5.0, classifier=_toy_spans(), threshold=0.9,
+                                          embed=slow, embed_timeout_s=0.2))
+    assert time.monotonic() - t0 < 0.45
+    assert seen.classified == [False, False] and seen.unclassified == 2
+    assert [f.injection_flag for f in seen.flags] == [False, True]
+
+
+def test_inspect_documents_judges_a_long_document_as_its_ingestion_chunks():
+    """A document longer than a chunk is judged as the chunks ingestion would store of it:
+    flagged when one is (reported with chunk=<i>/<n>), its embedding (MMR's) the pooled vector
+    of its chunks; a short one is judged as itself, its verdict and vector unchanged."""
+    from kb_rerank.ingest.chunking import chunk_text
+
+    from .test_guard_classifier import _toy_spans, _unit
+
+    long_doc = "\n\n".join([ORDINARY[0], ORDINARY[1], "hostile " + ORDINARY[0], ORDINARY[1]])
+    want = chunk_text(long_doc, 300, 50)
+    assert len(want) >= 3 and sum("hostile" in c for c in want) == 1
+    calls = []
+
+    async def embed(texts):
+        calls.append(list(texts))
+        return np.stack([_unit(0) if "hostile" in t else _unit(1) + 0.01 * i * _unit(2) for i, t in enumerate(texts)])
+
+    clf = _toy_spans(gate=0.99)
+    seen = _run(verdict.inspect_documents([long_doc, ORDINARY[2]], 5.0, classifier=clf, threshold=0.9, embed=embed,
+                                          chunk=lambda t: verdict.pieces(t, 300, 50)))
+    assert seen.pieces == [want, [ORDINARY[2]]] and calls == [want + [ORDINARY[2]]]
+    f = seen.flags[0]
+    k = next(i for i, c in enumerate(want) if "hostile" in c)
+    assert f.injection_flag and "fired:classifier" in f.injection_reasons
+    assert f"chunk={k + 1}/{len(want)}" in f.injection_reasons
+    vecs = [np.asarray(_unit(0) if "hostile" in c else _unit(1) + 0.01 * i * _unit(2)) for i, c in enumerate(want)]
+    assert np.allclose(seen.embeddings[0], verdict.pool(vecs, [len(c) for c in want]), atol=1e-6)
+    assert np.linalg.norm(seen.embeddings[0]) == pytest.approx(1.0, abs=1e-5)
+    assert not seen.flags[1].injection_flag and not any(r.startswith("chunk=") for r in seen.flags[1].injection_reasons)
+    assert seen.classified == [True, True]
+
+
+def test_v2_long_document_flagged_as_ingestion_flags_its_chunk(settings, embedder, app_conn):
+    """The classifier-only text as one paragraph of a long document: ingestion stores the
+    document as chunks and flags the chunk holding it; /v2/rerank flags the document, naming
+    that chunk, with that chunk's probability."""
+    filler = " ".join(ORDINARY[i % 2] for i in range(5))
+    long_doc = "\n\n".join([filler, filler, HIDDEN])
+    assert len(long_doc) > settings.chunk_max_chars
+
+    def stored_flags(st):
+        tenant = uuid.uuid4()
+        ingest_documents(app_conn, tenant, [SourceDoc("long.md", "", long_doc, "en")], embedder, st)
+        with tenant_transaction(app_conn, tenant):
+            return [(r[0], list(r[1])) for r in app_conn.execute(
+                "select c.injection_flag, c.injection_reasons from kb.chunks c order by c.position")]
+
+    # the threshold just under the hidden paragraph's chunk probability, whatever the weights:
+    # ingestion then flags that chunk alone
+    ps = [p_of(reasons) for _, reasons in stored_flags(settings)]
+    assert len(ps) >= 2 and ps[-1] > max(ps[:-1]), ps
+    settings = settings.with_(guard_classifier_threshold=round(ps[-1] - (ps[-1] - max(ps[:-1])) / 2, 6))
+    stored = stored_flags(settings)
+    flagged = [i for i, (f, _) in enumerate(stored) if f]
+    assert flagged == [len(stored) - 1], stored
+    with client_for(settings, ScriptedReranker(), embedder, guard_budget_ms=60_000,
+                    guard_embed_timeout_s=120) as client:
+        got = call(client, uuid.uuid4(), {"query": "invoice", "documents": [long_doc, ORDINARY[2]], "lambda": 0.6})
+    assert got["meta"]["unclassified"] == 0
+    hit = [f for f in got["meta"]["filtered"] if f["reason"] == "prompt_injection"]
+    assert [f["index"] for f in hit] == [0]
+    assert f"chunk={len(stored)}/{len(stored)}" in hit[0]["signals"]
+    assert p_of(hit[0]["signals"]) == pytest.approx(p_of(stored[-1][1]), abs=0.01)
 
 
 def test_context_demotes_a_chunk_only_the_classifier_flagged(settings, embedder, app_conn):

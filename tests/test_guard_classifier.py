@@ -302,7 +302,7 @@ def test_spans_embedded_only_for_a_doubtful_chunk():
     assert not chunk_flags(LONG_PLAIN, doubtful, clf, 0.8).injection_flag
 
 
-def test_inspect_documents_scores_spans_within_the_deadline():
+def test_inspect_documents_scores_spans_within_the_hard_cap():
     import asyncio
 
     clf = _toy_spans(gate=0.2)
@@ -347,9 +347,10 @@ def test_inspect_documents_scores_spans_within_the_deadline():
         await asyncio.sleep(0.5)
         return np.stack([_unit(0) for _ in texts])
 
-    seen = asyncio.run(inspect_documents([LONG_PLAIN], 0.2, classifier=clf, threshold=0.8, embed=late_spans,
-                                         embed_spans=late_spans))
-    # spans not back in time: decided without them, counted (the answer is not cached)
-    assert not seen.flags[0].injection_flag and seen.unclassified == 1
+    seen = asyncio.run(inspect_documents([LONG_PLAIN], 5.0, classifier=clf, threshold=0.8, embed=late_spans,
+                                         embed_spans=late_spans, embed_timeout_s=0.2))
+    # spans not back before the hard cap: decided without them, not classified, counted
+    # (the answer is not cached)
+    assert not seen.flags[0].injection_flag and seen.unclassified == 1 and seen.classified == [False]
     # the late batch was still handed to the embedder (it runs on: /v2/rerank charges it)
     assert late == spans(LONG_PLAIN)

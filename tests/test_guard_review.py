@@ -29,7 +29,8 @@ PLAIN = "GENUINE refunds are issued to the original card within five business da
 @pytest.fixture
 def cli_env(monkeypatch, settings):
     monkeypatch.setenv("KB_DATABASE_URL", settings.database_url)
-    monkeypatch.setenv("KB_GUARD_CLASSIFIER_THRESHOLD", "1.0")
+    # the shipped detector votes: a blatant attack is strong evidence (the patterns and the
+    # classifier agreeing), excluded by the default policy; the patterns alone would be doubtful
     if settings.app_password:
         monkeypatch.setenv("KB_APP_PASSWORD", settings.app_password)
 

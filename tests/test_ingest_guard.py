@@ -32,8 +32,8 @@ def test_chunk_flags_follow_guard():
     assert detect_injection(HOSTILE).flagged and detect_stuffing(STUFFED).flagged
     f = chunk_flags(HOSTILE)
     assert f.injection_flag and 0.5 <= f.injection_score <= 1.0 and f.injection_reasons
-    # without a classifier the patterns decide alone: strong evidence (verdict.strong_evidence)
-    assert list(detect_injection(HOSTILE).reasons) + ["evidence:strong"] == f.injection_reasons and f.strong
+    # without a classifier the patterns decide alone: doubtful evidence (verdict.strong_evidence)
+    assert list(detect_injection(HOSTILE).reasons) + ["evidence:doubtful"] == f.injection_reasons and not f.strong
     assert chunk_flags(STUFFED).spam_flag
     g = chunk_flags(GENUINE)
     assert not g.injection_flag and not g.spam_flag
@@ -66,3 +66,64 @@ def test_flags_are_tenant_isolated(app_conn, embedder, settings):
     ingest_documents(app_conn, a, [_doc("hostile.md", HOSTILE)], embedder, settings)
     assert _flags(app_conn, b) == {}
     assert _flags(app_conn, a)["hostile.md"][0] is True
+
+
+# --------------------------------------------------------------------------- the span gate
+# Spans are embedded only for a chunk they can still flip: doubtful (probability >= the
+# weights' span_gate) and not flagged by its whole text. Both fixtures are the classifier-
+# missed paraphrase of tests/test_guard_classifier.py beside an ordinary sentence: after a
+# password-reset paragraph the whole-text classifier flags it, after an invoice sentence it
+# only finds it doubtful (both checked here, not assumed).
+
+
+class TextCounting:
+    """The session's embedder, recording the texts of every passage call."""
+
+    def __init__(self, inner) -> None:
+        self.inner, self.name, self.dim = inner, inner.name, inner.dim
+        self.calls: list[list[str]] = []
+
+    def embed_query(self, text):
+        return self.inner.embed_query(text)
+
+    def embed_passages(self, texts):
+        self.calls.append(list(texts))
+        return self.inner.embed_passages(texts)
+
+
+def test_spans_are_embedded_only_where_they_can_change_the_decision(app_conn, embedder, settings, monkeypatch):
+    from kb_rerank.ingest.guard_classifier import spans
+    from kb_rerank.ingest.verdict import guard_classifier
+
+    from .test_guard_classifier import ORDINARY, PARAPHRASED_MISSED
+
+    flagged_whole = f"{ORDINARY[0]} {PARAPHRASED_MISSED}"
+    doubtful = f"{ORDINARY[1].split('. ')[0]}. {PARAPHRASED_MISSED}"
+    import dataclasses
+
+    from kb_rerank.ingest import guard_classifier as gc
+
+    # span scoring as the weights 2026-12-01.2 to .5 had it (the shipped 2026-12-01.6 point has none)
+    spanning = dataclasses.replace(gc.load_shipped(), span_threshold=0.98, span_gate=0.3)
+    monkeypatch.setattr(gc, "load_shipped", lambda: spanning)
+    clf = guard_classifier(embedder)
+    assert clf is spanning
+    ps = [clf.probability(v, detect_injection(t))
+          for t, v in zip([flagged_whole, doubtful], embedder.embed_passages([flagged_whole, doubtful]))]
+    # a threshold between the two texts' probabilities: the first flagged whole, the second doubtful
+    t = round((ps[0] + ps[1]) / 2, 6)
+    settings = settings.with_(guard_classifier_threshold=t)
+    assert clf.wants_spans(ps[0]) and ps[0] >= t, ps  # doubtful enough for the old gate, flagged whole
+    assert clf.wants_spans(ps[1]) and ps[1] < t, ps  # doubtful, not flagged whole
+    assert spans(flagged_whole) and spans(doubtful)
+    counting = TextCounting(embedder)
+    tenant = uuid.uuid4()
+    ingest_documents(app_conn, tenant, [_doc("flagged.md", flagged_whole, title="")], counting, settings)
+    assert counting.calls == [[flagged_whole]]  # its chunk only: no span
+    counting.calls.clear()
+    ingest_documents(app_conn, tenant, [_doc("doubtful.md", doubtful, title="")], counting, settings)
+    assert counting.calls == [[doubtful], spans(doubtful)]
+    rows = _flags(app_conn, tenant)
+    assert rows["flagged.md"][0] is True and "fired:classifier" in rows["flagged.md"][2]
+    assert not any(r.startswith("span_p=") for r in rows["flagged.md"][2])
+    assert any(r.startswith("span_p=") for r in rows["doubtful.md"][2])

@@ -456,8 +456,26 @@ def test_per_tenant_model_cap_refuses_the_flooder_and_serves_the_others(settings
 # span-level scoring): admission charges the documents and the passages only (as before span
 # scoring), and the spans actually embedded are debited when the request ends, whatever the
 # bucket holds (it may go negative: a debt the tenant's next requests wait out). DOUBTFUL:
-# tests/test_guard_classifier.py's PARAPHRASED_MISSED made long enough to have spans
-# (> SPAN_MIN_CHARS); the shipped weights find it doubtful (checked here, not assumed).
+# tests/test_guard_classifier.py's PARAPHRASED_MISSED after an ordinary sentence, long enough to
+# have spans (> SPAN_MIN_CHARS); the shipped weights find it doubtful (probability >= span_gate)
+# and do not flag it by its whole text (spans are scored only where they can change the
+# decision): checked here, not assumed.
+
+
+# span scoring as the weights 2026-12-01.2 to .5 had it, at a threshold of 0.98 (the shipped
+# 2026-12-01.6 point scores no spans; the charging of spans is tested for weights that do)
+SPANNING_THRESHOLD = 0.98
+
+
+@pytest.fixture
+def spanning(monkeypatch):
+    import dataclasses
+
+    from kb_rerank.ingest import guard_classifier as gc
+
+    weights = dataclasses.replace(gc.load_shipped(), span_threshold=0.98, span_gate=0.3)
+    monkeypatch.setattr(gc, "load_shipped", lambda: weights)
+    return weights
 
 
 def _span_fixtures(embedder, n_doubtful=1):
@@ -467,13 +485,15 @@ def _span_fixtures(embedder, n_doubtful=1):
 
     from .test_guard_classifier import LONG_PLAIN, ORDINARY, PARAPHRASED_MISSED
 
-    doubtful = [PARAPHRASED_MISSED + " Thank you." + (f" Ref {i}." if i else "") for i in range(n_doubtful)]
+    doubtful = [f"{ORDINARY[1].split('. ')[0]}. {PARAPHRASED_MISSED}" + (f" ({i})" if i else "")
+                for i in range(n_doubtful)]
     benign = [LONG_PLAIN, ORDINARY[0] + " " + ORDINARY[1]]
     clf = guard_classifier(embedder)
     assert clf is not None and clf.span_threshold is not None
     texts = doubtful + benign
     ps = [clf.probability(v, detect_injection(t)) for t, v in zip(texts, embedder.embed_passages(texts))]
     assert all(clf.wants_spans(p) for p in ps[:n_doubtful]) and not any(clf.wants_spans(p) for p in ps[n_doubtful:]), ps
+    assert all(p < SPANNING_THRESHOLD for p in ps[:n_doubtful]), ps  # not flagged whole
     assert all(len(t) > SPAN_MIN_CHARS for t in texts)
     n_spans = [len(spans(t)) for t in doubtful]
     assert all(0 < n < SPAN_MAX for n in n_spans)  # a charge of SPAN_MAX a document, or of none, would show
@@ -524,7 +544,7 @@ def test_flow_settle_charges_the_spans_once():
     lim = Limits(tenant_rate=RateLimiter(60, 100, clock=lambda: 0.0), cost_per_embedding=4.0)
     pipe = SimpleNamespace(limits=lim)
     flow = CallerDocumentsFlow.__new__(CallerDocumentsFlow)
-    flow._spans_embedded = 3
+    flow._owed_embeddings = 3
     flow.settle(pipe, "a")
     assert lim.tenant_rate.level("a") == pytest.approx(100 - 12)
     flow.settle(pipe, "a")  # a second call charges nothing more
@@ -535,10 +555,11 @@ def _spans_app(settings, embedder, burst=200, budget_ms=60_000):
     """An app whose tenant bucket refills about nothing during a test (1 token a minute) and
     whose guard has time to embed every span (the span-charging tests)."""
     return _app(settings, embedder, rate_limit_per_minute=1, rate_limit_burst=burst,
-                guard_budget_ms=budget_ms, guard_embed_budget_ms=budget_ms)
+                guard_budget_ms=budget_ms, guard_embed_timeout_s=budget_ms / 1000,
+                guard_classifier_threshold=SPANNING_THRESHOLD)
 
 
-def test_v2_spans_actually_embedded_are_charged_when_the_request_ends(settings, embedder):
+def test_v2_spans_actually_embedded_are_charged_when_the_request_ends(settings, embedder, spanning):
     doubtful, benign, n_spans = _span_fixtures(embedder)
     s = settings
     counting = TextCountingEmbedder(embedder)
@@ -567,7 +588,7 @@ def test_v2_spans_actually_embedded_are_charged_when_the_request_ends(settings, 
         assert bucket.level(tenant) == pytest.approx(expected, abs=0.1)
 
 
-def test_v2_benign_documents_pay_nothing_for_spans(settings, embedder):
+def test_v2_benign_documents_pay_nothing_for_spans(settings, embedder, spanning):
     _doubtful, benign, _n = _span_fixtures(embedder)
     s = settings
     app = _spans_app(settings, embedder)
@@ -585,7 +606,7 @@ def test_v2_benign_documents_pay_nothing_for_spans(settings, embedder):
         assert app.state.limits.tenant_rate.level(tenant) == pytest.approx(expected, abs=0.1)
 
 
-def test_v2_fifty_long_documents_are_not_refused_for_their_spans(settings, embedder):
+def test_v2_fifty_long_documents_are_not_refused_for_their_spans(settings, embedder, spanning):
     doubtful, benign, n_spans = _span_fixtures(embedder, n_doubtful=20)
     s = settings
     assert s.rerank_max_candidates == 50
@@ -619,7 +640,7 @@ def test_v2_fifty_long_documents_are_not_refused_for_their_spans(settings, embed
         assert int(r.headers["retry-after"]) >= 60 * (1 - after)  # 1 token a minute
 
 
-def test_v2_request_failing_after_the_guard_still_pays_its_spans(settings, embedder):
+def test_v2_request_failing_after_the_guard_still_pays_its_spans(settings, embedder, spanning):
     doubtful, benign, n_spans = _span_fixtures(embedder)
     s = settings
     app = _spans_app(settings, embedder)

@@ -6,6 +6,7 @@ No module-level settings object: ``Settings.from_env()`` is called by the CLI an
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 from dataclasses import dataclass, field, fields, replace
@@ -168,11 +169,12 @@ class Settings:
     # Guard detectors (issue 13: time budget off the event loop)
     guard_budget_ms: int = 200  # KB_GUARD_BUDGET_MS: per-request time for the /v2/rerank detectors (worker thread);
     # documents not inspected in time are demoted (allowed under policy allow): 50 x 2,000 chars take ~110 ms
-    guard_embed_budget_ms: int = 2000  # KB_GUARD_EMBED_BUDGET_MS: per-request time /v2/rerank waits for the
-    # documents' embeddings the learned detector reads (embedder's executor, the GIL released); a document
-    # without its embedding in time is decided by the patterns alone (not demoted; the answer not cached). ~280 ms a 200-character document on 2 loaded
-    # cores (bench/results/guard-cost-2026-11-30.md): the patterns' 200 ms would leave every document uninspected,
-    # and raising that one would let the GIL-holding patterns run 10x longer beside the event loop
+    guard_embed_timeout_s: float = 60.0  # KB_GUARD_EMBED_TIMEOUT_S: hard cap on the time /v2/rerank waits for the
+    # embeddings the learned detector reads (every chunk of every scored document, then the spans the gate asks
+    # for; embedder's executor, the GIL released). Not a budget: every document is embedded unless the embedder
+    # fails or this cap is hit; such a document is not classified (counted in meta.unclassified, answer not cached).
+    # 60: twice KB_RERANK_TIMEOUT_S, and a common proxy read timeout; 40 short documents took 21-31 s on 2 cores
+    # at load 11 (docs/guardrails.md, "The budgets"), ~1 s on a quiet machine
     # KB_GUARD_CLASSIFIER_THRESHOLD: a chunk is flagged for injection at ingestion when the learned detector's
     # probability (kb_rerank.ingest.guard_classifier, which reads the pattern signals too) reaches this, or the
     # patterns flag it and the probability reaches the weights' floor; 1.0 leaves the patterns alone (the
@@ -204,6 +206,9 @@ class Settings:
             if raw is None or raw == "":
                 continue
             values[f.name] = _convert(f.name, f.type, raw)
+        for old, new in REPLACED.items():
+            if env.get(old):
+                logging.getLogger(__name__).warning("%s is no longer read: see %s", old, new)
         values.update(overrides)
         return cls(**values)
 
@@ -230,6 +235,13 @@ class Settings:
             raise ValueError(
                 f"KB_EMBEDDER={self.embedder!r} is not known; choose one of {sorted(EMBEDDER_DIMS)}"
             ) from None
+
+
+# variables that are no longer read, and what replaced them (a warning when one is set)
+REPLACED = {
+    "KB_GUARD_EMBED_BUDGET_MS": "KB_GUARD_EMBED_TIMEOUT_S (a hard cap in seconds; every /v2/rerank document is"
+                                " embedded for the injection classifier within it)",
+}
 
 
 class SettingsError(ValueError):
@@ -440,9 +452,11 @@ RULES: dict[str, Rule] = {
     "address_rate_limit_burst": Rule("per-address bucket size", ge=1),
     "guard_budget_ms": Rule("time the `/v2/rerank` injection and stuffing detectors may spend on one request;"
                            " documents not inspected in time are demoted and the answer is not cached (0: none inspected)", ge=0),
-    "guard_embed_budget_ms": Rule("time `/v2/rerank` waits for the documents' embeddings the learned injection detector"
-                                 " reads (reused by MMR); a document without its embedding in time is decided by the"
-                                 " patterns alone (not demoted) and the answer is not cached", ge=0),
+    "guard_embed_timeout_s": Rule("hard cap on the time `/v2/rerank` waits for the embeddings the learned injection"
+                                  " detector reads (every chunk of every scored document, reused by MMR, then the"
+                                  " spans of the doubtful ones); a document not embedded by then, or whose embedder"
+                                  " call failed, is not classified (`meta.unclassified`) and the answer is not"
+                                  " cached", gt=0),
     "guard_classifier_threshold": Rule("a chunk at ingestion, or a `/v2/rerank` document, is flagged for injection when"
                                        " the learned detector's probability (over its embedding and the pattern"
                                        " signals) reaches this, or the patterns flag it and the shipped weights'"

@@ -303,6 +303,10 @@ class V2Meta(msgspec.Struct, forbid_unknown_fields=True, rename={"lam": "lambda"
     rerank_duration_ms: int
     from_cache: bool
     trace_id: str
+    # scored documents the injection classifier could not reach (embedder failed, or
+    # KB_GUARD_EMBED_TIMEOUT_S): judged by the patterns alone or without their spans; such an
+    # answer is not cached (0 in answers cached before the field existed)
+    unclassified: int = 0
 
 
 class V2Response(msgspec.Struct, forbid_unknown_fields=True):

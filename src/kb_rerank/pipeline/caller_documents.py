@@ -16,11 +16,12 @@ answer reads no knowledge-base document, so an ingest does not evict it and it c
 knowledge-base text. The cache row holds ``{"kind": "kb_v2_rerank_v1", "response": ...}``.
 
 Compute (a miss):
-1. The documents (and the passages the guard and MMR will embed) are charged before any work
-   on them (by the route, before the cache read; :mod:`.limits`). The spans the guard embeds
-   for the documents its classifier finds doubtful are not known before: they are charged
+1. The documents (and one passage a scored document that the guard and MMR will embed) are
+   charged before any work on them (by the route, before the cache read; :mod:`.limits`).
+   The further texts the guard embeds (the chunks of a document longer than one chunk
+   beyond its first, and the spans of the chunks its classifier finds doubtful) are charged
    after the fact, as a debt, when the request ends (served, failed or cancelled;
-   :meth:`CallerDocumentsFlow.settle`): the spans actually embedded, debited whatever the
+   :meth:`CallerDocumentsFlow.settle`): those actually embedded, debited whatever the
    tenant's bucket holds (never refused; a negative bucket is waited out by the tenant's
    next requests). A cache hit or a single-flight follower embeds none and pays none.
 2. First stage: RRF (k = 60) of the caller's bm25 and cosine ranks where given, else input
@@ -28,16 +29,21 @@ Compute (a miss):
    dropped (``meta.cut_off``). ``max_tokens_per_doc`` truncates each document to that many
    whitespace-separated tokens before scoring.
 3. Guard, the rule ingestion stores per chunk (:mod:`kb_rerank.ingest.verdict`: the learned
-   detector over the document's embedding and the pattern signals, with its veto floor) off the event loop: the patterns in
-   the detectors' worker thread within ``guard_budget_ms``, the embeddings on the embedder's
-   executor meanwhile within ``guard_embed_budget_ms``; then the guard policy
-   (:mod:`.guard_policy`); a document whose embedding is late is decided by the patterns
-   alone; an answer with uninspected or unclassified documents is served, not cached.
+   detector over the embedding and the pattern signals, with its veto floor) over the chunks
+   ingestion would store of each document (``chunk_max_chars``, ``chunk_overlap``; flagged
+   when one is), off the event loop: the patterns in the detectors' worker thread within
+   ``guard_budget_ms``, every chunk's embedding on the embedder's executor meanwhile, then
+   the spans the gate asks for, nothing waited for past ``guard_embed_timeout_s``; then the
+   guard policy (:mod:`.guard_policy`). A document the classifier could not reach (the
+   embedder failed, or the cap) has ``classified`` False and is counted in
+   ``meta.unclassified``; an answer with uninspected or unclassified documents is served,
+   not cached.
 4. Scoring (:meth:`Pipeline.score`): pair cache keyed by the zero chunk id
    (``pair_cache.NO_CHUNK``) and the sha256 of the scored text; fallback = first-stage
    score / best.
-5. MMR over the embeddings of step 3 (``embedder.embed_passages``; a document not embedded
-   within the budget is embedded here), composite, tiers.
+5. MMR over the embeddings of step 3 (``embedder.embed_passages``; a document of several
+   chunks: the pooled vector of its chunks, :func:`verdict.pool`; one the guard could not
+   embed is embedded here the same way), composite, tiers.
 """
 
 from __future__ import annotations
@@ -99,9 +105,9 @@ class CallerDocumentsFlow(StoredResponse):
     tag = "v2_rerank"
     fixed_generation = pair_cache.CALLER_DOCUMENTS_GENERATION
     keyed_on_policy = True
-    # span texts embedded and not yet charged (by settle); once settled, a late batch is
-    # charged as it is embedded
-    _spans_embedded = 0
+    # texts embedded beyond the prepaid passages (further chunks, spans) and not yet charged
+    # (by settle); once settled, a late batch is charged as it is embedded
+    _owed_embeddings = 0
     _settled = False
 
     def __init__(self, req: V2Request, settings: Settings, model: str) -> None:
@@ -132,26 +138,37 @@ class CallerDocumentsFlow(StoredResponse):
         return verdict.guard_classifier(pipe.embedder)
 
     def embedded_texts(self, pipe: Pipeline) -> int:
-        """How many passages the guard and MMR will embed (charged with the documents, before
-        any work)."""
+        """How many passages the guard and MMR will embed, one a scored document (charged with
+        the documents, before any work; the further chunks of long documents and the spans are
+        charged by :meth:`settle`)."""
         if self.lam >= 1.0 and self.classifier(pipe) is None:
             return 0
         return min(len(self.req.documents), max(1, self.settings.rerank_max_candidates))
 
     def admit(self, pipe: Pipeline, tenant) -> None:
         # the documents and the passages the guard and MMR will embed, before any work on them
-        # (hashing, guard, scoring, embedding); the spans are charged by settle
-        self._spans_embedded, self._settled = 0, False
+        # (hashing, guard, scoring, embedding); further chunks and spans are charged by settle
+        self._owed_embeddings, self._settled = 0, False
         pipe.limits.charge_documents(tenant, len(self.req.documents), self.embedded_texts(pipe))
 
     def settle(self, pipe: Pipeline, tenant) -> None:
         """When the request ends, however (:meth:`Pipeline.run`'s finally; once): charge the
-        span texts the guard had embedded, after the fact and unconditionally (the bucket may
-        go negative: :meth:`Limits.charge_spans`). None for a cache hit, a single-flight
-        follower or a request that failed before its guard."""
-        spans, self._spans_embedded, self._settled = self._spans_embedded, 0, True
-        if spans > 0:
-            pipe.limits.charge_spans(tenant, spans)
+        texts embedded beyond the prepaid passages (further chunks, spans), after the fact and
+        unconditionally (the bucket may go negative: :meth:`Limits.charge_spans`). None for a
+        cache hit, a single-flight follower or a request that failed before its guard."""
+        owed, self._owed_embeddings, self._settled = self._owed_embeddings, 0, True
+        if owed > 0:
+            pipe.limits.charge_spans(tenant, owed)
+
+    def _owe(self, pipe: Pipeline, tenant, texts: int) -> None:
+        """``texts`` embedded beyond the prepaid passages: counted for :meth:`settle`, or
+        charged at once when the request has ended already (a late call)."""
+        if texts <= 0:
+            return
+        if self._settled:
+            pipe.limits.charge_spans(tenant, texts)
+        else:
+            self._owed_embeddings += texts
 
     def params(self, policy: str | None) -> Mapping[str, Any]:
         req, s = self.req, self.settings
@@ -189,9 +206,15 @@ class CallerDocumentsFlow(StoredResponse):
                 authority=float(md.authority) if md and md.authority is not None else 1.0,
                 updated_at=md.updated_at if md else None))
         clf = self.classifier(pipe)
+        prepaid = [self.embedded_texts(pipe)]  # passages paid with the documents, not yet embedded
 
         async def embed(texts: list[str]) -> np.ndarray:
-            async with pipe.limits.embedding(tenant, len(texts), charge=False):  # prepaid with the documents
+            # the first passages were paid with the documents; those beyond them (the further
+            # chunks of long documents) are counted once the embedder slot is held, for settle
+            async with pipe.limits.embedding(tenant, len(texts), charge=False):
+                paid = min(prepaid[0], len(texts))
+                prepaid[0] -= paid
+                self._owe(pipe, tenant, len(texts) - paid)
                 return await pipe.embed(pipe.embedder.embed_passages, texts)
 
         async def embed_spans(texts: list[str]) -> np.ndarray:
@@ -199,23 +222,25 @@ class CallerDocumentsFlow(StoredResponse):
             # runs), charged by settle when the request ends, also when it fails or is cancelled
             # after this point; a late batch that gets its slot after that is charged at once
             async with pipe.limits.embedding(tenant, len(texts), charge=False):
-                if self._settled:
-                    pipe.limits.charge_spans(tenant, len(texts))
-                else:
-                    self._spans_embedded += len(texts)
+                self._owe(pipe, tenant, len(texts))
                 return await pipe.embed(pipe.embedder.embed_passages, texts)
 
         with timing.stage("guard"):
             seen = await verdict.inspect_documents([c.content for c in cands], s.guard_budget_ms / 1000.0,
                                                    classifier=clf, threshold=s.guard_classifier_threshold,
                                                    embed=embed, fatal=(LimitExceeded,),
-                                                   embed_budget_s=s.guard_embed_budget_ms / 1000.0,
-                                                   embed_spans=embed_spans)
+                                                   embed_timeout_s=s.guard_embed_timeout_s,
+                                                   embed_spans=embed_spans,
+                                                   chunk=lambda t: verdict.pieces(t, s.chunk_max_chars,
+                                                                                  s.chunk_overlap))
         if seen.unclassified:
-            log.info("guard: %d of %d documents decided by the patterns alone (embeddings not back within "
-                     "KB_GUARD_EMBED_BUDGET_MS); the answer is not cached", seen.unclassified, len(cands))
-        for c, f, vec in zip(cands, seen.flags, seen.embeddings):
+            log.warning("guard: %d of %d documents not reached by the injection classifier (embedder failed, or "
+                        "KB_GUARD_EMBED_TIMEOUT_S); the answer is not cached", seen.unclassified, len(cands))
+        pieces_of: dict[str, list[str]] = {}  # what the guard read of each document (MMR embeds the same)
+        for c, f, vec, ok, ps in zip(cands, seen.flags, seen.embeddings, seen.classified, seen.pieces):
             c.embedding = vec
+            c.classified = ok
+            pieces_of[c.id] = ps
             if f is None:
                 c.inspected = False
             else:
@@ -241,10 +266,16 @@ class CallerDocumentsFlow(StoredResponse):
         embs = np.eye(max(1, len(kept)), dtype=np.float32)[: len(kept)]
         if mmr_used:
             try:
-                todo = [c for c in kept if c.embedding is None]  # not embedded by the guard in its budget
+                # not embedded by the guard (classifier off, embedder failed, or the cap): the
+                # same pieces as the guard's, pooled the same way
+                todo = [c for c in kept if c.embedding is None]
                 if todo:
-                    for c, e in zip(todo, await embed([c.content for c in todo])):
-                        c.embedding = np.asarray(e, dtype=np.float32)
+                    parts = [pieces_of[c.id] for c in todo]
+                    got = np.asarray(await embed([t for ps in parts for t in ps]), dtype=np.float32)
+                    at = 0
+                    for c, ps in zip(todo, parts):
+                        c.embedding = verdict.pool(list(got[at:at + len(ps)]), [len(t) for t in ps])
+                        at += len(ps)
                 embs = np.stack([c.embedding for c in kept]).astype(np.float32)
             except LimitExceeded:
                 raise  # the tenant's own embedder cap: 429, not a result without diversity
@@ -277,11 +308,14 @@ class CallerDocumentsFlow(StoredResponse):
             "model": self.model, "requested_model": req.model,
             "documents": n, "scored": len(kept), "cut_off": n - len(cut),
             "lambda": self.lam, "mmr": mmr_used, "injection_policy": look.policy, "filtered": filtered,
+            # scored documents the injection classifier could not reach (judged by the patterns
+            # alone, or without their spans): the answer is then not cached
+            "unclassified": seen.unclassified,
             "fallback": scored.reason is not None, "fallback_reason": scored.reason,
             "rerank_duration_ms": scored.ms,
         }
-        # an answer with documents the guard had no time to inspect (load of the moment, not a
-        # property of the request) is served but not cached
+        # an answer with documents the guard could not inspect or classify (load of the moment,
+        # or a failed embedder: not a property of the request) is served but not cached
         return Outcome({"results": results, "meta": meta}, n, len(results), self.model,
                        fallback_reason=scored.reason, rerank_ms=scored.ms, new_pairs=scored.new_pairs,
-                       cacheable=all(c.inspected for c in cands) and not seen.unclassified)
+                       cacheable=all(c.inspected and c.classified for c in cands))

@@ -333,9 +333,10 @@ class Pipeline:
 
     # ------------------------------------------------------------------ across processes
     def _claim_ttl_s(self) -> float:
-        """How long a claim lives (and a waiter waits at most): the model's budget plus room
-        for the query embedding, the SQL and the writes."""
-        return float(self.settings.rerank_timeout_s) + 10.0
+        """How long a claim lives (and a waiter waits at most): the model's budget, plus the
+        cap on a /v2/rerank guard's embeddings (``guard_embed_timeout_s``, spent before the
+        model), plus room for the query embedding, the SQL and the writes."""
+        return float(self.settings.rerank_timeout_s) + float(self.settings.guard_embed_timeout_s) + 10.0
 
     async def _claim(self, flow: Flow, tenant, trace_id: str, t0: float, look: Lookup, held: list,
                      me: uuid.UUID | None = None):

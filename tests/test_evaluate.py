@@ -60,17 +60,7 @@ class CountingEmbedder:
 
 @pytest.fixture(scope="module")
 def beir_dir(tmp_path_factory):
-    d = tmp_path_factory.mktemp("beir") / "tiny"
-    (d / "qrels").mkdir(parents=True)
-    with (d / "corpus.jsonl").open("w", encoding="utf-8") as fh:
-        for did, (title, text) in DOCS.items():
-            fh.write(json.dumps({"_id": did, "title": title, "text": text}, ensure_ascii=False) + "\n")
-    with (d / "queries.jsonl").open("w", encoding="utf-8") as fh:
-        for qid, text in QUERIES.items():
-            fh.write(json.dumps({"_id": qid, "text": text}) + "\n")
-    (d / "qrels" / "test.tsv").write_text(
-        "query-id\tcorpus-id\tscore\n" + "".join(f"{q}\t{c}\t{s}\n" for q, c, s in QRELS), encoding="utf-8")
-    return d
+    return _write_beir(tmp_path_factory.mktemp("beir") / "tiny", DOCS)
 
 
 @pytest.fixture(scope="module")

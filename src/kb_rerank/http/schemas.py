@@ -286,7 +286,7 @@ class V2BilledUnits(msgspec.Struct, forbid_unknown_fields=True):
     search_units: int
 
 
-class V2Meta(msgspec.Struct, forbid_unknown_fields=True, rename={"lam": "lambda"}):
+class V2Meta(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, rename={"lam": "lambda"}):
     api_version: V2ApiVersion
     billed_units: V2BilledUnits
     model: str
@@ -298,15 +298,16 @@ class V2Meta(msgspec.Struct, forbid_unknown_fields=True, rename={"lam": "lambda"
     mmr: bool
     injection_policy: str
     filtered: list[V2Filtered]
+    # scored documents the injection classifier could not reach (embedder failed, or
+    # KB_GUARD_EMBED_TIMEOUT_S): judged by the patterns alone or without their spans; such an
+    # answer is not cached (0 in answers cached before the field existed). Where the handler's
+    # dict has it (kw_only lets a defaulted field stand before required ones)
+    unclassified: int = 0
     fallback: bool
     fallback_reason: str | None
     rerank_duration_ms: int
     from_cache: bool
     trace_id: str
-    # scored documents the injection classifier could not reach (embedder failed, or
-    # KB_GUARD_EMBED_TIMEOUT_S): judged by the patterns alone or without their spans; such an
-    # answer is not cached (0 in answers cached before the field existed)
-    unclassified: int = 0
 
 
 class V2Response(msgspec.Struct, forbid_unknown_fields=True):

@@ -254,7 +254,7 @@ async def inspect_documents(texts: Sequence[str], budget_s: float, *, classifier
     detectors' worker thread (:func:`detectors.inspect_documents`) for at most ``budget_s``
     (a document with a piece not inspected in time is not inspected: ``flags`` None). With a
     classifier, ``embed`` (an embedder call on the embedder's executor, which releases the
-    GIL) embeds every piece meanwhile, in calls of :data:`EMBED_BATCH` texts, then the spans
+    GIL) then embeds every piece, in calls of :data:`EMBED_BATCH` texts, then the spans
     of the pieces :func:`span_texts` asks for; nothing waits past ``embed_timeout_s`` (the
     hard cap, started now; a call under way then is not waited for). A document whose pieces'
     embeddings or requested spans are not all back by then, or whose embedder call failed
@@ -270,21 +270,20 @@ async def inspect_documents(texts: Sequence[str], budget_s: float, *, classifier
     n = len(texts)
     if n == 0:
         return Inspection([], [])
-    # cutting 50 documents of 20,000 characters takes up to ~0.3 s of pure Python: off the loop
+    # cutting a document of 20,000 characters takes 2-16 ms of pure Python (CPU time; prose at the
+    # low end, 5,000 headings at the high), 50 of them up to ~0.8 s: off the event loop
     parts = await asyncio.to_thread(_cut, texts, chunk) if chunk is not None else [[t] for t in texts]
     flat = [x for ps in parts for x in ps]
     m = len(flat)
     deadline = time.monotonic() + max(0.0, embed_timeout_s)
-    patterns = asyncio.ensure_future(detectors.inspect_documents(flat, budget_s))
+    # the patterns first, then the embeddings: beside the embedder's own threads the patterns'
+    # thread got a fraction of a core, and their budget is short (on 2 loaded cores, 66 of 216
+    # documents were not inspected when both ran at once); they take milliseconds
+    verdicts = await detectors.inspect_documents(flat, budget_s)
     voting = classifier is not None and embed is not None
     vecs: list[np.ndarray | None] = [None] * m
     if voting:
-        try:
-            await _embed_until(flat, vecs, embed, deadline, fatal)
-        except BaseException:
-            patterns.cancel()
-            raise
-    verdicts = await patterns
+        await _embed_until(flat, vecs, embed, deadline, fatal)
     # span-level scoring: the spans of the pieces whose whole text leaves them doubtful and
     # unflagged, embedded after the pieces, before the same hard cap
     whole: list[ChunkFlags | None] = [None] * m

@@ -308,16 +308,17 @@ def _print_results(rows) -> None:
 
 
 def run_search(conn, settings: Settings, embedder, tenant: UUID, query: str, mode: str, k: int):
-    from kb_rerank.store import search
-    from kb_rerank.store.session import tenant_transaction
+    """The service's retrieval (:class:`~kb_rerank.pipeline.retrieval.RetrievalSpec`) with
+    ``k`` as KB_CANDIDATES: ``k`` lexical or semantic rows, or the best 2 x ``k`` fused."""
+    from kb_rerank.pipeline.query import normalize_query
+    from kb_rerank.pipeline.retrieval import HYBRID, LEXICAL, SEMANTIC, RetrievalSpec
 
-    with tenant_transaction(conn, tenant):
-        if mode == "lexical":
-            return search.lexical(conn, query, k, k1=settings.bm25_k1, b=settings.bm25_b)
-        emb = embedder.embed_query(query)
-        if mode == "semantic":
-            return search.semantic(conn, emb, k)
-        return search.hybrid(conn, query, emb, max(k, settings.fusion_depth), **settings.fusion)[: 2 * k]
+    spec = RetrievalSpec.of(settings, {"lexical": LEXICAL, "semantic": SEMANTIC, "hybrid": HYBRID}[mode],
+                            candidates=k)
+    query = normalize_query(query)
+    embedding = embedder.embed_query(query) if spec.needs_embedding else None
+    with session.tenant_transaction(conn, tenant):
+        return session.run_awaited(spec.fetch(session.AwaitedConnection(conn), query, embedding))
 
 
 def cmd_search(args, settings: Settings) -> int:

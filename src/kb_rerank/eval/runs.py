@@ -5,9 +5,10 @@ mode form one run; splitting them would spread one procedure over three files.
 
 ``evaluate_collection`` loads a BEIR folder (``corpus.jsonl``, ``queries.jsonl``,
 ``qrels/test.tsv``) into a *scratch tenant* with the normal ingestion
-(:func:`kb_rerank.ingest.ingest_documents`), runs every query through the same search
-functions callers use (:mod:`kb_rerank.search`), maps chunk results back to BEIR doc ids
-and scores the run with :func:`kb_rerank.metrics.evaluate_run` (nDCG@10, MRR@10,
+(:func:`kb_rerank.ingest.loader.ingest_documents`), runs every query through the service's
+retrieval (:class:`kb_rerank.pipeline.retrieval.RetrievalSpec`) and, in ``rerank`` mode, its
+scoring step (:mod:`kb_rerank.pipeline.scoring`), maps chunk results back to BEIR doc ids and
+scores the run with :func:`kb_rerank.eval.measures.evaluate_run` (nDCG@10, MRR@10,
 Recall@100, trec_eval definitions).
 
 Scratch tenant
@@ -33,11 +34,12 @@ Embedding cache
 
 Depth
     Lexical and semantic lists are fetched at depth ``max(k, recall_k)`` (100). Hybrid
-    metrics at k (nDCG@10, MRR@10) come from ``kb.search_hybrid`` with the production
-    ``candidates`` (``settings.candidates`` unless overridden) per list; Recall@100 from a
-    second call with 100 candidates per list. ``rerank`` reorders the hybrid candidates
-    (production depth) with the cross-encoder; Recall@100 is the hybrid one (the reranker
-    only reorders).
+    metrics at k (nDCG@10, MRR@10) come from the service's hybrid candidates (the best
+    2 x ``candidates`` of lists ``fusion_depth`` deep; ``candidates`` overridable); Recall@100
+    from the same search read ``max(candidates, recall_k, fusion_depth)`` deep. ``rerank``
+    orders the hybrid candidates as the service does (score, then chunk id); the service
+    returns the first ``rerank_top_n`` of that order, so metrics at k <= ``rerank_top_n`` are
+    those of the served answer. Recall@100 is the hybrid one (the reranker only reorders).
 
 Candidate-pool recall
     ``recall@40`` (:data:`POOL_RECALL_K`) of the evaluated list: for hybrid and rerank the
@@ -70,12 +72,14 @@ Guard policy (``res["guard"]``)
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import logging
 import sqlite3
 import threading
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
@@ -319,8 +323,9 @@ def _load_reranker(settings: Settings, reranker):
         return reranker
     from kb_rerank.models.cross_encoder import Reranker, RerankerError
 
+    # no time limit: an evaluation on CPU waits for every batch
     r = Reranker(settings.reranker_model, max_length=settings.rerank_max_length,
-                 batch_size=settings.rerank_batch_size)
+                 batch_size=settings.rerank_batch_size, timeout_s=0)
     try:
         r.load()
     except RerankerError as exc:
@@ -334,38 +339,30 @@ def _load_reranker(settings: Settings, reranker):
 # --------------------------------------------------------------------------- the guard policy
 
 
-class _AwaitedCursor:
-    def __init__(self, cur) -> None:
-        self._cur = cur
-
-    async def fetchall(self):
-        return self._cur.fetchall()
-
-    async def fetchone(self):
-        return self._cur.fetchone()
-
-
-class _AwaitedConnection:
-    """A synchronous connection seen through the awaited calls of the service's store
-    functions (``await conn.execute(...)``, ``await cur.fetchall()``), so that the eval loads
-    candidates' details with the very function the service uses."""
-
-    def __init__(self, conn) -> None:
-        self._conn = conn
-
-    async def execute(self, query, params=None) -> _AwaitedCursor:
-        return _AwaitedCursor(self._conn.execute(query, params))
-
-
-def _run_awaited(coro):
-    """Run a coroutine that only awaits :class:`_AwaitedConnection` calls (which never
-    suspend) to its end, without an event loop (the eval may run inside one)."""
+def _run_async(coro):
+    """``coro`` to its end on an event loop of its own (in a worker thread when this thread
+    runs one already): the eval's rerank mode calls the service's async scoring step."""
     try:
-        coro.send(None)
-    except StopIteration as stop:
-        return stop.value
-    coro.close()
-    raise EvaluationError("a store function awaited something other than the synchronous connection")
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coro)
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        return pool.submit(asyncio.run, coro).result()
+
+
+def rerank(reranker, query: str, rows: list) -> list:
+    """``rows`` reordered as the service orders them (:mod:`kb_rerank.pipeline.scoring`: the
+    same model call, pair deduplication and tie-break), each with its ``relevance``. A model
+    failure is an :class:`EvaluationError` (the service would serve a fallback)."""
+    from kb_rerank.pipeline import scoring
+    from kb_rerank.pipeline.retrieval import pair_keys
+
+    scored = _run_async(scoring.score(reranker, query, [r.content for r in rows], pair_keys(rows)))
+    if scored.scores is None:
+        raise EvaluationError(f"the cross-encoder failed on a query: {scored.reason}")
+    for r, sc in zip(rows, scored.scores):
+        r.relevance = float(sc)
+    return [rows[i] for i in scoring.order([r.id for r in rows], scored.scores)]
 
 
 def load_details(conn, cands: list) -> None:
@@ -373,14 +370,14 @@ def load_details(conn, cands: list) -> None:
     through :func:`kb_rerank.store.search.adetails`, on the caller's tenant transaction."""
     from kb_rerank.store import search
 
-    _run_awaited(search.adetails(_AwaitedConnection(conn), cands))
+    session.run_awaited(search.adetails(session.AwaitedConnection(conn), cands))
 
 
 def tenant_policy(conn) -> str:
     """The current tenant's injection policy, read as the service reads it."""
-    from kb_rerank.store.guard_reviews import POLICY_SQL, policy_of
+    from kb_rerank.store.guard_reviews import tenant_policy as read_policy
 
-    return policy_of(conn.execute(POLICY_SQL).fetchone())
+    return read_policy(conn)
 
 
 def _where(c) -> dict[str, Any]:
@@ -493,13 +490,14 @@ def evaluate_collection(
     ``relevant`` (:func:`relevant_guard`), ``per_query`` and ``changed_run`` (the guarded
     list of each query whose list changed).
     """
-    from kb_rerank.pipeline.flow import POLICIES
+    from kb_rerank.pipeline.query import normalize_query
+    from kb_rerank.pipeline.retrieval import HYBRID, LEXICAL, SEMANTIC, RetrievalSpec
+    from kb_rerank.store.guard_reviews import POLICIES
 
     if mode not in MODES:
         raise EvaluationError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
     if guard_policy is not None and guard_policy not in POLICIES:
         raise EvaluationError(f"guard_policy must be one of {', '.join(POLICIES)}, got {guard_policy!r}")
-    from kb_rerank.store import search
     from kb_rerank.store.session import tenant_transaction
 
     path = Path(path)
@@ -521,6 +519,10 @@ def evaluate_collection(
     conn_factory = conn_factory or _default_conn_factory(settings)
     depth = max(k, recall_k)
     cand = candidates or settings.candidates
+    # the service's retrieval; lexical and semantic lists are read as deep as the run is scored
+    source = {"lexical": LEXICAL, "semantic": SEMANTIC}.get(mode, HYBRID)
+    spec = RetrievalSpec.of(settings, source, candidates=depth if source != HYBRID else cand)
+    recall_spec = spec.deeper(max(cand, recall_k))
 
     timing: dict[str, float] = {}
     with conn_factory() as conn:
@@ -542,7 +544,7 @@ def evaluate_collection(
         qembs: dict[str, np.ndarray] = {}
         if mode != "lexical":
             for qid in _bar(qids, progress, "embed queries", "query"):
-                qembs[qid] = embedder.embed_query(coll.queries[qid])
+                qembs[qid] = embedder.embed_query(normalize_query(coll.queries[qid]))
         timing["embed_queries_s"] = time.perf_counter() - t0
 
         run: dict[str, list[str]] = {}
@@ -553,30 +555,20 @@ def evaluate_collection(
         t0 = time.perf_counter()
         rerank_s = guard_s = 0.0
         for qid in _bar(qids, progress, mode, "query"):
-            q = coll.queries[qid]
+            q = normalize_query(coll.queries[qid])
             with tenant_transaction(conn, tenant):
-                if mode == "lexical":
-                    rows = search.lexical(conn, q, depth, k1=settings.bm25_k1, b=settings.bm25_b)
-                elif mode == "semantic":
-                    rows = search.semantic(conn, qembs[qid], depth)
-                else:
-                    # as the service does: lists fused `fusion_depth` deep, the best 2 x cand kept
-                    rows = search.hybrid(conn, q, qembs[qid], max(cand, settings.fusion_depth),
-                                         **settings.fusion)[: 2 * cand]
-                    deep = search.hybrid(conn, q, qembs[qid], max(cand, recall_k, settings.fusion_depth),
-                                         **settings.fusion)
+                aconn = session.AwaitedConnection(conn)
+                rows = session.run_awaited(spec.fetch(aconn, q, qembs.get(qid)))
+                if source == HYBRID:
+                    deep = session.run_awaited(recall_spec.fetch(aconn, q, qembs[qid]))
                     recall_run[qid] = _dedup(docmap[r.doc_id] for r in deep)
                 t1 = time.perf_counter()
                 load_details(conn, rows)
                 guard_s += time.perf_counter() - t1
             if mode == "rerank" and rows:
                 t1 = time.perf_counter()
-                scores = reranker.score(q, [r.content for r in rows])
+                rows = rerank(reranker, q, rows)
                 rerank_s += time.perf_counter() - t1
-                for r, sc in zip(rows, scores):
-                    r.relevance = float(sc)
-                order = sorted(range(len(rows)), key=lambda i: -scores[i])
-                rows = [rows[i] for i in order]
             run[qid] = _dedup(docmap[r.doc_id] for r in rows)
             t1 = time.perf_counter()
             guarded, filtered = guarded_ranking(rows, policy, settings.demote_factor, scored=mode == "rerank")

@@ -181,21 +181,20 @@ async def _lifespan(app: Litestar):
         startup = await anyio.to_thread.run_sync(_startup_checks, settings, url, timeout_s)
         st.head_revision = startup.head_revision
         await pool.open(wait=True, timeout=max(timeout_s, 10.0))
-        st.pool = pool
         if replicas is not None:
             await replicas.open()
-            st.replicas = replicas
             log.info("read replicas: %s", replicas.describe())
-        if st.embedder is None:
+        embedder, reranker = st.given_models
+        if embedder is None:
             from kb_rerank.models.embedders import get_embedder
 
-            st.embedder = await anyio.to_thread.run_sync(get_embedder, settings)
-        if st.reranker is None:
-            owned_reranker = st.reranker = build_reranker(settings)
-        st.pipeline = Pipeline(settings, pool, st.embedder, st.reranker, embed_executor=embed_executor,
+            embedder = await anyio.to_thread.run_sync(get_embedder, settings)
+        if reranker is None:
+            owned_reranker = reranker = build_reranker(settings)
+        st.pipeline = Pipeline(settings, pool, embedder, reranker, embed_executor=embed_executor,
                                metrics=st.metrics, limits=st.limits, replicas=replicas)
-        ensure = getattr(st.reranker, "ensure_loaded_async", None)
-        if ensure is not None and not getattr(st.reranker, "ready", False):
+        ensure = getattr(reranker, "ensure_loaded_async", None)
+        if ensure is not None and not getattr(reranker, "ready", False):
             tasks.append(asyncio.create_task(ensure(), name="kb-rerank-model-load"))
         if settings.evict_interval_s and settings.evict_interval_s > 0:
             maint = _maint_url(settings)
@@ -297,17 +296,14 @@ def create_app(settings: Settings, *, reranker=None, embedder=None, dev: bool = 
         "jwt": jwt_cfg,
         "jwks": JwksKeys(jwt_cfg) if jwt_cfg.jwks_url is not None else None,  # keys fetched on first use
         "metrics": metrics,
-        "reranker": reranker,
-        "embedder": embedder,
+        "given_models": (embedder, reranker),  # the caller's (None: built by the lifespan)
         "db_timeout_s": max(0.1, float(settings.db_timeout_s)),
-        "limits": (limits := Limits.from_settings(settings, on_reject=lambda r: metrics.rejected.labels(r).inc())),
-        "rate_limiter": limits.tenant_rate,
+        # the auth guard charges each request's token before the pipeline sees it
+        "limits": Limits.from_settings(settings, on_reject=lambda r: metrics.rejected.labels(r).inc()),
         "head_revision": None,
         "layer_version": sqlfiles.layer_version(embedding_dim=settings.embedding_dim,  # /readyz
                                                 app_role=settings.app_role),
-        "pool": None,
-        "replicas": None,  # kb_rerank.store.replicas.ReadReplicas when KB_READ_DATABASE_URL is set
-        "pipeline": None,
+        "pipeline": None,  # the pool, the replicas, the models: built by the lifespan
     })
 
     # Each body route's limit is set here from the settings, on a router of its own, so it is

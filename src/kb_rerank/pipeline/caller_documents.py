@@ -16,14 +16,12 @@ answer reads no knowledge-base document, so an ingest does not evict it and it c
 knowledge-base text. The cache row holds ``{"kind": "kb_v2_rerank_v1", "response": ...}``.
 
 Compute (a miss):
-1. The documents (and one passage a scored document that the guard and MMR will embed) are
-   charged before any work on them (by the route, before the cache read; :mod:`.limits`).
-   The further texts the guard embeds (the chunks of a document longer than one chunk
-   beyond its first, and the spans of the chunks its classifier finds doubtful) are charged
-   after the fact, as a debt, when the request ends (served, failed or cancelled;
-   :meth:`CallerDocumentsFlow.settle`): those actually embedded, debited whatever the
-   tenant's bucket holds (never refused; a negative bucket is waited out by the tenant's
-   next requests). A cache hit or a single-flight follower embeds none and pays none.
+1. The documents (each with its pair) and one passage a scored document that the guard and
+   MMR will embed are the flow's ``admission``, charged before the cache read
+   (:mod:`.costs`). The further texts the guard embeds (the chunks of a document longer than
+   one chunk beyond its first, and the spans of the chunks its classifier finds doubtful) are
+   debited after the fact when the request ends (served, failed or cancelled), never refused.
+   A cache hit or a single-flight follower embeds none and pays none of them.
 2. First stage: RRF (k = 60) of the caller's bm25 and cosine ranks where given, else input
    order; more than ``rerank_max_candidates`` documents -> the best are scored, the rest
    dropped (``meta.cut_off``). ``max_tokens_per_doc`` truncates each document to that many
@@ -38,7 +36,7 @@ Compute (a miss):
    embedder failed, or the cap) has ``classified`` False and is counted in
    ``meta.unclassified``; an answer with uninspected or unclassified documents is served,
    not cached.
-4. Scoring (:meth:`Pipeline.score`): pair cache keyed by the zero chunk id
+4. Scoring (:meth:`~kb_rerank.pipeline.flow.Pipeline.score`): pair cache keyed by the zero chunk id
    (``pair_cache.NO_CHUNK``) and the sha256 of the scored text; fallback = first-stage
    score / best.
 5. MMR over the embeddings of step 3 (``embedder.embed_passages``; a document of several
@@ -56,17 +54,17 @@ import numpy as np
 
 from kb_rerank.candidate import Candidate, sha256_hex
 from kb_rerank.ingest import verdict
-from kb_rerank.ingest.guard_classifier import load_shipped
 from kb_rerank.pipeline import diversify, timing
 from kb_rerank.pipeline.compose import fallback_relevance, rounded, tiers
-from kb_rerank.pipeline.flow import Lookup, Outcome, Pipeline, Served, StoredResponse
+from kb_rerank.pipeline.costs import Work
+from kb_rerank.pipeline.flow import Lookup, Outcome, Selection, Served, StoredResponse
+from kb_rerank.pipeline.scoring import Scored
 from kb_rerank.pipeline.guard_policy import apply as apply_policy
 from kb_rerank.pipeline.limits import LimitExceeded
 from kb_rerank.pipeline.query import canonical_json, normalize_query
 from kb_rerank.pipeline.requests import V2Document, V2Request
 from kb_rerank.settings import Settings
 from kb_rerank.store import pair_cache
-from kb_rerank.store.session import atenant_transaction
 
 log = logging.getLogger(__name__)
 
@@ -105,73 +103,37 @@ class CallerDocumentsFlow(StoredResponse):
     tag = "v2_rerank"
     fixed_generation = pair_cache.CALLER_DOCUMENTS_GENERATION
     keyed_on_policy = True
-    # texts embedded beyond the prepaid passages (further chunks, spans) and not yet charged
-    # (by settle); once settled, a late batch is charged as it is embedded
-    _owed_embeddings = 0
-    _settled = False
+    retrieval = None
+    miss = Work()  # the documents' pairs and passages were paid at admission
 
-    def __init__(self, req: V2Request, settings: Settings, model: str) -> None:
-        self.req = req
-        self.settings = settings
-        self.model = model
+    def __init__(self, req: V2Request, settings: Settings, model: str, classifier: Any = None) -> None:
+        self.req, self.settings, self.model = req, settings, model
         self.normalized = normalize_query(req.query)
         self.lam = settings.mmr_lambda if req.lam is None else req.lam
-        # the documents enter the key as the SHA-256 of their canonical JSON, computed once: the
-        # key is built twice (single flight, then the cache key with the tenant's policy) and
-        # a body of 1,000 documents is megabytes of JSON to serialise on the event loop
+        # the learned injection detector (None: its weights do not fit the embedder, or it may
+        # not vote). It reads each scored document's embedding, which MMR (lambda < 1) needs
+        # anyway: with lambda = 1 the documents are embedded for the classifier alone, since
+        # lambda is a ranking choice of the caller and must not switch off a detector
+        # ingestion applies to every chunk (the cost: docs/guardrails.md)
+        self.classifier = classifier
+        # the documents enter the key as the SHA-256 of their canonical JSON, computed once (a
+        # body of 1,000 documents is megabytes of JSON to serialise on the event loop)
         docs = [d if isinstance(d, str) else msgspec.to_builtins(d) for d in req.documents]
         self.documents_sha256 = sha256_hex(canonical_json(docs))
-
-    def classifier(self, pipe: Pipeline):
-        """The learned injection detector when it applies: the shipped weights fit the
-        embedder and the threshold lets it vote (< 1).
-
-        It needs each scored document's embedding. MMR (lambda < 1) embeds them anyway, and
-        the guard now embeds them first and hands them to MMR (one embedding a document). With
-        lambda = 1 the guard embeds them for the classifier alone (measured in
-        ``bench/results/guard-cost-2026-11-30.md``: the embedding is nearly all of the guard's
-        time), because lambda is a ranking choice of the caller and must not switch off a
-        detector ingestion applies to every chunk: the tenant's injection policy is what
-        decides what a flagged document costs."""
-        if self.settings.guard_classifier_threshold >= 1.0:
-            return None
-        return verdict.guard_classifier(pipe.embedder)
-
-    def embedded_texts(self, pipe: Pipeline) -> int:
-        """How many passages the guard and MMR will embed, one a scored document (charged with
-        the documents, before any work; the further chunks of long documents and the spans are
-        charged by :meth:`settle`)."""
-        if self.lam >= 1.0 and self.classifier(pipe) is None:
-            return 0
-        return min(len(self.req.documents), max(1, self.settings.rerank_max_candidates))
-
-    def admit(self, pipe: Pipeline, tenant) -> None:
-        # the documents and the passages the guard and MMR will embed, before any work on them
-        # (hashing, guard, scoring, embedding); further chunks and spans are charged by settle
-        self._owed_embeddings, self._settled = 0, False
-        pipe.limits.charge_documents(tenant, len(self.req.documents), self.embedded_texts(pipe))
-
-    def settle(self, pipe: Pipeline, tenant) -> None:
-        """When the request ends, however (:meth:`Pipeline.run`'s finally; once): charge the
-        texts embedded beyond the prepaid passages (further chunks, spans), after the fact and
-        unconditionally (the bucket may go negative: :meth:`Limits.charge_spans`). None for a
-        cache hit, a single-flight follower or a request that failed before its guard."""
-        owed, self._owed_embeddings, self._settled = self._owed_embeddings, 0, True
-        if owed > 0:
-            pipe.limits.charge_spans(tenant, owed)
-
-    def _owe(self, pipe: Pipeline, tenant, texts: int) -> None:
-        """``texts`` embedded beyond the prepaid passages: counted for :meth:`settle`, or
-        charged at once when the request has ended already (a late call)."""
-        if texts <= 0:
-            return
-        if self._settled:
-            pipe.limits.charge_spans(tenant, texts)
-        else:
-            self._owed_embeddings += texts
+        self.docs = [V2Document(text=d) if isinstance(d, str) else d for d in req.documents]
+        self.first = first_stage(self.docs)
+        self.order = sorted(range(len(self.docs)), key=lambda i: (-self.first[i], i))
+        self.cut = self.order[: max(1, settings.rerank_max_candidates)]
+        # the documents (each with its pair) and one passage a scored document for the guard and
+        # MMR, before any work on them; the guard's further chunks and spans are debited after
+        embedded = 0 if self.lam >= 1.0 and classifier is None else len(self.cut)
+        self.admission = Work(documents=len(self.docs), embeddings=embedded)
+        self.unclassified = 0
+        self.mmr = False  # set by inspect: MMR applies and every candidate has its embedding
+        self.pieces: dict[str, list[str]] = {}  # what the guard read of each document (MMR embeds the same)
 
     def params(self, policy: str | None) -> Mapping[str, Any]:
-        req, s = self.req, self.settings
+        req = self.req
         return {
             "endpoint": "rerank/v2",
             "documents_sha256": self.documents_sha256,
@@ -179,10 +141,6 @@ class CallerDocumentsFlow(StoredResponse):
             "return_documents": req.return_documents, "lambda": self.lam,
             "recency_weight": req.recency_weight, "half_life_days": req.half_life_days,
             "authority_weight": req.authority_weight, "explain": req.explain, "injection_policy": policy,
-            "rerank_max_candidates": s.rerank_max_candidates, "tiers": [s.tier_high, s.tier_medium],
-            "demote_factor": s.demote_factor, "model": self.model,
-            # the verdicts depend on the classifier's weights and threshold
-            "guard_classifier": [load_shipped().version, s.guard_classifier_threshold],
         }
 
     def answer(self, served: Served, trace_id: str) -> dict[str, Any]:
@@ -191,97 +149,77 @@ class CallerDocumentsFlow(StoredResponse):
             meta["rerank_duration_ms"] = 0
         return {"id": trace_id, **served.body, "meta": meta}
 
-    async def compute(self, pipe: Pipeline, look: Lookup) -> Outcome:
-        s, req, tenant = self.settings, self.req, look.tenant
-        docs = [V2Document(text=d) if isinstance(d, str) else d for d in req.documents]
-        n = len(docs)
-        first = first_stage(docs)
-        order = sorted(range(n), key=lambda i: (-first[i], i))
-        cut = order[: max(1, s.rerank_max_candidates)]
-        cands = []
-        for i in cut:
-            md = docs[i].metadata
-            cands.append(Candidate(
-                id=f"{i:09d}", content=truncate_tokens(docs[i].text, req.max_tokens_per_doc), score=first[i],
-                authority=float(md.authority) if md and md.authority is not None else 1.0,
+    def candidates(self) -> list[Candidate]:
+        """The best ``rerank_max_candidates`` documents by first stage, truncated to
+        ``max_tokens_per_doc``."""
+        out = []
+        for i in self.cut:
+            md = self.docs[i].metadata
+            out.append(Candidate(
+                id=f"{i:09d}", content=truncate_tokens(self.docs[i].text, self.req.max_tokens_per_doc),
+                score=self.first[i], authority=float(md.authority) if md and md.authority is not None else 1.0,
                 updated_at=md.updated_at if md else None))
-        clf = self.classifier(pipe)
-        prepaid = [self.embedded_texts(pipe)]  # passages paid with the documents, not yet embedded
+        return out
 
-        async def embed(texts: list[str]) -> np.ndarray:
-            # the first passages were paid with the documents; those beyond them (the further
-            # chunks of long documents) are counted once the embedder slot is held, for settle
-            async with pipe.limits.embedding(tenant, len(texts), charge=False):
-                paid = min(prepaid[0], len(texts))
-                prepaid[0] -= paid
-                self._owe(pipe, tenant, len(texts) - paid)
-                return await pipe.embed(pipe.embedder.embed_passages, texts)
-
-        async def embed_spans(texts: list[str]) -> np.ndarray:
-            # counted once its embedder slot is held (a batch the guard stops waiting for still
-            # runs), charged by settle when the request ends, also when it fails or is cancelled
-            # after this point; a late batch that gets its slot after that is charged at once
-            async with pipe.limits.embedding(tenant, len(texts), charge=False):
-                self._owe(pipe, tenant, len(texts))
-                return await pipe.embed(pipe.embedder.embed_passages, texts)
-
+    async def inspect(self, tools, cands: list[Candidate]) -> None:
+        """The guard over every candidate (the rule ingestion stores per chunk), then, for MMR,
+        the embeddings it could not make."""
+        s = self.settings
         with timing.stage("guard"):
-            seen = await verdict.inspect_documents([c.content for c in cands], s.guard_budget_ms / 1000.0,
-                                                   classifier=clf, threshold=s.guard_classifier_threshold,
-                                                   embed=embed, fatal=(LimitExceeded,),
-                                                   embed_timeout_s=s.guard_embed_timeout_s,
-                                                   embed_spans=embed_spans,
-                                                   chunk=lambda t: verdict.pieces(t, s.chunk_max_chars,
-                                                                                  s.chunk_overlap))
+            seen = await verdict.inspect_documents(
+                [c.content for c in cands], s.guard_budget_ms / 1000.0, classifier=self.classifier,
+                threshold=s.guard_classifier_threshold, embed=tools.embed_passages, fatal=(LimitExceeded,),
+                embed_timeout_s=s.guard_embed_timeout_s, embed_spans=tools.embed_passages,
+                chunk=lambda t: verdict.pieces(t, s.chunk_max_chars, s.chunk_overlap))
+        self.unclassified = seen.unclassified
         if seen.unclassified:
             log.warning("guard: %d of %d documents not reached by the injection classifier (embedder failed, or "
                         "KB_GUARD_EMBED_TIMEOUT_S); the answer is not cached", seen.unclassified, len(cands))
-        pieces_of: dict[str, list[str]] = {}  # what the guard read of each document (MMR embeds the same)
         for c, f, vec, ok, ps in zip(cands, seen.flags, seen.embeddings, seen.classified, seen.pieces):
-            c.embedding = vec
-            c.classified = ok
-            pieces_of[c.id] = ps
+            c.embedding, c.classified = vec, ok
+            self.pieces[c.id] = ps
             if f is None:
                 c.inspected = False
             else:
                 c.injection_flag, c.injection_score, c.injection_reasons = (f.injection_flag, f.injection_score,
                                                                             f.injection_reasons)
-                c.injection_strong = f.strong
-                c.spam_flag = f.spam_flag
-        kept, filtered = apply_policy(cands, look.policy, s.demote_factor, lambda c: {"index": int(c.id)})
+                c.injection_strong, c.spam_flag = f.strong, f.spam_flag
+        self.mmr = self.lam < 1.0 and len(cands) > 1
+        if not self.mmr:
+            return
+        try:
+            # not embedded by the guard (classifier off, embedder failed, or the cap): the same
+            # pieces as the guard's, pooled the same way
+            todo = [c for c in cands if c.embedding is None]
+            if todo:
+                parts = [self.pieces[c.id] for c in todo]
+                got = np.asarray(await tools.embed_passages([t for ps in parts for t in ps]), dtype=np.float32)
+                at = 0
+                for c, ps in zip(todo, parts):
+                    c.embedding = verdict.pool(list(got[at:at + len(ps)]), [len(t) for t in ps])
+                    at += len(ps)
+        except LimitExceeded:
+            raise  # the tenant's own embedder cap: 429, not a result without diversity
+        except Exception as exc:  # noqa: BLE001 - diversity is best effort
+            log.warning("embedding documents for MMR failed: %s", type(exc).__name__)
+            self.mmr = False
 
-        keys = [pair_cache.content_key(None, c.content) for c in kept]
-        cached = None
-        if s.pair_cache and kept:
-            async with pipe.connection(tenant) as conn:
-                async with atenant_transaction(conn, tenant):
-                    cached = await pair_cache.get_live(conn, self.model, pipe.hash_query(self.normalized), keys,
-                                                       generation=look.generation)
-        scored = await pipe.score(tenant, SOURCE, self.normalized, [c.content for c in kept], keys=keys,
-                                  cached=cached, prepaid=True)
+    def select(self, cands: list[Candidate], policy: str) -> Selection:
+        kept, filtered = apply_policy(cands, policy, self.settings.demote_factor, lambda c: {"index": int(c.id)})
+        return Selection(cands, kept, kept, filtered)
+
+    def compose(self, look: Lookup, sel: Selection, scored: Scored) -> Outcome:
+        s, req, docs, first, order = self.settings, self.req, self.docs, self.first, self.order
+        n, cands, kept, filtered = len(docs), sel.candidates, sel.kept, sel.filtered
         rel = scored.scores if scored.scores is not None else fallback_relevance([c.score for c in kept])
         for c, r in zip(kept, rel):
             c.relevance = float(r)
-        mmr_used = self.lam < 1.0 and len(kept) > 1
-        embs = np.eye(max(1, len(kept)), dtype=np.float32)[: len(kept)]
+        mmr_used = self.mmr and len(kept) > 1
         if mmr_used:
-            try:
-                # not embedded by the guard (classifier off, embedder failed, or the cap): the
-                # same pieces as the guard's, pooled the same way
-                todo = [c for c in kept if c.embedding is None]
-                if todo:
-                    parts = [pieces_of[c.id] for c in todo]
-                    got = np.asarray(await embed([t for ps in parts for t in ps]), dtype=np.float32)
-                    at = 0
-                    for c, ps in zip(todo, parts):
-                        c.embedding = verdict.pool(list(got[at:at + len(ps)]), [len(t) for t in ps])
-                        at += len(ps)
-                embs = np.stack([c.embedding for c in kept]).astype(np.float32)
-            except LimitExceeded:
-                raise  # the tenant's own embedder cap: 429, not a result without diversity
-            except Exception as exc:  # noqa: BLE001 - diversity is best effort
-                log.warning("embedding documents for MMR failed: %s", type(exc).__name__)
-                embs, mmr_used = np.eye(len(kept), dtype=np.float32), False
+            embs = np.stack([c.embedding for c in kept]).astype(np.float32)
+        else:
+            embs = np.eye(max(1, len(kept)), dtype=np.float32)[: len(kept)]
+        cut = self.cut
         top_n = req.top_n or len(kept)
         ranked = diversify.composite(kept, embs, lam=self.lam if mmr_used else 1.0, k=len(kept),
                                      recency_weight=req.recency_weight, half_life_days=req.half_life_days,
@@ -310,7 +248,7 @@ class CallerDocumentsFlow(StoredResponse):
             "lambda": self.lam, "mmr": mmr_used, "injection_policy": look.policy, "filtered": filtered,
             # scored documents the injection classifier could not reach (judged by the patterns
             # alone, or without their spans): the answer is then not cached
-            "unclassified": seen.unclassified,
+            "unclassified": self.unclassified,
             "fallback": scored.reason is not None, "fallback_reason": scored.reason,
             "rerank_duration_ms": scored.ms,
         }

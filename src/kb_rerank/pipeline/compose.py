@@ -1,5 +1,6 @@
 """Small rules the flows share when they compose an answer: rounding for the wire, the
-fallback relevance, rank maps and the tier thresholds."""
+fallback relevance (the one rule for a score without the model), rank maps and the tier
+thresholds."""
 
 from __future__ import annotations
 
@@ -15,6 +16,11 @@ def rounded(x: float | None, nd: int = 6) -> float | None:
         return None
     x = float(x)
     return round(x, nd) if math.isfinite(x) else None
+
+
+def clamped(x: float) -> float:
+    """A relevance for the wire: rounded to 6 decimals, within 0..1."""
+    return min(1.0, max(0.0, round(float(x), 6)))
 
 
 def fallback_relevance(first_stage: list[float | None]) -> list[float]:

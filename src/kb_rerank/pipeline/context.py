@@ -1,24 +1,17 @@
 """The flow behind ``POST /v1/kb/context``: ranked, guarded context for a language model
-(run by :class:`kb_rerank.pipeline.flow.Pipeline`: single flight, cache, audit, writes).
+(run by :class:`kb_rerank.pipeline.flow.Pipeline`). The cache row holds
+``{"kind": "kb_context_v1", "response": ...}``; the key adds the tenant's injection policy.
 
-Key: ``query_hash`` of the normalised query + ``"\\x1f"`` + the canonical JSON of every
-parameter that changes the answer (the request's, defaults filled in; the tenant's injection
-policy; the settings used: candidates, fusion, cut-off, gate, tiers, demote factor, model
-name); source ``hybrid_lexical_semantic``, at the tenant's knowledge-base generation. The
-cache row holds ``{"kind": "kb_context_v1", "response": ...}``.
-
-Compute (a miss):
-1. Embed the query; one tenant transaction: kb.search_hybrid (:mod:`.retrieval`), the
-   candidates' stored guard flags, embeddings and document metadata, and their live pair
-   scores.
+1. Candidates: kb.search_hybrid with the chunks' stored guard flags, embeddings and document
+   metadata (:class:`~kb_rerank.pipeline.retrieval.RetrievalSpec`, ``details``).
 2. Gate ("nothing relevant"), separate from fusion: best semantic similarity below
    ``gate_min_similarity`` and no lexical hit -> ``answerable: false``, no results, the
    model is not called.
 3. Guard policy (:mod:`.guard_policy`): flagged chunks excluded / demoted / allowed per the
    tenant's policy, keyword-stuffed ones demoted; reported in ``filtered``.
 4. Cut-off: at most ``rerank_max_candidates`` by fused score (desc, chunk_id) go to the
-   cross-encoder (:meth:`Pipeline.score`, pair cache and fallback; a fallback uses fused
-   score / best and is not cached).
+   cross-encoder (a fallback uses :func:`~kb_rerank.pipeline.compose.fallback_relevance` and
+   is not cached).
 5. MMR + composite (:mod:`.diversify`) over the reranked candidates, tiers from
    ``tier_high`` / ``tier_medium``, the top ``top_n`` assembled by :mod:`.prompt`.
 """
@@ -32,11 +25,13 @@ import numpy as np
 from kb_rerank.candidate import Candidate
 from kb_rerank.pipeline import diversify, prompt
 from kb_rerank.pipeline.compose import fallback_relevance, rank_map, rounded, tiers
-from kb_rerank.pipeline.flow import Lookup, Outcome, Pipeline, Served, StoredResponse
+from kb_rerank.pipeline.costs import Work
+from kb_rerank.pipeline.flow import Lookup, Outcome, Selection, Served, StoredResponse
 from kb_rerank.pipeline.guard_policy import apply as apply_policy
 from kb_rerank.pipeline.query import normalize_query
 from kb_rerank.pipeline.requests import ContextRequest
-from kb_rerank.pipeline.retrieval import pair_keys, retrieve
+from kb_rerank.pipeline.retrieval import RetrievalSpec
+from kb_rerank.pipeline.scoring import Scored
 from kb_rerank.settings import Settings
 
 SOURCE = "hybrid_lexical_semantic"
@@ -51,35 +46,23 @@ class ContextFlow(StoredResponse):
     tag = "context"
     fixed_generation = None
     keyed_on_policy = True
+    admission = Work()
 
-    def __init__(self, req: ContextRequest, settings: Settings, model: str) -> None:
-        self.req = req
-        self.settings = settings
-        self.model = model
+    def __init__(self, req: ContextRequest, settings: Settings, model: str, classifier: Any = None) -> None:
+        self.req, self.settings, self.model = req, settings, model
         self.normalized = normalize_query(req.query)
-
-    def admit(self, pipe: Pipeline, tenant) -> None:
-        pass  # the embedding and the pairs are charged when they are used
+        self.top_n = int(req.top_n or settings.context_top_n)
+        self.lam = float(settings.mmr_lambda if req.lam is None else req.lam)
+        self.retrieval = RetrievalSpec.of(settings, SOURCE, details=True)
+        # the query embedding and the pairs of the cut-off, at most
+        self.miss = Work(embeddings=1, pairs=min(self.retrieval.limit, max(1, settings.rerank_max_candidates)))
 
     def params(self, policy: str | None) -> Mapping[str, Any]:
-        req, s = self.req, self.settings
+        req = self.req
         return {
-            "endpoint": "context/v1",
-            "top_n": req.top_n or s.context_top_n,
-            "lambda": s.mmr_lambda if req.lam is None else req.lam,
-            "recency_weight": req.recency_weight,
-            "half_life_days": req.half_life_days,
-            "authority_weight": req.authority_weight,
-            "explain": req.explain,
-            "injection_policy": policy,
-            "candidates": s.candidates,
-            "fusion_depth": s.fusion_depth,
-            **s.fusion,
-            "rerank_max_candidates": s.rerank_max_candidates,
-            "gate_min_similarity": s.gate_min_similarity,
-            "tiers": [s.tier_high, s.tier_medium],
-            "demote_factor": s.demote_factor,
-            "model": self.model,
+            "endpoint": "context/v1", "top_n": self.top_n, "lambda": self.lam,
+            "recency_weight": req.recency_weight, "half_life_days": req.half_life_days,
+            "authority_weight": req.authority_weight, "explain": req.explain, "injection_policy": policy,
         }
 
     def answer(self, served: Served, trace_id: str) -> dict[str, Any]:
@@ -88,61 +71,59 @@ class ContextFlow(StoredResponse):
                     "candidate_count": 0}
         return {**served.body, "from_cache": False, "trace_id": trace_id}
 
-    async def compute(self, pipe: Pipeline, look: Lookup) -> Outcome:
-        s, req, tenant = self.settings, self.req, look.tenant
-        params = look.params or {}
-        async with pipe.limits.embedding(tenant):
-            embedding = await pipe.embed(pipe.embedder.embed_query, self.normalized)
-        got = await retrieve(pipe, tenant, SOURCE, self.normalized, embedding, generation=look.generation,
-                             details=True)
-        cands = got.candidates
-        top_n, lam = int(params["top_n"]), float(params["lambda"])
+    def candidates(self) -> list[Candidate]:
+        return []
+
+    async def inspect(self, tools, cands: list[Candidate]) -> None:
+        return None  # the chunks' verdicts were stored at ingestion
+
+    def select(self, cands: list[Candidate], policy: str) -> Selection:
+        s = self.settings
         best_sim = max((c.semantic_score for c in cands if c.semantic_score is not None), default=None)
         lexical_hits = sum(1 for c in cands if c.lexical_rank is not None)
-        gate_closed = lexical_hits == 0 and (best_sim is None or best_sim < s.gate_min_similarity)
+        closed = lexical_hits == 0 and (best_sim is None or best_sim < s.gate_min_similarity)
+        gate = {"closed": closed, "best_similarity": rounded(best_sim), "lexical_hits": lexical_hits,
+                "threshold": s.gate_min_similarity}
+        if not cands or closed:
+            return Selection(cands, [], note={"gate": gate})
+        kept, filtered = apply_policy(cands, policy, s.demote_factor, lambda c: {"chunk_id": c.id})
+        kept.sort(key=lambda c: (-(c.score if c.score is not None else 0.0), c.id))
+        return Selection(cands, kept[: max(1, s.rerank_max_candidates)], kept, filtered, {"gate": gate})
+
+    def compose(self, look: Lookup, sel: Selection, scored: Scored) -> Outcome:
+        req, cands, cut, kept = self.req, sel.candidates, sel.chosen, sel.kept
+        gate = sel.note["gate"]
         body: dict[str, Any] = {
-            "answerable": False, "results": [], "filtered": [],
-            "gate": {"closed": gate_closed, "best_similarity": rounded(best_sim), "lexical_hits": lexical_hits,
-                     "threshold": s.gate_min_similarity},
+            "answerable": False, "results": [], "filtered": sel.filtered, "gate": gate,
             "context": prompt.build_context_block([]), "system_prompt": prompt.system_prompt(0),
             "model": self.model, "fallback": False, "fallback_reason": None,
-            "candidate_count": len(cands), "reranked_count": 0, "rerank_duration_ms": 0,
-            "lambda": lam, "injection_policy": look.policy,
+            "candidate_count": len(cands), "reranked_count": len(cut), "rerank_duration_ms": 0,
+            "lambda": self.lam, "injection_policy": look.policy,
         }
         if req.explain:
             body["stages"] = []
-        done = Outcome(body, len(cands), 0, self.model,
-                       detail="context;gate_closed" if gate_closed else "context")
-        if not cands or gate_closed:
-            return done
-
-        kept, filtered = apply_policy(cands, look.policy, s.demote_factor, lambda c: {"chunk_id": c.id})
-        body["filtered"] = filtered
-        kept.sort(key=lambda c: (-(c.score if c.score is not None else 0.0), c.id))
-        cut = kept[: max(1, s.rerank_max_candidates)]
-        body["reranked_count"] = len(cut)
         if not cut:
-            done.detail = "context;unanswerable"
-            return done
-        scored = await pipe.score(tenant, SOURCE, self.normalized, [c.content for c in cut], keys=pair_keys(cut),
-                                  cached=got.cached_pairs)
+            detail = "context;gate_closed" if gate["closed"] else ("context;unanswerable" if cands else "context")
+            return Outcome(body, len(cands), 0, self.model, detail=detail)
         body["rerank_duration_ms"] = scored.ms
         rel = scored.scores if scored.scores is not None else fallback_relevance([c.score for c in cut])
         if scored.reason:
             body["fallback"], body["fallback_reason"] = True, scored.reason
         for c, r in zip(cut, rel):
             c.relevance = float(r)
-        ranked = diversify.composite(cut, _embeddings(cut), lam=lam, k=len(cut), recency_weight=req.recency_weight,
-                                     half_life_days=req.half_life_days, authority_weight=req.authority_weight)
+        ranked = diversify.composite(cut, _embeddings(cut), lam=self.lam, k=len(cut),
+                                     recency_weight=req.recency_weight, half_life_days=req.half_life_days,
+                                     authority_weight=req.authority_weight)
         fused_rank = {c.id: i + 1 for i, c in enumerate(kept)}
         rerank_rank = rank_map([c.id for c in cut], [c.relevance for c in cut])
-        results, passages = self._results(ranked, cut, fused_rank, rerank_rank, top_n)
+        results, passages = self._results(ranked, cut, fused_rank, rerank_rank, self.top_n)
         body["results"] = results
         body["answerable"] = bool(results)
         body["context"] = prompt.build_context_block(passages)
         body["system_prompt"] = prompt.system_prompt(len(passages))
         if req.explain:
-            body["stages"] = self._stages(ranked, cut, kept, cands, filtered, fused_rank, rerank_rank, top_n)
+            body["stages"] = self._stages(ranked, cut, kept, cands, sel.filtered, fused_rank, rerank_rank,
+                                          self.top_n)
         return Outcome(body, len(cands), len(results), self.model, fallback_reason=scored.reason,
                        rerank_ms=scored.ms, new_pairs=scored.new_pairs,
                        detail="context" if results else "context;unanswerable")

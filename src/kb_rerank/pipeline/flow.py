@@ -1,46 +1,31 @@
-"""The request path every endpoint shares, written once: single flight, cache read, audit,
-cache and pair-score write, metrics. Each endpoint is a :class:`Flow` (what to compute and
-how its answer is stored); :meth:`Pipeline.run` does the rest.
+"""The request path every endpoint shares: :meth:`Pipeline.run` is one fixed sequence,
 
-Steps of a request (tenant ``t``, a flow of source ``s``)
---------------------------------------------------------
-1. **Single flight** per ``(t, s, flight key)``, in process: the flight key is the query
-   hash of the normalised query and the flow's parameters (the tenant's injection policy
-   left out: it is read in step 2). A request first looks for a leader computing the same
-   key. If there is none it becomes the leader and reads the cache (step 2) once; a leader
-   commits its cache row before it leaves, so finding no leader and then no row is a real
-   miss. Identical requests arriving meanwhile wait for the leader, then read the cache (a
-   hit) or, when the answer was not cached (fallback, uninspected documents) and neither the
-   generation nor the key moved since the leader read them, share the leader's answer
-   (audited for themselves, detail ``single_flight``); when the leader failed they fail the
-   same way at once (a database outage costs them no second timeout). Across processes
-   (app replicas over one database; ``KB_SHARED_SINGLE_FLIGHT``), a leader that misses
-   claims the key in ``kb.kb_rerank_inflight`` (:mod:`kb_rerank.store.inflight`) before it
-   computes; a leader that finds the key claimed by another process polls for that
-   process's cache row and serves it as a hit (audited ``cache_hit``), and computes only when
-   the claim is released with nothing cached or expires. The claim is released in the
-   record step's statement (kb.record_outcome), with the cache row.
-2. **Lookup** (one tenant transaction): the tenant's injection policy when the flow keys on
-   it, the cache key ``query_hash(normalised query, parameters)`` (:mod:`.query`), the
-   tenant's knowledge-base generation (or the flow's fixed one) and the key's live row at
-   it, in one statement (:mod:`kb_rerank.store.result_cache`). A row the flow cannot
-   decode is deleted and treated as a miss. A hit writes its ``cache_hit`` audit row in the
-   same transaction and is answered without the model.
-   A leader's miss claims the key (``KB_SHARED_SINGLE_FLIGHT``, step 1) in the same
-   transaction, committed with it.
-3. **Compute** (the flow's own steps: candidates, guard policy, scoring with the pair cache
-   and fallback through :meth:`Pipeline.score`, diversification, composition). Every cache
-   row and pair score of the answer is keyed by the generation read in step 2, before any
-   candidate was read.
-4. **Record** (one statement, its own transaction: kb.record_outcome through
-   :mod:`kb_rerank.store.record`, one round trip): the cache row (unless the answer is not
-   cacheable: a fallback, or documents the guard had no time to inspect), the pairs the model
-   scored (not on fallback) and the ``served`` / ``fallback`` audit row, signed with the app's
-   key; all three or none.
+    lookup -> admit -> embed -> retrieve -> (inspect) -> score -> compose -> record
 
-Metrics (:class:`PipelineMetrics`, labelled with the flow's ``source``): cache hits and
-misses, fallbacks by reason, model calls, pair-cache hits, latency of served requests.
-No Litestar import: the HTTP layer maps exceptions to statuses.
+and an endpoint is a :class:`Flow`: the data and pure functions that make its answer (its key
+parameters, its work, a retrieval spec or its own candidates, ``select`` and ``compose``,
+encode / decode of its cache row), with one async hook, ``inspect``, where caller documents
+need the guard. No flow calls back into the runner.
+
+1. **Admit**: the work the body tells is charged before anything else, and what a miss may do
+   is reserved when it starts (:mod:`.costs`); the bill is settled when the request ends.
+2. **Single flight** (:mod:`.flights`): identical requests wait for one leader in process;
+   across processes a missed key is claimed in the lookup's transaction.
+3. **Lookup** (one tenant transaction: :mod:`kb_rerank.store.result_cache`): the tenant's
+   injection policy, the cache key (:func:`cache_key`: the query, the flow's parameters and
+   every setting that changes an answer), the tenant's knowledge-base generation and the key's
+   live row. A hit writes its ``cache_hit`` audit row in the same transaction.
+4. **Compute** a miss: the query embedding (when the spec needs one), the candidates (on a
+   standby when read replicas are set, else on the primary, with their pair scores in the same
+   snapshot), the flow's ``inspect`` and ``select``, the cross-encoder (:mod:`.scoring`), the
+   flow's ``compose``.
+5. **Record** (one statement, kb.record_outcome): the cache row unless the answer is a
+   fallback or not cacheable, the pair scores the model computed, the audit row signed with
+   the app's key, and the release of the shared claim: all or none.
+
+Stage timings (``Server-Timing``, :mod:`.timing`): cache, embed, retrieve, guard, rerank,
+record. Metrics (:class:`PipelineMetrics`) are labelled with the flow's ``source``. No
+Litestar import: the HTTP layer maps exceptions to statuses.
 """
 
 from __future__ import annotations
@@ -50,18 +35,24 @@ import logging
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Protocol
+from typing import Any, Awaitable, Callable, Mapping, Protocol
 
+import numpy as np
+
+from kb_rerank.candidate import Candidate
+from kb_rerank.ingest import guard_classifier, verdict
 from kb_rerank.pipeline import scoring, timing
+from kb_rerank.pipeline.costs import Bill, Work
+from kb_rerank.pipeline.flights import Claim, Flights
 from kb_rerank.pipeline.limits import UNLIMITED, Limits
 from kb_rerank.pipeline.query import query_hash, query_hash_key
+from kb_rerank.pipeline.retrieval import RetrievalSpec, pair_keys, read
 from kb_rerank.settings import Settings
-from kb_rerank.store import audit, inflight, pair_cache, record, result_cache
-from kb_rerank.store.guard_reviews import DEFAULT_POLICY, POLICIES, POLICY_SQL, policy_of  # noqa: F401 (eval reads them here)
+from kb_rerank.store import audit, pair_cache, record, replicas as replica_reads, result_cache
+from kb_rerank.store.guard_reviews import DEFAULT_POLICY, atenant_policy
 from kb_rerank.store.session import atenant_transaction
 
 log = logging.getLogger(__name__)
-
 
 
 class PipelineMetrics:
@@ -83,26 +74,46 @@ class PipelineMetrics:
         """A request of ``source`` answered (hit or miss) in ``seconds``."""
 
 
+def answer_config(settings: Settings, model: str, guard_version: str | None) -> dict[str, Any]:
+    """Every setting that changes an answer, for the cache key of every flow: after a change
+    of any of them the cached answers of the old configuration are not served."""
+    s = settings
+    return {
+        "candidates": s.candidates, "fusion_depth": s.fusion_depth, **s.fusion,
+        "bm25": [s.bm25_k1, s.bm25_b], "rerank_top_n": s.rerank_top_n,
+        "rerank_max_candidates": s.rerank_max_candidates, "gate_min_similarity": s.gate_min_similarity,
+        "tiers": [s.tier_high, s.tier_medium], "demote_factor": s.demote_factor,
+        "chunking": [s.chunk_max_chars, s.chunk_overlap], "model": model,
+        "guard_classifier": [guard_version, s.guard_classifier_threshold],
+    }
+
+
 @dataclass
 class Lookup:
-    """What step 2 read, and what the miss computes under."""
+    """What the lookup read, and what a miss computes under."""
 
     tenant: uuid.UUID
     policy: str
-    params: Mapping[str, Any] | None
     query_hash: str  # the cache key (audit rows name it)
     generation: int
     hit: Any = None  # the decoded cached body
     model: str | None = None  # the model the cached body was computed with
-    # the single-flight claim tried in the lookup's transaction on a miss (``claim_as``):
-    # True when taken, False when another process holds the key, None when not tried
-    claimed: bool | None = None
+
+
+@dataclass
+class Selection:
+    """What a flow's ``select`` hands to the model and to its ``compose``."""
+
+    candidates: list[Candidate]  # every candidate the flow had
+    chosen: list[Candidate]  # those the cross-encoder scores, in order
+    kept: list[Candidate] = field(default_factory=list)  # after the guard policy
+    filtered: list[dict[str, Any]] = field(default_factory=list)  # the policy's report
+    note: dict[str, Any] = field(default_factory=dict)  # the flow's own (the gate)
 
 
 @dataclass
 class Outcome:
-    """A computed answer: ``body`` is what the cache stores (encoded by the flow) and what
-    the flow's response is built from."""
+    """A computed answer: ``body`` is what the cache stores (encoded by the flow)."""
 
     body: Any
     candidate_count: int
@@ -113,49 +124,67 @@ class Outcome:
     cacheable: bool = True  # False also when the answer is a fallback
     detail: str | None = None  # audit detail beside the fallback reason (default: the flow's tag)
     new_pairs: dict[pair_cache.PairKey, float] = field(default_factory=dict)
-    # set by the runner: the lookup the answer was computed under
-    query_hash: str = ""
+    query_hash: str = ""  # the lookup it was computed under (set by the runner)
     generation: int = 0
 
 
+@dataclass
+class Served:
+    body: Any
+    from_cache: bool
+    outcome: Outcome | None  # None on a hit
+    model: str
+
+
+@dataclass(frozen=True)
+class GuardTools:
+    """What ``Flow.inspect`` may use: the embedder (the classifier it fits) and its calls,
+    charged to the request (:meth:`kb_rerank.pipeline.costs.Bill.embedder`)."""
+
+    embedder: Any
+    embed_passages: Callable[[list[str]], Awaitable[np.ndarray]]
+
+
 class Flow(Protocol):
-    """One endpoint's computation and storage rules (see :mod:`.rerank`, :mod:`.context`,
-    :mod:`.caller_documents`)."""
+    """One endpoint (:mod:`.rerank`, :mod:`.context`, :mod:`.caller_documents`)."""
 
     source: str  # cache / audit / metrics source
     tag: str | None  # audit detail of its rows (None for the search endpoint)
     fixed_generation: int | None  # None: the tenant's knowledge-base generation
     keyed_on_policy: bool  # whether the tenant's injection policy enters the key
-    normalized: str
+    normalized: str  # the normalised query
+    admission: Work  # charged before the cache read
+    miss: Work  # the most a miss does, reserved when it starts
+    retrieval: RetrievalSpec | None  # None: the flow's own candidates
 
-    def admit(self, pipe: Pipeline, tenant: uuid.UUID) -> None:
-        """Charge what the request's size already tells (before the cache read); 429 if short.
-        A flow may also define ``settle(pipe, tenant)``, called once when the request ends
-        (however it ends), to charge work whose size is known only once it is done
-        (/v2/rerank's guard spans, as a debt)."""
+    def params(self, policy: str | None) -> Mapping[str, Any]:
+        """The request's parameters that change the answer."""
 
-    def params(self, policy: str | None) -> Mapping[str, Any] | None:
-        """The parameters that change the answer (None: the query alone keys it)."""
+    def candidates(self) -> list[Candidate]:
+        """The flow's own candidates (when ``retrieval`` is None)."""
 
-    def encode(self, body: Any) -> Any:
-        """The cache row's JSON for an answer."""
+    async def inspect(self, tools: GuardTools, cands: list[Candidate]) -> None:
+        """The guard over caller documents (a no-op for knowledge-base chunks, judged at ingestion)."""
+
+    def select(self, cands: list[Candidate], policy: str) -> Selection:
+        """Which candidates the model scores (pure)."""
+
+    def compose(self, look: Lookup, sel: Selection, scored: scoring.Scored) -> Outcome:
+        """The answer (pure); ``scored.scores`` is None on a fallback."""
+
+    def encode(self, body: Any) -> Any: ...
 
     def decode(self, payload: Any) -> Any | None:
         """The answer stored in a cache row, None when the row is malformed."""
 
-    def returned(self, body: Any) -> int:
-        """How many results ``body`` returns (audit)."""
-
-    async def compute(self, pipe: Pipeline, look: Lookup) -> Outcome:
-        """The answer of a miss."""
+    def returned(self, body: Any) -> int: ...
 
     def answer(self, served: Served, trace_id: str) -> Any:
         """The response (a dict the HTTP layer converts to the route's response Struct)."""
 
 
 class StoredResponse:
-    """Cache rows of a flow whose answer is a JSON object: ``{"kind": cache_kind, "response"}``
-    (the context and caller-documents flows; the search flow stores its results list)."""
+    """Cache rows of a flow whose answer is a JSON object: ``{"kind": cache_kind, "response"}``."""
 
     cache_kind: str
 
@@ -172,285 +201,248 @@ class StoredResponse:
         return len(body.get("results", []))
 
 
-@dataclass
-class Served:
-    body: Any
-    from_cache: bool
-    outcome: Outcome | None  # None on a hit
-    model: str
-
-
 class Pipeline:
-    """One per app: the pool, the models, the keys, the limits, the metrics and the
-    single-flight map; :meth:`run` serves a flow."""
+    """One per app: the pool, the models, the keys, the limits, the metrics and the flights;
+    :meth:`run` serves a flow."""
 
     def __init__(self, settings: Settings, pool, embedder, reranker, *, embed_executor=None,
                  metrics: PipelineMetrics | None = None, hash_key: bytes | None = None,
                  limits: Limits | None = None, replicas=None) -> None:
         self.settings = settings
-        # the query-hash key, read once here (app start), never per request
-        self.hash_key = hash_key if hash_key is not None else query_hash_key(settings)
-        self.audit_key = audit.AuditKey.from_settings(settings)  # signs audit rows; read once too
-        self.limits = limits or UNLIMITED  # per-tenant costs and caps (kb_rerank.pipeline.limits)
+        self.hash_key = hash_key if hash_key is not None else query_hash_key(settings)  # read once, at start
+        self.audit_key = audit.AuditKey.from_settings(settings)  # signs audit rows
+        self.limits = limits or UNLIMITED
         self.pool = pool
         self.embedder = embedder
         self.reranker = reranker
         self.embed_executor = embed_executor
         self.replicas = replicas  # kb_rerank.store.replicas.ReadReplicas, or None: reads on the primary
         self.metrics = metrics or PipelineMetrics()
-        self._inflight: dict[tuple[str, str, str], asyncio.Future] = {}
+        self.flights = Flights()
+        # the learned injection detector, when its weights fit the embedder and it may vote
+        self.classifier = (verdict.guard_classifier(embedder)
+                           if embedder is not None and settings.guard_classifier_threshold < 1.0 else None)
+        self.config = answer_config(settings, self.model_name, guard_classifier.load_shipped().version)
         self._background: set[asyncio.Task] = set()
 
-    # ------------------------------------------------------------------ services to flows
     @property
     def model_name(self) -> str:
         return str(getattr(self.reranker, "model_name", None) or self.settings.reranker_model)
 
     @property
     def inflight(self) -> int:
-        """Keys being computed now (single flight)."""
-        return len(self._inflight)
+        """Keys being computed now in this process."""
+        return len(self.flights)
+
+    def flow(self, kind: Callable[..., Flow], req: Any) -> Flow:
+        """The flow ``kind`` of ``req`` under this app's settings, model and classifier."""
+        return kind(req, self.settings, self.model_name, self.classifier)
 
     def hash_query(self, normalized: str, params: Mapping[str, Any] | None = None) -> str:
         """:func:`~kb_rerank.pipeline.query.query_hash` under this app's key."""
         return query_hash(normalized, self.hash_key, params)
 
-    async def audit(self, conn, tenant, record: audit.AuditRecord) -> None:
-        """One audit row in ``conn``'s tenant transaction, signed with this app's key."""
-        await audit.append(conn, record, tenant_id=tenant, key=self.audit_key)
-
-    async def embed(self, fn, *args: Any) -> Any:
-        """An embedder call on the embedder's executor (off the event loop)."""
-        with timing.stage("embed"):
-            return await asyncio.get_running_loop().run_in_executor(self.embed_executor, fn, *args)
+    def cache_key(self, flow: Flow, policy: str | None) -> str:
+        return self.hash_query(flow.normalized, {**flow.params(policy), "config": self.config})
 
     def connection(self, tenant):
         """One of the tenant's pool connections (a slot of :mod:`.limits`)."""
         return self.limits.connection(self.pool, tenant)
 
-    async def read(self, tenant, work):
-        """``work(conn, on_primary)`` for a read-only step (candidate retrieval): on a healthy
-        standby when read replicas are configured, else (or when the standby fails) on the
-        primary; within the tenant's share of either pool."""
-        if self.replicas is None:
-            async with self.connection(tenant) as conn:
-                return await work(conn, True)
-        return await self.replicas.run(work, lambda pool: self.limits.connection(pool, tenant), self.pool)
-
-    async def score(self, tenant, source: str, query: str, texts: list[str], **kw: Any):
-        """:func:`kb_rerank.pipeline.scoring.score` with this app's model, settings, metrics
-        and limits; a fallback is counted under ``source`` and reloads the model."""
-        with timing.stage("rerank"):
-            return await scoring.score(reranker=self.reranker, settings=self.settings, metrics=self.metrics,
-                                       limits=self.limits, reload_later=self.reload_model_later, query=query,
-                                       texts=texts, source=source, tenant=tenant, **kw)
-
-    def reload_model_later(self) -> None:
-        """(Re)load the model in the background when it is not ready (after a fallback)."""
-        ensure = getattr(self.reranker, "ensure_loaded_async", None)
-        if ensure is None or getattr(self.reranker, "ready", False):
-            return
-        task = asyncio.get_running_loop().create_task(ensure())
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
-
-    # ------------------------------------------------------------------ the runner
+    # ------------------------------------------------------------------ the sequence
     async def run(self, flow: Flow, tenant: uuid.UUID, trace_id: str) -> Served:
         t0 = time.perf_counter()
-        flow.admit(self, tenant)
+        bill = Bill(self.limits, tenant)
+        bill.admit(flow.admission)
         try:
-            served = await self._run(flow, tenant, trace_id, t0)
+            served = await self._serve(flow, bill, trace_id, t0)
         finally:
-            # a flow charges the work it could not price at admission, whether the request was
-            # served, failed or was cancelled (optional: /v2/rerank's guard spans, as a debt)
-            settle = getattr(flow, "settle", None)
-            if settle is not None:
-                settle(self, tenant)
+            bill.settle()  # served, failed or cancelled
         self.metrics.served(flow.source, time.perf_counter() - t0)
         return served
 
-    async def _run(self, flow: Flow, tenant: uuid.UUID, trace_id: str, t0: float) -> Served:
-        key = (str(tenant), flow.source, self.hash_query(flow.normalized, flow.params(None)))
-        for _attempt in range(3):
-            pending = self._inflight.get(key)
-            if pending is None:
-                break
-            shared: Outcome | Exception | None = await asyncio.shield(pending)
-            if isinstance(shared, Exception):
-                raise shared  # the leader failed (database down, say): fail the same way now
-            look = await self._lookup(flow, tenant, trace_id, t0)
+    async def _serve(self, flow: Flow, bill: Bill, trace_id: str, t0: float) -> Served:
+        tenant = bill.tenant
+        async with self.flights.lead((str(tenant), flow.source, self.cache_key(flow, None))) as flight:
+            claim = self._claim(flow) if flight.followed is None else None
+            look = await self.lookup(flow, tenant, trace_id, t0, claim)
+            while look.hit is None and claim is not None and claim.contended:
+                # another process computes this key: its cache row, once it is released
+                if not await claim.wait_released(lambda: self.connection(tenant), tenant):
+                    break  # waited as long as a claim lives: compute without one
+                look = await self.lookup(flow, tenant, trace_id, t0, claim)
             if look.hit is not None:
                 return Served(look.hit, True, None, look.model or self.model_name)
-            if (shared is not None and shared.generation == look.generation
+            shared = flight.followed
+            if (isinstance(shared, Outcome) and shared.generation == look.generation
                     and shared.query_hash == look.query_hash):
-                # not cached (fallback, uninspected documents): serve the same answer, audited
-                # for this request; only at the generation the leader computed it at (after a
-                # change to the tenant's documents the follower computes afresh)
-                await self._record(flow, tenant, trace_id, shared, t0, write=False, extra="single_flight")
+                # the leader's answer was not cached (fallback, uninspected documents): the same
+                # answer, audited for this request, at the generation the leader read
+                flight.outcome = shared
+                await self.record(flow, tenant, trace_id, shared, t0, write=False, extra="single_flight")
                 return Served(shared.body, False, shared, shared.model)
-            # the leader was cancelled (its client went away), or its answer belongs to an
-            # older generation or another key: compute ourselves (we may become the leader)
-        fut: asyncio.Future = asyncio.get_running_loop().create_future()
-        self._inflight[key] = fut
-        outcome: Outcome | None = None
-        failure: Exception | None = None
-        claim: list = []  # [(lookup, claimant)] while this process holds the key's shared claim
-        # the shared claim is tried in the lookup's own transaction when it misses (one
-        # connection and transaction fewer per miss than claiming apart)
-        me = uuid.uuid4() if self.settings.shared_single_flight else None
-        try:
-            look = await self._lookup(flow, tenant, trace_id, t0, claim_as=me)
-            if look.hit is not None:
-                return Served(look.hit, True, None, look.model or self.model_name)
-            other = await self._claim(flow, tenant, trace_id, t0, look, claim, me=me)
-            if isinstance(other, Served):
-                return other  # another process computed it meanwhile: its cache row, as a hit
-            look = other
-            self.metrics.cache_miss(flow.source)
-            outcome = await flow.compute(self, look)
-            outcome.query_hash, outcome.generation = look.query_hash, look.generation
-            if outcome.fallback_reason is not None:
-                outcome.cacheable = False
-            await self._record(flow, tenant, trace_id, outcome, t0, write=True,
-                               claimant=claim[0][1] if claim else None)
-            claim.clear()  # released in the record's transaction
+            try:
+                outcome = await self.compute(flow, bill, look)
+                await self.record(flow, tenant, trace_id, outcome, t0, write=True, claim=claim)
+            except BaseException:
+                if claim is not None and claim.held:
+                    # let the other processes compute now; in the background, as with the
+                    # database down the release waits a pool timeout and this must fail fast
+                    self._later(claim.release(lambda: self.connection(tenant), tenant))
+                raise
+            flight.outcome = outcome
             return Served(outcome.body, False, outcome, outcome.model)
-        except Exception as exc:
-            failure = exc
-            raise
-        finally:
-            if self._inflight.get(key) is fut:
-                del self._inflight[key]
-            if not fut.done():
-                fut.set_result(failure if failure is not None else outcome)  # followers get it
-            if claim:
-                # failed or cancelled before recording: let the other processes compute now.
-                # In the background: with the database down the release waits a pool timeout,
-                # and the failed request must still fail fast (the claim expires anyway)
-                task = asyncio.get_running_loop().create_task(self._release(flow, tenant, *claim[0]))
-                self._background.add(task)
-                task.add_done_callback(self._background.discard)
 
-    # ------------------------------------------------------------------ across processes
-    def _claim_ttl_s(self) -> float:
-        """How long a claim lives (and a waiter waits at most): the model's budget, plus the
-        cap on a /v2/rerank guard's embeddings (``guard_embed_timeout_s``, spent before the
-        model), plus room for the query embedding, the SQL and the writes."""
-        return float(self.settings.rerank_timeout_s) + float(self.settings.guard_embed_timeout_s) + 10.0
+    def _claim(self, flow: Flow) -> Claim | None:
+        """A claim across processes (``KB_SHARED_SINGLE_FLIGHT``). It lives as long as a miss
+        may take: the model's budget, the guard's embedding cap, and room for the rest."""
+        s = self.settings
+        if not s.shared_single_flight:
+            return None
+        ttl = float(s.rerank_timeout_s) + float(s.guard_embed_timeout_s) + 10.0
+        return Claim(flow.source, ttl, s.single_flight_poll_s)
 
-    async def _claim(self, flow: Flow, tenant, trace_id: str, t0: float, look: Lookup, held: list,
-                     me: uuid.UUID | None = None):
-        """Single flight across processes (:mod:`kb_rerank.store.inflight`): claim the missed
-        key and return the lookup to compute with (``held`` gets the claim), or, when another
-        process holds the claim, wait for its cache row and return it as a hit
-        (:class:`Served`). A claim released with nothing cached (a fallback, an uncacheable
-        answer, a failure) or expired, or a wait past the claim's lifetime, lets this process
-        compute; a moved generation is a new key, claimed afresh. ``me``: the claimant the
-        lookup already tried to claim the key as (``look.claimed``), if it did."""
-        if not self.settings.shared_single_flight:
-            return look
-        me = me or uuid.uuid4()
-        ttl = self._claim_ttl_s()
-        deadline = time.monotonic() + ttl
-        while True:
-            if look.claimed is not None:
-                got = look.claimed  # tried in the lookup's transaction (committed with it)
-            else:
-                async with self.connection(tenant) as conn:
-                    async with atenant_transaction(conn, tenant):
-                        got = await inflight.claim(conn, look.query_hash, flow.source, look.generation, me, ttl)
-            if got:
-                held.append((look, me))
-                return look
-            log.info("single flight: key claimed by another process source=%s tenant=%s query_hash=%s",
-                     flow.source, tenant, look.query_hash)
-            while time.monotonic() < deadline:
-                await asyncio.sleep(self.settings.single_flight_poll_s)
-                async with self.connection(tenant) as conn:
-                    async with atenant_transaction(conn, tenant):
-                        busy = await inflight.claimed(conn, look.query_hash, flow.source, look.generation)
-                if busy:
-                    continue
-                again = await self._lookup(flow, tenant, trace_id, t0)  # audits a hit
-                if again.hit is not None:
-                    return Served(again.hit, True, None, again.model or self.model_name)
-                look = again
-                break  # released without a row, or the generation moved: claim (again)
-            else:
-                return look  # waited as long as a claim lives: compute without one
-
-    async def _release(self, flow: Flow, tenant, look: Lookup, claimant: uuid.UUID) -> None:
-        try:
+    async def lookup(self, flow: Flow, tenant: uuid.UUID, trace_id: str, t0: float,
+                     claim: Claim | None) -> Lookup:
+        """One tenant transaction: the policy, the key, the generation, the live row (a hit is
+        audited here); on a miss, ``claim`` is tried in the same transaction."""
+        with timing.stage("cache"):
             async with self.connection(tenant) as conn:
                 async with atenant_transaction(conn, tenant):
-                    await inflight.release(conn, look.query_hash, flow.source, look.generation, claimant)
-        except Exception as exc:  # noqa: BLE001 - the claim expires on its own
-            log.warning("could not release a single-flight claim: %s", type(exc).__name__)
-
-    async def _lookup(self, flow: Flow, tenant: uuid.UUID, trace_id: str, t0: float, *,
-                      claim_as: uuid.UUID | None = None) -> Lookup:
-        with timing.stage("cache"):
-            return await self._lookup_timed(flow, tenant, trace_id, t0, claim_as=claim_as)
-
-    async def _lookup_timed(self, flow: Flow, tenant: uuid.UUID, trace_id: str, t0: float, *,
-                            claim_as: uuid.UUID | None = None) -> Lookup:
-        """Step 2. ``claim_as``: on a miss, claim the key for single flight across processes
-        as this claimant in the same transaction (:mod:`kb_rerank.store.inflight`, the
-        statements :meth:`_claim` would run in a transaction of their own; committed with the
-        lookup, so other processes see the claim as promptly); ``look.claimed`` tells."""
-        async with self.connection(tenant) as conn:
-            async with atenant_transaction(conn, tenant):
-                policy = DEFAULT_POLICY
-                if flow.keyed_on_policy:
-                    cur = await conn.execute(POLICY_SQL)
-                    policy = policy_of(await cur.fetchone())
-                params = flow.params(policy)
-                qh = self.hash_query(flow.normalized, params)
-                generation, entry = await result_cache.get_live(conn, qh, flow.source, decode=flow.decode,
-                                                                generation=flow.fixed_generation)
-                look = Lookup(tenant, policy, params, qh, generation)
-                if entry is None and claim_as is not None:
-                    look.claimed = await inflight.claim(conn, qh, flow.source, generation, claim_as,
-                                                        self._claim_ttl_s())
-                if entry is not None:
+                    policy = await atenant_policy(conn) if flow.keyed_on_policy else DEFAULT_POLICY
+                    qh = self.cache_key(flow, policy if flow.keyed_on_policy else None)
+                    generation, entry = await result_cache.get_live(conn, qh, flow.source, decode=flow.decode,
+                                                                    generation=flow.fixed_generation)
+                    look = Lookup(tenant, policy, qh, generation)
+                    if entry is None:
+                        if claim is not None:
+                            await claim.take(conn, qh, generation)
+                        return look
                     look.hit, look.model = entry.body, entry.model or self.model_name
-                    await self.audit(conn, tenant, audit.AuditRecord(
+                    await audit.append(conn, audit.AuditRecord(
                         kind=audit.CACHE_HIT, source=flow.source, query_hash=qh, trace_id=trace_id,
                         model=look.model, candidate_count=0, returned_count=flow.returned(entry.body),
                         duration_ms=(time.perf_counter() - t0) * 1000.0, detail=flow.tag,
-                    ))
-        if look.hit is not None:
-            self.metrics.cache_hit(flow.source)
-            log.info("request cache hit source=%s tenant=%s query_hash=%s", flow.source, tenant, qh)
+                    ), tenant_id=tenant, key=self.audit_key)
+        self.metrics.cache_hit(flow.source)
+        log.info("request cache hit source=%s tenant=%s query_hash=%s", flow.source, tenant, qh)
         return look
 
-    async def _record(self, flow: Flow, tenant, trace_id: str, out: Outcome, t0: float, *,
-                      write: bool, extra: str | None = None, claimant: uuid.UUID | None = None) -> None:
-        with timing.stage("record"):
-            await self._record_timed(flow, tenant, trace_id, out, t0, write=write, extra=extra, claimant=claimant)
+    async def compute(self, flow: Flow, bill: Bill, look: Lookup) -> Outcome:
+        """A miss, start to end: reserve, embed, retrieve, inspect, select, score, compose."""
+        self.metrics.cache_miss(flow.source)
+        bill.reserve(flow.miss)
+        spec, cached = flow.retrieval, None
+        if spec is None:
+            cands = flow.candidates()
+        else:
+            embedding = None
+            if spec.needs_embedding:
+                embedding = await self._embed(bill, self.embedder.embed_query, 1, flow.normalized)
+            cands, cached = await self.retrieve(look, spec, flow.normalized, embedding)
+        await flow.inspect(GuardTools(self.embedder, lambda texts: self._embed(
+            bill, self.embedder.embed_passages, len(texts), texts)), cands)
+        sel = flow.select(cands, look.policy)
+        scored = await self.score(flow, bill, look, sel.chosen, cached)
+        out = flow.compose(look, sel, scored)
+        out.query_hash, out.generation = look.query_hash, look.generation
+        if out.fallback_reason is not None:
+            out.cacheable = False
+        return out
 
-    async def _record_timed(self, flow: Flow, tenant, trace_id: str, out: Outcome, t0: float, *,
-                            write: bool, extra: str | None = None, claimant: uuid.UUID | None = None) -> None:
+    async def _embed(self, bill: Bill, fn, texts: int, *args: Any) -> Any:
+        """An embedder call of ``texts`` texts on the embedder's executor, in one of the tenant's
+        embedder slots."""
+        async with bill.embedder(texts):
+            with timing.stage("embed"):
+                return await asyncio.get_running_loop().run_in_executor(self.embed_executor, fn, *args)
+
+    async def retrieve(self, look: Lookup, spec: RetrievalSpec, query: str,
+                       embedding: Any) -> tuple[list[Candidate], dict | None]:
+        """The candidates and, read on the primary, their live pair scores: on a healthy
+        standby when read replicas are set (the primary when none is, it is behind the
+        request's generation, or it fails), within the tenant's share of either pool."""
+        tenant = look.tenant
+        pairs = (self.model_name, self.hash_query(query)) if self.settings.pair_cache else None
+        args = dict(generation=look.generation, query_hash=self.hash_query(query), pairs=pairs)
+        with timing.stage("retrieve"):
+            standby = self.replicas.pick() if self.replicas is not None else None
+            if standby is not None:
+                try:
+                    async with self.limits.connection(standby.pool, tenant) as conn:
+                        async with atenant_transaction(conn, tenant):
+                            return await read(conn, spec, query, embedding, on_primary=False, **args)
+                except replica_reads.StandbyBehind:
+                    log.debug("standby %s behind the request's generation: read on the primary", standby.name)
+                except replica_reads.RETRY_ON_PRIMARY as exc:
+                    self.replicas.failed(standby, exc)
+            async with self.connection(tenant) as conn:
+                async with atenant_transaction(conn, tenant):
+                    return await read(conn, spec, query, embedding, on_primary=True, **args)
+
+    async def score(self, flow: Flow, bill: Bill, look: Lookup, chosen: list[Candidate],
+                    cached: dict | None) -> scoring.Scored:
+        """The cross-encoder over ``chosen`` (pairs the pair cache holds are not sent); a
+        fallback is counted under the flow's source and reloads the model in the background."""
+        if not chosen:
+            return scoring.Scored([])
+        keys = pair_keys(chosen)
+        if cached is None and self.settings.pair_cache:
+            # not read with the candidates (caller documents, or candidates from a standby)
+            async with self.connection(look.tenant) as conn:
+                async with atenant_transaction(conn, look.tenant):
+                    cached = await pair_cache.get_live(conn, self.model_name, self.hash_query(flow.normalized),
+                                                       keys, generation=look.generation)
+        with timing.stage("rerank"):
+            scored = await scoring.score(self.reranker, flow.normalized, [c.content for c in chosen], keys, cached,
+                                         timeout_s=self.settings.rerank_timeout_s, slot=bill.model)
+        if scored.sent:
+            self.metrics.model_call(scored.ms / 1000.0, scored.sent)
+        if scored.reason is not None:
+            self.metrics.fallback(flow.source, scored.reason)
+            self._reload_model()
+        else:
+            self.metrics.pair_scores(scored.cached, scored.sent)
+        if not self.settings.pair_cache:
+            scored.new_pairs = {}
+        return scored
+
+    async def record(self, flow: Flow, tenant, trace_id: str, out: Outcome, t0: float, *, write: bool,
+                     extra: str | None = None, claim: Claim | None = None) -> None:
+        """One statement, its own transaction (kb.record_outcome): all of it or none."""
         parts = (out.fallback_reason, out.detail if out.detail is not None else flow.tag, extra)
         detail = ";".join(p for p in parts if p) or None
         cache = write and out.cacheable
         pairs = write and out.fallback_reason is None and self.settings.pair_cache
-        # one statement, its own transaction (kb.record_outcome): all of it or none
-        async with self.connection(tenant) as conn:
-            await record.write(
-                conn, tenant, audit.AuditRecord(
-                    kind=audit.FALLBACK if out.fallback_reason else audit.SERVED, source=flow.source,
-                    query_hash=out.query_hash, trace_id=trace_id, model=out.model,
-                    candidate_count=out.candidate_count, returned_count=out.returned_count,
-                    duration_ms=(time.perf_counter() - t0) * 1000.0, detail=detail,
-                ), self.audit_key, generation=out.generation, ttl_s=self.settings.cache_ttl_s,
-                payload=flow.encode(out.body) if cache else None,
-                # the pair cache is keyed by the query alone: shared by every flow
-                pair_query_hash=self.hash_query(flow.normalized) if pairs else None,
-                pairs=out.new_pairs if pairs else None,
-                # released with the cache row: a waiting process sees both at once
-                claimant=claimant)
+        with timing.stage("record"):
+            async with self.connection(tenant) as conn:
+                await record.write(
+                    conn, tenant, audit.AuditRecord(
+                        kind=audit.FALLBACK if out.fallback_reason else audit.SERVED, source=flow.source,
+                        query_hash=out.query_hash, trace_id=trace_id, model=out.model,
+                        candidate_count=out.candidate_count, returned_count=out.returned_count,
+                        duration_ms=(time.perf_counter() - t0) * 1000.0, detail=detail,
+                    ), self.audit_key, generation=out.generation, ttl_s=self.settings.cache_ttl_s,
+                    payload=flow.encode(out.body) if cache else None,
+                    # the pair cache is keyed by the query alone: shared by every flow
+                    pair_query_hash=self.hash_query(flow.normalized) if pairs else None,
+                    pairs=out.new_pairs if pairs else None,
+                    # released with the cache row: a waiting process sees both at once
+                    claimant=claim.claimant if claim is not None and claim.held else None)
+        if claim is not None:
+            claim.held = False
         log.info("request %s source=%s tenant=%s query_hash=%s candidates=%d results=%d rerank_ms=%d%s",
                  "fallback" if out.fallback_reason else "served", flow.source, tenant, out.query_hash,
                  out.candidate_count, out.returned_count, out.rerank_ms,
                  f" reason={out.fallback_reason}" if out.fallback_reason else "")
+
+    # ------------------------------------------------------------------ background work
+    def _reload_model(self) -> None:
+        """(Re)load the model in the background when it is not ready (after a fallback)."""
+        if not getattr(self.reranker, "ready", False) and hasattr(self.reranker, "ensure_loaded_async"):
+            self._later(self.reranker.ensure_loaded_async())
+
+    def _later(self, coro) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)

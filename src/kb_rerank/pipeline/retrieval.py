@@ -1,88 +1,94 @@
-"""Candidates from the tenant's knowledge base, one tenant transaction (on a read replica when
-configured: :mod:`kb_rerank.store.replicas`): the search the
-source names (kb.search_hybrid fused from lists ``fusion_depth`` deep, the best
-2 x ``candidates`` kept; kb.search_lexical with the BM25 parameters; kb.search_semantic),
-deduplicated by chunk, optionally with each chunk's stored details, and the live pair
-scores of the candidates (read in the same snapshot, keyed by the generation the request
-read first)."""
+"""Which candidates leave the database, written once for the service, ``kb-rerank search``
+and ``kb-rerank eval`` (:class:`RetrievalSpec`), and the read itself (:func:`read`: one tenant
+transaction, on a standby or the primary, chosen by the runner).
+
+Candidate counts: ``hybrid_lexical_semantic`` fuses the lexical and semantic lists
+``fusion_depth`` deep (kb.search_hybrid) and keeps the best 2 x ``candidates``;
+``lexical_only`` (kb.search_lexical, BM25 ``bm25_k1`` / ``bm25_b``) and ``semantic_only``
+(kb.search_semantic) keep ``candidates``; ``manual_curation`` reads the query's curated list,
+at most ``rerank_top_n``. Rows are deduplicated by chunk.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Mapping
 
 from kb_rerank.candidate import Candidate
-from kb_rerank.pipeline import timing
 from kb_rerank.settings import Settings
 from kb_rerank.store import pair_cache, replicas, search
-from kb_rerank.store.session import atenant_transaction
+
+HYBRID, LEXICAL, SEMANTIC, CURATED = "hybrid_lexical_semantic", "lexical_only", "semantic_only", "manual_curation"
 
 
-@dataclass
-class Retrieved:
-    candidates: list[Candidate]
-    cached_pairs: dict[pair_cache.PairKey, float] | None  # None with the pair cache off
+@dataclass(frozen=True)
+class RetrievalSpec:
+    source: str
+    limit: int  # candidates that leave the database
+    depth: int  # hybrid: how deep each list is read before fusion; else = limit
+    fusion: Mapping[str, Any]  # kb.search_hybrid's fusion arguments (Settings.fusion)
+    bm25_k1: float
+    bm25_b: float
+    details: bool = False  # the chunks' stored guard flags, embeddings and document metadata too
+
+    @classmethod
+    def of(cls, settings: Settings, source: str, *, candidates: int | None = None,
+           details: bool = False) -> "RetrievalSpec":
+        """The service's candidates for ``source`` (``candidates``: instead of KB_CANDIDATES)."""
+        cand = int(candidates or settings.candidates)
+        if source == HYBRID:
+            limit, depth = 2 * cand, settings.fusion_depth
+        elif source in (LEXICAL, SEMANTIC):
+            limit = depth = cand
+        elif source == CURATED:
+            limit = depth = settings.rerank_top_n
+        else:
+            raise ValueError(f"unknown source {source!r}")
+        return cls(source, limit, depth, dict(settings.fusion), settings.bm25_k1, settings.bm25_b, details)
+
+    def deeper(self, depth: int) -> "RetrievalSpec":
+        """The same search read ``depth`` deep, every fused row kept (the eval's recall)."""
+        return dataclasses.replace(self, depth=max(self.depth, depth), limit=max(self.limit, 2 * depth))
+
+    @property
+    def needs_embedding(self) -> bool:
+        return self.source in (HYBRID, SEMANTIC)
+
+    async def fetch(self, conn, query: str, embedding: Any, *, query_hash: str | None = None) -> list[Candidate]:
+        """The candidates, in ``conn``'s tenant transaction (``query_hash``: the curated list's key)."""
+        if self.source == HYBRID:
+            rows = await search.ahybrid(conn, query, embedding, self.depth, **self.fusion, limit=self.limit)
+        elif self.source == LEXICAL:
+            rows = await search.alexical(conn, query, self.limit, k1=self.bm25_k1, b=self.bm25_b)
+        elif self.source == SEMANTIC:
+            rows = await search.asemantic(conn, embedding, self.limit)
+        else:
+            rows = await search.acurated(conn, query_hash or "", self.limit)
+        seen: set = set()
+        unique = [c for c in rows if not (c.id in seen or seen.add(c.id))]
+        if self.details:
+            await search.adetails(conn, unique)
+        return unique
 
 
 def pair_keys(cands: list[Candidate]) -> list[pair_cache.PairKey]:
+    """Each candidate's pair-cache key (its chunk, or none for a caller document, and its text)."""
     return [pair_cache.content_key(c.chunk_id, c.content) for c in cands]
 
 
-async def search_source(conn, source: str, normalized: str, embedding: Any, s: Settings) -> list[Candidate]:
-    if source == "hybrid_lexical_semantic":
-        # only the best 2 x candidates leave the database (the same rows as slicing here)
-        rows = await search.ahybrid(conn, normalized, embedding, s.fusion_depth, **s.fusion, limit=2 * s.candidates)
-    elif source == "lexical_only":
-        rows = await search.alexical(conn, normalized, s.candidates, k1=s.bm25_k1, b=s.bm25_b)
-    elif source == "semantic_only":
-        rows = await search.asemantic(conn, embedding, s.candidates)
-    else:
-        raise ValueError(f"unknown source {source!r}")
-    seen: set = set()
-    unique = []
-    for c in rows:
-        if c.chunk_id not in seen:
-            seen.add(c.chunk_id)
-            unique.append(c)
-    return unique
-
-
-async def retrieve(pipe, tenant, source: str, normalized: str, embedding: Any, *, generation: int,
-                   details: bool = False) -> Retrieved:
-    with timing.stage("retrieve"):
-        return await _retrieve(pipe, tenant, source, normalized, embedding, generation=generation, details=details)
-
-
-async def _retrieve(pipe, tenant, source: str, normalized: str, embedding: Any, *, generation: int,
-                    details: bool) -> Retrieved:
-    s = pipe.settings
-    want_pairs = s.pair_cache
-
-    async def read(conn, on_primary: bool):
-        async with atenant_transaction(conn, tenant):
-            if not on_primary:
-                # the answer is cached under the generation the primary gave the request: a
-                # standby that has not replayed it yet would cache an older knowledge base
-                cur = await conn.execute(replicas.GENERATION)
-                if (await cur.fetchone())[0] < generation:
-                    raise replicas.StandbyBehind
-            cands = await search_source(conn, source, normalized, embedding, s)
-            if details:
-                await search.adetails(conn, cands)
-            # on the primary, the pair scores come from the same snapshot
-            cached = await read_pairs(conn, cands) if on_primary else None
-        return cands, cached, on_primary
-
-    async def read_pairs(conn, cands):
-        if not (want_pairs and cands):
-            return None
-        return await pair_cache.get_live(conn, pipe.model_name, pipe.hash_query(normalized),
-                                         pair_keys(cands), generation=generation)
-
-    cands, cached, on_primary = await pipe.read(tenant, read)
-    if not on_primary and want_pairs and cands:
-        # the candidates came from a standby: pair scores are read on the primary
-        async with pipe.connection(tenant) as conn:
-            async with atenant_transaction(conn, tenant):
-                cached = await read_pairs(conn, cands)
-    return Retrieved(cands, cached)
+async def read(conn, spec: RetrievalSpec, query: str, embedding: Any, *, generation: int, on_primary: bool,
+               query_hash: str, pairs: tuple[str, str] | None) -> tuple[list[Candidate], dict | None]:
+    """One read-only tenant transaction (already open on ``conn``): on a standby, first that it
+    has replayed ``generation`` (the answer is cached under it); the candidates; on the
+    primary, their live pair scores in the same snapshot (``pairs``: the model and the
+    query's pair hash; None: not read)."""
+    if not on_primary:
+        cur = await conn.execute(replicas.GENERATION)
+        if (await cur.fetchone())[0] < generation:
+            raise replicas.StandbyBehind
+    cands = await spec.fetch(conn, query, embedding, query_hash=query_hash)
+    cached = None
+    if on_primary and pairs is not None and cands:
+        cached = await pair_cache.get_live(conn, pairs[0], pairs[1], pair_keys(cands), generation=generation)
+    return cands, cached

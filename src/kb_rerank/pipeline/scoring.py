@@ -1,27 +1,26 @@
-"""The scoring step every endpoint shares: pair cache, cross-encoder call, fallback reason.
+"""The cross-encoder step, shared by every endpoint and by ``kb-rerank eval``.
 
-``score`` sends the pairs the pair cache does not hold to ``reranker.ascore`` (each distinct
-key once), bounded by ``rerank_timeout_s`` and inside one of the tenant's model slots
-(:mod:`kb_rerank.limits`). Any failure is a fallback *reason* (``model_not_ready`` /
-``model_timeout`` / ``model_error`` / ``invalid_scores``), counted in the metrics under the
-caller's ``source`` and followed by a background reload (``reload_later``); what a fallback
-answer looks like stays with each endpoint. Model scores are taken at ``real`` precision
-(``pair_cache.as_real``) so cached and fresh scores are bit-identical.
-
-No Litestar import: the callers pass what they hold (service or app state).
+:func:`score` sends the pairs the pair cache does not hold (each distinct key once) to
+``reranker.ascore`` within ``timeout_s``, inside the slot its caller gives (the tenant's model
+slot: :meth:`kb_rerank.pipeline.costs.Bill.model`). Any failure is a fallback *reason*
+(``model_not_ready`` / ``model_timeout`` / ``model_error`` / ``invalid_scores``), never an
+exception. Model scores are taken at ``real`` precision (:func:`pair_cache.as_real`) so cached
+and fresh scores are bit-identical. :func:`order` is the one ranking of scored candidates
+(score descending, then id).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, AsyncContextManager, Callable, Sequence
 
-from kb_rerank.store import pair_cache
 from kb_rerank.models.cross_encoder import RerankerTimeout, RerankerUnavailable
+from kb_rerank.store import pair_cache
 
 log = logging.getLogger(__name__)
 
@@ -29,53 +28,38 @@ log = logging.getLogger(__name__)
 @dataclass
 class Scored:
     scores: list[float] | None  # one per text, None on fallback
-    reason: str | None  # the fallback reason, None when served
-    ms: int  # time spent in the model call (0 when the model was not called)
-    # pair scores the model computed (to write into the pair cache; empty on fallback or with
-    # the pair cache off)
+    reason: str | None = None  # the fallback reason, None when served
+    ms: int = 0  # time spent in the model call (0 when the model was not called)
+    sent: int = 0  # pairs sent to the model
+    cached: int = 0  # pair scores the pair cache gave
+    # pair scores the model computed (for the pair cache; empty on fallback)
     new_pairs: dict[pair_cache.PairKey, float] = field(default_factory=dict)
 
 
-async def score(*, reranker: Any, settings: Any, metrics: Any, limits: Any, reload_later: Callable[[], None],
-                query: str, texts: list[str], source: str,
-                keys: list[pair_cache.PairKey] | None = None,
-                cached: dict[pair_cache.PairKey, float] | None = None,
-                tenant: Any = None, prepaid: bool = False, reserved: float | None = None) -> Scored:
-    """Scores of ``texts`` for ``query``, or the fallback reason.
+def _no_slot(_pairs: int) -> AsyncContextManager[None]:
+    return contextlib.nullcontext()
 
-    ``keys``: the pair-cache key of each text; texts whose key is in ``cached`` are not sent
-    (without keys every text is). The pairs sent are charged to ``tenant`` when the model
-    slot is taken, unless the request paid for them already: ``prepaid`` (charged up front),
-    or ``reserved`` (the pairs' share of ``limits.reserve_miss``, settled here to the pairs
-    actually sent, before the slot is taken)."""
+
+async def score(reranker: Any, query: str, texts: Sequence[str], keys: Sequence[pair_cache.PairKey],
+                cached: dict[pair_cache.PairKey, float] | None = None, *, timeout_s: float | None = None,
+                slot: Callable[[int], AsyncContextManager[None]] = _no_slot) -> Scored:
+    """Scores of ``texts`` (pair-cache key ``keys[i]`` each) for ``query``, or the fallback
+    reason. ``slot(pairs)``: held around the model call (raising from it, a 429, propagates)."""
     known = cached or {}
-    if keys is None:
-        missing = list(range(len(texts)))
-    else:
-        missing, seen = [], set()
-        for i, k in enumerate(keys):
-            if k not in known and k not in seen:
-                seen.add(k)
-                missing.append(i)
-    ready = bool(missing) and reranker is not None and getattr(reranker, "ready", True)
-    if reserved is not None:
-        limits.settle_pairs(tenant, reserved, len(missing) if ready else 0)
-    if not texts:
-        return Scored([], None, 0)
+    missing, seen = [], set()
+    for i, k in enumerate(keys):
+        if k not in known and k not in seen:
+            seen.add(k)
+            missing.append(i)
     if not missing:
-        metrics.pair_scores(len(texts), 0)
-        return Scored([known[k] for k in keys or ()], None, 0)
+        return Scored([known[k] for k in keys], cached=len(texts))
+    if reranker is None or not getattr(reranker, "ready", True):
+        return Scored(None, "model_not_ready")
     reason: str | None = None
-    ms = 0
-    if not ready:
-        reason = "model_not_ready"
-    else:
-        # one of the tenant's model slots taken before the work (429 if not)
-        # (settled reserved pairs go back if the slot is refused)
-        release = await limits.enter_model(tenant, len(missing), charge=not prepaid and reserved is None,
-                                           paid=limits.cost_per_pair * len(missing) if reserved is not None else 0.0)
+    raw: Any = None
+    timeout = timeout_s if timeout_s and timeout_s > 0 else None
+    async with slot(len(missing)):
         t = time.perf_counter()
-        timeout = settings.rerank_timeout_s if settings.rerank_timeout_s and settings.rerank_timeout_s > 0 else None
         try:
             raw = await asyncio.wait_for(reranker.ascore(query, [texts[i] for i in missing]), timeout)
         except (TimeoutError, asyncio.TimeoutError, RerankerTimeout):
@@ -85,27 +69,26 @@ async def score(*, reranker: Any, settings: Any, metrics: Any, limits: Any, relo
         except Exception as exc:  # noqa: BLE001 - any model failure means fallback
             reason = "model_error"
             log.warning("reranker failed (%s): %s", reason, type(exc).__name__)
-        finally:
-            release()
-            elapsed = time.perf_counter() - t
-            ms = int(round(elapsed * 1000))
-            metrics.model_call(elapsed, len(missing))
-        if reason is None:
-            try:
-                fresh = [float(x) for x in raw]
-            except (TypeError, ValueError):
-                fresh = None
-            if fresh is None or len(fresh) != len(missing) or not all(math.isfinite(x) and 0.0 <= x <= 1.0
-                                                                     for x in fresh):
-                reason = "invalid_scores"
-    if reason is not None:
-        metrics.fallback(source, reason)
-        reload_later()
-        return Scored(None, reason, ms)
-    real = [pair_cache.as_real(x) for x in fresh]  # type: ignore[union-attr]
-    new: dict[pair_cache.PairKey, float] = {}
-    if keys is not None:
-        new = {keys[i]: x for i, x in zip(missing, real)}
-        real = [known[k] if k in known else new[k] for k in keys]
-    metrics.pair_scores(len(texts) - len(missing), len(missing))
-    return Scored(real, None, ms, new_pairs=new if settings.pair_cache else {})
+        ms = int(round((time.perf_counter() - t) * 1000))
+    fresh = _valid(raw, len(missing)) if reason is None else None
+    if fresh is None:
+        return Scored(None, reason or "invalid_scores", ms, sent=len(missing))
+    new = {keys[i]: pair_cache.as_real(x) for i, x in zip(missing, fresh)}
+    return Scored([known[k] if k in known else new[k] for k in keys], None, ms, sent=len(missing),
+                  cached=len(texts) - len(missing), new_pairs=new)
+
+
+def _valid(raw: Any, n: int) -> list[float] | None:
+    """The model's answer as ``n`` finite scores in 0..1, or None."""
+    try:
+        fresh = [float(x) for x in raw]
+    except (TypeError, ValueError):
+        return None
+    if len(fresh) != n or not all(math.isfinite(x) and 0.0 <= x <= 1.0 for x in fresh):
+        return None
+    return fresh
+
+
+def order(ids: Sequence[str], scores: Sequence[float]) -> list[int]:
+    """Indices by score descending, ties broken by id (deterministic ranking)."""
+    return sorted(range(len(ids)), key=lambda i: (-scores[i], ids[i]))

@@ -31,6 +31,12 @@ def policy_of(row) -> str:
     return row[0] if row and row[0] in POLICIES else DEFAULT_POLICY
 
 
+async def atenant_policy(conn) -> str:
+    """The tenant's injection policy, in ``conn``'s tenant transaction (the request path)."""
+    cur = await conn.execute(POLICY_SQL)
+    return policy_of(await cur.fetchone())
+
+
 def tenant_policy(conn: psycopg.Connection) -> str:
     """The injection policy of the transaction's tenant (``exclude`` without a row)."""
     return policy_of(conn.execute(POLICY_SQL).fetchone())

@@ -26,14 +26,12 @@ import itertools
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable, TypeVar
+from typing import Any
 from urllib.parse import urlsplit
 
 import psycopg
 
 log = logging.getLogger(__name__)
-
-T = TypeVar("T")
 
 _PRIMARY_LSN = "select pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::bigint"
 _STANDBY_LSN = ("select pg_is_in_recovery(),"
@@ -177,24 +175,11 @@ class ReadReplicas:
             return None
         return healthy[next(self._next) % len(healthy)]
 
-    # ------------------------------------------------------------------ reads
-    async def run(self, work: Callable[[Any, bool], Awaitable[T]], connect: Callable[[Any], Any],
-                  primary_pool: Any) -> T:
-        """``work(conn, on_primary)`` on a connection of a healthy standby, else (none healthy,
-        or the standby failed during the read) on one of the primary; ``connect(pool)`` takes a
-        connection from a pool (the caller's per-tenant share of it)."""
-        s = self.pick()
-        if s is not None:
-            try:
-                async with connect(s.pool) as conn:
-                    return await work(conn, False)
-            except StandbyBehind:
-                log.debug("standby %s behind the request's generation: read on the primary", s.name)
-            except RETRY_ON_PRIMARY as exc:
-                s.healthy, s.error = False, type(exc).__name__
-                log.warning("read on standby %s failed (%s): served by the primary", s.name, type(exc).__name__)
-        async with connect(primary_pool) as conn:
-            return await work(conn, True)
+    def failed(self, s: Standby, exc: BaseException) -> None:
+        """A read on ``s`` failed (:data:`RETRY_ON_PRIMARY`): no reads there until a check
+        finds it healthy again; the caller reads on the primary."""
+        s.healthy, s.error = False, type(exc).__name__
+        log.warning("read on standby %s failed (%s): served by the primary", s.name, type(exc).__name__)
 
 
 def standby_urls(settings) -> list[str]:

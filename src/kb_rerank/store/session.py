@@ -38,3 +38,37 @@ async def aconfigure_connection(conn: psycopg.AsyncConnection) -> None:
     from pgvector.psycopg import register_vector_async
 
     await register_vector_async(conn)
+
+
+class _AwaitedCursor:
+    def __init__(self, cur) -> None:
+        self._cur = cur
+
+    async def fetchall(self):
+        return self._cur.fetchall()
+
+    async def fetchone(self):
+        return self._cur.fetchone()
+
+
+class AwaitedConnection:
+    """A synchronous connection seen through the awaited calls of the request path's store
+    functions (``await conn.execute(...)``, ``await cur.fetchall()``), so that the CLI and the
+    eval read with the very functions the service uses (:func:`run_awaited`)."""
+
+    def __init__(self, conn: psycopg.Connection) -> None:
+        self._conn = conn
+
+    async def execute(self, query, params=None) -> _AwaitedCursor:
+        return _AwaitedCursor(self._conn.execute(query, params))
+
+
+def run_awaited(coro):
+    """Run a coroutine that awaits only :class:`AwaitedConnection` calls (which never suspend)
+    to its end, without an event loop (the caller may run inside one)."""
+    try:
+        coro.send(None)
+    except StopIteration as stop:
+        return stop.value
+    coro.close()
+    raise RuntimeError("a store function awaited something other than the synchronous connection")

@@ -21,4 +21,4 @@ PATH = "/v1/kb/context"
                   "and a fenced <context> block with a system prompt template.")
 async def context_handler(request: Request, state: State) -> Response[ContextResponse]:
     return await serve(request, state, parse.context_request,
-                       lambda req, st: ContextFlow(req, st.settings, st.pipeline.model_name), ContextResponse)
+                       lambda req, st: st.pipeline.flow(ContextFlow, req), ContextResponse)

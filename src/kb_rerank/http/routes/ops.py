@@ -72,20 +72,21 @@ def _ops_denied(request: Request) -> ApiError:
 @get("/readyz")
 async def readyz(request: Request, state: State) -> Response[dict[str, Any]]:
     info: dict[str, Any] = {"head_revision": state.head_revision}
-    rr = state.reranker
+    pipe = state.pipeline
+    rr = pipe.reranker
     model_state = getattr(rr, "state", "ready" if getattr(rr, "ready", True) else "not_loaded")
-    info["model"] = {"name": state.pipeline.model_name, "backend": getattr(rr, "backend", "flag"),
+    info["model"] = {"name": pipe.model_name, "backend": getattr(rr, "backend", "flag"),
                      "state": model_state,
                      "ready": bool(getattr(rr, "ready", True)), "last_error": getattr(rr, "last_error", None)}
     status = 200
     try:
-        rev = await asyncio.wait_for(_db_revision(state.pool, state.db_timeout_s), state.db_timeout_s + 1)
+        rev = await asyncio.wait_for(_db_revision(pipe.pool, state.db_timeout_s), state.db_timeout_s + 1)
         info["database"] = "ok"
         info["revision"] = rev
         if rev != state.head_revision:
             info["schema"] = "behind"
             status = 503
-        elif await asyncio.wait_for(_db_layer_version(state.pool, state.db_timeout_s),
+        elif await asyncio.wait_for(_db_layer_version(pipe.pool, state.db_timeout_s),
                                     state.db_timeout_s + 1) != state.layer_version:
             # functions, policies or views of another release (kb.schema_layer_version()):
             # `kb-rerank migrate` re-applies this code's layer
@@ -102,7 +103,7 @@ async def readyz(request: Request, state: State) -> Response[dict[str, Any]]:
         status = 503
     # read replicas: which server serves reads now, each standby's health and lag. A standby
     # down or behind does not make the service unready: its reads go to the primary.
-    info["reads"] = state.replicas.describe() if state.replicas is not None else {"reads": "primary", "standbys": []}
+    info["reads"] = pipe.replicas.describe() if pipe.replicas is not None else {"reads": "primary", "standbys": []}
     info["status"] = "ready" if status == 200 else "not_ready"
     if not _ops_authorized(request):
         return Response({"status": info["status"]}, status_code=status)  # coarse: no internal detail
@@ -114,12 +115,12 @@ async def metrics_handler(request: Request, state: State) -> Response[bytes]:
     if not _ops_authorized(request):
         raise _ops_denied(request)
     m: ApiMetrics = state.metrics
-    m.model_ready.set(1 if getattr(state.reranker, "ready", False) else 0)
-    if state.pool is not None:
-        stats = state.pool.get_stats()
+    pipe = state.pipeline
+    if pipe is not None:
+        m.model_ready.set(1 if getattr(pipe.reranker, "ready", False) else 0)
+        stats = pipe.pool.get_stats()
         m.pool_size.set(stats.get("pool_size", 0))
         m.pool_available.set(stats.get("pool_available", 0))
         m.pool_waiting.set(stats.get("requests_waiting", 0))
-    if state.pipeline is not None:
-        m.inflight.set(state.pipeline.inflight)
+        m.inflight.set(pipe.inflight)
     return Response(generate_latest(m.registry), media_type=CONTENT_TYPE_LATEST)

@@ -24,5 +24,5 @@ _OPERATION = body_operation(RerankRequest, {**QUERY_DOC, "source": {"enum": list
       summary="Rerank search results",
       description="Hybrid/lexical/semantic retrieval, cross-encoder rerank, per-tenant cache and audit.")
 async def rerank_handler(request: Request, state: State) -> Response[RerankResponse]:
-    return await serve(request, state, parse.rerank_request, lambda req, st: SearchFlow(req, st.settings),
+    return await serve(request, state, parse.rerank_request, lambda req, st: st.pipeline.flow(SearchFlow, req),
                        RerankResponse)

@@ -20,4 +20,4 @@ PATH = "/v2/rerank"
       description="Cross-encoder scores, MMR diversity, tiers; no database search.")
 async def v2_rerank_handler(request: Request, state: State) -> Response[V2Response]:
     return await serve(request, state, parse.v2_request,
-                       lambda req, st: CallerDocumentsFlow(req, st.settings, st.pipeline.model_name), V2Response)
+                       lambda req, st: st.pipeline.flow(CallerDocumentsFlow, req), V2Response)

@@ -37,3 +37,28 @@ def basis(i: int, dim: int = 384) -> np.ndarray:
     v = np.zeros(dim, dtype=np.float32)
     v[i] = 1.0
     return v
+
+
+def search_key(settings, query: str, source: str = "hybrid_lexical_semantic", *, model: str | None = None,
+               hash_key: bytes | None = None) -> str:
+    """The cache key (and audit ``query_hash``) that ``POST /v1/kb/search/rerank`` gives
+    ``query`` in an app of ``settings`` whose reranker is named ``model`` (default: the
+    settings' model): computed by the pipeline itself, not restated here."""
+    from types import SimpleNamespace
+
+    from kb_rerank.pipeline.flow import Pipeline
+    from kb_rerank.pipeline.requests import RerankRequest
+    from kb_rerank.pipeline.rerank import SearchFlow
+
+    pipe = Pipeline(settings, None, None, SimpleNamespace(model_name=model or settings.reranker_model),
+                    hash_key=hash_key)
+    return pipe.cache_key(pipe.flow(SearchFlow, RerankRequest(query=query, source=source)), None)
+
+
+def app_search_key(app, query: str, source: str = "hybrid_lexical_semantic") -> str:
+    """:func:`search_key` of a running app (its pipeline's settings, model and key)."""
+    from kb_rerank.pipeline.requests import RerankRequest
+    from kb_rerank.pipeline.rerank import SearchFlow
+
+    pipe = app.state.pipeline
+    return pipe.cache_key(pipe.flow(SearchFlow, RerankRequest(query=query, source=source)), None)

@@ -28,6 +28,7 @@ from kb_rerank.http.telemetry import trace_id_from_headers
 from kb_rerank.settings import SOURCES, Settings
 from kb_rerank.testing.tiny_model import build_tiny_cross_encoder
 
+from .helpers import app_search_key
 from .live_server import OPS, OPS_TOKEN
 
 SECRET = "kb-rerank-test-secret-0123456789abcdef"
@@ -76,7 +77,19 @@ def client_for(settings, reranker, embedder, **changes):
     app = create_app(settings.with_(jwt_secret=SECRET, ops_token=OPS_TOKEN, **changes), reranker=reranker,
                      embedder=embedder)
     with TestClient(app) as client:
-        yield client
+        _APPS.append(app)
+        try:
+            yield client
+        finally:
+            _APPS.remove(app)
+
+
+_APPS: list = []  # the apps open now: the rows of the newest are the ones inspected
+
+
+def key(query, source="hybrid_lexical_semantic"):
+    """The search cache key (and audit query_hash) of ``query`` in the newest open app."""
+    return app_search_key(_APPS[-1], normalize_query(query), source)
 
 
 @pytest.fixture(scope="module")
@@ -116,14 +129,14 @@ def tenant_rows(conn, tenant, sql, params=()):
 def cache_rows(conn, tenant, query, source="hybrid_lexical_semantic"):
     return tenant_rows(conn, tenant,
                        "select cache_id, trace_id, model, results_jsonb from kb.kb_rerank_cache"
-                       " where tenant_id = kb.current_tenant() and query_hash = %s and source = %s", [query_hash(normalize_query(query), QH_KEY), source])
+                       " where tenant_id = kb.current_tenant() and query_hash = %s and source = %s", [key(query, source), source])
 
 
 def audit_rows(conn, tenant, query):
     return tenant_rows(conn, tenant,
                        "select kind, severity, source, query_hash, trace_id, model, candidate_count,"
                        " returned_count, duration_ms, detail from kb.kb_rerank_audit"
-                       " where tenant_id = kb.current_tenant() and query_hash = %s order by seq", [query_hash(normalize_query(query), QH_KEY)])
+                       " where tenant_id = kb.current_tenant() and query_hash = %s order by seq", [key(query)])
 
 
 def cli_env(monkeypatch, settings):
@@ -266,7 +279,8 @@ def test_09_audit_rows_for_served_cache_hit_and_fallback(api, settings, embedder
     fq = "audit kinds: fallback credit notes"
     with client_for(settings, RaisingReranker(), embedder) as client:
         assert ask(client, sample_tenant, fq)["fallback"] is True
-    rows = audit_rows(owner_conn, sample_tenant, query) + audit_rows(owner_conn, sample_tenant, fq)
+        rows = audit_rows(owner_conn, sample_tenant, fq)  # keyed under this app's model
+    rows = audit_rows(owner_conn, sample_tenant, query) + rows
     by_kind = {r[0]: r for r in rows}
     assert set(by_kind) == {"served", "cache_hit", "fallback"}
     for kind, sev in (("served", 0), ("cache_hit", 0), ("fallback", 2)):
@@ -311,7 +325,7 @@ def test_11_rls_other_tenant_sees_nothing(api, sample_tenant, app_conn):
     other = uuid.uuid4()
     body = ask(api, other, query)
     assert body["from_cache"] is False and body["results"] == []
-    qh = query_hash(query, QH_KEY)
+    qh = key(query)
     for table in ("kb_rerank_cache", "kb_rerank_audit", "kb_rerank_curation"):
         seen_by_b = tenant_rows(app_conn, other, f"select count(*) from kb.{table} where tenant_id = %s",
                                 [sample_tenant])[0][0]
@@ -559,7 +573,7 @@ def test_health_ready_metrics_openapi(api, owner_conn):
 def test_database_down_is_503_not_a_hang(settings, reranker, embedder, sample_tenant):
     app = create_app(settings.with_(jwt_secret=SECRET), reranker=reranker, embedder=embedder)
     with TestClient(app) as client:
-        client.blocking_portal.call(app.state.pool.close)
+        client.blocking_portal.call(app.state.pipeline.pool.close)
         t0 = time.monotonic()
         r = client.post(URL, json={"query": "db down"}, headers=bearer(sample_tenant))
         assert r.status_code == 503 and r.json() == {"error": "database_unavailable"}

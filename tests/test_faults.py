@@ -27,6 +27,7 @@ from kb_rerank.http.app import create_app
 from kb_rerank.pipeline.query import normalize_query, query_hash, query_hash_key
 from kb_rerank.settings import Settings
 
+from .helpers import app_search_key
 from .live_server import (
     OPS, OPS_TOKEN, SECRET, URL, FakeReranker, advisory_locks, bearer, busy_app_backends, ingest_small_tenant,
     metric_values, serve_in_thread, wait_until,
@@ -34,8 +35,8 @@ from .live_server import (
 from kb_rerank.store import session
 
 
-def _cache_audit(owner_conn, tenant, query, source="hybrid_lexical_semantic"):
-    qh = query_hash(normalize_query(query), query_hash_key(Settings()))
+def _cache_audit(owner_conn, tenant, query, app, source="hybrid_lexical_semantic"):
+    qh = app_search_key(app, normalize_query(query), source)
     cache = owner_conn.execute("select trace_id, results_jsonb from kb.kb_rerank_cache"
                                " where tenant_id = %s and query_hash = %s and source = %s", [tenant, qh, source]).fetchall()
     audit = owner_conn.execute("select kind, severity, detail, trace_id from kb.kb_rerank_audit"
@@ -217,7 +218,7 @@ def test_model_bad_output_falls_back_nan_never_reaches_a_response(kind, settings
         body = r.json()
         assert body["fallback"] is True and body["fallback_reason"] == reason
         assert all(isinstance(x["rerank_score"], float) and 0.0 <= x["rerank_score"] <= 1.0 for x in body["results"])
-    cache, audit = _cache_audit(owner_conn, sample_tenant, query)
+    cache, audit = _cache_audit(owner_conn, sample_tenant, query, app)
     assert cache == [] and [(a[0], a[1], a[2]) for a in audit] == [("fallback", 2, reason)]
 
 
@@ -236,7 +237,7 @@ def test_concurrent_identical_requests_share_one_failing_model_call(settings, em
     assert [r.status_code for r in responses] == [200] * 5
     assert rr.calls == 1
     assert all(r.json()["fallback_reason"] == "invalid_scores" for r in responses)
-    cache, audit = _cache_audit(owner_conn, sample_tenant, query)
+    cache, audit = _cache_audit(owner_conn, sample_tenant, query, app)
     assert cache == []
     assert sorted((a[0], a[1], a[2]) for a in audit) == (
         [("fallback", 2, "invalid_scores")] + [("fallback", 2, "invalid_scores;single_flight")] * 4)
@@ -276,7 +277,7 @@ def test_client_disconnect_and_cancellation_leave_nothing_behind(settings, embed
         pipe = app.state.pipeline
 
         async def cancel_at(delay, query):
-            flow = SearchFlow(RerankRequest(query=query, source="hybrid_lexical_semantic"), pipe.settings)
+            flow = pipe.flow(SearchFlow, RerankRequest(query=query, source="hybrid_lexical_semantic"))
             task = asyncio.ensure_future(pipe.run(flow, sample_tenant, uuid.uuid4().hex))
             await asyncio.sleep(delay)
             task.cancel()
@@ -305,7 +306,7 @@ def test_client_disconnect_and_cancellation_leave_nothing_behind(settings, embed
         assert wait_until(lambda: _clean(owner_conn, base), 10), (
             busy_app_backends(owner_conn, owner_conn.info.dbname), advisory_locks(owner_conn, owner_conn.info.dbname))
         # nothing half-written for the cancelled requests, and the key still works
-        cache, audit = _cache_audit(owner_conn, sample_tenant, "cancelled waiting for the audit lock")
+        cache, audit = _cache_audit(owner_conn, sample_tenant, "cancelled waiting for the audit lock", app)
         assert cache == [] and audit == []
         r = httpx.post(base + URL, json={"query": "cancelled waiting for the audit lock"},
                        headers=bearer(sample_tenant), timeout=30)
@@ -351,7 +352,7 @@ def test_corrupted_cache_row_is_a_miss_and_replaced(kind, settings, embedder, sa
             "duplicate_chunks": [res[0], res[0]],
             "too_many": res * 2,
         }[kind]
-        qh = query_hash(normalize_query(query), query_hash_key(Settings()))
+        qh = app_search_key(app, normalize_query(query))
         n = owner_conn.execute("update kb.kb_rerank_cache set results_jsonb = %s::jsonb"
                                " where tenant_id = %s and query_hash = %s and source = 'hybrid_lexical_semantic'",
                                [json.dumps(bad), sample_tenant, qh]).rowcount
@@ -366,7 +367,7 @@ def test_corrupted_cache_row_is_a_miss_and_replaced(kind, settings, embedder, sa
         assert body["results"] == first["results"]
         third = client.post(URL, json={"query": query}, headers=bearer(sample_tenant)).json()
         assert third["from_cache"] is True and third["results"] == first["results"]
-    cache, audit = _cache_audit(owner_conn, sample_tenant, query)
+    cache, audit = _cache_audit(owner_conn, sample_tenant, query, app)
     assert len(cache) == 1 and cache[0][1] == first["results"] and cache[0][0] == body["trace_id"]
     assert [a[0] for a in audit] == ["served", "served", "cache_hit"]
 
@@ -392,7 +393,7 @@ def test_single_flight_followers_fail_with_the_leader_without_a_second_wait(sett
     svc = Pipeline(settings, pool, embedder=None, reranker=None)
 
     def flow():
-        return SearchFlow(RerankRequest(query="same query", source="lexical_only"), settings)
+        return svc.flow(SearchFlow, RerankRequest(query="same query", source="lexical_only"))
 
     async def scenario():
         leader = asyncio.create_task(svc.run(flow(), uuid.UUID(int=1), "t0"))

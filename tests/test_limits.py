@@ -15,6 +15,7 @@ import pytest
 from litestar.testing import TestClient
 
 from kb_rerank.http.app import create_app
+from kb_rerank.pipeline.costs import Bill, Work
 from kb_rerank.pipeline.limits import Limits, LimitExceeded, RateLimiter, Slots
 from kb_rerank.settings import Settings
 
@@ -77,17 +78,17 @@ def test_limits_costs_and_429_payload():
                  cost_per_pair=0.1, cost_per_document=0.1, on_reject=rejected.append)
     t = uuid.uuid4()
     lim.charge(t)  # a cache hit: 1
-    lim.charge_pairs(t, 40)  # a 40-pair miss: 4 more
+    Bill(lim, t).reserve(Work(pairs=40))  # a 40-pair miss: 4 more
     assert lim.tenant_rate.level(t) == pytest.approx(15.0)
-    lim.charge_documents(t, 100)  # 100 documents: 10
+    Bill(lim, t).admit(Work(documents=100))  # 100 documents: 10
     assert lim.tenant_rate.level(t) == pytest.approx(5.0)
     lim.charge(t, -1)  # nothing
     lim.cost_per_embedding = 0.5
-    lim.charge_documents(t, 10, embeddings=4)  # 1 + 2: documents and MMR passages in one charge
+    Bill(lim, t).admit(Work(documents=10, embeddings=4))  # 1 + 2: documents and MMR passages in one charge
     assert lim.tenant_rate.level(t) == pytest.approx(2.0)
     now[0] += 3.0
     with pytest.raises(LimitExceeded) as ei:
-        lim.charge_documents(t, 1000)
+        Bill(lim, t).admit(Work(documents=1000))
     exc = ei.value
     # needs the bucket full before the request (20 - its first token = 19 now): 14 s away
     assert exc.status_code == 429 and exc.headers["Retry-After"] == "14"
@@ -236,21 +237,25 @@ def test_pool_share_per_tenant_leaves_connections_for_others():
     asyncio.run(main())
 
 
-def test_model_slot_charges_pairs_before_the_work():
+def test_pairs_beyond_the_reservation_are_charged_before_the_model_slot():
     async def main():
         now, clock = _clock()
         lim = Limits(tenant_rate=RateLimiter(60, 10, clock=clock), model_slots=1, cost_per_pair=0.1)
-        release = await lim.enter_model("a", 40)  # 4 tokens, one slot
-        assert lim.tenant_rate.level("a") == pytest.approx(6.0) and lim.model.held("a") == 1
+        bill = Bill(lim, "a")
+        async with bill.model(40):  # 4 tokens (none reserved), one slot
+            assert lim.tenant_rate.level("a") == pytest.approx(6.0) and lim.model.held("a") == 1
+            with pytest.raises(LimitExceeded) as ei:
+                async with Bill(lim, "a").model(10):  # slot busy, no wait
+                    pass
+            assert ei.value.payload["error"] == "tenant_busy"
         with pytest.raises(LimitExceeded) as ei:
-            await lim.enter_model("a", 10)  # slot busy, no wait
-        assert ei.value.payload["error"] == "tenant_busy"
-        release()
-        with pytest.raises(LimitExceeded) as ei:
-            await lim.enter_model("a", 70)  # 7 tokens: short, refused before taking a slot
+            async with Bill(lim, "a").model(70):  # 7 tokens: short
+                pass
         assert ei.value.payload["error"] == "rate_limited" and lim.model.held("a") == 0
-        release = await lim.enter_model("a", 70, charge=False)  # prepaid (/v2/rerank documents)
-        release()
+        prepaid = Bill(lim, "a")
+        prepaid._admitted = Work(pairs=70)  # /v2/rerank's documents paid their pairs
+        async with prepaid.model(70):
+            pass
         assert lim.tenant_rate.level("a") == pytest.approx(6.0)
 
     asyncio.run(main())
@@ -260,48 +265,60 @@ def test_a_miss_is_charged_whole_before_its_work_and_settled_after():
     """Concurrent misses of one tenant: each reserves its embedding and its most pairs in one
     charge, so the bucket admits whole misses and refuses the rest before any work (charged
     stage by stage, every miss paid an embedding and then all were refused their pairs: a
-    flood served nothing). Unsent pairs are given back."""
-    now, clock = _clock()
-    lim = Limits(tenant_rate=RateLimiter(60, 20, clock=clock), cost_per_pair=0.1, cost_per_embedding=4.0)
-    # the auth guard's token, then the miss: 4 + 40 x 0.1 = 8
-    admitted = []
-    for _ in range(3):
-        lim.charge("a")
-        try:
-            admitted.append(lim.reserve_miss("a", embeddings=1, max_pairs=40))
-        except LimitExceeded as exc:
-            assert exc.payload["cost"] == 8.0
-    assert admitted == [pytest.approx(4.0)] * 2  # 20 tokens: two whole misses, the third refused up front
-    assert lim.tenant_rate.level("a") == pytest.approx(20 - 3 - 16)
-    lim.settle_pairs("a", admitted[0], 25)  # sent 25 of 40 pairs: 1.5 back
-    lim.settle_pairs("a", admitted[1], 0)  # all pairs cached: 4 back
-    assert lim.tenant_rate.level("a") == pytest.approx(1 + 1.5 + 4.0)
+    flood served nothing). Unsent pairs are given back when the request ends."""
+    async def main():
+        now, clock = _clock()
+        lim = Limits(tenant_rate=RateLimiter(60, 20, clock=clock), cost_per_pair=0.1, cost_per_embedding=4.0)
+        # the auth guard's token, then the miss: 4 + 40 x 0.1 = 8
+        admitted = []
+        for _ in range(3):
+            lim.charge("a")
+            bill = Bill(lim, "a")
+            try:
+                bill.reserve(Work(embeddings=1, pairs=40))
+                admitted.append(bill)
+            except LimitExceeded as exc:
+                assert exc.payload["cost"] == 8.0
+        assert len(admitted) == 2  # 20 tokens: two whole misses, the third refused up front
+        assert lim.tenant_rate.level("a") == pytest.approx(20 - 3 - 16)
+        for bill, pairs in zip(admitted, (25, 0)):  # sent 25 of 40 pairs: 1.5 back; all cached: 4 back
+            async with bill.embedder(1):
+                pass
+            if pairs:
+                async with bill.model(pairs):
+                    pass
+            bill.settle()
+        assert lim.tenant_rate.level("a") == pytest.approx(1 + 1.5 + 4.0)
+
+    asyncio.run(main())
 
 
 def test_a_refused_slot_gives_the_miss_reservation_back():
-    """A miss reserved whole, then refused its embedder slot (or, after settling, its model
-    slot) as tenant_busy, keeps no tokens for work it never did."""
+    """A miss reserved whole, then refused its embedder slot (or its model slot) as
+    tenant_busy, keeps no tokens for work it never did."""
     async def main():
         now, clock = _clock()
         lim = Limits(tenant_rate=RateLimiter(60, 20, clock=clock), model_slots=1, cost_per_pair=0.1,
                      cost_per_embedding=4.0)
-        held_e = await lim.embedding("a", charge=False).__aenter__()  # noqa: F841 - the tenant's one embedder slot
-        reserved = lim.reserve_miss("a", embeddings=1, max_pairs=40)
-        assert lim.tenant_rate.level("a") == pytest.approx(12.0)
-        with pytest.raises(LimitExceeded) as ei:
-            async with lim.embedding("a", charge=False, paid=lim.cost_per_embedding + reserved):
-                pass
-        assert ei.value.payload["error"] == "tenant_busy"
-        assert lim.tenant_rate.level("a") == pytest.approx(20.0)
-        # the model slot: 25 pairs settled as sent, then the slot is busy
-        release = await lim.enter_model("a", 0)
-        reserved = lim.reserve_miss("a", embeddings=0, max_pairs=40)
-        lim.settle_pairs("a", reserved, 25)
-        assert lim.tenant_rate.level("a") == pytest.approx(17.5)
-        with pytest.raises(LimitExceeded):
-            await lim.enter_model("a", 25, charge=False, paid=0.1 * 25)
-        assert lim.tenant_rate.level("a") == pytest.approx(20.0)
-        release()
+        async with lim.embedder_slot("a"):  # the tenant's one embedder slot, held elsewhere
+            bill = Bill(lim, "a")
+            bill.reserve(Work(embeddings=1, pairs=40))
+            assert lim.tenant_rate.level("a") == pytest.approx(12.0)
+            with pytest.raises(LimitExceeded) as ei:
+                async with bill.embedder(1):
+                    pass
+            assert ei.value.payload["error"] == "tenant_busy"
+            bill.settle()
+            assert lim.tenant_rate.level("a") == pytest.approx(20.0)
+        # the model slot: busy, so the 25 pairs are not sent
+        async with lim.model_slot("a"):
+            bill = Bill(lim, "a")
+            bill.reserve(Work(pairs=40))
+            with pytest.raises(LimitExceeded):
+                async with bill.model(25):
+                    pass
+            bill.settle()
+            assert lim.tenant_rate.level("a") == pytest.approx(20.0)
 
     asyncio.run(main())
 
@@ -337,218 +354,59 @@ def test_debit_on_a_disabled_limiter_is_a_no_op():
     assert len(rl) == 0 and rl.acquire("a", 1) == 0.0
 
 
-def test_spans_are_charged_after_the_documents_as_a_debt():
-    _now, clock = _clock()
-    lim = Limits(tenant_rate=RateLimiter(60, 100, clock=clock), cost_per_document=0.1, cost_per_embedding=4.0)
-    lim.charge("a")  # the request's token
-    assert lim.charge_documents("a", 10, embeddings=2) is None  # 1 + 8, as before spans were charged
-    assert lim.tenant_rate.level("a") == pytest.approx(100 - 1 - 1 - 8)
-    lim.charge_spans("a", 3)
-    assert lim.tenant_rate.level("a") == pytest.approx(100 - 1 - 1 - 8 - 12)
-    lim.charge_spans("a", 25)  # beyond what is left: never refused, the bucket goes negative
-    assert lim.tenant_rate.level("a") == pytest.approx(100 - 1 - 1 - 8 - 12 - 100)
-    with pytest.raises(LimitExceeded):
-        lim.charge("a")  # the next request waits the debt out
-    level = lim.tenant_rate.level("a")
-    lim.charge_spans("a", 0)
-    lim.charge_spans("a", -2)
-    assert lim.tenant_rate.level("a") == pytest.approx(level)
-    # disabled: nothing
-    off = Limits(cost_per_embedding=4.0)
-    off.charge_spans("a", 10)
-    assert len(off.tenant_rate) == 0
+def test_embeddings_beyond_the_admission_are_debited_when_the_request_ends():
+    async def main():
+        _now, clock = _clock()
+        lim = Limits(tenant_rate=RateLimiter(60, 100, clock=clock), cost_per_document=0.1, cost_per_embedding=4.0)
+        lim.charge("a")  # the request's token
+        bill = Bill(lim, "a")
+        bill.admit(Work(documents=10, embeddings=2))  # 1 + 8
+        assert lim.tenant_rate.level("a") == pytest.approx(100 - 1 - 1 - 8)
+        async with bill.embedder(5):  # 2 paid, 3 beyond: owed, not charged yet
+            pass
+        assert lim.tenant_rate.level("a") == pytest.approx(100 - 1 - 1 - 8)
+        async with bill.embedder(25):  # beyond what the bucket holds: never refused
+            pass
+        bill.settle()
+        assert lim.tenant_rate.level("a") == pytest.approx(100 - 1 - 1 - 8 - 112)
+        with pytest.raises(LimitExceeded):
+            lim.charge("a")  # the next request waits the debt out
+        level = lim.tenant_rate.level("a")
+        bill.settle()  # once: nothing more
+        assert lim.tenant_rate.level("a") == pytest.approx(level)
+        async with bill.embedder(1):  # a late batch, after the request ended: debited at once
+            pass
+        assert lim.tenant_rate.level("a") == pytest.approx(level - 4.0)
+        # disabled: nothing
+        off = Limits(cost_per_embedding=4.0)
+        late = Bill(off, "a")
+        async with late.embedder(10):
+            pass
+        late.settle()
+        assert len(off.tenant_rate) == 0
 
-
-# --------------------------------------------------------------------------- over HTTP
-
-
-def _app(settings, embedder, reranker=None, **changes):
-    return create_app(settings.with_(jwt_secret=SECRET, ops_token=OPS_TOKEN, **changes), reranker=reranker or FakeReranker(),
-                      embedder=embedder)
-
-
-def test_address_limit_applies_before_authentication(settings, embedder):
-    app = _app(settings, embedder, address_rate_limit_per_minute=60, address_rate_limit_burst=3)
-    with TestClient(app) as client:
-        bad = {"Authorization": "Bearer not.a.token"}
-        assert [client.post(URL, json={"query": "x"}, headers=bad).status_code for _ in range(3)] == [401] * 3
-        r = client.post(URL, json={"query": "x"}, headers=bad)
-        assert r.status_code == 429 and r.headers["retry-after"] == "1" and r.headers["x-trace-id"]
-        assert r.json() == {"error": "rate_limited", "scope": "address", "cost": 1.0, "retry_after_s": 1}
-        # a valid token from the same address is refused too: the limit is on the address
-        assert client.post(URL, json={"query": "x"}, headers=bearer(uuid.uuid4())).status_code == 429
-        assert 'kb_rerank_rejected_total{reason="address_rate_limited"} 2.0' in client.get("/metrics", headers=OPS).text
-        assert client.get("/healthz").status_code == 200  # unguarded operational routes are not limited
-
-
-def test_cache_hit_costs_one_and_a_miss_its_pairs(settings, embedder, sample_tenant):
-    rr = FakeReranker()
-    app = _app(settings, embedder, rr, rate_limit_per_minute=1, rate_limit_burst=100)  # refill ~0 during the test
-    with TestClient(app) as client:
-        bucket = app.state.limits.tenant_rate
-        body = {"query": "how do refunds work limits test", "source": "lexical_only"}
-        r = client.post(URL, json=body, headers=bearer(sample_tenant))
-        assert r.status_code == 200 and not r.json()["from_cache"]
-        pairs = r.json()["candidate_count"]
-        assert pairs > 0 and rr.calls == 1
-        after_miss = bucket.level(sample_tenant)
-        assert after_miss == pytest.approx(100 - 1 - 0.1 * pairs, abs=0.05)
-        r = client.post(URL, json=body, headers=bearer(sample_tenant))
-        assert r.status_code == 200 and r.json()["from_cache"]
-        assert bucket.level(sample_tenant) == pytest.approx(after_miss - 1, abs=0.05)
-
-
-def test_v2_many_documents_cannot_slip_in_on_one_token(settings, embedder):
-    app = _app(settings, embedder, rate_limit_per_minute=60, rate_limit_burst=60, v2_max_body_bytes=4_000_000)
-    tenant = uuid.uuid4()
-    docs = [f"document number {i} about invoices" for i in range(1000)]
-    # lambda 1: no MMR, but the learned injection detector embeds the scored documents (at
-    # most rerank_max_candidates), charged with the documents (issue 19, item 3)
-    s = settings
-    cost = round(s.rate_cost_per_document * 1000 + s.rate_cost_per_embedding * min(1000, s.rerank_max_candidates), 3)
-    assert cost == 300.0
-    with TestClient(app) as client:
-        h = bearer(tenant)
-        assert client.post("/v2/rerank", json={"query": "q1", "documents": docs[:5], "lambda": 1.0}, headers=h).status_code == 200
-        # 1 + 300 tokens: refused on a bucket that is not full, before any work on the documents
-        r = client.post("/v2/rerank", json={"query": "q2", "documents": docs, "lambda": 1.0}, headers=h)
-        assert r.status_code == 429 and r.json()["error"] == "rate_limited" and r.json()["cost"] == cost
-        assert int(r.headers["retry-after"]) >= 1
-        other = uuid.uuid4()  # a full bucket lets it through, and the debt is paid by waiting
-        r = client.post("/v2/rerank", json={"query": "q3", "documents": docs, "lambda": 1.0}, headers=bearer(other))
-        assert r.status_code == 200, r.text
-        r = client.post(URL, json={"query": "after the big one"}, headers=bearer(other))
-        assert r.status_code == 429 and int(r.headers["retry-after"]) >= 40  # ~41 tokens of debt at 1/s
-
-
-def test_per_tenant_model_cap_refuses_the_flooder_and_serves_the_others(settings, embedder):
-    """Tenant A sends 4 concurrent /v2/rerank misses; the model (fake, 1.5 s a call) takes
-    one of A's at a time with a short wait: A gets 429 tenant_busy for the rest while
-    tenant B, concurrently, is served."""
-    rr = FakeReranker(delay_s=1.5)
-    app = _app(settings, embedder, rr, rate_limit_per_minute=0, tenant_model_slots=1, tenant_wait_s=0.3)
-    a, b = uuid.uuid4(), uuid.uuid4()
-
-    async def drive(base):
-        async with httpx.AsyncClient(base_url=base, timeout=30) as client:
-            def post(t, i):
-                return client.post("/v2/rerank", headers=bearer(t),
-                                   json={"query": f"cap {i}", "documents": ["one doc", "two doc"], "lambda": 1.0})
-            flood = [post(a, i) for i in range(4)]
-            quiet = asyncio.sleep(0.1, None)
-
-            async def later():
-                await quiet
-                return await post(b, 99)
-            return await asyncio.gather(*flood, later())
-
-    with serve_in_thread(app) as base:
-        *flood, quiet = asyncio.run(drive(base))
-    codes = sorted(r.status_code for r in flood)
-    assert codes == [200, 429, 429, 429], [r.text for r in flood]
-    busy = [r.json() for r in flood if r.status_code == 429]
-    assert all(x["error"] == "tenant_busy" and x["resource"] == "model" for x in busy)
-    assert quiet.status_code == 200, quiet.text
-
-
-# --------------------------------------------------------------------------- /v2/rerank spans, charged after the fact
-# The guard embeds the spans of the documents the classifier finds doubtful (issue 19,
-# span-level scoring): admission charges the documents and the passages only (as before span
-# scoring), and the spans actually embedded are debited when the request ends, whatever the
-# bucket holds (it may go negative: a debt the tenant's next requests wait out). DOUBTFUL:
-# tests/test_guard_classifier.py's PARAPHRASED_MISSED after an ordinary sentence, long enough to
-# have spans (> SPAN_MIN_CHARS); the shipped weights find it doubtful (probability >= span_gate)
-# and do not flag it by its whole text (spans are scored only where they can change the
-# decision): checked here, not assumed.
-
-
-# span scoring as the weights 2026-12-01.2 to .5 had it, at a threshold of 0.98 (the shipped
-# 2026-12-01.6 point scores no spans; the charging of spans is tested for weights that do)
-SPANNING_THRESHOLD = 0.98
-
-
-@pytest.fixture
-def spanning(monkeypatch):
-    import dataclasses
-
-    from kb_rerank.ingest import guard_classifier as gc
-
-    weights = dataclasses.replace(gc.load_shipped(), span_threshold=0.98, span_gate=0.3)
-    monkeypatch.setattr(gc, "load_shipped", lambda: weights)
-    return weights
-
-
-def _span_fixtures(embedder, n_doubtful=1):
-    from kb_rerank.ingest.detectors import detect_injection
-    from kb_rerank.ingest.guard_classifier import SPAN_MAX, SPAN_MIN_CHARS, spans
-    from kb_rerank.ingest.verdict import guard_classifier
-
-    from .test_guard_classifier import LONG_PLAIN, ORDINARY, PARAPHRASED_MISSED
-
-    doubtful = [f"{ORDINARY[1].split('. ')[0]}. {PARAPHRASED_MISSED}" + (f" ({i})" if i else "")
-                for i in range(n_doubtful)]
-    benign = [LONG_PLAIN, ORDINARY[0] + " " + ORDINARY[1]]
-    clf = guard_classifier(embedder)
-    assert clf is not None and clf.span_threshold is not None
-    texts = doubtful + benign
-    ps = [clf.probability(v, detect_injection(t)) for t, v in zip(texts, embedder.embed_passages(texts))]
-    assert all(clf.wants_spans(p) for p in ps[:n_doubtful]) and not any(clf.wants_spans(p) for p in ps[n_doubtful:]), ps
-    assert all(p < SPANNING_THRESHOLD for p in ps[:n_doubtful]), ps  # not flagged whole
-    assert all(len(t) > SPAN_MIN_CHARS for t in texts)
-    n_spans = [len(spans(t)) for t in doubtful]
-    assert all(0 < n < SPAN_MAX for n in n_spans)  # a charge of SPAN_MAX a document, or of none, would show
-    return doubtful, benign, sum(n_spans)
-
-
-class TextCountingEmbedder:
-    """The session's embedder, counting the passage texts it embeds (passages and spans)."""
-
-    def __init__(self, inner) -> None:
-        self.inner, self.name, self.dim = inner, inner.name, inner.dim
-        self.passage_texts = 0
-
-    def embed_query(self, text):
-        return self.inner.embed_query(text)
-
-    def embed_passages(self, texts):
-        self.passage_texts += len(texts)
-        return self.inner.embed_passages(texts)
+    asyncio.run(main())
 
 
 def _spy_charges(app):
     """The tokens taken by Limits.charge (the request's token, then admission's charge; the
-    prepaid embedder and model slots charge 0, not listed) and the span debits
-    (Limits.charge_spans)."""
+    prepaid embedder and model slots charge 0, not listed) and the embeddings debited after
+    the fact (RateLimiter.debit, in texts)."""
     lim = app.state.limits
     charges, spans = [], []
-    charge, charge_spans = lim.charge, lim.charge_spans
+    charge, debit = lim.charge, lim.tenant_rate.debit
 
     def spy_charge(tenant, cost=1.0, **k):
         if cost:
             charges.append(round(float(cost), 6))
         return charge(tenant, cost, **k)
 
-    def spy_spans(tenant, n):
-        spans.append(n)
-        return charge_spans(tenant, n)
+    def spy_debit(tenant, cost):
+        spans.append(round(cost / lim.cost_per_embedding))
+        return debit(tenant, cost)
 
-    lim.charge, lim.charge_spans = spy_charge, spy_spans
+    lim.charge, lim.tenant_rate.debit = spy_charge, spy_debit
     return charges, spans
-
-
-def test_flow_settle_charges_the_spans_once():
-    from types import SimpleNamespace
-
-    from kb_rerank.pipeline.caller_documents import CallerDocumentsFlow
-
-    lim = Limits(tenant_rate=RateLimiter(60, 100, clock=lambda: 0.0), cost_per_embedding=4.0)
-    pipe = SimpleNamespace(limits=lim)
-    flow = CallerDocumentsFlow.__new__(CallerDocumentsFlow)
-    flow._owed_embeddings = 3
-    flow.settle(pipe, "a")
-    assert lim.tenant_rate.level("a") == pytest.approx(100 - 12)
-    flow.settle(pipe, "a")  # a second call charges nothing more
-    assert lim.tenant_rate.level("a") == pytest.approx(100 - 12) and flow._settled
 
 
 def _spans_app(settings, embedder, burst=200, budget_ms=60_000):

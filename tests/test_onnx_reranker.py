@@ -192,7 +192,7 @@ def _serve(settings, embedder, tiny_model_dir, root, tenant, *, slow: bool = Fal
                                     reranker_model=str(tiny_model_dir), reranker_onnx_dir=root,
                                     rerank_max_length=MAX_LENGTH, **changes), embedder=embedder)
     with TestClient(app) as client:
-        rr = app.state.reranker
+        rr = app.state.pipeline.reranker
         deadline = time.monotonic() + 30
         while rr.state in ("not_loaded", "loading") and time.monotonic() < deadline:
             time.sleep(0.05)

@@ -92,7 +92,7 @@ def test_readyz_is_coarse_without_the_token(settings, embedder, ops_token):
         else:  # no token configured: nobody gets the detail
             assert full.json() == {"status": "ready"}
         # a database that is down: still the status code a load balancer needs, no detail
-        c.blocking_portal.call(c.app.state.pool.close)
+        c.blocking_portal.call(c.app.state.pipeline.pool.close)
         down = c.get("/readyz")
         assert down.status_code == 503 and down.json() == {"status": "not_ready"}
         if ops_token:

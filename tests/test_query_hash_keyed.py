@@ -19,6 +19,8 @@ import hmac
 import uuid
 
 import pytest
+
+from .helpers import app_search_key
 from litestar.testing import TestClient
 
 from kb_rerank import cli, keys
@@ -132,14 +134,18 @@ def test_no_plain_sha256_of_a_query_is_stored_anywhere(settings, reranker, embed
         post(client, "/v1/kb/context", tenant, {"query": QUERY})
         post(client, "/v2/rerank", tenant, {"query": QUERY, "documents": ["zebracorn launch code is 0000",
                                                                           "unrelated text"]})
-        model = client.app.state.pipeline.model_name
+        pipe = client.app.state.pipeline
+        search_keys = {app_search_key(client.app, n, source) for source in
+                       ("hybrid_lexical_semantic", "lexical_only", "semantic_only", "manual_curation")}
 
-    keyed = hmac_hex(KEY, n)
-    assert where_stored(owner_conn, tenant, keyed) == {"kb_rerank_audit", "kb_rerank_cache",
-                                                       "kb_rerank_pair_scores", "kb_rerank_curation"}
+    keyed = hmac_hex(KEY, n)  # the query alone keys the pair scores and the curated list
+    assert where_stored(owner_conn, tenant, keyed) == {"kb_rerank_pair_scores", "kb_rerank_curation"}
     assert where_stored(owner_conn, tenant, sha(n)) == set()
+    # the search answers: the query, the endpoint and the app's configuration, keyed the same way
+    for k in search_keys:
+        assert where_stored(owner_conn, tenant, k) == {"kb_rerank_audit", "kb_rerank_cache"}
     # /v1/kb/context's cache key: the query and its parameters, keyed the same way
-    params = ContextFlow(ContextRequest(query=QUERY), settings, model).params("exclude")
+    params = {**pipe.flow(ContextFlow, ContextRequest(query=QUERY)).params("exclude"), "config": pipe.config}
     assert where_stored(owner_conn, tenant, query_hash(n, KEY.encode(), params)) == {"kb_rerank_audit",
                                                                                      "kb_rerank_cache"}
     from kb_rerank.pipeline.query import canonical_json
@@ -163,18 +169,21 @@ def test_the_key_is_read_once_per_app_and_two_keys_differ(settings, reranker, em
         # rotate the file under the running app: it keeps the key it read at start
         keys.key_file(s, "query_hash").write_text(OTHER_KEY + "\n")
         post(client, "/v1/kb/search/rerank", tenant, {"query": QUERY})
+        first_key = app_search_key(client.app, n)
     trace = first["trace_id"]
     hashes = {r[0] for r in owner_conn.execute(
         "select query_hash from kb.kb_rerank_audit where tenant_id = %s", [tenant]).fetchall()}
-    assert hashes == {hmac_hex(file_key, n)}
+    assert hashes == {first_key} and client.app.state.pipeline.hash_query(n) == hmac_hex(file_key, n)
     assert owner_conn.execute("select count(*) from kb.kb_rerank_audit where tenant_id = %s and trace_id = %s",
                               [tenant, trace]).fetchone()[0] == 1
     # restarted with the other key: another hash for the same query (and a cache miss)
     with client_for(s, reranker, embedder) as client:
         assert post(client, "/v1/kb/search/rerank", tenant, {"query": QUERY})["from_cache"] is False
+        second_key = app_search_key(client.app, n)
+        assert client.app.state.pipeline.hash_query(n) == hmac_hex(OTHER_KEY, n)
     hashes = {r[0] for r in owner_conn.execute(
         "select query_hash from kb.kb_rerank_audit where tenant_id = %s", [tenant]).fetchall()}
-    assert hashes == {hmac_hex(file_key, n), hmac_hex(OTHER_KEY, n)}
+    assert hashes == {first_key, second_key} and first_key != second_key
 
 
 def test_service_takes_the_key_once(settings, monkeypatch):

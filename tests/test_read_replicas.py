@@ -45,14 +45,14 @@ def standby(server_url):
 def where(monkeypatch):
     """Records pg_is_in_recovery() of the connection each search ran on."""
     seen: list[bool] = []
-    inner = retrieval.search_source
+    inner = retrieval.RetrievalSpec.fetch
 
-    async def spy(conn, *args, **kw):
+    async def spy(self, conn, *args, **kw):
         cur = await conn.execute("select pg_is_in_recovery()")
         seen.append((await cur.fetchone())[0])
-        return await inner(conn, *args, **kw)
+        return await inner(self, conn, *args, **kw)
 
-    monkeypatch.setattr(retrieval, "search_source", spy)
+    monkeypatch.setattr(retrieval.RetrievalSpec, "fetch", spy)
     return seen
 
 

@@ -751,7 +751,7 @@ def cmd_curate(args, settings: Settings) -> int:
                     " where tenant_id = kb.current_tenant() and query_hash = %s", [qh, old_qh]).rowcount
                 conn.execute("delete from kb.kb_rerank_curation where tenant_id = kb.current_tenant()"
                              " and query_hash = %s", [old_qh])
-                cache.invalidate(conn, qh, "manual_curation")
+                cache.invalidate(conn, "manual_curation")
                 print(f"moved {n} curated chunk(s) from query_hash {old_qh} to {qh}")
             elif args.action == "add":
                 if not args.chunk:
@@ -767,7 +767,7 @@ def cmd_curate(args, settings: Settings) -> int:
                         " values (kb.current_tenant(), %s, %s, %s, %s)",
                         [qh, start + i, chunk, args.note],
                     )
-                cache.invalidate(conn, qh, "manual_curation")
+                cache.invalidate(conn, "manual_curation")
                 print(f"added {len(args.chunk)} chunk(s) at positions {start}..{start + len(args.chunk) - 1}"
                       f" for query_hash {qh}")
             elif args.action == "list":
@@ -783,7 +783,7 @@ def cmd_curate(args, settings: Settings) -> int:
                     "delete from kb.kb_rerank_curation where tenant_id = kb.current_tenant() and query_hash = %s",
                     [qh],
                 ).rowcount
-                cache.invalidate(conn, qh, "manual_curation")
+                cache.invalidate(conn, "manual_curation")
                 print(f"cleared {n} curated chunk(s) for query_hash {qh}")
     return 0
 

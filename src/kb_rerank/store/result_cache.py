@@ -50,10 +50,7 @@ LOOKUP = (
     "  and c.generation = g.generation and c.expires_at > now()"
 )
 DELETE_ROW = "delete from kb.kb_rerank_cache where cache_id = %s"
-DELETE_KEY = (
-    "delete from kb.kb_rerank_cache"
-    " where tenant_id = kb.current_tenant() and query_hash = %s and source = %s"
-)
+DELETE_SOURCE = "delete from kb.kb_rerank_cache where tenant_id = kb.current_tenant() and source = %s"
 
 
 # What a row's results_jsonb holds: the search endpoint's results list, or an object
@@ -127,7 +124,8 @@ async def get_live(conn, query_hash: str, source: str, *, decode: Callable[[Any]
     return gen, CacheEntry(cache_id, body, model, trace_id)
 
 
-def invalidate(conn, query_hash: str, source: str) -> int:
-    """Drop the key's entries of every generation (sync; used by ``kb-rerank curate`` after
-    changing a list)."""
-    return conn.execute(DELETE_KEY, [query_hash, source]).rowcount
+def invalidate(conn, source: str) -> int:
+    """Drop the tenant's cached answers of ``source``, every key and generation (sync; used by
+    ``kb-rerank curate`` after changing a list: a key hashes the app's configuration with the
+    query, which the CLI does not know, and curated answers cost no model call to rebuild)."""
+    return conn.execute(DELETE_SOURCE, [source]).rowcount

@@ -1,4 +1,4 @@
-"""kb_rerank.evaluate: a tiny BEIR collection through the real database and ingestion."""
+"""kb_rerank.eval.runs: a tiny BEIR collection through the real database and ingestion."""
 
 from __future__ import annotations
 

@@ -3,7 +3,7 @@ with and without MMR, on BEIR folders already loaded by `kb-rerank eval` / bench
 
 Relevance = fused score / best fused score of the query (the service's fallback relevance:
 the real cross-encoder is not available offline), MMR over the chunk embeddings stored in
-Postgres (kb_rerank.ranking.composite), documents deduplicated after ranking.
+Postgres (kb_rerank.pipeline.diversify.composite), documents deduplicated after ranking.
 
     KB_DATA_DIR=/tmp/kb-eval python bench/mmr_quality.py ../shared/datasets/cisi ... [--lambdas 1,0.7,0.6]
 """

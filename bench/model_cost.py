@@ -1,6 +1,6 @@
 """Cross-encoder forward cost: tokens/s for rerank-sized workloads.
 
-Scores 40 (query, passage) pairs with ``kb_rerank.rerank.Reranker`` (the code
+Scores 40 (query, passage) pairs with ``kb_rerank.models.cross_encoder.Reranker`` (the code
 the service uses: FlagReranker-identical tokenization, length-sorted batches)
 for several batch sizes and max_length values, with and without length-sorted
 batching, on two workloads:

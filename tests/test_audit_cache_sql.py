@@ -43,7 +43,7 @@ def qhash(text: str) -> str:
 
 def append(conn, kind="served", severity=0, source="hybrid_lexical_semantic", query="q",
            trace_id=None, model="bge-reranker", candidates=20, returned=5, duration_ms=12.5, detail=None):
-    """Append as the service does (with the row's MAC; kb_rerank.audit), any values allowed."""
+    """Append as the service does (with the row's MAC; kb_rerank.store.audit), any values allowed."""
     fields = [kind, severity, source, qhash(query), trace_id or uuid.uuid4().hex,
               model, candidates, returned, duration_ms, detail]
     tenant = conn.execute("select kb.current_tenant()").fetchone()[0]

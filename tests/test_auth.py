@@ -1,4 +1,4 @@
-"""Tests for kb_rerank.auth (bearer JWT -> tenant UUID)."""
+"""Tests for kb_rerank.http.auth (bearer JWT -> tenant UUID)."""
 
 from __future__ import annotations
 

@@ -25,7 +25,7 @@ from kb_rerank.ingest.readers import SourceDoc
 from kb_rerank.store.session import tenant_transaction
 from kb_rerank.ingest.loader import delete_document, ingest_documents
 
-from .test_api import SECRET, bearer, reranker, tiny_model_dir  # noqa: F401 - module fixtures
+from .test_rerank_route import SECRET, bearer, reranker, tiny_model_dir  # noqa: F401 - module fixtures
 
 RERANK = "/v1/kb/search/rerank"
 CONTEXT = "/v1/kb/context"

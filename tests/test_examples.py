@@ -22,7 +22,7 @@ from kb_rerank.settings import Settings
 
 from .conftest import EXAMPLES, _fresh_database
 from .live_server import JWT, OPS_TOKEN, SECRET, serve_in_thread
-from .test_api import reranker, tiny_model_dir  # noqa: F401 - module fixtures
+from .test_rerank_route import reranker, tiny_model_dir  # noqa: F401 - module fixtures
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE_DIR = ROOT / "examples"

@@ -1,5 +1,5 @@
 """Faults: PostgreSQL stopped under load (a separate embedded server, so the session's is
-not disturbed), a failing cross-encoder (what tests/test_api.py::test_19 does not cover),
+not disturbed), a failing cross-encoder (what tests/test_rerank_route.py::test_19 does not cover),
 requests cancelled mid-flight, and hand-corrupted cache rows."""
 
 from __future__ import annotations
@@ -161,7 +161,7 @@ def test_database_stopped_under_load_fails_fast_and_recovers(own_server, embedde
         assert advisory_locks(owner, "kb_fault") == []
 
 
-# --------------------------------------------------------------------------- (b) model faults not in test_api
+# --------------------------------------------------------------------------- (b) model faults not in test_rerank_route
 
 
 class BadScores(FakeReranker):

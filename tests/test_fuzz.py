@@ -1,7 +1,7 @@
 """Hostile input on the HTTP API: hypothesis bodies and strings (never a 5xx, 4xx are JSON
 with an error field, a rejected request writes no row), schemathesis against the OpenAPI
 schema in process, the search SQL functions with hypothesis text, JWT attacks at the
-HTTP level (those test_api.py does not have), streamed oversized bodies, rate limiting."""
+HTTP level (those test_rerank_route.py does not have), streamed oversized bodies, rate limiting."""
 
 from __future__ import annotations
 

@@ -24,7 +24,7 @@ from kb_rerank.ingest.readers import SourceDoc
 from kb_rerank.store.guard_reviews import record_review
 from kb_rerank.store.session import tenant_transaction
 
-from .test_api import bearer
+from .test_rerank_route import bearer
 from .test_context import ScriptedReranker, client_for, set_policy
 from .test_guard_classifier import ORDINARY, PARAPHRASED
 from .test_v2_rerank import call

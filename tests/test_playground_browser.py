@@ -33,7 +33,7 @@ from kb_rerank.http.app import create_app
 from kb_rerank.http.auth import JwtConfig, mint_token
 
 from .live_server import OPS_TOKEN, SECRET, bearer, serve_in_thread
-from .test_api import reranker, tiny_model_dir  # noqa: F401 - module fixtures (the tiny cross-encoder)
+from .test_rerank_route import reranker, tiny_model_dir  # noqa: F401 - module fixtures (the tiny cross-encoder)
 
 # the `dev` extra installs Playwright: a missing one is an error, not a skip
 from playwright import sync_api  # noqa: E402

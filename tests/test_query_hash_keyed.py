@@ -31,7 +31,7 @@ from kb_rerank.pipeline.query import normalize_query, query_hash, query_hash_key
 from kb_rerank.pipeline.requests import ContextRequest
 from kb_rerank.pipeline.context import ContextFlow
 
-from .test_api import SECRET, bearer, reranker, tiny_model_dir  # noqa: F401 - module fixtures
+from .test_rerank_route import SECRET, bearer, reranker, tiny_model_dir  # noqa: F401 - module fixtures
 
 KEY = "kb-rerank-test-query-hash-key-0123456789abcdef"
 OTHER_KEY = "kb-rerank-another-query-hash-key-fedcba9876543210"

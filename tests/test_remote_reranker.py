@@ -18,7 +18,7 @@ from kb_rerank.models.cross_encoder import Reranker, RerankerError, RerankerTime
 from kb_rerank.models.remote import COHERE, TEI, RemoteReranker, protocol_of
 
 from .live_server import OPS
-from .test_api import OPS_TOKEN, SECRET, bearer, tiny_model_dir  # noqa: F401 - module fixture
+from .test_rerank_route import OPS_TOKEN, SECRET, bearer, tiny_model_dir  # noqa: F401 - module fixture
 
 PASSAGES = ["Refunds go back to the original card within five days.",
             "ERR_402 means the card was declined at checkout.",

@@ -15,7 +15,7 @@ from kb_rerank.pipeline.context import SOURCE as CONTEXT_SOURCE
 from kb_rerank.pipeline.caller_documents import SOURCE as V2_SOURCE
 
 from .live_server import OPS
-from .test_api import bearer, client_for, reranker, tiny_model_dir  # noqa: F401 - module fixtures
+from .test_rerank_route import bearer, client_for, reranker, tiny_model_dir  # noqa: F401 - module fixtures
 
 DOCS = ["Refunds are issued to the original payment method within five days.",
         "Credit notes cancel an invoice in part or in full."]

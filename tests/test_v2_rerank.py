@@ -11,7 +11,7 @@ from kb_rerank.settings import Settings
 
 from kb_rerank.store.session import tenant_transaction
 
-from .test_api import bearer, reranker, tiny_model_dir  # noqa: F401 - module fixtures
+from .test_rerank_route import bearer, reranker, tiny_model_dir  # noqa: F401 - module fixtures
 from .test_context import ScriptedReranker, client_for
 
 URL = "/v2/rerank"

@@ -1,4 +1,4 @@
-"""Logs of ``kb-rerank serve`` (issue 17): one JSON object a line by default, plain text with
+"""Logs of ``kb-rerank serve``: one JSON object a line by default, plain text with
 ``--log-format text`` / ``KB_LOG_FORMAT=text``; ``KB_LOG_LEVEL`` (INFO).
 
 Standard library only: :class:`JsonFormatter` is a :class:`logging.Formatter`, and

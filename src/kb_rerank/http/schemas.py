@@ -47,8 +47,9 @@ def _err(description: str) -> ResponseSpec:
     return ResponseSpec(data_container=ErrorBody, description=description, generate_examples=False)
 
 
-# The errors every JSON route can answer (kb_rerank.body, api's auth guard and handlers,
-# kb_rerank.limits); passed as ``responses=`` to each route decorator.
+# The errors every JSON route can answer (kb_rerank.http.body, the auth guard of
+# kb_rerank.http.auth, the handlers in kb_rerank.http.routes, kb_rerank.pipeline.limits);
+# passed as ``responses=`` to each route decorator.
 ERROR_RESPONSES: dict[int, ResponseSpec] = {
     400: _err("invalid_json: not JSON, invalid UTF-8 or nested too deeply (field is null)"),
     401: _err("unauthorized: missing, invalid or expired bearer token (reason); WWW-Authenticate is set"),
@@ -75,7 +76,7 @@ SECURITY: list[dict[str, list[str]]] = [{BEARER: []}]
 
 def json_schema(typ: type, extra: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
     """The JSON Schema msgspec generates for ``typ`` -- the library that decodes the body
-    (kb_rerank.body), so the document says what the decoder accepts -- with its ``$defs``
+    (kb_rerank.http.body), so the document says what the decoder accepts -- with its ``$defs``
     inlined (a ``#/$defs`` reference would resolve against the OpenAPI document, not this
     schema). Inline, not a component: Litestar fills ``components/schemas`` only with the
     types it documents itself (the responses) and drops any other. ``extra``: keys merged
@@ -100,7 +101,7 @@ def json_schema(typ: type, extra: dict[str, dict[str, Any]] | None = None) -> di
 
 def body_operation(typ: type, extra: dict[str, dict[str, Any]] | None = None) -> type[Operation]:
     """An ``operation_class`` for a route decorator that documents ``typ`` as its required
-    JSON request body. The handler keeps reading the raw body itself (kb_rerank.body): a
+    JSON request body. The handler keeps reading the raw body itself (kb_rerank.http.body): a
     ``data: typ`` parameter would make Litestar parse and validate it, with other status
     codes and error bodies."""
     schema = json_schema(typ, extra)

@@ -476,8 +476,8 @@ _RAW_ROLE_TOKEN = re.compile(
     r"|\[/?INST\]|<<\s*/?SYS\s*>>|</?(?:system|sys|instructions?)\s*>|<start_of_turn>|<end_of_turn>",
     re.IGNORECASE,
 )
-# Linear-time rules for every pattern below (issue 13: one 20,000-character document must
-# not take seconds): a line start is followed by horizontal whitespace only ([^\S\n]*+)
+# Linear-time rules for every pattern below (one 20,000-character document must not take
+# seconds): a line start is followed by horizontal whitespace only ([^\S\n]*+)
 # -- "^\s*" rescans a run of n newlines from each of its n line starts --, and every
 # quantifier whose run the next element cannot continue is possessive (*+, ++), so a
 # failed match gives nothing back. "^\s*X" and "^[^\S\n]*X" find the same lines: when
@@ -654,11 +654,11 @@ _SPACED_LETTERS_RE = re.compile(r"(?<!\w)\w(?= )(?: \w(?!\w)){4,}+")
 
 
 def deobfuscated(text: str) -> str | None:
-    """``text`` with its hiding undone, for the learned classifier to read (issue 19: the
-    patterns read the normalised text, the classifier otherwise only the raw chunk's
-    embedding): hidden characters removed, tag-character and short base64 payloads decoded
-    (:func:`_normalise`), homoglyphs folded to their Latin skeleton when a word mixes them
-    with Latin letters, letters spelled out one by one joined, and a rot13 text decoded;
+    """``text`` with its hiding undone, for the learned classifier to read (the patterns read
+    the normalised text, the classifier otherwise only the raw chunk's embedding): hidden
+    characters removed, tag-character and short base64 payloads decoded (:func:`_normalise`),
+    homoglyphs folded to their Latin skeleton when a word mixes them with Latin letters,
+    letters spelled out one by one joined, and a rot13 text decoded;
     case folded. None when that changes nothing beyond NFKC and case (an ordinary text).
     Linear in the text."""
     if not text:

@@ -1,4 +1,4 @@
-"""The learned injection detector over a chunk's embedding (issue 19).
+"""The learned injection detector over a chunk's embedding.
 
 A logistic regression, or one small ReLU hidden layer before it, whichever the shipped
 weights hold (``bench/train_guard.py --model``). Runs beside the patterns of
@@ -37,7 +37,7 @@ from kb_rerank.ingest.detectors import InjectionVerdict
 
 WEIGHTS_RESOURCE = "guard_classifier.npz"
 
-# span-level scoring (issue 19): a chunk longer than SPAN_MIN_CHARS is also read as windows
+# span-level scoring: a chunk longer than SPAN_MIN_CHARS is also read as windows
 # of whole sentences (packed up to SPAN_CHARS characters, no overlap) plus the hidden HTML
 # (comments, CSS-hidden elements), code blocks and markdown images in it, each its own span
 SPAN_MIN_CHARS = 200

@@ -1,4 +1,4 @@
-"""The one injection / stuffing decision, shared by every path that judges a text (issue 19).
+"""The one injection / stuffing decision, shared by every path that judges a text.
 
 * ingestion and ``kb-rerank guard scan`` (:mod:`kb_rerank.ingest.loader`): :func:`chunk_flags`
   over a chunk and its stored embedding; the result is stored per chunk, and

@@ -1,7 +1,7 @@
 """Alembic environment: thin revisions that execute the SQL files under kb_rerank/sql/.
 
 The URL comes from kb_rerank (KB_DATABASE_URL or the embedded server), or from
-``config.attributes['kb_url']`` when called through ``kb_rerank.db.migrate``.
+``config.attributes['kb_url']`` when called through ``kb_rerank.admin.database.migrate``.
 """
 
 from __future__ import annotations

@@ -2,10 +2,10 @@
 
 Rows are appended inside the caller's tenant transaction, so an audit row commits or
 rolls back together with the work it describes (a cache write, for example). The row
-never holds the query text: ``query_hash`` (HMAC-SHA256 of the normalised query: service.query_hash) only, and
-``detail`` is a short machine reason.
+never holds the query text: ``query_hash`` (HMAC-SHA256 of the normalised query:
+kb_rerank.pipeline.query.query_hash) only, and ``detail`` is a short machine reason.
 
-Keyed chain (issue 13): each row carries an HMAC-SHA256, computed here with the audit key
+Keyed chain: each row carries an HMAC-SHA256, computed here with the audit key
 (``KB_AUDIT_KEY``, or the key file; kb_rerank.keys), over the canonical form below of the
 row's caller-supplied fields, the tenant and a fresh random nonce. The database never holds
 the key, so a writer with only database access (the app role, or kb.audit_append called

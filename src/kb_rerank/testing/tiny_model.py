@@ -7,7 +7,7 @@ checkpoint (``config.json``, ``model.safetensors``, ``tokenizer.json``,
 ``tokenizer_config.json``, ``special_tokens_map.json``) so that
 ``FlagReranker(str(path))``, ``AutoTokenizer.from_pretrained(path)`` and
 ``AutoModelForSequenceClassification.from_pretrained(path)`` all load it, and so
-that :class:`kb_rerank.rerank.Reranker` loads it through the same code path the
+that :class:`kb_rerank.models.cross_encoder.Reranker` loads it through the same code path the
 application uses for ``BAAI/bge-reranker-v2-m3``.
 
 The checkpoints use the XLM-RoBERTa architecture (like bge-reranker-v2-m3) and

@@ -1,4 +1,4 @@
-"""Trust (issue 13): hardened definer functions and privileges, keyed audit chain,
+"""Trust: hardened definer functions and privileges, keyed audit chain,
 per-tenant cache generation
 
 Each part has its own versioned file under sql/schema/ and its own downgrade file beside it:

@@ -81,7 +81,7 @@ $$;
 -- kb.stem_config(language): the dictionary that stems a document's words:
 -- pg_catalog.english_stem (Snowball English) for English, for Vietnamese and for an
 -- unknown language (NULL; ingestion always guesses one, 'en' unless the text is
--- Vietnamese: kb_rerank.chunking.guess_language); NULL (words kept as they are) for any
+-- Vietnamese: kb_rerank.ingest.readers.guess_language); NULL (words kept as they are) for any
 -- other language. Vietnamese has no Snowball stemmer, and its syllables typed without
 -- diacritics are fixed points of the English one (hoa, nhieu, khong, nguoi, ngay stay;
 -- tested), while the English words its pages carry (emails, iPhones) are stemmed like an

@@ -8,7 +8,7 @@
 -- statistics are derived data that the app role may read (under RLS) but never write
 -- directly. The rows written come from the transition tables of a statement that RLS has
 -- already checked, so a tenant can only move its own statistics. search_path pinned with
--- pg_temp last (no temporary type or table can shadow one the body uses; issue 13).
+-- pg_temp last (no temporary type or table can shadow one the body uses).
 create or replace function kb.apply_stats_delta(rows kb.chunks[], sign integer)
 returns void
 language sql

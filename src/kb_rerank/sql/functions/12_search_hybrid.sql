@@ -1,6 +1,6 @@
 -- kb.search_hybrid(query, query_embedding, k, rrf_k, fusion, lexical_weight, semantic_weight, k1, b)
 --
--- Fuses per DOCUMENT (issue 15): a document's lexical rank and semantic rank meet in one
+-- Fuses per DOCUMENT: a document's lexical rank and semantic rank meet in one
 -- row, so a document found by both lists through different chunks counts once, with both
 -- ranks (fusing on chunk ids counted it twice, each time with one rank).
 --   lexical list  = kb.search_lexical(query, k): the top-k documents by BM25 (it already
@@ -26,7 +26,7 @@
 -- Returns up to 2k rows (documents) ordered by score desc, chunk_id. SECURITY INVOKER: it
 -- sees exactly what the two search functions return for the caller's tenant.
 -- k1, b: the BM25 parameters of the lexical list (the service passes KB_BM25_K1 / KB_BM25_B,
--- as it does to kb.search_lexical; issue 14: they used to stop at lexical_only).
+-- as it does to kb.search_lexical).
 -- The signature before k1 / b (one overload only: callers' positional calls stay unambiguous).
 drop function if exists kb.search_hybrid(text, public.vector, integer, integer, text, double precision,
                                          double precision);

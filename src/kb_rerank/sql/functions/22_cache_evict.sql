@@ -8,7 +8,7 @@
 -- tenant ids. kb_maint owns nothing else and holds only SELECT, DELETE on
 -- kb.kb_rerank_cache and kb.kb_rerank_pair_scores. search_path pinned, pg_temp last.
 -- Call it repeatedly until it returns less than `batch`.
--- Who may call it (issue 13, item 9): the maintenance side only (the migrating owner, and
+-- Who may call it: the maintenance side only (the migrating owner, and
 -- any role an operator grants EXECUTE to for KB_MAINT_DATABASE_URL / `kb-rerank evict`),
 -- never the app role: its count covers every tenant, so a tenant could watch other
 -- tenants' cache traffic through it.

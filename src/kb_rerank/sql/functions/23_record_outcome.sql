@@ -1,6 +1,6 @@
 -- kb.record_outcome: the record step of a computed answer (kb_rerank/pipeline/flow.py) in ONE
 -- statement: the result-cache row, the pair scores the model computed and the audit row,
--- so a miss writes everything in one round trip and one transaction (issue 16, item 3).
+-- so a miss writes everything in one round trip and one transaction.
 --
 --   tenant         the request's tenant. Set for this call only (transaction-local, and put
 --                  back as it was before the function returns; on an error the transaction's

@@ -4,7 +4,7 @@
 -- cyberos_app), rendered by kb_rerank.sqlfiles as a quoted identifier it has checked.
 grant usage on schema kb to {{app_role}}, kb_search, kb_stats, kb_audit;
 
--- Issue 13, item 1: no role but the owner creates objects that a SECURITY DEFINER body
+-- No role but the owner creates objects that a SECURITY DEFINER body
 -- could resolve by name. No temporary objects for PUBLIC or the app role (a temporary
 -- type or table shadowed names inside definer functions), no CREATE on schema public.
 -- Idempotent, so it holds after every upgrade (and for a database created later).

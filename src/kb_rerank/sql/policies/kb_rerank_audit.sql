@@ -1,6 +1,6 @@
 -- kb.kb_rerank_audit: tenant rows, RLS enabled and forced (the owner is subject to it too).
 -- Append-only, and written only through kb.audit_append (SECURITY DEFINER, owner kb_audit):
--- the app role has SELECT only (issue 13, item 3: with INSERT it could write a back-dated
+-- the app role has SELECT only (with INSERT it could write a back-dated
 -- or chain-breaking row). No UPDATE, DELETE or TRUNCATE for anyone but the owner, and no
 -- policy that would allow them. Policies compare with (select kb.current_tenant()),
 -- evaluated once per statement; with no tenant set it is NULL and nothing matches (fail
@@ -57,7 +57,7 @@ revoke all on kb.audit_checkpoints from public, {{app_role}}, kb_audit;
 
 -- kb.audit_heads: each tenant's last seq and row_hash, locked by kb.audit_append to
 -- serialise a tenant's appends. Only kb_audit reaches it; the app role has no privilege, so
--- it can neither read nor lock another tenant's head (issue 13, item 12).
+-- it can neither read nor lock another tenant's head.
 alter table kb.audit_heads enable row level security;
 alter table kb.audit_heads force row level security;
 

@@ -3,7 +3,7 @@
 -- Versioned: runs once (Alembic revision 0003_context_guardrails). Policies and grants
 -- for kb.tenant_policy live in the idempotent file sql/policies/tenant_policy.sql.
 
--- Set at ingestion by kb_rerank.guard.detect_injection / detect_stuffing (per chunk).
+-- Set at ingestion, per chunk (kb_rerank.ingest.verdict; detectors in kb_rerank.ingest.detectors).
 -- Rows ingested before this revision keep the defaults (not flagged) until the
 -- document is re-ingested.
 alter table kb.chunks

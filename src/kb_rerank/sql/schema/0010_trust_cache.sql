@@ -1,6 +1,6 @@
 -- 0010 trust (cache): versioned, run once by Alembic revision 0010_trust.
 --
--- Per-tenant generation of the knowledge base (issue 13, item 4). Every statement that
+-- Per-tenant generation of the knowledge base. Every statement that
 -- changes a tenant's kb.documents or kb.chunks rows bumps that tenant's generation, in the
 -- same transaction (triggers and their SECURITY DEFINER function:
 -- sql/functions/05_kb_generation.sql; RLS and grants: sql/policies/kb_generation.sql).

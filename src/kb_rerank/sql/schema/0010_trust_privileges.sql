@@ -1,4 +1,4 @@
--- 0010 trust (privileges): versioned, run once by Alembic revision 0010_trust (issue 13).
+-- 0010 trust (privileges): versioned, run once by Alembic revision 0010_trust.
 -- The functions, grants and policies that use what this file creates are idempotent files
 -- re-applied right after it (sql/functions, sql/policies).
 
@@ -23,7 +23,7 @@ begin
 end
 $$;
 
--- The audit chain keyed with a secret the database does not hold (kb_rerank/audit.py):
+-- The audit chain keyed with a secret the database does not hold (kb_rerank/store/audit.py):
 -- the service's HMAC-SHA256 of the row, its random nonce and the key's fingerprint. Rows
 -- written before this revision have none (NULL); every later row has all three.
 alter table kb.kb_rerank_audit

@@ -34,7 +34,7 @@ create trigger chunks_derive
 -- statistics are derived data that the app role may read (under RLS) but never write
 -- directly. The rows written come from the transition tables of a statement that RLS has
 -- already checked, so a tenant can only move its own statistics. search_path pinned with
--- pg_temp last (no temporary type or table can shadow one the body uses; issue 13).
+-- pg_temp last (no temporary type or table can shadow one the body uses).
 create or replace function kb.apply_stats_delta(rows kb.chunks[], sign integer)
 returns void
 language sql
@@ -111,7 +111,7 @@ revoke all on function kb.chunks_maintain_stats() from public;
 -- BM25 champion lists (kb.term_tops, sql/schema/0008_term_tops.sql): built per tenant by
 -- kb.refresh_term_tops(), kept valid between refreshes by the trigger below.
 
--- Serialisation (issue 13, item 12): a refresh and the writers of a tenant's chunks lock the
+-- Serialisation: a refresh and the writers of a tenant's chunks lock the
 -- tenant's kb.corpus_stats row (a refresh FOR UPDATE before it reads anything; a writer's
 -- statistics trigger updates that row in the same statement, and the trigger below locks
 -- it again explicitly), so a refresh never misses a chunk written while it runs. An

@@ -1,4 +1,4 @@
--- 0011: a stemmed field beside the exact one (issue 15, item 1).
+-- 0011: a stemmed field beside the exact one.
 --
 -- Each chunk's tsvector keeps its exact lexemes (folded words, accented words as typed,
 -- code tokens) and gains the stemmed field: its plain words of two characters or more,

@@ -1,4 +1,4 @@
--- 0012: every primary and unique key of a tenant table leads with tenant_id (issue 18, item 3).
+-- 0012: every primary and unique key of a tenant table leads with tenant_id.
 --
 -- Why now: on a database sharded by tenant (Citus, docs/scaling.md) a distributed table's
 -- primary and unique keys must contain the distribution column, and a key that leads with it

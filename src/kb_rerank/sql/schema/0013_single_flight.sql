@@ -1,5 +1,5 @@
--- 0013: kb.kb_rerank_inflight, the misses being computed now, shared by every app process
--- (issue 18, item 1). A process about to compute a miss claims its key here (one short
+-- 0013: kb.kb_rerank_inflight, the misses being computed now, shared by every app process.
+-- A process about to compute a miss claims its key here (one short
 -- transaction: insert ... on conflict do nothing); a process that finds the key claimed waits
 -- for the claimant's cache row instead of calling the model again, and computes itself only
 -- when the claim is released without a cacheable answer or expires. Keyed like the cache row.

@@ -24,7 +24,7 @@ comment on table kb.term_tops is
 -- BM25 champion lists (kb.term_tops, sql/schema/0008_term_tops.sql): built per tenant by
 -- kb.refresh_term_tops(), kept valid between refreshes by the trigger below.
 
--- Serialisation (issue 13, item 12): a refresh and the writers of a tenant's chunks lock the
+-- Serialisation: a refresh and the writers of a tenant's chunks lock the
 -- tenant's kb.corpus_stats row (a refresh FOR UPDATE before it reads anything; a writer's
 -- statistics trigger updates that row in the same statement, and the trigger below locks
 -- it again explicitly), so a refresh never misses a chunk written while it runs. An

@@ -1,5 +1,5 @@
--- 0014: the champion lists (kb.term_tops, 0008) become impact-ordered blocks (issue 16,
--- item 2). Per tenant and common term, the chunks sorted by their BM25 tf_part, descending,
+-- 0014: the champion lists (kb.term_tops, 0008) become impact-ordered blocks.
+-- Per tenant and common term, the chunks sorted by their BM25 tf_part, descending,
 -- cut into levels of growing size (level 0: the old champion list; see
 -- sql/functions/04_term_tops.sql), so that kb.search_lexical reads a term's postings best
 -- first and stops once the unread bounds cannot beat its k-th score.

@@ -93,9 +93,9 @@ grant select, insert on kb.kb_rerank_audit to kb_audit;
 -- not covered (duration_ms is covered by the MAC).
 -- Declared IMMUTABLE although text casts and to_char are STABLE: the format uses no
 -- locale- or setting-dependent field (UTC timestamp, integers, text).
--- The MAC (issue 13): HMAC-SHA256 with the audit key (KB_AUDIT_KEY), which the database
+-- The MAC: HMAC-SHA256 with the audit key (KB_AUDIT_KEY), which the database
 -- never holds, over the caller-supplied fields, the tenant and a random nonce; canonical
--- form in kb_rerank/audit.py, checked by `kb-rerank audit verify`. The SQL chain proves
+-- form in kb_rerank/store/audit.py, checked by `kb-rerank audit verify`. The SQL chain proves
 -- order and completeness; the MAC proves that the service wrote the row.
 create or replace function kb.audit_row_hash(r kb.kb_rerank_audit)
 returns text
@@ -125,10 +125,10 @@ comment on function kb.audit_row_hash(kb.kb_rerank_audit) is
 -- cannot execute kb.audit_row_hash, so this function is the only way a row is written:
 -- seq, prev_hash, row_hash and created_at (the database clock) are never caller-supplied,
 -- so no back-dated or out-of-chain row. The caller supplies the MAC of the row (see
--- kb_rerank/audit.py), its nonce and the key's fingerprint; a replayed MAC is refused by
+-- kb_rerank/store/audit.py), its nonce and the key's fingerprint; a replayed MAC is refused by
 -- the unique index (tenant_id, mac). search_path pinned, pg_temp last.
 --
--- Serialisation (issue 13, item 12): the tenant's row in kb.audit_heads (last seq and
+-- Serialisation: the tenant's row in kb.audit_heads (last seq and
 -- row_hash) is locked FOR UPDATE until the caller's transaction ends, so appends of one
 -- tenant queue and different tenants do not block each other. The app role has no
 -- privilege on kb.audit_heads, so it can neither take nor hold that lock (an advisory key,

@@ -1,4 +1,4 @@
--- 0015: the audit log partitioned by month, with signed chain checkpoints (issue 17, item 5).
+-- 0015: the audit log partitioned by month, with signed chain checkpoints.
 --
 -- kb.kb_rerank_audit becomes `partition by range (created_at)`: one partition per calendar
 -- month (UTC), kb.kb_rerank_audit_YYYY_MM, and a default partition for rows no month

@@ -1,4 +1,4 @@
--- DBA view (issue 19, item 5): the share of each tenant's chunks flagged for prompt
+-- DBA view: the share of each tenant's chunks flagged for prompt
 -- injection at ingestion, by the layer that flagged them (kb.chunks.injection_reasons:
 -- 'fired:patterns' / 'fired:classifier', 'classifier_p=<p>' whenever the learned detector
 -- ran; see docs/guardrails.md), by the strength of the evidence (kb.chunks.injection_strong:
@@ -25,7 +25,7 @@
 --   flagged_by_classifier  flagged chunks the learned detector flagged ('fired:classifier');
 --                          a chunk both layers flagged counts in both columns
 --   classifier_scored      chunks whose stored verdict includes the classifier's probability
---                          (the others were judged before issue 19 or with another embedder:
+--                          (the others were judged before the classifier shipped, or with another embedder:
 --                          `kb-rerank guard scan` re-scores them)
 --   spam_flagged           chunks flagged as keyword-stuffed
 --   last_ingested_at       newest chunk's created_at

@@ -1,4 +1,4 @@
-"""Cross-encoder layer (kb_rerank.rerank) on a tiny random offline model. No database."""
+"""Cross-encoder layer (kb_rerank.models.cross_encoder) on a tiny random offline model. No database."""
 
 from __future__ import annotations
 

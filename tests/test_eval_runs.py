@@ -1,4 +1,4 @@
-"""kb_rerank.evaluate: a tiny BEIR collection through the real database and ingestion."""
+"""kb_rerank.eval.runs: a tiny BEIR collection through the real database and ingestion."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from kb_rerank.eval.runs import (
 )
 from kb_rerank.store import session
 
-from .test_rerank import tiny_model_dir  # noqa: F401 - session fixture
+from .test_cross_encoder import tiny_model_dir  # noqa: F401 - session fixture
 
 DOCS = {
     "photo": ("Photosynthesis in plants",

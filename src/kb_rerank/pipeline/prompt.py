@@ -5,12 +5,12 @@
     <context>
     [1] source: docs/refunds.md | title: Refunds
     <passage id="1">
-    ...text passed through guard.sanitize_for_prompt...
+    ...text passed through detectors.sanitize_for_prompt...
     </passage>
     [2] ...
     </context>
 
-Every passage text goes through :func:`kb_rerank.guard.sanitize_for_prompt` (hidden
+Every passage text goes through :func:`kb_rerank.ingest.detectors.sanitize_for_prompt` (hidden
 characters removed, chat-role tokens and role labels neutralised, code fences broken),
 and any ``<context>`` / ``</context>`` / ``<passage ...>`` / ``</passage>`` tag inside
 the text (or the source / title) has its ``<`` replaced by ``‹`` so no chunk can close the

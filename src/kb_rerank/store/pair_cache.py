@@ -1,7 +1,7 @@
 """The pair-score cache (kb.kb_rerank_pair_scores): cross-encoder scores kept per
 ``(tenant, model, query_hash, generation, chunk_id, content_hash)`` for ``cache_ttl_s``.
 
-The result cache (:mod:`kb_rerank.cache`) is keyed by (query, source): the same query asked
+The result cache (:mod:`kb_rerank.store.result_cache`) is keyed by (query, source): the same query asked
 with another source, or through ``/v1/kb/context``, misses it although most of its
 candidates were already scored. This cache is keyed by the *pair* instead, so a pair is
 scored by the model once per TTL whatever the route or source that retrieves it.
@@ -9,7 +9,7 @@ scored by the model once per TTL whatever the route or source that retrieves it.
 Key: the reranker's model name; ``query_hash`` = :func:`kb_rerank.pipeline.query.query_hash` of the
 normalised query (HMAC under the server's query-hash key; the text the model scores is never
 stored); ``generation``: the tenant's knowledge-base generation read before the candidates
-(:mod:`kb_rerank.cache`), so a change to the tenant's documents makes every pair score of a
+(:mod:`kb_rerank.store.result_cache`), so a change to the tenant's documents makes every pair score of a
 chunk miss, or :data:`CALLER_DOCUMENTS_GENERATION` for ``/v2/rerank``'s caller documents,
 whose scores do not depend on the knowledge base; ``chunk_id``; ``content_hash`` =
 sha256 hex of the scored text (:func:`kb_rerank.candidate.sha256_hex`, equal to

@@ -11,7 +11,7 @@ Every function here runs inside the caller's tenant transaction (:func:`kb_reran
 RLS limits it to that tenant, and each statement also names ``kb.current_tenant()`` so
 the unique index serves the lookup.
 
-Generation (issue 13, item 4): every row carries the tenant's knowledge-base generation
+Generation: every row carries the tenant's knowledge-base generation
 (``kb.kb_generation``, bumped in the same transaction by every statement that changes the
 tenant's documents or chunks) and is found only at that generation. :func:`get_live` /
 :func:`lookup` read the generation and the row in ONE statement (one snapshot), before the

@@ -14,7 +14,7 @@ Work beyond what was declared (the guard's spans and the further chunks of long 
 documents, known only once embedded) is debited after the fact when the request ends, never
 refused: the bucket may go negative and the tenant's next requests wait the debt out
 (:meth:`kb_rerank.pipeline.limits.RateLimiter.debit`). Prices: ``rate_cost_per_document``,
-``rate_cost_per_embedding``, ``rate_cost_per_pair`` (docs/limits.md).
+``rate_cost_per_embedding``, ``rate_cost_per_pair`` (docs/tuning.md, "Rate limits").
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ evenly (docs/scaling.md says why the buckets are not kept in PostgreSQL).
    work done beyond what was paid is debited after the fact (never refused). A tenant in
    debt is refused until the refill pays it back, so a large request is never refused
    forever and never pays less than it costs. The prices and how they were measured:
-   docs/limits.md.
+   docs/tuning.md.
 2. **Per-tenant caps on concurrent work** (:class:`Slots`): a tenant holds at most
    ``tenant_model_slots`` calls of the cross-encoder and as many of the embedder (queued or
    running) and at most ``tenant_pool_slots`` database connections (0: half the pool) at

@@ -14,14 +14,12 @@ from pathlib import Path
 from uuid import UUID
 
 from kb_rerank import keys
+from kb_rerank.dev import DEMO_TENANT, DEV_JWT_SECRET  # noqa: F401 - also read as cli.DEMO_TENANT
 from kb_rerank.settings import Settings, SettingsError
 from kb_rerank.store import session
 
-DEMO_TENANT = UUID("00000000-0000-4000-8000-000000000001")
 # The sample knowledge base ships inside the package (kb_rerank/demo_kb).
 DEMO_KB = "demo_kb"
-# `kb-rerank serve --dev` only: a fixed, public secret (>= 32 bytes, as HS256 wants).
-DEV_JWT_SECRET = "kb-rerank-dev-secret-do-not-use-in-production"
 DEMO_QUERIES = [
     "ERR_402",
     "how do I emit hóa đơn",

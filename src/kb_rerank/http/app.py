@@ -256,7 +256,7 @@ def jwt_config(settings: Settings, *, allow_dev_secret: bool = False) -> JwtConf
     two key sources (which one would verify is a guess), a placeholder or weak secret, an
     ops token that is one, a JWKS over plain http to another machine. ``allow_dev_secret``: accept the public development secret
     (``kb-rerank serve --dev`` only)."""
-    from kb_rerank.cli import DEV_JWT_SECRET  # the CLI owns the development secret
+    from kb_rerank.dev import DEV_JWT_SECRET
 
     sources = [name for name, value in (("KB_JWT_SECRET", settings.jwt_secret),
                                         ("KB_JWT_PUBLIC_KEY", settings.jwt_public_key),

@@ -495,34 +495,18 @@ def cmd_evict(args, settings: Settings) -> int:
     import psycopg
 
     from kb_rerank.admin import database as db
+    from kb_rerank.store.cache_eviction import evict_expired
 
     total = 0
     with psycopg.connect(settings.maint_database_url or db.owner_url(settings), autocommit=True) as conn:
         while True:
-            n = conn.execute("select kb.evict_expired_cache(%s)", [args.batch]).fetchone()[0] or 0
+            n = evict_expired(conn, args.batch)
             total += n
             if n < args.batch:
                 break
     print(total)
     return 0
 
-
-# What `audit verify` needs, read from the catalog before it verifies anything: a role that
-# lacks it would otherwise see no rows (RLS, forced on the audit log, binds the table owner
-# too) or fail half-way, and an empty result must never read as "OK".
-_AUDIT_ACCESS = """
-select current_user::text, r.rolsuper, r.rolbypassrls,
-       to_regclass('kb.kb_rerank_audit') is not null,
-       case when to_regclass('kb.kb_rerank_audit') is not null
-            then has_table_privilege('kb.kb_rerank_audit', 'SELECT') end,
-       case when to_regprocedure('kb.audit_verify()') is not null
-            then has_function_privilege('kb.audit_verify()', 'EXECUTE') end,
-       case when to_regprocedure('kb.audit_row_hash(kb.kb_rerank_audit)') is not null
-            then has_function_privilege('kb.audit_row_hash(kb.kb_rerank_audit)', 'EXECUTE') end,
-       case when to_regclass('kb.audit_checkpoints') is not null
-            then has_table_privilege('kb.audit_checkpoints', 'SELECT') end
-from pg_catalog.pg_roles r where r.rolname = current_user
-"""
 
 # exit codes of `audit verify`: 0 verified, 1 a chain broken or a row forged, 2 nothing
 # could be verified (no privilege, no rows visible)
@@ -531,8 +515,9 @@ AUDIT_OK, AUDIT_BROKEN, AUDIT_UNVERIFIABLE = 0, 1, 2
 
 def _audit_access_problem(conn, tenant) -> str | None:
     """Why this connection cannot verify the audit log (all tenants, or ``tenant``), or None."""
-    user, superuser, bypassrls, exists, can_select, can_verify, can_hash, can_checkpoints = conn.execute(
-        _AUDIT_ACCESS).fetchone()
+    from kb_rerank.store.audit_archive import access
+
+    user, superuser, bypassrls, exists, can_select, can_verify, can_hash, can_checkpoints = access(conn)
     if not exists:
         return "kb.kb_rerank_audit does not exist in this database: run `kb-rerank migrate` (or check KB_DATABASE_URL)"
     missing = [what for what, ok in (("SELECT on kb.kb_rerank_audit", can_select),
@@ -624,6 +609,7 @@ def cmd_audit_partitions(args, settings: Settings) -> int:
     import psycopg
 
     from kb_rerank.admin import database as db
+    from kb_rerank.store import audit_archive
 
     today = dt.datetime.now(dt.timezone.utc).date().replace(day=1)
     with psycopg.connect(db.owner_url(settings)) as conn:
@@ -634,20 +620,10 @@ def cmd_audit_partitions(args, settings: Settings) -> int:
         with conn.transaction():
             for i in range(args.ahead + 1):
                 y, m = divmod(today.month - 1 + i, 12)
-                name = conn.execute("select kb.audit_add_month(%s)", [today.replace(year=today.year + y, month=m + 1)]
-                                    ).fetchone()[0]
+                name = audit_archive.add_month(conn, today.replace(year=today.year + y, month=m + 1))
                 if name:
                     print(f"created kb.{name}")
     return 0
-
-
-# the month partitions of the audit log, oldest first: (name, first day of its month)
-_AUDIT_MONTHS = """
-select c.relname, to_date(substr(c.relname, length('kb_rerank_audit_') + 1), 'YYYY_MM')
-from pg_catalog.pg_inherits i join pg_catalog.pg_class c on c.oid = i.inhrelid
-where i.inhparent = 'kb.kb_rerank_audit'::regclass and c.relname ~ '^kb_rerank_audit_[0-9]{4}_[0-9]{2}$'
-order by 2
-"""
 
 
 def cmd_audit_archive(args, settings: Settings) -> int:
@@ -659,7 +635,7 @@ def cmd_audit_archive(args, settings: Settings) -> int:
     import psycopg
 
     from kb_rerank.admin import database as db
-    from kb_rerank.store import audit
+    from kb_rerank.store import audit, audit_archive
 
     audit_keys = audit.verify_keys(settings)
     key = audit.AuditKey(audit_keys[0])
@@ -670,8 +646,8 @@ def cmd_audit_archive(args, settings: Settings) -> int:
             print(f"kb-rerank: error: audit archive: {problem}", file=sys.stderr)
             return AUDIT_UNVERIFIABLE
         with conn.transaction() as tx:
-            conn.execute("lock table kb.kb_rerank_audit in exclusive mode")  # appends wait; reads go on
-            months = [(name, m) for name, m in conn.execute(_AUDIT_MONTHS) if m < args.before]
+            audit_archive.lock(conn)  # appends wait; reads go on
+            months = [(name, m) for name, m in audit_archive.months(conn) if m < args.before]
             if not months:
                 print(f"nothing to archive: no month partition before {args.before:%Y-%m}")
                 return 0
@@ -682,27 +658,20 @@ def cmd_audit_archive(args, settings: Settings) -> int:
                       "nothing archived", file=sys.stderr)
                 return AUDIT_BROKEN
             names = [n for n, _ in months]
-            dropped = " union all ".join(f"select tenant_id, seq, row_hash from kb.{n}" for n in names)
             # per tenant: the last dropped row, which must come before every row that stays
-            lasts = conn.execute(
-                f"select d.tenant_id, max(d.seq) from ({dropped}) d group by d.tenant_id").fetchall()
+            lasts = audit_archive.last_seqs(conn, names)
             for t, last in lasts:
-                kept_first = conn.execute("select min(seq) from kb.kb_rerank_audit where tenant_id = %s and"
-                                          " not (tableoid::regclass::text = any(%s))",
-                                          [t, [f"kb.{n}" for n in names]]).fetchone()[0]
+                kept_first = audit_archive.first_kept_seq(conn, t, names)
                 if kept_first is not None and kept_first <= last:
                     print(f"kb-rerank: error: audit archive: tenant {t} has row {kept_first} outside the months "
                           f"to drop but before their last row {last}; nothing archived", file=sys.stderr)
                     raise psycopg.Rollback(tx)
-                row_hash = conn.execute("select row_hash from kb.kb_rerank_audit where tenant_id = %s and seq = %s",
-                                        [t, last]).fetchone()[0]
-                conn.execute(
-                    "insert into kb.audit_checkpoints (tenant_id, seq, row_hash, archived_before, mac, key_id)"
-                    " values (%s, %s, %s, %s, %s, %s) on conflict (tenant_id, seq) do nothing",
-                    [t, last, row_hash, args.before,
-                     audit.mac(key.key, audit.checkpoint_canonical(t, last, row_hash, args.before)), key.key_id])
+                row_hash = audit_archive.row_hash(conn, t, last)
+                audit_archive.write_checkpoint(
+                    conn, t, last, row_hash, args.before,
+                    audit.mac(key.key, audit.checkpoint_canonical(t, last, row_hash, args.before)), key.key_id)
             for n in names:
-                conn.execute(f'drop table kb."{n}"')
+                audit_archive.drop_partition(conn, n)
             bad = [r for r in audit.verify(conn) if not r.ok]
             macs = audit.verify_macs(conn, audit_keys)
             if bad or macs.problems:
@@ -720,6 +689,7 @@ def cmd_audit_archive(args, settings: Settings) -> int:
 def cmd_curate(args, settings: Settings) -> int:
     import psycopg
 
+    from kb_rerank.store import curation
     from kb_rerank.store import result_cache as cache
     from kb_rerank.admin import database as db
     from kb_rerank.pipeline.query import normalize_query, query_hash, query_hash_key
@@ -737,49 +707,28 @@ def cmd_curate(args, settings: Settings) -> int:
                 # After a rotation of the query-hash key (or an upgrade from plain SHA-256
                 # hashes, migration 0010): move the list pinned under the previous hash of
                 # this query to its hash under the current key, in one transaction.
-                if conn.execute("select exists (select from kb.kb_rerank_curation"
-                                " where tenant_id = kb.current_tenant() and query_hash = %s)", [qh]).fetchone()[0]:
+                if curation.exists(conn, qh):
                     print(f"kb-rerank: error: query_hash {qh} already has a curated list (clear it first)",
                           file=sys.stderr)
                     return 1
-                n = conn.execute(
-                    "insert into kb.kb_rerank_curation (tenant_id, query_hash, position, chunk_id, note, created_at)"
-                    " select tenant_id, %s, position, chunk_id, note, created_at from kb.kb_rerank_curation"
-                    " where tenant_id = kb.current_tenant() and query_hash = %s", [qh, old_qh]).rowcount
-                conn.execute("delete from kb.kb_rerank_curation where tenant_id = kb.current_tenant()"
-                             " and query_hash = %s", [old_qh])
+                n = curation.move(conn, old_qh, qh)
                 cache.invalidate(conn, qh, "manual_curation")
                 print(f"moved {n} curated chunk(s) from query_hash {old_qh} to {qh}")
             elif args.action == "add":
                 if not args.chunk:
                     print("kb-rerank: error: curate add needs --chunk UUID [UUID ...]", file=sys.stderr)
                     return 2
-                start = conn.execute(
-                    "select coalesce(max(position) + 1, 0) from kb.kb_rerank_curation"
-                    " where tenant_id = kb.current_tenant() and query_hash = %s", [qh]
-                ).fetchone()[0]
-                for i, chunk in enumerate(args.chunk):
-                    conn.execute(
-                        "insert into kb.kb_rerank_curation (tenant_id, query_hash, position, chunk_id, note)"
-                        " values (kb.current_tenant(), %s, %s, %s, %s)",
-                        [qh, start + i, chunk, args.note],
-                    )
+                start = curation.append(conn, qh, args.chunk, args.note)
                 cache.invalidate(conn, qh, "manual_curation")
                 print(f"added {len(args.chunk)} chunk(s) at positions {start}..{start + len(args.chunk) - 1}"
                       f" for query_hash {qh}")
             elif args.action == "list":
-                rows = conn.execute(
-                    "select position, chunk_id, note from kb.kb_rerank_curation"
-                    " where tenant_id = kb.current_tenant() and query_hash = %s order by position", [qh]
-                ).fetchall()
+                rows = curation.entries(conn, qh)
                 print(f"query_hash {qh}: {len(rows)} curated chunk(s)")
                 for pos, chunk, note in rows:
                     print(f"  {pos:3d}  {chunk}" + (f"  {note}" if note else ""))
             else:
-                n = conn.execute(
-                    "delete from kb.kb_rerank_curation where tenant_id = kb.current_tenant() and query_hash = %s",
-                    [qh],
-                ).rowcount
+                n = curation.clear(conn, qh)
                 cache.invalidate(conn, qh, "manual_curation")
                 print(f"cleared {n} curated chunk(s) for query_hash {qh}")
     return 0

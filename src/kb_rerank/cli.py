@@ -253,7 +253,7 @@ def cmd_guard_review(args, settings: Settings) -> int:
 
 
 class _Ticker:
-    """A tqdm line showing the elapsed time of one long statement (``kb-rerank lists``: the
+    """A tqdm line showing the elapsed time of one long statement (``kb-rerank term-blocks``: the
     rebuild is one SQL function call, so there is no fraction done to show)."""
 
     def __init__(self, desc: str, enabled: bool) -> None:
@@ -282,18 +282,25 @@ class _Ticker:
             self._bar.close()
 
 
-def cmd_lists(args, settings: Settings) -> int:
-    from kb_rerank.ingest.loader import refresh_term_lists
+def cmd_term_blocks(args, settings: Settings) -> int:
+    """Rebuild a tenant's BM25 term blocks (kb.term_blocks)."""
+    from kb_rerank.store import term_blocks
 
     with _app_conn(settings) as conn:
         t0 = time.perf_counter()
         with session.tenant_transaction(conn, args.tenant):
-            n_chunks = conn.execute("select coalesce((select n_chunks from kb.corpus_stats), 0)").fetchone()[0]
-            with _Ticker(f"lists: rebuilding BM25 blocks over {n_chunks} chunks", not args.quiet):
-                n = refresh_term_lists(conn, settings)
+            n_chunks, _ = term_blocks.state(conn)
+            with _Ticker(f"term-blocks: rebuilding over {n_chunks} chunks", not args.quiet):
+                n = term_blocks.refresh(conn, settings)
         dt = time.perf_counter() - t0
-    print(f"{n} BM25 term lists rebuilt for tenant {args.tenant} in {dt:.1f}s")
+    print(f"term blocks of {n} words rebuilt for tenant {args.tenant} in {dt:.1f}s")
     return 0
+
+
+def cmd_lists(args, settings: Settings) -> int:
+    """``kb-rerank lists``: the old name of ``kb-rerank term-blocks`` (deprecated)."""
+    print("kb-rerank: `lists` is deprecated, use `kb-rerank term-blocks`", file=sys.stderr)
+    return cmd_term_blocks(args, settings)
 
 
 def _print_results(rows) -> None:
@@ -844,11 +851,15 @@ def build_parser() -> argparse.ArgumentParser:
         gr.add_argument("--note", default=None, help="why (stored with the review)")
         gr.set_defaults(func=cmd_guard_review)
 
-    li = sub.add_parser("lists", help="rebuild a tenant's BM25 impact-ordered blocks (kb.term_tops; ingest does it "
-                                      "after large loads; searches are exact either way, faster with fresh lists)")
-    li.add_argument("--tenant", type=_uuid, required=True)
-    li.add_argument("--quiet", action="store_true", help="no progress line")
-    li.set_defaults(func=cmd_lists)
+    for name, func, text in (
+            ("term-blocks", cmd_term_blocks, "rebuild a tenant's BM25 term blocks (kb.term_blocks; ingest does it "
+                                             "after large loads; searches are exact either way, faster with fresh "
+                                             "blocks)"),
+            ("lists", cmd_lists, "deprecated name of term-blocks")):
+        li = sub.add_parser(name, help=text)
+        li.add_argument("--tenant", type=_uuid, required=True)
+        li.add_argument("--quiet", action="store_true", help="no progress line")
+        li.set_defaults(func=func)
 
     s = sub.add_parser("search", help="run a search from the command line")
     s.add_argument("query")

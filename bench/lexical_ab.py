@@ -10,7 +10,7 @@ loaded by bench/search_bench.py, with that benchmark's queries.
 Two ways to get the other versions:
   --rev REV        installs REV's sql/functions/10_search_lexical.sql next to the current one,
                    under another name (kb.search_lexical_ab<i>, dropped at the end), in the
-                   same database. Other functions (text analysis, the champion lists) are
+                   same database. Other functions (text analysis, the term blocks) are
                    the current ones for every version. For a change of the search alone.
   --base-db NAME   a second database (--base-host: its server) loaded by the older revision's
                    own bench/search_bench.py with the same --sizes/--tenants (same text,

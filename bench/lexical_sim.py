@@ -6,8 +6,8 @@ staged pruning of sql/functions/10_search_lexical.sql on the term postings of on
 of a database loaded by bench/search_bench.py, with the same queries as that benchmark, and
 prints percentiles of chunks scored for several variants of the rules. Every variant's top
 k is checked against exhaustive BM25 (an assertion), so a variant that prunes wrongly fails.
-It was used to choose the rules about champion lists (kb.term_tops); the SQL comments quote
-its figures.
+It was used to choose the rules about champion lists (kb.term_tops of 0008, the term blocks'
+first form); the SQL comments quote its figures.
 
     python bench/lexical_sim.py extract --db kb_bench_100000_10 --tenant 0 --out /tmp/t34k.pkl
     python bench/lexical_sim.py simulate /tmp/t34k.pkl

@@ -87,7 +87,7 @@ _VI_SHAPE = re.compile(r"^(ngh|ng|nh|ch|gh|gi|kh|ph|qu|th|tr|[bcdghklmnprstvx])?
 
 
 def analyse_query(text: str) -> list[str]:
-    """:func:`analyse` plus the stop-word rule of kb.query_terms."""
+    """:func:`analyse` plus the stop-word rule of kb.query_term_counts."""
     toks = analyse(text)
     english = all(ord(c) < 128 for c in text) and any(
         w in STOP_EN and not _VI_SHAPE.match(w) for w in re.split(r"[^a-z]+", text.lower()))

@@ -19,8 +19,8 @@ Data
   * loading: as cyberos_app with the tenant set (RLS applies; COPY is not allowed under
     RLS): executemany in batches of ``--batch`` rows, one transaction per batch. The HNSW
     index is dropped before the bulk load and rebuilt afterwards (timed), then ANALYZE.
-  * BM25 champion lists (kb.term_tops): built per tenant after the load, as `kb-rerank
-    ingest` does (timed); kept on reuse; ``--no-lists`` drops them to measure without.
+  * BM25 term blocks (kb.term_blocks): built per tenant after the load, as `kb-rerank
+    ingest` does (timed); kept on reuse; ``--no-term-blocks`` drops them to measure without.
 
 Measured (each p50/p95/p99 over ``--queries`` queries after ``--warmup`` warm-up queries,
 per transaction: set tenant + statement(s) + commit; the operations interleaved query by
@@ -70,7 +70,7 @@ from kb_rerank.store import session
 from kb_rerank import sqlfiles
 from kb_rerank.admin import database as db  # noqa: E402
 from kb_rerank.store import search
-from kb_rerank.ingest.loader import refresh_term_lists  # noqa: E402
+from kb_rerank.store import term_blocks  # noqa: E402
 from kb_rerank.settings import Settings  # noqa: E402
 
 DIM = 384
@@ -256,13 +256,13 @@ def prepare_database(args, size: int, n_tenants: int, sents: list[str], centres:
 
 
 def lists_step(args, settings: Settings, tenants, info: dict) -> None:
-    """BM25 champion lists (kb.term_tops) as `kb-rerank ingest` leaves them after a load:
-    built per tenant unless present; --no-lists drops them (to measure without)."""
+    """BM25 term blocks (kb.term_blocks) as `kb-rerank ingest` leaves them after a load:
+    built per tenant unless present; --no-term-blocks drops them (to measure without)."""
     with psycopg.connect(db.owner_url(settings), autocommit=True) as conn:
         conn.execute("set role kb_search")  # BYPASSRLS: all tenants
-        have = conn.execute("select count(*) from kb.term_tops").fetchone()[0]
+        have = conn.execute("select count(*) from kb.term_blocks").fetchone()[0]
         if args.no_lists and have:
-            conn.execute("delete from kb.term_tops")
+            conn.execute("delete from kb.term_blocks")
     if args.no_lists:
         info["lists"] = "none"
         return
@@ -274,7 +274,7 @@ def lists_step(args, settings: Settings, tenants, info: dict) -> None:
         n = 0
         for t in tenants:
             with session.tenant_transaction(conn, t):
-                n += refresh_term_lists(conn, settings)
+                n += term_blocks.refresh(conn, settings)
         info["lists"] = f"built ({n})"
         info["lists_s"] = round(time.perf_counter() - t0, 1)
 
@@ -440,8 +440,8 @@ def run_config(args, size, n_tenants, sents, centres) -> dict:
                 "select sum(pg_prewarm(c.oid, 'read')) from pg_class c"
                 " where c.oid in ('kb.chunks'::regclass, 'kb.chunks_embedding_hnsw_idx'::regclass,"
                 "                 'kb.chunks_tenant_tsv_idx'::regclass, 'kb.chunks_pkey'::regclass,"
-                "                 'kb.term_tops'::regclass)"
-                "    or c.oid = (select reltoastrelid from pg_class where oid = 'kb.term_tops'::regclass)"
+                "                 'kb.term_blocks'::regclass)"
+                "    or c.oid = (select reltoastrelid from pg_class where oid = 'kb.term_blocks'::regclass)"
             ).fetchone()[0]
             info["prewarm"] = f"{int(pages) * 8 // 1024} MB in {time.perf_counter() - t0:.0f} s"
     tenants = [uuid.UUID(t) for t in info["tenants"]]
@@ -544,7 +544,7 @@ def markdown(rows, configs, machine, args) -> str:
     for c in configs:
         for label, v in c["recall"].items():
             out.append(f"| {c['size']} | {c['tenants']} | {label} | {v[f'recall@{K}']:.4f} | {v['min']:.2f} | {v['queries']} |")
-    out += ["", "## Setup", "", "| size | tenants | load | chunks/s | HNSW build s | analyze s | BM25 term lists | lists s |"
+    out += ["", "## Setup", "", "| size | tenants | load | chunks/s | HNSW build s | analyze s | BM25 term blocks | blocks s |"
             " tenant sizes (first, last) | prewarmed |", "|---:|---:|---|---:|---:|---:|---|---:|---|---|"]
     for c in configs:
         s = c["setup"]
@@ -586,7 +586,8 @@ def main(argv=None) -> int:
     ap.add_argument("--maintenance-work-mem", default="2GB")
     ap.add_argument("--quick", action="store_true", help="10k chunks, 1 and 10 tenants, 200 queries")
     ap.add_argument("--tag", default="", help="suffix of the result file names")
-    ap.add_argument("--no-lists", action="store_true", help="drop the BM25 champion lists (kb.term_tops) first")
+    ap.add_argument("--no-term-blocks", "--no-lists", dest="no_lists", action="store_true",
+                    help="drop the BM25 term blocks (kb.term_blocks) first (--no-lists: the old name)")
     ap.add_argument("--prewarm", action="store_true",
                     help="read the searched relations into the OS page cache (pg_prewarm) before measuring")
     ap.add_argument("--k", type=int, default=K, help="top-k of every operation (the service fuses lists 40 deep)")

@@ -1,14 +1,14 @@
-"""Cost of the BM25 impact-ordered blocks (kb.term_tops, migration 0014): storage, rebuild
+"""Cost of the BM25 term blocks (kb.term_blocks; kb.term_tops before migration 0019; migration 0014): storage, rebuild
 time, and the write path with and without their trigger (issue 16, item 2).
 
 On a database loaded by bench/search_bench.py (its largest tenant), in one run:
-  * storage: pg_total_relation_size of kb.term_tops against kb.chunks (table, TOAST and
+  * storage: pg_total_relation_size of kb.term_blocks against kb.chunks (table, TOAST and
     indexes), and the rows, levels and listed chunk ids;
   * ingestion: chunks/s of INSERT statements of 5 chunks (one document's worth) copied from
     the tenant's own chunks, with the blocks' trigger on and off (ALTER TABLE ... DISABLE
     TRIGGER inside the measuring transaction), alternated in rounds, each round rolled
     back so that the data stay as loaded; with --base-db the same on an older version's
-    database (its champion-list trigger), in the same rounds.
+    database (the 0008 champion lists' trigger), in the same rounds.
 The rebuild time is that of bench/search_bench.py's setup or of kb-rerank lists (printed
 by --rebuild, which rebuilds the tenant's blocks first).
 
@@ -26,7 +26,16 @@ from pathlib import Path
 
 import psycopg
 
-TRIGGERS = ("chunks_term_tops_insert",)
+TRIGGERS = ("chunks_term_blocks_insert",)
+# a database before migration 0019 (a base of another release) has the old names
+OLD_NAMES = {"kb.term_blocks": "kb.term_tops", "chunks_term_blocks_insert": "chunks_term_tops_insert"}
+
+
+def _name(conn, name: str) -> str:
+    """``name`` as the database at hand calls it (the term blocks were kb.term_tops before 0019)."""
+    renamed = conn.execute("select to_regclass('kb.term_blocks') is null").fetchone()[0]
+    conn.rollback()
+    return OLD_NAMES.get(name, name) if renamed else name
 
 
 def _owner(db: str, host: str):
@@ -37,21 +46,23 @@ def _owner(db: str, host: str):
 
 
 def _storage(conn) -> dict:
+    blocks = _name(conn, "kb.term_blocks")
     row = conn.execute(
-        "select pg_total_relation_size('kb.term_tops'), pg_total_relation_size('kb.chunks'),"
-        " (select count(*) from kb.term_tops), (select coalesce(sum(cardinality(chunk_ids)), 0) from kb.term_tops),"
-        " (select count(distinct (tenant_id, term)) from kb.term_tops)").fetchone()
+        f"select pg_total_relation_size('{blocks}'), pg_total_relation_size('kb.chunks'),"
+        f" (select count(*) from {blocks}), (select coalesce(sum(cardinality(chunk_ids)), 0) from {blocks}),"
+        f" (select count(distinct (tenant_id, term)) from {blocks})").fetchone()
     conn.rollback()
-    return {"term_tops_bytes": row[0], "chunks_bytes": row[1], "ratio": round(row[0] / row[1], 3),
+    return {"term_blocks_bytes": row[0], "chunks_bytes": row[1], "ratio": round(row[0] / row[1], 3),
             "rows": row[2], "listed_ids": int(row[3]), "terms": row[4]}
 
 
 def _insert_round(conn, tenant, n_chunks: int, trigger_on: bool, offset: int) -> float:
     """chunks/s of n_chunks inserted 5 per statement as the tenant (the owner is subject to
     RLS: forced), rolled back."""
+    triggers = [_name(conn, t) for t in TRIGGERS]
     conn.execute("select set_config('auth.tenant_id', %s, true)", [str(tenant)])
     if not trigger_on:
-        for t in TRIGGERS:
+        for t in triggers:
             conn.execute(f"alter table kb.chunks disable trigger {t}")
     src = conn.execute(
         "select doc_id, content, embedding::text from kb.chunks where tenant_id = %s order by chunk_id"
@@ -98,12 +109,12 @@ def main(argv=None) -> int:
     if args.out:
         Path(args.out + ".json").write_text(json.dumps(result, indent=2) + "\n")
         s = result["storage"]
-        md = [f"# BM25 impact-ordered blocks: cost ({args.db}, largest tenant)", "",
-              f"kb.term_tops {s['term_tops_bytes'] / 2**20:.0f} MiB against kb.chunks {s['chunks_bytes'] / 2**20:.0f} MiB"
+        md = [f"# BM25 term blocks: cost ({args.db}, largest tenant)", "",
+              f"kb.term_blocks {s['term_blocks_bytes'] / 2**20:.0f} MiB against kb.chunks {s['chunks_bytes'] / 2**20:.0f} MiB"
               f" (ratio {s['ratio']}); {s['terms']} terms, {s['rows']} rows, {s['listed_ids']} listed chunk ids.", ""]
         if "base_storage" in result:
             b = result["base_storage"]
-            md += [f"Base: kb.term_tops {b['term_tops_bytes'] / 2**20:.0f} MiB (ratio {b['ratio']}).", ""]
+            md += [f"Base: {b['term_blocks_bytes'] / 2**20:.0f} MiB (ratio {b['ratio']}).", ""]
         md += [f"Inserts, 5 chunks per statement, median of {args.rounds} interleaved rounds of {args.chunks} chunks"
                " (rolled back):", "", "| version | chunks/s |", "|---|---|"]
         md += [f"| {k} | {v} |" for k, v in result["insert_chunks_per_s"].items()]

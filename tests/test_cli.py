@@ -24,7 +24,7 @@ def test_db_url_prints_the_configured_urls(capsys, monkeypatch):
     assert capsys.readouterr().out.strip() == "postgresql://cyberos_app@db.example:5432/kb"
 
 
-def test_lists_rebuilds_a_tenants_bm25_term_lists(capsys, monkeypatch, settings, app_conn):
+def test_term_blocks_rebuilds_a_tenants_bm25_term_blocks(capsys, monkeypatch, settings, app_conn):
     import uuid
 
     from kb_rerank.store.session import tenant_transaction
@@ -36,9 +36,16 @@ def test_lists_rebuilds_a_tenants_bm25_term_lists(capsys, monkeypatch, settings,
     insert_doc(app_conn, tenant, "Zebra", ["zebra crossing", "zebra stripes"], [basis(1), basis(2)])
     monkeypatch.setenv("KB_DATABASE_URL", settings.database_url)
     monkeypatch.setenv("KB_TERM_LIST_MIN_DF", "2")
-    assert cli.main(["lists", "--tenant", str(tenant)]) == 0
-    # the exact term and its stem (issue 15: the stemmed field has lists of its own)
-    assert capsys.readouterr().out.startswith(f"2 BM25 term lists rebuilt for tenant {tenant}")
+    assert cli.main(["term-blocks", "--tenant", str(tenant), "--quiet"]) == 0
+    # the exact term and its stem (issue 15: the stemmed field has blocks of its own)
+    out = capsys.readouterr()
+    assert out.out.startswith(f"term blocks of 2 words rebuilt for tenant {tenant}")
+    assert "deprecated" not in out.err
+    # the old name still works, with a one-line notice on stderr
+    assert cli.main(["lists", "--tenant", str(tenant), "--quiet"]) == 0
+    out = capsys.readouterr()
+    assert out.out.startswith(f"term blocks of 2 words rebuilt for tenant {tenant}")
+    assert out.err == "kb-rerank: `lists` is deprecated, use `kb-rerank term-blocks`\n"
     with tenant_transaction(app_conn, tenant):
-        assert sorted(app_conn.execute("select term, cardinality(chunk_ids) from kb.term_tops").fetchall()) == [
+        assert sorted(app_conn.execute("select term, cardinality(chunk_ids) from kb.term_blocks").fetchall()) == [
             ("zebra", 2), ("~ zebra", 2)]

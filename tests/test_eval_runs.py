@@ -342,7 +342,7 @@ def test_guard_policy_is_the_tenants_unless_overridden(guarded):
 
 def test_bad_guard_policy_is_named(patterns_settings, guarded_dir, counting, factory, capsys):
     from kb_rerank import cli
-    from kb_rerank.pipeline.flow import POLICIES
+    from kb_rerank.store.guard_reviews import POLICIES
 
     with pytest.raises(EvaluationError, match="guard_policy"):
         evaluate_collection(patterns_settings, guarded_dir, "hybrid", embedder=counting, conn_factory=factory,

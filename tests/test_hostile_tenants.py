@@ -28,7 +28,7 @@ TABLES = {
               " (select array_fill(0.1::real, array[dim])::vector from kb.embedding_config))",
     "term_stats": None,
     "corpus_stats": None,
-    "term_tops": None,
+    "term_blocks": None,
     "audit_heads": None,  # no privilege at all: only kb.audit_append (owner kb_audit) reaches it
     "kb_generation": None,  # written only by the trigger function kb.bump_generation (issue 13, item 4)
     "embedding_config": None,  # no tenant_id: global configuration, read-only for the app
@@ -56,19 +56,19 @@ NO_PRIVILEGE = {"audit_heads", "kb_rerank_audit_default", "audit_checkpoints"}
 # function name -> how it is kept inside the tenant (checked by test_functions_as_b_return_nothing_of_a)
 FUNCTIONS = {
     "current_tenant": "returns the transaction's tenant",
-    "code_tokens": "pure text function", "to_tsv": "pure text function", "query_terms": "pure text function",
+    "code_tokens": "pure text function", "to_tsv": "pure text function",
     "stop_words_en": "pure text function", "vi_syllable_shape": "pure text function", "query_is_english": "pure text function",
     "code_token_counts": "pure text function", "query_term_counts": "pure text function",
     "stem_config": "pure text function", "stem_tsv": "pure text function", "stem_length": "pure text function",
     "query_stems": "pure text function",
-    "search_term_counts": "pure text function", "search_terms": "pure text function",
+    "search_term_counts": "pure text function",
     "terms_tsquery": "pure text function", "doc_length": "pure text function", "audit_row_hash": "pure: hashes the row it is given",
-    "chunks_derive": "trigger", "documents_rederive_chunks": "trigger", "chunks_maintain_stats": "trigger", "chunks_maintain_term_tops": "trigger",
+    "chunks_derive": "trigger", "documents_rederive_chunks": "trigger", "chunks_maintain_stats": "trigger", "chunks_maintain_term_blocks": "trigger",
     "apply_stats_delta": "not executable by the app",
     "bump_generation": "trigger",
     "chunks_take_review": "trigger", "guard_reviews_apply": "trigger",
     "bm25_tf_part": "pure arithmetic", "ts_rank_tf": "a constant array", "ts_rank_tf_compute": "pure: ts_rank of constants",
-    "refresh_term_tops": "rebuilds kb.current_tenant()'s lists only",
+    "refresh_term_blocks": "rebuilds kb.current_tenant()'s lists only",
     "search_lexical": "filters kb.current_tenant()", "search_semantic": "filters kb.current_tenant()",
     "search_hybrid": "filters kb.current_tenant()",
     "audit_append": "writes the current tenant's chain only", "audit_verify": "not executable by the app",
@@ -107,7 +107,7 @@ def ab(app_url):
                 conn.execute("insert into kb.kb_rerank_pair_scores (tenant_id, model, query_hash, chunk_id,"
                              " content_hash, score, expires_at) values (kb.current_tenant(), 'm', repeat('c', 64),"
                              " %s, repeat('d', 64), 0.25, now() + interval '1 hour')", [chunk])
-                conn.execute("select kb.refresh_term_tops(4, 1)")  # BM25 lists for every word
+                conn.execute("select kb.refresh_term_blocks(4, 1)")  # BM25 lists for every word
                 if t == a:  # B has no policy row, so B's own insert (rolled back) can be tried
                     conn.execute("insert into kb.tenant_policy (tenant_id) values (kb.current_tenant())")
                     # a review of A's chunk (B's own review of the same text is tried, rolled back)
@@ -261,15 +261,15 @@ def test_functions_as_b_return_nothing_of_a(app_conn, owner_conn, ab):
             assert vol == "i", name
     assert owner_conn.execute("select count(*) from kb.kb_rerank_cache where tenant_id = %s", [a]).fetchone()[0] == live_a
     # B rebuilding its BM25 lists leaves A's as they are
-    lists_sql = "select array_agg((term, level, part, chunk_ids, tail) order by term, level, part) from kb.term_tops where tenant_id = %s"
+    lists_sql = "select array_agg((term, level, part, chunk_ids, tail) order by term, level, part) from kb.term_blocks where tenant_id = %s"
     lists_a = owner_conn.execute(lists_sql, [a]).fetchone()[0]
     assert lists_a and ids[a]["word"] in str(lists_a)
     with tenant_transaction(app_conn, b):
-        assert app_conn.execute("select kb.refresh_term_tops(2, 1)").fetchone()[0] >= 1
+        assert app_conn.execute("select kb.refresh_term_blocks(2, 1)").fetchone()[0] >= 1
     assert owner_conn.execute(lists_sql, [a]).fetchone()[0] == lists_a
     for fn in ("kb.apply_stats_delta(kb.chunks[], integer)", "kb.chunks_derive()", "kb.documents_rederive_chunks()",
                "kb.chunks_maintain_stats()",
-               "kb.chunks_maintain_term_tops()", "kb.audit_row_hash(kb.kb_rerank_audit)", "kb.audit_verify()",
+               "kb.chunks_maintain_term_blocks()", "kb.audit_row_hash(kb.kb_rerank_audit)", "kb.audit_verify()",
                "kb.evict_expired_cache(integer)"):
         assert owner_conn.execute("select has_function_privilege('cyberos_app', %s, 'EXECUTE')", [fn]).fetchone()[0] is False, fn
 

@@ -87,7 +87,7 @@ def test_beir_corpus_jsonl(app_conn, tenant, embedder, settings, tmp_path):
 
 
 def test_ingest_rebuilds_bm25_term_lists_when_a_large_share_changed(app_conn, tenant, embedder, settings, tmp_path):
-    """After an ingest the tenant's BM25 champion lists (kb.term_tops) are rebuilt when the
+    """After an ingest the tenant's BM25 term blocks (kb.term_blocks) are rebuilt when the
     ingest wrote at least a tenth of its chunks or it has none yet; a small ingest into a
     larger tenant leaves them to the insert trigger (a rebuild reads every chunk)."""
     s = settings.with_(term_list_length=3, term_list_min_df=2)
@@ -95,8 +95,8 @@ def test_ingest_rebuilds_bm25_term_lists_when_a_large_share_changed(app_conn, te
     shutil.copytree(EXAMPLES, kb)
     first = ingest_paths(app_conn, tenant, [kb], embedder, s)
     with tenant_transaction(app_conn, tenant):
-        lists = dict(app_conn.execute("select term, cardinality(chunk_ids) from kb.term_tops where level = 0").fetchall())
-        built = app_conn.execute("select max(built_at) from kb.term_tops").fetchone()[0]
+        lists = dict(app_conn.execute("select term, cardinality(chunk_ids) from kb.term_blocks where level = 0").fetchall())
+        built = app_conn.execute("select max(built_at) from kb.term_blocks").fetchone()[0]
         n_chunks = app_conn.execute("select n_chunks from kb.corpus_stats").fetchone()[0]
         df2 = app_conn.execute("select count(*) from kb.term_stats where df >= 2").fetchone()[0]
     assert first.term_lists == len(lists) == df2 > 0
@@ -107,11 +107,11 @@ def test_ingest_rebuilds_bm25_term_lists_when_a_large_share_changed(app_conn, te
     small = ingest_paths(app_conn, tenant, [kb], embedder, s)
     assert small.chunks_written == 1 < 0.1 * n_chunks and small.term_lists is None
     with tenant_transaction(app_conn, tenant):
-        assert app_conn.execute("select max(built_at) from kb.term_tops").fetchone()[0] == built
+        assert app_conn.execute("select max(built_at) from kb.term_blocks").fetchone()[0] == built
     for i in range(5):
         (kb / f"more{i}.md").write_text(f"# More {i}\n\n" + "Invoices and webhooks. " * 50 + "\n\n"
                                         + "Refunds take days. " * 60 + "\n\n" + "Tax rates. " * 100)
     more = ingest_paths(app_conn, tenant, [kb], embedder, s)
     assert more.chunks_written >= 0.1 * n_chunks and more.term_lists and more.term_lists > 0
     with tenant_transaction(app_conn, tenant):
-        assert app_conn.execute("select max(built_at) from kb.term_tops").fetchone()[0] > built
+        assert app_conn.execute("select max(built_at) from kb.term_blocks").fetchone()[0] > built

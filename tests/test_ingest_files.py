@@ -349,13 +349,13 @@ def test_cli_ingest_sync_deletes_documents_whose_file_is_gone(cli_env, capsys, a
 # --------------------------------------------------------------------------- progress
 
 
-def test_lists_shows_progress_unless_quiet(cli_env, capsys, app_conn, embedder, settings, tmp_path):
+def test_term_blocks_shows_progress_unless_quiet(cli_env, capsys, app_conn, embedder, settings, tmp_path):
     tenant = uuid.uuid4()
     (tmp_path / "a.md").write_text("# A\n\nzebra crossing\n", encoding="utf-8")
     ingest_paths(app_conn, tenant, [tmp_path / "a.md"], embedder, settings)
-    assert cli.main(["lists", "--tenant", str(tenant)]) == 0
+    assert cli.main(["term-blocks", "--tenant", str(tenant)]) == 0
     err = capsys.readouterr().err
-    assert "lists: rebuilding BM25 blocks over 1 chunks" in err
-    assert cli.main(["lists", "--tenant", str(tenant), "--quiet"]) == 0
+    assert "term-blocks: rebuilding over 1 chunks" in err
+    assert cli.main(["term-blocks", "--tenant", str(tenant), "--quiet"]) == 0
     out = capsys.readouterr()
-    assert out.err == "" and f"BM25 term lists rebuilt for tenant {tenant}" in out.out
+    assert out.err == "" and f"rebuilt for tenant {tenant}" in out.out

@@ -187,9 +187,9 @@ def test_0007_moves_existing_tsvectors_in_line_and_keeps_statistics(server_url):
 
 
 def test_0008_downgrade_keeps_search_and_writes_working(server_url):
-    """Down to 0007, kb.term_tops and its trigger go; kb.search_lexical (an idempotent file,
-    not re-applied by a downgrade) still answers, and chunks can still be written. Up again,
-    the lists come back empty and are rebuilt on demand."""
+    """Down to 0007, the term blocks (kb.term_tops then) and their trigger go;
+    kb.search_lexical (an idempotent file, not re-applied by a downgrade) still answers, and
+    chunks can still be written. Up again, the blocks come back empty and are rebuilt on demand."""
     url, s = _new_database(server_url)
     db.migrate(s)
     tenant = uuid.uuid4()
@@ -204,13 +204,13 @@ def test_0008_downgrade_keeps_search_and_writes_working(server_url):
             " values (%s, 'a', '', repeat('0', 64)) returning doc_id", [tenant]).fetchone()[0]
         conn.execute(insert, [tenant, doc, 0, "zebra crossing"])
         # zebra, crossing and their stemmed lexemes (0011): `~ zebra`, `~ cross`
-        assert conn.execute("select kb.refresh_term_tops(4, 1)").fetchone()[0] == 4
+        assert conn.execute("select kb.refresh_term_blocks(4, 1)").fetchone()[0] == 4
         conn.commit()
         assert conn.execute(search_sql).fetchone()[0] == ["zebra crossing"]
     db.downgrade(s, revision="0007_tsv_inline")
     with psycopg.connect(url) as conn:
         conn.execute("select set_config('auth.tenant_id', %s, false)", [str(tenant)])
-        assert conn.execute("select to_regclass('kb.term_tops')").fetchone()[0] is None
+        assert conn.execute("select to_regclass('kb.term_tops'), to_regclass('kb.term_blocks')").fetchone() == (None, None)
         conn.execute(insert, [tenant, doc, 1, "zebra zebra"])
         conn.commit()
         # one document, so its best chunk: the new one, written without the lists' trigger
@@ -218,8 +218,8 @@ def test_0008_downgrade_keeps_search_and_writes_working(server_url):
     db.migrate(s)
     with psycopg.connect(url) as conn:
         conn.execute("select set_config('auth.tenant_id', %s, false)", [str(tenant)])
-        assert conn.execute("select count(*) from kb.term_tops").fetchone()[0] == 0
-        assert conn.execute("select kb.refresh_term_tops(4, 1)").fetchone()[0] == 4
+        assert conn.execute("select count(*) from kb.term_blocks").fetchone()[0] == 0
+        assert conn.execute("select kb.refresh_term_blocks(4, 1)").fetchone()[0] == 4
 
 
 def test_0009_upgrade_installs_the_tf_table_the_search_needs(server_url):
@@ -629,8 +629,8 @@ def test_0011_downgrade_removes_the_stemmed_field_and_upgrade_adds_it_to_existin
 
 
 def test_0014_downgrade_keeps_level_0_as_the_champion_list_and_search_exact(server_url):
-    """Down to 0013, kb.term_tops keeps level 0 of each term (chunks the trigger appended to
-    it included) as the 0008 champion list, deeper levels go, and the search and the
+    """Down to 0013, the term blocks (kb.term_tops before 0019) keep level 0 of each term
+    (chunks the trigger appended to it included) as the 0008 champion list, deeper levels go, and the search and the
     trigger (put back as they were at 0013) give the same ranking; up again, the blocks
     are rebuilt with their levels."""
     url, s = _new_database(server_url)
@@ -647,10 +647,10 @@ def test_0014_downgrade_keeps_level_0_as_the_champion_list_and_search_exact(serv
                              [tenant, f"u{i}", ""]).fetchone()[0] for i in range(40)]
         for i, doc in enumerate(docs):
             conn.execute(insert, [tenant, doc, 0, " ".join(["zebra"] * (1 + i % 3) + ["filler"] * (i % 7))])
-        conn.execute("select kb.refresh_term_tops(2, 1)")
-        assert conn.execute("select max(level) from kb.term_tops where term = 'zebra'").fetchone()[0] >= 2
+        conn.execute("select kb.refresh_term_blocks(2, 1)")
+        assert conn.execute("select max(level) from kb.term_blocks where term = 'zebra'").fetchone()[0] >= 2
         conn.execute(insert, [tenant, docs[0], 1, "zebra zebra zebra zebra"])  # appended to level 0
-        assert conn.execute("select count(*) from kb.term_tops where term = 'zebra' and level = 0 and part = 1"
+        assert conn.execute("select count(*) from kb.term_blocks where term = 'zebra' and level = 0 and part = 1"
                             ).fetchone()[0] == 1
         conn.commit()
         before = conn.execute(search_sql).fetchone()[0]
@@ -666,8 +666,8 @@ def test_0014_downgrade_keeps_level_0_as_the_champion_list_and_search_exact(serv
     db.migrate(s)
     with psycopg.connect(url) as conn:
         conn.execute("select set_config('auth.tenant_id', %s, false)", [str(tenant)])
-        conn.execute("select kb.refresh_term_tops(2, 1)")
-        assert conn.execute("select max(level) from kb.term_tops where term = 'zebra'").fetchone()[0] >= 2
+        conn.execute("select kb.refresh_term_blocks(2, 1)")
+        assert conn.execute("select max(level) from kb.term_blocks where term = 'zebra'").fetchone()[0] >= 2
         assert len(conn.execute(search_sql).fetchone()[0]) == len(before)
 
 
@@ -715,3 +715,68 @@ def test_0018_guard_review_down_and_up(server_url):
             (None,), ("block",)]
         assert conn.execute("select flagged, flagged_strong, flagged_doubtful, reviewed_blocked"
                             " from kb.guard_flagged_share").fetchone() == (2, 0, 2, 1)
+
+
+def test_0019_term_blocks_name_down_and_up(server_url):
+    """Down to 0018, kb.term_blocks is kb.term_tops again, with 0018's rebuild function,
+    trigger, policy and search (frozen copies), and kb.query_terms / kb.search_terms are
+    back; the rows are kept both ways and the search ranks the same at both revisions."""
+    url, s = _new_database(server_url)
+    db.migrate(s)
+    tenant = uuid.uuid4()
+    insert = ("insert into kb.chunks (tenant_id, doc_id, position, content, content_hash, embedding)"
+              " select %s, %s, %s, %s, repeat('0', 64), array_fill(0.1::real, array[dim])::vector"
+              " from kb.embedding_config")
+    search_sql = ("select array_agg(content || ':' || round(score::numeric, 9) order by rank)"
+                  " from kb.search_lexical('zebra', 50)")
+    names = ("select to_regclass('kb.term_tops') is not null, to_regclass('kb.term_blocks') is not null,"
+             " to_regprocedure('kb.refresh_term_tops(integer, integer, double precision, double precision)')"
+             " is not null,"
+             " to_regprocedure('kb.refresh_term_blocks(integer, integer, double precision, double precision)')"
+             " is not null,"
+             " to_regprocedure('kb.query_terms(text)') is not null, to_regprocedure('kb.search_terms(text)') is not null,"
+             " (select array_agg(tgname::text order by tgname) from pg_trigger"
+             "  where tgrelid = 'kb.chunks'::regclass and tgname like 'chunks_term_%'),"
+             " (select array_agg(conname::text order by conname) from pg_constraint"
+             "  where conrelid = coalesce(to_regclass('kb.term_blocks'), to_regclass('kb.term_tops'))),"
+             " (select array_agg(polname::text) from pg_policy"
+             "  where polrelid = coalesce(to_regclass('kb.term_blocks'), to_regclass('kb.term_tops')))")
+    blocks = "select term, level, part, chunk_ids, n, tail from {} order by term, level, part"
+    with psycopg.connect(url) as conn:
+        conn.execute("select set_config('auth.tenant_id', %s, false)", [str(tenant)])
+        docs = [conn.execute("insert into kb.documents (tenant_id, source_uri, title, content_hash)"
+                             " values (%s, %s, '', repeat('0', 64)) returning doc_id",
+                             [tenant, f"u{i}"]).fetchone()[0] for i in range(30)]
+        for i, doc in enumerate(docs):
+            conn.execute(insert, [tenant, doc, 0, " ".join(["zebra"] * (1 + i % 3) + ["filler"] * (i % 5))])
+        conn.execute("select kb.refresh_term_blocks(2, 1)")
+        conn.execute(insert, [tenant, docs[0], 1, "zebra zebra zebra zebra"])  # a part the trigger adds
+        conn.commit()
+        head = conn.execute(names).fetchone()
+        rows = conn.execute(blocks.format("kb.term_blocks")).fetchall()
+        before = conn.execute(search_sql).fetchone()[0]
+    assert head[:6] == (False, True, False, True, False, False)
+    assert head[6] == ["chunks_term_blocks_delete", "chunks_term_blocks_insert", "chunks_term_blocks_update"]
+    assert head[7] and all(c.startswith("term_blocks_") for c in head[7]), head[7]
+    assert head[8] == ["Term blocks are visible to their tenant"]
+    assert any(part > 0 for _, _, part, *_ in rows)
+    db.downgrade(s, revision="0018_guard_review")
+    with psycopg.connect(url) as conn:
+        conn.execute("select set_config('auth.tenant_id', %s, false)", [str(tenant)])
+        down = conn.execute(names).fetchone()
+        assert down[:6] == (True, False, True, False, True, True)
+        assert down[6] == ["chunks_term_tops_delete", "chunks_term_tops_insert", "chunks_term_tops_update"]
+        assert sorted(c.replace("term_tops_", "term_blocks_") for c in down[7]) == sorted(head[7])
+        assert down[8] == ["Champion lists are visible to their tenant"]
+        assert conn.execute(blocks.format("kb.term_tops")).fetchall() == rows
+        assert conn.execute(search_sql).fetchone()[0] == before
+        assert all(conn.execute("select kb.search_terms('Zebras'), kb.query_terms('Zebras')").fetchone())
+        conn.execute(insert, [tenant, docs[1], 1, "zebra zebra zebra zebra zebra"])  # the 0018 trigger
+        assert conn.execute("select kb.refresh_term_tops(2, 1)").fetchone()[0] >= 1
+        conn.rollback()
+    db.migrate(s)
+    with psycopg.connect(url) as conn:
+        conn.execute("select set_config('auth.tenant_id', %s, false)", [str(tenant)])
+        assert conn.execute(names).fetchone() == head
+        assert conn.execute(blocks.format("kb.term_blocks")).fetchall() == rows
+        assert conn.execute(search_sql).fetchone()[0] == before

@@ -11,7 +11,7 @@ from kb_rerank.store.session import tenant_transaction
 
 from .helpers import basis, insert_doc
 
-TENANT_TABLES = {"documents", "chunks", "term_stats", "corpus_stats", "term_tops", "kb_rerank_cache", "kb_rerank_audit",
+TENANT_TABLES = {"documents", "chunks", "term_stats", "corpus_stats", "term_blocks", "kb_rerank_cache", "kb_rerank_audit",
                  "kb_rerank_curation", "kb_rerank_pair_scores", "tenant_policy", "guard_reviews"}
 
 
@@ -63,7 +63,7 @@ def test_security_definer_functions_pin_search_path(owner_conn):
         owners = {"evict_expired_cache": "kb_maint", "audit_append": "kb_audit",
                   "search_lexical": "kb_search", "search_semantic": "kb_search",
                   "apply_stats_delta": "kb_stats", "chunks_maintain_stats": "kb_stats",
-                  "refresh_term_tops": "kb_stats", "chunks_maintain_term_tops": "kb_stats",
+                  "refresh_term_blocks": "kb_stats", "chunks_maintain_term_blocks": "kb_stats",
                   "bump_generation": "kb_generation"}
         if name in owners:
             assert owner == owners[name], (name, owner)
@@ -118,7 +118,7 @@ def test_fail_closed_without_tenant(app_conn, two_tenants, setting):
             "select count(*) from kb.chunks",
             "select count(*) from kb.term_stats",
             "select count(*) from kb.corpus_stats",
-            "select count(*) from kb.term_tops",
+            "select count(*) from kb.term_blocks",
             "select count(*) from kb.kb_rerank_cache",
             "select count(*) from kb.search_lexical('zebra ERR_402', 20)",
         ):
@@ -172,24 +172,24 @@ def test_app_cannot_write_statistics_or_call_internal_functions(app_conn, two_te
         with tenant_transaction(app_conn, a):
             app_conn.execute("select kb.apply_stats_delta(array[]::kb.chunks[], 1)")
     with tenant_transaction(app_conn, a):
-        assert app_conn.execute("select kb.refresh_term_tops(4, 1)").fetchone()[0] >= 1
-    for stmt in ("update kb.term_tops set tail = 0", "delete from kb.term_tops",
-                 "insert into kb.term_tops (tenant_id, term, chunk_ids, tail, avglen, k1, b)"
+        assert app_conn.execute("select kb.refresh_term_blocks(4, 1)").fetchone()[0] >= 1
+    for stmt in ("update kb.term_blocks set tail = 0", "delete from kb.term_blocks",
+                 "insert into kb.term_blocks (tenant_id, term, chunk_ids, tail, avglen, k1, b)"
                  " values (kb.current_tenant(), 'zebra', '{}', 0, 1, 1.2, 0.75)"):
         with pytest.raises(psycopg.errors.InsufficientPrivilege):
             with tenant_transaction(app_conn, a):
                 app_conn.execute(stmt)
 
 
-def test_refresh_term_tops_needs_a_tenant_and_valid_arguments(app_conn, two_tenants):
+def test_refresh_term_blocks_needs_a_tenant_and_valid_arguments(app_conn, two_tenants):
     a, _ = two_tenants
     with pytest.raises(psycopg.errors.InsufficientPrivilege, match="no tenant"):
         with app_conn.transaction():
-            app_conn.execute("select kb.refresh_term_tops()")
+            app_conn.execute("select kb.refresh_term_blocks()")
     for args, field in (("0", "list_length"), ("4, 0", "min_df"), ("4, 1, -1", "k1"), ("4, 1, 1.2, 2", "b")):
         with pytest.raises(psycopg.errors.InvalidParameterValue, match=field):
             with tenant_transaction(app_conn, a):
-                app_conn.execute(f"select kb.refresh_term_tops({args})")
+                app_conn.execute(f"select kb.refresh_term_blocks({args})")
 
 
 def test_query_text_that_looks_like_sql_is_text(app_conn, two_tenants):

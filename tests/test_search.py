@@ -17,6 +17,11 @@ from kb_rerank.store.session import tenant_transaction
 
 from .helpers import basis, insert_doc, unit
 
+# The distinct, sorted terms a query is searched with (kb.search_term_counts, what
+# kb.search_lexical reads) and its exact-field terms (kb.query_term_counts).
+SEARCH_TERMS = "select coalesce(array_agg(c.term order by c.term), '{}') from kb.search_term_counts(%s) as c"
+QUERY_TERMS = "select coalesce(array_agg(c.term order by c.term), '{}') from kb.query_term_counts(%s) as c"
+
 
 def _titles(rows):
     return [r.doc_title for r in rows]
@@ -102,7 +107,7 @@ def test_code_tokens_match_whole(app_conn, sample_tenant, token, source):
     with tenant_transaction(app_conn, sample_tenant):
         lex = search.lexical(app_conn, token, 5)
         doc = app_conn.execute("select doc_id from kb.documents where source_uri = %s", [source]).fetchone()[0]
-        terms = app_conn.execute("select kb.query_terms(%s)", [token]).fetchone()[0]
+        terms = app_conn.execute(QUERY_TERMS, [token]).fetchone()[0]
     assert token.lower() in terms  # kept whole, besides its parts
     assert lex[0].doc_id == doc
 
@@ -415,7 +420,7 @@ def test_diacritics_typed_are_exact_and_folded_queries_find_all(app_conn, tenant
         exact = {r.doc_title for r in search.lexical(app_conn, "hóa đơn", 10)}
         folded = {r.doc_title for r in search.lexical(app_conn, "hoa", 10)}
         other = {r.doc_title for r in search.lexical(app_conn, "hòa", 10)}
-        terms = app_conn.execute("select kb.query_terms('Hóa đơn hoa DON')").fetchone()[0]
+        terms = app_conn.execute(QUERY_TERMS, ["Hóa đơn hoa DON"]).fetchone()[0]
         lens = dict(app_conn.execute(
             "select d.title, c.doc_len from kb.chunks c join kb.documents d using (doc_id)").fetchall())
     assert exact == {"invoice"} and other == {"peace"} and folded == {"invoice", "peace"}
@@ -439,7 +444,7 @@ def test_diacritics_typed_are_exact_and_folded_queries_find_all(app_conn, tenant
     ("the flow", ["flow", "the"]),
 ])
 def test_query_terms_drop_english_stop_words_only_in_english(app_conn, query, expected):
-    assert app_conn.execute("select kb.query_terms(%s)", [query]).fetchone()[0] == expected
+    assert app_conn.execute(QUERY_TERMS, [query]).fetchone()[0] == expected
 
 
 def test_vi_syllable_shape(app_conn):
@@ -541,7 +546,7 @@ def _check_bm25(app_conn, tenant, toks, queries, ks, n, avg, df, k1, b):
 
 
 def test_pruned_bm25_top_k_equals_exhaustive_scoring(app_conn, tenant):
-    """Without blocks (kb.term_tops) kb.search_lexical reads every query word through the GIN
+    """Without blocks (kb.term_blocks) kb.search_lexical reads every query word through the GIN
     index. On a Zipf-distributed corpus, where queries mix words in most chunks with rare
     ones and the rare words alone give fewer than k documents, its top k must equal BM25
     computed here over every document (with blocks: the next test)."""
@@ -555,7 +560,7 @@ def _blocks(app_conn, tenant):
     with tenant_transaction(app_conn, tenant):
         rows = app_conn.execute(
             "select term, level, array_agg(x.id), min(tail), max(tail), min(k1), min(b), min(avglen), max(avglen)"
-            " from kb.term_tops cross join lateral unnest(chunk_ids) as x(id) group by term, level order by term, level")
+            " from kb.term_blocks cross join lateral unnest(chunk_ids) as x(id) group by term, level order by term, level")
         out = {}
         for term, level, ids, tmin, tmax, k1, b, amin, amax in rows:
             assert tmin == tmax and amin == amax  # a level's parts share its tail
@@ -588,7 +593,7 @@ def _assert_block_invariant(app_conn, tenant, toks):
 
 
 def test_bm25_term_lists_keep_top_k_exact_through_writes(app_conn, tenant):
-    """With impact-ordered blocks (kb.term_tops: per common term its chunks by tf_part in
+    """With term blocks (kb.term_blocks: per common term its chunks by tf_part in
     levels, each with a bound on the chunks outside it and the levels before), the top k
     still equals exhaustive BM25: right after the blocks are built, and after writes that
     they did not see: short documents that repeat a listed word (above a level's tail: the
@@ -599,7 +604,7 @@ def test_bm25_term_lists_keep_top_k_exact_through_writes(app_conn, tenant):
     toks, vocab = _zipf_corpus(app_conn, tenant, seed=11)
     queries = _zipf_queries(toks, vocab, seed=12)
     with tenant_transaction(app_conn, tenant):
-        n_lists = app_conn.execute("select kb.refresh_term_tops(30, 40)").fetchone()[0]
+        n_lists = app_conn.execute("select kb.refresh_term_blocks(30, 40)").fetchone()[0]
     blocks = _assert_block_invariant(app_conn, tenant, toks)
     assert n_lists == len(blocks) >= 10
     assert all(len(lv[0][1]) == 30 and lv[0][2] > 0 for lv in blocks.values())
@@ -639,13 +644,13 @@ def test_bm25_term_lists_keep_top_k_exact_through_writes(app_conn, tenant):
     _assert_lexical_equals_exhaustive_bm25(app_conn, tenant, toks, queries, ks=(5, 20, 29))
     # a rebuild takes the new chunks in; level 0 holds the best tf parts
     with tenant_transaction(app_conn, tenant):
-        app_conn.execute("select kb.refresh_term_tops(30, 40)")
+        app_conn.execute("select kb.refresh_term_blocks(30, 40)")
     rebuilt = _assert_block_invariant(app_conn, tenant, toks)
     for w in listed:
         assert rebuilt[w][0][1] & new_ids and len(rebuilt[w][0][1]) == 30
     # blocks built for other BM25 parameters serve those (and only those)
     with tenant_transaction(app_conn, tenant):
-        app_conn.execute("select kb.refresh_term_tops(8, 20, 0.9, 0.4)")
+        app_conn.execute("select kb.refresh_term_blocks(8, 20, 0.9, 0.4)")
     assert {lv[0][3:5] for lv in _assert_block_invariant(app_conn, tenant, toks).values()} == {(0.9, 0.4)}
     _assert_lexical_equals_exhaustive_bm25(app_conn, tenant, toks, queries)
 
@@ -702,7 +707,7 @@ def test_query_term_counts(app_conn):
     # not English (diacritics): `or` stays; the code token counted whole, its parts not
     # searched; the hyphenated word as its parts, with every occurrence
     assert rows == [("err_402", 2), ("factor", 2), ("hoa", 1), ("hóa", 2), ("or", 1), ("two", 2)]
-    split = app_conn.execute("select kb.query_terms(%s)", ["internal /slip flow/ wind-tunnel api/v2 user_id"]).fetchone()[0]
+    split = app_conn.execute(QUERY_TERMS, ["internal /slip flow/ wind-tunnel api/v2 user_id"]).fetchone()[0]
     assert split == ["api/v2", "flow", "id", "internal", "slip", "tunnel", "user", "user_id", "wind"]
     english = app_conn.execute("select term, qtf from kb.query_term_counts(%s) order by term",
                                ["the cache of the cache and the CACHE"]).fetchall()
@@ -760,14 +765,14 @@ def test_stemmed_field_lexemes_and_length(app_conn):
     ("to be or not to be", ["be", "not", "or", "to"]),
 ])
 def test_each_query_picks_its_field(app_conn, query, expected):
-    terms = app_conn.execute("select kb.search_terms(%s)", [query]).fetchone()[0]
+    terms = app_conn.execute(SEARCH_TERMS, [query]).fetchone()[0]
     if expected is None:
         assert app_conn.execute("select array_agg(array[term, qtf::text]) from kb.search_term_counts(%s)",
                                 [query]).fetchone()[0] == [["~ connect", "3"]]
         return
     assert terms == expected
     if not any(t.startswith("~ ") for t in expected):  # not stemmed: searched exactly as before 0011
-        assert terms == app_conn.execute("select kb.query_terms(%s)", [query]).fetchone()[0]
+        assert terms == app_conn.execute(QUERY_TERMS, [query]).fetchone()[0]
 
 
 def test_identifiers_stay_exact_in_english_queries(app_conn, tenant, embedder):
@@ -793,8 +798,8 @@ def test_vietnamese_search_is_unchanged_by_the_stemmed_field(app_conn, tenant):
     with tenant_transaction(app_conn, tenant):
         for query in ("hóa đơn điện tử", "hoa don", "hòa"):
             rows = search.lexical(app_conn, query, 10)
-            terms = app_conn.execute("select kb.search_terms(%s)", [query]).fetchone()[0]
-            assert terms == app_conn.execute("select kb.query_terms(%s)", [query]).fetchone()[0]
+            terms = app_conn.execute(SEARCH_TERMS, [query]).fetchone()[0]
+            assert terms == app_conn.execute(QUERY_TERMS, [query]).fetchone()[0]
             assert not any(t.startswith("~ ") for t in terms)
             n, avg = app_conn.execute("select n_chunks, total_len::float8 / n_chunks from kb.corpus_stats").fetchone()
             for r in rows:
@@ -845,7 +850,7 @@ def _stem_corpus(app_conn, tenant, seed=21):
 
 
 def test_pruned_bm25_top_k_equals_exhaustive_scoring_on_the_stemmed_field(app_conn, tenant):
-    """The pruned search (block-max MaxScore over impact-ordered blocks) with stemmed terms, each normalised
+    """The pruned search (block-max MaxScore over the term blocks) with stemmed terms, each normalised
     by the stemmed field's length, and code tokens, normalised by the exact one, in one
     query: its top k equals BM25 computed here over every document, with and without
     blocks."""
@@ -894,7 +899,7 @@ def test_pruned_bm25_top_k_equals_exhaustive_scoring_on_the_stemmed_field(app_co
             q = " ".join(words)
             terms = ["~ " + stem[w] if w not in codes else w for w in words if w not in stop]
             with tenant_transaction(app_conn, tenant):
-                assert sorted(set(terms)) == app_conn.execute("select kb.search_terms(%s)", [q]).fetchone()[0]
+                assert sorted(set(terms)) == app_conn.execute(SEARCH_TERMS, [q]).fetchone()[0]
                 rows = search.lexical(app_conn, q, k)
             expected = sorted(((round(bm25(terms, d), 9), d) for d in docs), key=lambda x: (-x[0], x[1]))
             expected = [e for e in expected if e[0] > 0][:k]
@@ -906,8 +911,8 @@ def test_pruned_bm25_top_k_equals_exhaustive_scoring_on_the_stemmed_field(app_co
 
     check()
     with tenant_transaction(app_conn, tenant):
-        n_lists = app_conn.execute("select kb.refresh_term_tops(20, 30)").fetchone()[0]
-        listed = {t for (t,) in app_conn.execute("select term from kb.term_tops")}
+        n_lists = app_conn.execute("select kb.refresh_term_blocks(20, 30)").fetchone()[0]
+        listed = {t for (t,) in app_conn.execute("select term from kb.term_blocks")}
     assert n_lists >= 5 and any(t.startswith("~ ") for t in listed)
     check()
 

@@ -49,7 +49,7 @@ def test_every_definer_pins_search_path_with_pg_temp_last(owner_conn):
     """(a) every prosecdef function in kb, and every kb function that pins a search_path at
     all, ends it with pg_temp and names no schema the app role or PUBLIC can create in."""
     rows = owner_conn.execute(DEFINERS).fetchall()
-    assert len(rows) >= 6  # search, statistics, champion lists, audit append, eviction
+    assert len(rows) >= 6  # search, statistics, term blocks, audit append, eviction
     creatable = {r[0] for r in owner_conn.execute(
         "select nspname from pg_namespace where has_schema_privilege('cyberos_app', oid, 'CREATE')"
         " or has_schema_privilege('public', oid, 'CREATE')")}
@@ -137,11 +137,11 @@ def test_definer_owners_can_do_only_their_job(owner_conn):
                                   [owner]).fetchone()[0] == 0, owner
         assert not owner_conn.execute("select pg_has_role('cyberos_app', %s, 'USAGE')", [owner]).fetchone()[0]
     # the search role only reads; statistics are written by kb_stats alone
-    for table in ("kb.term_stats", "kb.corpus_stats", "kb.term_tops", "kb.chunks", "kb.documents"):
+    for table in ("kb.term_stats", "kb.corpus_stats", "kb.term_blocks", "kb.chunks", "kb.documents"):
         for priv in ("INSERT", "UPDATE", "DELETE", "TRUNCATE"):
             assert not owner_conn.execute("select has_table_privilege('kb_search', %s, %s)",
                                           [table, priv]).fetchone()[0], (table, priv)
-    writable = {(t, p) for t in ("kb.term_stats", "kb.corpus_stats", "kb.term_tops")
+    writable = {(t, p) for t in ("kb.term_stats", "kb.corpus_stats", "kb.term_blocks")
                 for p in ("INSERT", "UPDATE", "DELETE")}
     stats_writes = {(r[0], r[1]) for r in owner_conn.execute(
         "select c.oid::regclass::text, p.priv from pg_class c join pg_namespace n on n.oid = c.relnamespace"
@@ -155,15 +155,15 @@ def test_definer_owners_can_do_only_their_job(owner_conn):
 
 @pytest.fixture
 def two_tenants(app_conn):
-    """Tenant A (the victim) and B (the attacker's own), each with text, statistics, champion
-    lists, cache rows and audit rows."""
+    """Tenant A (the victim) and B (the attacker's own), each with text, statistics, term
+    blocks, cache rows and audit rows."""
     a, b = uuid.uuid4(), uuid.uuid4()
     secret = f"alphasecret{uuid.uuid4().hex[:8]}"
     insert_doc(app_conn, a, "victim", [f"{secret} alpha zebra"], [basis(5)])
     insert_doc(app_conn, b, "attacker", ["beta alpha zebra"], [basis(5)])
     for t in (a, b):
         with tenant_transaction(app_conn, t):
-            app_conn.execute("select kb.refresh_term_tops(4, 1)")
+            app_conn.execute("select kb.refresh_term_blocks(4, 1)")
             audit.append_sync(app_conn, audit.AuditRecord(kind="served", source="lexical_only",
                                                           query_hash="c" * 64, trace_id="t"), key=audit.AuditKey(KEY))
             app_conn.execute("insert into kb.kb_rerank_cache (cache_id, tenant_id, query_hash, source, results_jsonb,"
@@ -201,7 +201,7 @@ def _calls(b):
     tenant_b = f"select set_config('auth.tenant_id', '{b}', false)"
     mac_args = f"'{'a' * 64}', '{'b' * 32}', '{'c' * 16}'"
     return [
-        "select kb.refresh_term_tops()",
+        "select kb.refresh_term_blocks()",
         "select * from kb.search_lexical('alpha', 5)",
         f"select * from kb.search_semantic({vec}, 5)",
         f"select * from kb.search_hybrid('alpha zebra', {vec}, 5)",
@@ -210,7 +210,7 @@ def _calls(b):
         f"select kb.audit_append('served', 0::smallint, 'lexical_only', repeat('e', 64), 'x', null, 0, 0, null, null,"
         f" {mac_args})",
         tenant_b,  # then the same as tenant B, including the triggers of a chunk write
-        "select kb.refresh_term_tops(4, 1)",
+        "select kb.refresh_term_blocks(4, 1)",
         "select * from kb.search_lexical('alpha', 5)",
         f"select * from kb.search_semantic({vec}, 5)",
         f"select kb.audit_append('served', 0::smallint, 'lexical_only', repeat('e', 64), 'x', null, 0, 0, null, null,"
@@ -290,7 +290,7 @@ def test_temp_schema_attack_with_temp_granted_back(app_url, owner_conn, two_tena
     assert owner_conn.execute(PROCS).fetchall() == before
     # the calls did run (the attack is not vacuous): the searches answered as B
     assert "select * from kb.search_lexical('alpha', 5)" not in errors
-    assert "select kb.refresh_term_tops(4, 1)" not in errors
+    assert "select kb.refresh_term_blocks(4, 1)" not in errors
     # the chunk write's triggers ran with the domain in place
     assert not [s for s in errors if s.startswith(("insert into kb.chunks", "update kb.chunks", "delete",
                                                    "insert into kb.guard_reviews", "update kb.guard_reviews"))], errors
@@ -435,7 +435,7 @@ def test_app_cannot_stall_another_tenants_audit_or_lists(app_url, app_conn, two_
         row = _row(app_conn, b)
         assert row["tenant_id"] == b
         with tenant_transaction(app_conn, b):
-            assert app_conn.execute("select kb.refresh_term_tops(4, 1)").fetchone()[0] > 0
+            assert app_conn.execute("select kb.refresh_term_blocks(4, 1)").fetchone()[0] > 0
         insert_doc(app_conn, b, "more", ["alpha zebra again"], [basis(6)])
 
 

@@ -92,6 +92,9 @@ def test_0017_re_derives_titled_chunks_and_rebuilds_their_blocks(server_url):
 
     def state(conn):
         conn.execute("select set_config('auth.tenant_id', %s, false)", [str(tenant)])
+        # kb.term_tops before 0019_term_blocks_name, kb.term_blocks from it on
+        blocks = "kb.term_blocks" if conn.execute("select to_regclass('kb.term_blocks')").fetchone()[0] \
+            else "kb.term_tops"
         assert conn.execute("select n_chunks, total_len, stem_total_len from kb.corpus_stats").fetchone() == \
             conn.execute("select count(*), sum(doc_len), sum(stem_len) from kb.chunks").fetchone()
         return {
@@ -101,7 +104,7 @@ def test_0017_re_derives_titled_chunks_and_rebuilds_their_blocks(server_url):
             "extra_len": dict(conn.execute(
                 "select d.title, array_agg(distinct c.doc_len - kb.doc_length(c.content)) from kb.chunks c"
                 " join kb.documents d using (doc_id) group by d.title").fetchall()),
-            "blocks": conn.execute("select term, level, part, n, k1, b from kb.term_tops order by 1, 2, 3").fetchall(),
+            "blocks": conn.execute(f"select term, level, part, n, k1, b from {blocks} order by 1, 2, 3").fetchall(),
             "untitled_xmin": conn.execute(
                 "select array_agg(c.xmin::text order by c.chunk_id) from kb.chunks c join kb.documents d"
                 " using (doc_id) where d.title = ''").fetchone()[0],
@@ -129,14 +132,14 @@ def test_0017_re_derives_titled_chunks_and_rebuilds_their_blocks(server_url):
     assert {(n, k1, b) for _, level, _, n, k1, b in after["blocks"] if level == 0} == {(2, 0.9, 0.4)}
     assert {t for t, *_ in after["blocks"]} == {t for t, *_ in before["blocks"]}
     # the migration's rebuild (a frozen inline copy) equals the installed function's, to the bit
-    full = ("select term, level, part, chunk_ids, n, tail, avglen, k1, b from kb.term_tops"
+    full = ("select term, level, part, chunk_ids, n, tail, avglen, k1, b from kb.term_blocks"
             " order by term, level, part")
     with psycopg.connect(url) as conn:
         conn.execute("select set_config('auth.tenant_id', %s, false)", [str(tenant)])
         migrated = conn.execute(full).fetchall()
-        min_df = conn.execute("select min(df) from kb.term_stats where term in (select term from kb.term_tops)"
+        min_df = conn.execute("select min(df) from kb.term_stats where term in (select term from kb.term_blocks)"
                               ).fetchone()[0]
-        conn.execute("select kb.refresh_term_tops(2, %s, 0.9::float8, 0.4::float8)", [min_df])
+        conn.execute("select kb.refresh_term_blocks(2, %s, 0.9::float8, 0.4::float8)", [min_df])
         assert conn.execute(full).fetchall() == migrated
         conn.rollback()
     db.downgrade(s, revision="0016_app_role")

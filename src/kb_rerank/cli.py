@@ -14,14 +14,12 @@ from pathlib import Path
 from uuid import UUID
 
 from kb_rerank import keys
+from kb_rerank.dev import DEMO_TENANT, DEV_JWT_SECRET  # noqa: F401 - also read as cli.DEMO_TENANT
 from kb_rerank.settings import Settings, SettingsError
 from kb_rerank.store import session
 
-DEMO_TENANT = UUID("00000000-0000-4000-8000-000000000001")
 # The sample knowledge base ships inside the package (kb_rerank/demo_kb).
 DEMO_KB = "demo_kb"
-# `kb-rerank serve --dev` only: a fixed, public secret (>= 32 bytes, as HS256 wants).
-DEV_JWT_SECRET = "kb-rerank-dev-secret-do-not-use-in-production"
 DEMO_QUERIES = [
     "ERR_402",
     "how do I emit hóa đơn",
@@ -255,7 +253,7 @@ def cmd_guard_review(args, settings: Settings) -> int:
 
 
 class _Ticker:
-    """A tqdm line showing the elapsed time of one long statement (``kb-rerank lists``: the
+    """A tqdm line showing the elapsed time of one long statement (``kb-rerank term-blocks``: the
     rebuild is one SQL function call, so there is no fraction done to show)."""
 
     def __init__(self, desc: str, enabled: bool) -> None:
@@ -284,18 +282,25 @@ class _Ticker:
             self._bar.close()
 
 
-def cmd_lists(args, settings: Settings) -> int:
-    from kb_rerank.ingest.loader import refresh_term_lists
+def cmd_term_blocks(args, settings: Settings) -> int:
+    """Rebuild a tenant's BM25 term blocks (kb.term_blocks)."""
+    from kb_rerank.store import term_blocks
 
     with _app_conn(settings) as conn:
         t0 = time.perf_counter()
         with session.tenant_transaction(conn, args.tenant):
-            n_chunks = conn.execute("select coalesce((select n_chunks from kb.corpus_stats), 0)").fetchone()[0]
-            with _Ticker(f"lists: rebuilding BM25 blocks over {n_chunks} chunks", not args.quiet):
-                n = refresh_term_lists(conn, settings)
+            n_chunks, _ = term_blocks.state(conn)
+            with _Ticker(f"term-blocks: rebuilding over {n_chunks} chunks", not args.quiet):
+                n = term_blocks.refresh(conn, settings)
         dt = time.perf_counter() - t0
-    print(f"{n} BM25 term lists rebuilt for tenant {args.tenant} in {dt:.1f}s")
+    print(f"term blocks of {n} words rebuilt for tenant {args.tenant} in {dt:.1f}s")
     return 0
+
+
+def cmd_lists(args, settings: Settings) -> int:
+    """``kb-rerank lists``: the old name of ``kb-rerank term-blocks`` (deprecated)."""
+    print("kb-rerank: `lists` is deprecated, use `kb-rerank term-blocks`", file=sys.stderr)
+    return cmd_term_blocks(args, settings)
 
 
 def _print_results(rows) -> None:
@@ -498,34 +503,18 @@ def cmd_evict(args, settings: Settings) -> int:
     import psycopg
 
     from kb_rerank.admin import database as db
+    from kb_rerank.store.cache_eviction import evict_expired
 
     total = 0
     with psycopg.connect(settings.maint_database_url or db.owner_url(settings), autocommit=True) as conn:
         while True:
-            n = conn.execute("select kb.evict_expired_cache(%s)", [args.batch]).fetchone()[0] or 0
+            n = evict_expired(conn, args.batch)
             total += n
             if n < args.batch:
                 break
     print(total)
     return 0
 
-
-# What `audit verify` needs, read from the catalog before it verifies anything: a role that
-# lacks it would otherwise see no rows (RLS, forced on the audit log, binds the table owner
-# too) or fail half-way, and an empty result must never read as "OK".
-_AUDIT_ACCESS = """
-select current_user::text, r.rolsuper, r.rolbypassrls,
-       to_regclass('kb.kb_rerank_audit') is not null,
-       case when to_regclass('kb.kb_rerank_audit') is not null
-            then has_table_privilege('kb.kb_rerank_audit', 'SELECT') end,
-       case when to_regprocedure('kb.audit_verify()') is not null
-            then has_function_privilege('kb.audit_verify()', 'EXECUTE') end,
-       case when to_regprocedure('kb.audit_row_hash(kb.kb_rerank_audit)') is not null
-            then has_function_privilege('kb.audit_row_hash(kb.kb_rerank_audit)', 'EXECUTE') end,
-       case when to_regclass('kb.audit_checkpoints') is not null
-            then has_table_privilege('kb.audit_checkpoints', 'SELECT') end
-from pg_catalog.pg_roles r where r.rolname = current_user
-"""
 
 # exit codes of `audit verify`: 0 verified, 1 a chain broken or a row forged, 2 nothing
 # could be verified (no privilege, no rows visible)
@@ -534,8 +523,9 @@ AUDIT_OK, AUDIT_BROKEN, AUDIT_UNVERIFIABLE = 0, 1, 2
 
 def _audit_access_problem(conn, tenant) -> str | None:
     """Why this connection cannot verify the audit log (all tenants, or ``tenant``), or None."""
-    user, superuser, bypassrls, exists, can_select, can_verify, can_hash, can_checkpoints = conn.execute(
-        _AUDIT_ACCESS).fetchone()
+    from kb_rerank.store.audit_archive import access
+
+    user, superuser, bypassrls, exists, can_select, can_verify, can_hash, can_checkpoints = access(conn)
     if not exists:
         return "kb.kb_rerank_audit does not exist in this database: run `kb-rerank migrate` (or check KB_DATABASE_URL)"
     missing = [what for what, ok in (("SELECT on kb.kb_rerank_audit", can_select),
@@ -627,6 +617,7 @@ def cmd_audit_partitions(args, settings: Settings) -> int:
     import psycopg
 
     from kb_rerank.admin import database as db
+    from kb_rerank.store import audit_archive
 
     today = dt.datetime.now(dt.timezone.utc).date().replace(day=1)
     with psycopg.connect(db.owner_url(settings)) as conn:
@@ -637,20 +628,10 @@ def cmd_audit_partitions(args, settings: Settings) -> int:
         with conn.transaction():
             for i in range(args.ahead + 1):
                 y, m = divmod(today.month - 1 + i, 12)
-                name = conn.execute("select kb.audit_add_month(%s)", [today.replace(year=today.year + y, month=m + 1)]
-                                    ).fetchone()[0]
+                name = audit_archive.add_month(conn, today.replace(year=today.year + y, month=m + 1))
                 if name:
                     print(f"created kb.{name}")
     return 0
-
-
-# the month partitions of the audit log, oldest first: (name, first day of its month)
-_AUDIT_MONTHS = """
-select c.relname, to_date(substr(c.relname, length('kb_rerank_audit_') + 1), 'YYYY_MM')
-from pg_catalog.pg_inherits i join pg_catalog.pg_class c on c.oid = i.inhrelid
-where i.inhparent = 'kb.kb_rerank_audit'::regclass and c.relname ~ '^kb_rerank_audit_[0-9]{4}_[0-9]{2}$'
-order by 2
-"""
 
 
 def cmd_audit_archive(args, settings: Settings) -> int:
@@ -662,7 +643,7 @@ def cmd_audit_archive(args, settings: Settings) -> int:
     import psycopg
 
     from kb_rerank.admin import database as db
-    from kb_rerank.store import audit
+    from kb_rerank.store import audit, audit_archive
 
     audit_keys = audit.verify_keys(settings)
     key = audit.AuditKey(audit_keys[0])
@@ -673,8 +654,8 @@ def cmd_audit_archive(args, settings: Settings) -> int:
             print(f"kb-rerank: error: audit archive: {problem}", file=sys.stderr)
             return AUDIT_UNVERIFIABLE
         with conn.transaction() as tx:
-            conn.execute("lock table kb.kb_rerank_audit in exclusive mode")  # appends wait; reads go on
-            months = [(name, m) for name, m in conn.execute(_AUDIT_MONTHS) if m < args.before]
+            audit_archive.lock(conn)  # appends wait; reads go on
+            months = [(name, m) for name, m in audit_archive.months(conn) if m < args.before]
             if not months:
                 print(f"nothing to archive: no month partition before {args.before:%Y-%m}")
                 return 0
@@ -685,27 +666,20 @@ def cmd_audit_archive(args, settings: Settings) -> int:
                       "nothing archived", file=sys.stderr)
                 return AUDIT_BROKEN
             names = [n for n, _ in months]
-            dropped = " union all ".join(f"select tenant_id, seq, row_hash from kb.{n}" for n in names)
             # per tenant: the last dropped row, which must come before every row that stays
-            lasts = conn.execute(
-                f"select d.tenant_id, max(d.seq) from ({dropped}) d group by d.tenant_id").fetchall()
+            lasts = audit_archive.last_seqs(conn, names)
             for t, last in lasts:
-                kept_first = conn.execute("select min(seq) from kb.kb_rerank_audit where tenant_id = %s and"
-                                          " not (tableoid::regclass::text = any(%s))",
-                                          [t, [f"kb.{n}" for n in names]]).fetchone()[0]
+                kept_first = audit_archive.first_kept_seq(conn, t, names)
                 if kept_first is not None and kept_first <= last:
                     print(f"kb-rerank: error: audit archive: tenant {t} has row {kept_first} outside the months "
                           f"to drop but before their last row {last}; nothing archived", file=sys.stderr)
                     raise psycopg.Rollback(tx)
-                row_hash = conn.execute("select row_hash from kb.kb_rerank_audit where tenant_id = %s and seq = %s",
-                                        [t, last]).fetchone()[0]
-                conn.execute(
-                    "insert into kb.audit_checkpoints (tenant_id, seq, row_hash, archived_before, mac, key_id)"
-                    " values (%s, %s, %s, %s, %s, %s) on conflict (tenant_id, seq) do nothing",
-                    [t, last, row_hash, args.before,
-                     audit.mac(key.key, audit.checkpoint_canonical(t, last, row_hash, args.before)), key.key_id])
+                row_hash = audit_archive.row_hash(conn, t, last)
+                audit_archive.write_checkpoint(
+                    conn, t, last, row_hash, args.before,
+                    audit.mac(key.key, audit.checkpoint_canonical(t, last, row_hash, args.before)), key.key_id)
             for n in names:
-                conn.execute(f'drop table kb."{n}"')
+                audit_archive.drop_partition(conn, n)
             bad = [r for r in audit.verify(conn) if not r.ok]
             macs = audit.verify_macs(conn, audit_keys)
             if bad or macs.problems:
@@ -723,6 +697,7 @@ def cmd_audit_archive(args, settings: Settings) -> int:
 def cmd_curate(args, settings: Settings) -> int:
     import psycopg
 
+    from kb_rerank.store import curation
     from kb_rerank.store import result_cache as cache
     from kb_rerank.admin import database as db
     from kb_rerank.pipeline.query import normalize_query, query_hash, query_hash_key
@@ -740,49 +715,28 @@ def cmd_curate(args, settings: Settings) -> int:
                 # After a rotation of the query-hash key (or an upgrade from plain SHA-256
                 # hashes, migration 0010): move the list pinned under the previous hash of
                 # this query to its hash under the current key, in one transaction.
-                if conn.execute("select exists (select from kb.kb_rerank_curation"
-                                " where tenant_id = kb.current_tenant() and query_hash = %s)", [qh]).fetchone()[0]:
+                if curation.exists(conn, qh):
                     print(f"kb-rerank: error: query_hash {qh} already has a curated list (clear it first)",
                           file=sys.stderr)
                     return 1
-                n = conn.execute(
-                    "insert into kb.kb_rerank_curation (tenant_id, query_hash, position, chunk_id, note, created_at)"
-                    " select tenant_id, %s, position, chunk_id, note, created_at from kb.kb_rerank_curation"
-                    " where tenant_id = kb.current_tenant() and query_hash = %s", [qh, old_qh]).rowcount
-                conn.execute("delete from kb.kb_rerank_curation where tenant_id = kb.current_tenant()"
-                             " and query_hash = %s", [old_qh])
+                n = curation.move(conn, old_qh, qh)
                 cache.invalidate(conn, "manual_curation")
                 print(f"moved {n} curated chunk(s) from query_hash {old_qh} to {qh}")
             elif args.action == "add":
                 if not args.chunk:
                     print("kb-rerank: error: curate add needs --chunk UUID [UUID ...]", file=sys.stderr)
                     return 2
-                start = conn.execute(
-                    "select coalesce(max(position) + 1, 0) from kb.kb_rerank_curation"
-                    " where tenant_id = kb.current_tenant() and query_hash = %s", [qh]
-                ).fetchone()[0]
-                for i, chunk in enumerate(args.chunk):
-                    conn.execute(
-                        "insert into kb.kb_rerank_curation (tenant_id, query_hash, position, chunk_id, note)"
-                        " values (kb.current_tenant(), %s, %s, %s, %s)",
-                        [qh, start + i, chunk, args.note],
-                    )
+                start = curation.append(conn, qh, args.chunk, args.note)
                 cache.invalidate(conn, "manual_curation")
                 print(f"added {len(args.chunk)} chunk(s) at positions {start}..{start + len(args.chunk) - 1}"
                       f" for query_hash {qh}")
             elif args.action == "list":
-                rows = conn.execute(
-                    "select position, chunk_id, note from kb.kb_rerank_curation"
-                    " where tenant_id = kb.current_tenant() and query_hash = %s order by position", [qh]
-                ).fetchall()
+                rows = curation.entries(conn, qh)
                 print(f"query_hash {qh}: {len(rows)} curated chunk(s)")
                 for pos, chunk, note in rows:
                     print(f"  {pos:3d}  {chunk}" + (f"  {note}" if note else ""))
             else:
-                n = conn.execute(
-                    "delete from kb.kb_rerank_curation where tenant_id = kb.current_tenant() and query_hash = %s",
-                    [qh],
-                ).rowcount
+                n = curation.clear(conn, qh)
                 cache.invalidate(conn, "manual_curation")
                 print(f"cleared {n} curated chunk(s) for query_hash {qh}")
     return 0
@@ -898,11 +852,15 @@ def build_parser() -> argparse.ArgumentParser:
         gr.add_argument("--note", default=None, help="why (stored with the review)")
         gr.set_defaults(func=cmd_guard_review)
 
-    li = sub.add_parser("lists", help="rebuild a tenant's BM25 impact-ordered blocks (kb.term_tops; ingest does it "
-                                      "after large loads; searches are exact either way, faster with fresh lists)")
-    li.add_argument("--tenant", type=_uuid, required=True)
-    li.add_argument("--quiet", action="store_true", help="no progress line")
-    li.set_defaults(func=cmd_lists)
+    for name, func, text in (
+            ("term-blocks", cmd_term_blocks, "rebuild a tenant's BM25 term blocks (kb.term_blocks; ingest does it "
+                                             "after large loads; searches are exact either way, faster with fresh "
+                                             "blocks)"),
+            ("lists", cmd_lists, "deprecated name of term-blocks")):
+        li = sub.add_parser(name, help=text)
+        li.add_argument("--tenant", type=_uuid, required=True)
+        li.add_argument("--quiet", action="store_true", help="no progress line")
+        li.set_defaults(func=func)
 
     s = sub.add_parser("search", help="run a search from the command line")
     s.add_argument("query")

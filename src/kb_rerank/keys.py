@@ -1,4 +1,4 @@
-"""Server-side keys: the audit MAC key and the query-hash key (issue 13, docs/security.md).
+"""Server-side keys: the audit MAC key and the query-hash key (docs/security.md).
 
 A key comes from its setting (``KB_AUDIT_KEY``, ``KB_QUERY_HASH_KEY``) when set. When unset
 (a single-machine install: ``make demo``, the embedded server, tests), it is read from
@@ -6,18 +6,23 @@ A key comes from its setting (``KB_AUDIT_KEY``, ``KB_QUERY_HASH_KEY``) when set.
 Several replicas must share one key: set the variable on all of them.
 The database roles never hold these keys: that is what makes a keyed value unforgeable
 from SQL.
+
+:func:`check_secret` (placeholder and low-entropy secrets refused) lives here, below the
+HTTP layer that checks the JWT secret and ops token with it (so that no import circle runs through the HTTP package).
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import re
 import secrets
 from pathlib import Path
 
 from kb_rerank.settings import Settings
 
 MIN_KEY_BYTES = 32
+MIN_SECRET_BYTES = 32  # an HS256 secret: RFC 7518 section 3.2, key >= hash output size (SHA-256)
 
 
 class KeyConfigError(ValueError):
@@ -28,6 +33,36 @@ def _check(name: str, key: bytes) -> bytes:
     if len(key) < MIN_KEY_BYTES:
         raise KeyConfigError(f"the {name} key must be at least {MIN_KEY_BYTES} bytes, got {len(key)}")
     return key
+
+
+# Secrets shipped in this repository or in well-known examples: anyone can read them.
+# Compared after lower-casing and dropping everything but letters and digits.
+_KNOWN_PLACEHOLDERS = (
+    "changemetoasecretofatleast32bytes",  # docker/compose.yaml of early releases
+    "kbrerankdevsecretdonotuseinproduction",  # dev.DEV_JWT_SECRET (`serve --dev` only)
+    "your256bitsecret",  # jwt.io's default
+)
+_PLACEHOLDER_WORDS = ("changeme", "example", "placeholder", "replaceme", "yoursecret", "your256bitsecret",
+                      "secretsecret", "donotuse", "insecure", "notasecret")
+_MIN_DISTINCT_CHARS = 8  # 32 random hex digits have 14 on average; fewer than 8 has p < 1e-6
+_LONG_RUN = re.compile(r"(.)\1{7}")  # one character 8 times in a row (p ~ 1e-7 in 64 random hex digits)
+
+
+def check_secret(name: str, value: str, *, min_bytes: int = MIN_SECRET_BYTES) -> None:
+    """Raise ValueError naming ``name`` when ``value`` is too short, a known placeholder
+    (or contains a placeholder word such as 'change-me' or 'example'), or of low entropy
+    (fewer than 8 distinct characters, one short unit repeated, or a long run of one character). Generate one with
+    ``openssl rand -hex 32``."""
+    hint = "; generate one with `openssl rand -hex 32`"
+    if len(value.encode("utf-8")) < min_bytes:
+        raise ValueError(f"{name} must be at least {min_bytes} bytes{hint}")
+    folded = "".join(ch for ch in value.lower() if ch.isalnum())
+    if folded in _KNOWN_PLACEHOLDERS or any(w in folded for w in _PLACEHOLDER_WORDS):
+        raise ValueError(f"{name} is a placeholder or published example value, which anyone can read{hint}")
+    n = len(value)
+    periodic = any(n % k == 0 and value == value[:k] * (n // k) for k in range(1, n // 2 + 1))
+    if len(set(value)) < _MIN_DISTINCT_CHARS or periodic or _LONG_RUN.search(value):
+        raise ValueError(f"{name} has too little entropy (too few distinct characters or a repeated pattern){hint}")
 
 
 def key_file(settings: Settings, name: str) -> Path:
@@ -72,8 +107,6 @@ def check_configured(settings: Settings, *, require: bool) -> None:
     role's URL is given and --dev is not), an unset key is an error: the generated key file
     is per machine and per data folder, so replicas would disagree and a container restart
     without a volume would change every query hash and orphan every audit MAC."""
-    from kb_rerank.http.auth import check_secret
-
     missing = []
     for env_name, field_name in KEY_SETTINGS:
         value = getattr(settings, field_name)

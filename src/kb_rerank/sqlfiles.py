@@ -175,10 +175,8 @@ def apply_idempotent(dbapi_conn, *, embedding_dim: int, app_role: str = DEFAULT_
 
 def applied_layer_version(dbapi_conn) -> str | None:
     """The layer version recorded in the database, or None when none is (a database
-    migrated before the layer carried a version, or not migrated)."""
-    row = dbapi_conn.execute(
-        "select case when to_regprocedure('kb.schema_layer_version()') is not null"
-        " then 1 end").fetchone()
-    if row[0] is None:
-        return None
-    return dbapi_conn.execute("select kb.schema_layer_version()").fetchone()[0]
+    migrated before the layer carried a version, or not migrated):
+    :func:`kb_rerank.store.schema_state.layer_version`, the one read of it (/readyz too)."""
+    from kb_rerank.store.schema_state import layer_version
+
+    return layer_version(dbapi_conn)

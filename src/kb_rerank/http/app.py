@@ -74,6 +74,7 @@ from kb_rerank.http.telemetry import ApiMetrics, install_trace_log_records, metr
 from kb_rerank.pipeline.flow import Pipeline
 from kb_rerank.pipeline.limits import LimitExceeded, Limits
 from kb_rerank.settings import Settings
+from kb_rerank.store import cache_eviction
 from kb_rerank.store.session import aconfigure_connection
 
 log = logging.getLogger(__name__)
@@ -119,8 +120,7 @@ async def _evict_loop(app: Litestar, url: str) -> None:
         try:
             async with await psycopg.AsyncConnection.connect(url, autocommit=True,
                                                              connect_timeout=max(1, math.ceil(st.db_timeout_s))) as conn:
-                cur = await conn.execute("select kb.evict_expired_cache()")
-                n = (await cur.fetchone())[0] or 0
+                n = await cache_eviction.aevict_expired(conn)
             st.metrics.evicted.inc(n)
             log.info("evicted %d expired cache rows", n)
         except asyncio.CancelledError:
@@ -255,7 +255,7 @@ def jwt_config(settings: Settings, *, allow_dev_secret: bool = False) -> JwtConf
     two key sources (which one would verify is a guess), a placeholder or weak secret, an
     ops token that is one, a JWKS over plain http to another machine. ``allow_dev_secret``: accept the public development secret
     (``kb-rerank serve --dev`` only)."""
-    from kb_rerank.cli import DEV_JWT_SECRET  # the CLI owns the development secret
+    from kb_rerank.dev import DEV_JWT_SECRET
 
     sources = [name for name, value in (("KB_JWT_SECRET", settings.jwt_secret),
                                         ("KB_JWT_PUBLIC_KEY", settings.jwt_public_key),

@@ -26,7 +26,7 @@ Security rules enforced here:
   (``lifetime_too_long``): a leaked long-lived token would otherwise work for years.
 * The nil UUID and the max UUID are not tenants (``bad_tenant``): they are sentinels
   (``pair_cache.NO_CHUNK`` is the nil UUID), never a real tenant's id.
-* :func:`check_secret` refuses placeholder and low-entropy secrets (the example
+* :func:`check_secret` (in :mod:`kb_rerank.keys`, re-exported here) refuses placeholder and low-entropy secrets (the example
   deployment's, the development secret, one repeated character...); the API and
   ``kb-rerank serve`` call it at start-up.
 
@@ -43,7 +43,6 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import logging
-import re
 import time
 import uuid
 from dataclasses import dataclass
@@ -59,6 +58,7 @@ from litestar.handlers import BaseRouteHandler
 
 from kb_rerank.http.body import ApiError
 from kb_rerank.http.telemetry import TENANT_ID, trace_id_from_headers
+from kb_rerank.keys import check_secret  # noqa: F401 - part of this module's interface
 from kb_rerank.pipeline.limits import Limits
 
 __all__ = [
@@ -101,36 +101,6 @@ _MIN_RSA_BITS = 2048
 _LOOPBACK_HOSTS = ("localhost",)
 _MAX_TOKEN_CHARS = 16_384  # far above any sane JWT; bounds the work an attacker can cause
 _NOT_TENANTS = (uuid.UUID(int=0), uuid.UUID(int=(1 << 128) - 1))  # nil and max UUID: sentinels
-
-# Secrets shipped in this repository or in well-known examples: anyone can read them.
-# Compared after lower-casing and dropping everything but letters and digits.
-_KNOWN_PLACEHOLDERS = (
-    "changemetoasecretofatleast32bytes",  # docker/compose.yaml before issue 13
-    "kbrerankdevsecretdonotuseinproduction",  # cli.DEV_JWT_SECRET (`serve --dev` only)
-    "your256bitsecret",  # jwt.io's default
-)
-_PLACEHOLDER_WORDS = ("changeme", "example", "placeholder", "replaceme", "yoursecret", "your256bitsecret",
-                      "secretsecret", "donotuse", "insecure", "notasecret")
-_MIN_DISTINCT_CHARS = 8  # 32 random hex digits have 14 on average; fewer than 8 has p < 1e-6
-_LONG_RUN = re.compile(r"(.)\1{7}")  # one character 8 times in a row (p ~ 1e-7 in 64 random hex digits)
-
-
-def check_secret(name: str, value: str, *, min_bytes: int = _MIN_HMAC_KEY_BYTES) -> None:
-    """Raise ValueError naming ``name`` when ``value`` is too short, a known placeholder
-    (or contains a placeholder word such as 'change-me' or 'example'), or of low entropy
-    (fewer than 8 distinct characters, one short unit repeated, or a long run of one character). Generate one with
-    ``openssl rand -hex 32``."""
-    hint = "; generate one with `openssl rand -hex 32`"
-    if len(value.encode("utf-8")) < min_bytes:
-        raise ValueError(f"{name} must be at least {min_bytes} bytes{hint}")
-    folded = "".join(ch for ch in value.lower() if ch.isalnum())
-    if folded in _KNOWN_PLACEHOLDERS or any(w in folded for w in _PLACEHOLDER_WORDS):
-        raise ValueError(f"{name} is a placeholder or published example value, which anyone can read{hint}")
-    n = len(value)
-    periodic = any(n % k == 0 and value == value[:k] * (n // k) for k in range(1, n // 2 + 1))
-    if len(set(value)) < _MIN_DISTINCT_CHARS or periodic or _LONG_RUN.search(value):
-        raise ValueError(f"{name} has too little entropy (too few distinct characters or a repeated pattern){hint}")
-
 
 class AuthError(Exception):
     """Authentication failed; ``reason`` is a short machine string from :data:`REASONS`."""

@@ -28,6 +28,7 @@ from kb_rerank.ingest.verdict import ChunkFlags, chunk_flags, guard_classifier  
 from kb_rerank.pipeline.guard_policy import injection_decision
 from kb_rerank.settings import Settings
 from kb_rerank.store.guard_reviews import tenant_policy
+from kb_rerank.store import term_blocks
 
 log = logging.getLogger(__name__)
 
@@ -147,9 +148,7 @@ def refresh_term_lists_if_stale(conn: psycopg.Connection, tenant_id: UUID | str,
     if chunks_written <= 0:
         return None
     with tenant_transaction(conn, tenant_id):
-        n_chunks, has_lists = conn.execute(
-            "select coalesce((select n_chunks from kb.corpus_stats), 0),"
-            " exists (select from kb.term_tops)").fetchone()
+        n_chunks, has_lists = term_blocks.state(conn)
         if has_lists and chunks_written < REFRESH_SHARE * n_chunks:
             return None
         return refresh_term_lists(conn, settings)
@@ -158,10 +157,7 @@ def refresh_term_lists_if_stale(conn: psycopg.Connection, tenant_id: UUID | str,
 def refresh_term_lists(conn: psycopg.Connection, settings: Settings) -> int:
     """Rebuild the BM25 impact-ordered blocks of the tenant of the current transaction, with the
     configured list length, minimum document frequency and BM25 parameters."""
-    return conn.execute(
-        "select kb.refresh_term_tops(%s, %s, %s, %s)",
-        [settings.term_list_length, settings.term_list_min_df, settings.bm25_k1, settings.bm25_b],
-    ).fetchone()[0]
+    return term_blocks.refresh(conn, settings)
 
 
 def _ingest_one(conn, tenant_id, doc: SourceDoc, embedder: Embedder, settings: Settings, report: IngestReport) -> None:

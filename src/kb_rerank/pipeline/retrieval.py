@@ -84,8 +84,7 @@ async def read(conn, spec: RetrievalSpec, query: str, embedding: Any, *, generat
     primary, their live pair scores in the same snapshot (``pairs``: the model and the
     query's pair hash; None: not read)."""
     if not on_primary:
-        cur = await conn.execute(replicas.GENERATION)
-        if (await cur.fetchone())[0] < generation:
+        if await replicas.replayed_generation(conn) < generation:
             raise replicas.StandbyBehind
     cands = await spec.fetch(conn, query, embedding, query_hash=query_hash)
     cached = None

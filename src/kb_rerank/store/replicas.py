@@ -56,6 +56,11 @@ class StandbyBehind(Exception):
 GENERATION = "select coalesce((select generation from kb.kb_generation where tenant_id = kb.current_tenant()), 0)"
 
 
+async def replayed_generation(conn) -> int:
+    """The tenant's knowledge-base generation as this server (a standby) has replayed it."""
+    return (await (await conn.execute(GENERATION)).fetchone())[0]
+
+
 def label(url: str) -> str:
     """A standby's name for logs and /readyz: host (or socket folder), port and database,
     never the credentials."""

@@ -14,6 +14,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from kb_rerank.http.body import ApiError
 from kb_rerank.http.telemetry import ApiMetrics
+from kb_rerank.store import schema_state
 
 # Operational endpoints. /metrics (tenant-independent but revealing: traffic, pool, model
 # timings) and the detail of /readyz (model name and last load error, schema revision,
@@ -33,21 +34,12 @@ def healthz() -> dict[str, str]:
 
 async def _db_revision(pool, timeout: float) -> str | None:
     async with pool.connection(timeout=timeout) as conn:
-        cur = await conn.execute("select to_regclass('public.kb_alembic_version') is not null")
-        if not (await cur.fetchone())[0]:
-            return None
-        cur = await conn.execute("select version_num from public.kb_alembic_version")
-        row = await cur.fetchone()
-        return row[0] if row else None
+        return await schema_state.arevision(conn)
 
 
 async def _db_layer_version(pool, timeout: float) -> str | None:
     async with pool.connection(timeout=timeout) as conn:
-        cur = await conn.execute("select to_regprocedure('kb.schema_layer_version()') is not null")
-        if not (await cur.fetchone())[0]:
-            return None
-        cur = await conn.execute("select kb.schema_layer_version()")
-        return (await cur.fetchone())[0]
+        return await schema_state.alayer_version(conn)
 
 
 def _ops_authorized(request: Request) -> bool:

@@ -9,7 +9,7 @@ JSON body, same origin).
   ``source`` values (from :data:`kb_rerank.settings.SOURCES`, so the page holds no second
   copy) and whether the demo-token button is offered.
 * ``POST /playground/dev-token`` -- ONLY under ``kb-rerank serve --dev`` with the public
-  development secret (:data:`kb_rerank.cli.DEV_JWT_SECRET`): a token for the demo tenant.
+  development secret (:data:`kb_rerank.dev.DEV_JWT_SECRET`): a token for the demo tenant.
   Anyone can already mint such tokens with that secret, so the route gives nothing away;
   with any other secret (or without ``--dev``) the route does not exist (404).
 
@@ -52,7 +52,7 @@ def _read(name: str) -> bytes:
 
 def dev_token_enabled(settings: Settings, dev: bool) -> bool:
     """The demo-token route exists only with ``--dev`` AND the public development secret."""
-    from kb_rerank.cli import DEV_JWT_SECRET  # the CLI owns the development secret
+    from kb_rerank.dev import DEV_JWT_SECRET
 
     return dev and settings.jwt_secret == DEV_JWT_SECRET
 
@@ -79,7 +79,7 @@ def playground_routes(settings: Settings, *, dev: bool) -> list:
 
     routes = [page, asset, page_config]
     if dev_token:
-        from kb_rerank.cli import DEMO_TENANT
+        from kb_rerank.dev import DEMO_TENANT
         from kb_rerank.http.auth import mint_token
 
         @post("/playground/dev-token", include_in_schema=False, sync_to_thread=False, status_code=200)

@@ -103,7 +103,7 @@ $$;
 
 -- kb.stem_tsv(content, language): the stemmed field of a text (see above). It is
 -- concatenated to kb.to_tsv's lexemes in one tsvector (kb.chunks_derive): the statistics
--- (kb.term_stats), the champion lists (kb.term_tops) and the pruned search treat
+-- (kb.term_stats), the term blocks (kb.term_blocks) and the pruned search treat
 -- '~ connect' as one more term, per tenant. Words with one stem merge their positions (a
 -- lexeme keeps at most 256, as to_tsvector does).
 create or replace function kb.stem_tsv(content text, language text)
@@ -161,7 +161,7 @@ $$;
 
 -- English stop words: Lucene's English stop set (33 words; also Elasticsearch's `_english_`
 -- and bm25s's "en" list). Only ever removed from queries, and only from queries that
--- kb.query_is_english accepts; documents keep every word (see kb.query_terms).
+-- kb.query_is_english accepts; documents keep every word (see kb.query_term_counts).
 create or replace function kb.stop_words_en()
 returns text[]
 language sql
@@ -328,32 +328,6 @@ as $$
   select s.term, s.qtf from stemmed s
   union all
   select t.term, t.qtf from t where not exists (select from stemmed)
-$$;
-
--- The distinct terms of kb.search_term_counts, sorted (what kb.search_lexical searches).
-create or replace function kb.search_terms(query text)
-returns text[]
-language sql
-immutable
-parallel safe
-security invoker
-set search_path = pg_catalog, pg_temp
-as $$
-  select coalesce(array_agg(c.term order by c.term), '{}')
-  from kb.search_term_counts(query) as c
-$$;
-
--- The distinct lexemes of kb.query_term_counts, sorted.
-create or replace function kb.query_terms(query text)
-returns text[]
-language sql
-immutable
-parallel safe
-security invoker
-set search_path = pg_catalog, pg_temp
-as $$
-  select coalesce(array_agg(c.term order by c.term), '{}')
-  from kb.query_term_counts(query) as c
 $$;
 
 -- OR-query over lexemes, built by quoting each lexeme (never parsed as operators).

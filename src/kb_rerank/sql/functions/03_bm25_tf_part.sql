@@ -1,6 +1,6 @@
 -- The BM25 term-frequency part of one term in one chunk: tf * (k1 + 1) / (tf + k1 * (1 - b +
 -- b * doc_len / avglen)), 0 when tf = 0. kb.search_lexical scores with it (times qtf * idf),
--- and the champion lists (kb.term_tops) are ordered and bounded by it, so both compute it
+-- and the term blocks (kb.term_blocks) are ordered and bounded by it, so both compute it
 -- alike. Written as (k1 + 1) / (1 + K / tf), each argument used once: plain SQL without SET
 -- clauses, not strict, so that the planner inlines it even when tf is an expression (an
 -- argument used twice would be computed twice, or block inlining).

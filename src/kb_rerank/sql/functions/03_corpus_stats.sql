@@ -4,7 +4,7 @@
 -- delete by statement-level triggers with transition tables.
 --
 -- SECURITY DEFINER, owned by kb_stats (BYPASSRLS; SELECT on kb.chunks and write on the
--- statistics tables kb.term_stats, kb.corpus_stats, kb.term_tops only, nothing else): the
+-- statistics tables kb.term_stats, kb.corpus_stats, kb.term_blocks only, nothing else): the
 -- statistics are derived data that the app role may read (under RLS) but never write
 -- directly. The rows written come from the transition tables of a statement that RLS has
 -- already checked, so a tenant can only move its own statistics. search_path pinned with

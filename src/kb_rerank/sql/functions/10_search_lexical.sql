@@ -40,8 +40,8 @@ parallel safe
 security definer
 set search_path = pg_catalog, kb, pg_temp
 as $fn$
--- Top-k retrieval, exact: a threshold algorithm over impact-ordered blocks (block-max
--- MaxScore). A term with blocks (kb.term_tops, built with this k1 and b) has its chunks in
+-- Top-k retrieval, exact: a threshold algorithm over the term blocks (block-max
+-- MaxScore). A term with blocks (kb.term_blocks, built with this k1 and b) has its chunks in
 -- levels by descending tf_part; after reading its levels 0..L, any chunk not read through
 -- them weighs at most U = w * tail(L) * max(1, avglen now / avglen at build) for it (before
 -- any level: w * (k1 + 1), which bounds every BM25 term when k1 >= 0 and 0 <= b <= 1;
@@ -162,7 +162,7 @@ begin
                    v_w[i] * max(tt.tail) * greatest(1, (case when v_terms[i] like '~ %' then v_stem_avglen
                                                             else v_avglen end) / max(tt.avglen)) as bound,
                    sum(tt.n) as n
-            from kb.term_tops tt
+            from kb.term_blocks tt
             where tt.tenant_id = v_tenant and tt.term = v_terms[i]
               and tt.k1 = search_lexical.k1 and tt.b = search_lexical.b
             group by tt.level) as l;
@@ -182,7 +182,7 @@ begin
     end if;
   end loop;
   select coalesce(array_agg(distinct x.id), '{}') into v_ids
-  from kb.term_tops tt cross join lateral unnest(tt.chunk_ids) as x(id)
+  from kb.term_blocks tt cross join lateral unnest(tt.chunk_ids) as x(id)
   where tt.tenant_id = v_tenant and tt.term = any (v_terms) and tt.level = 0
     and tt.k1 = search_lexical.k1 and tt.b = search_lexical.b and v_exact;
 
@@ -320,7 +320,7 @@ begin
       select coalesce(array_agg(x.id), '{}') into v_ids
       from (select u.id
             from generate_series(1, v_nt) as t(i)
-            join kb.term_tops tt
+            join kb.term_blocks tt
               on tt.tenant_id = v_tenant and tt.term = v_terms[t.i] and tt.level = v_read[t.i]
              and tt.k1 = search_lexical.k1 and tt.b = search_lexical.b
             cross join lateral unnest(tt.chunk_ids) as u(id)

@@ -19,11 +19,11 @@ revoke create on schema public from {{app_role}};
 alter default privileges in schema kb revoke execute on functions from public;
 revoke execute on all functions in schema kb from public;
 grant select on kb.embedding_config to {{app_role}};
-grant execute on function kb.current_tenant(), kb.code_tokens(text), kb.to_tsv(text), kb.doc_length(text), kb.query_terms(text), kb.terms_tsquery(text[]),
+grant execute on function kb.current_tenant(), kb.code_tokens(text), kb.to_tsv(text), kb.doc_length(text), kb.terms_tsquery(text[]),
                           kb.stop_words_en(), kb.vi_syllable_shape(text), kb.query_is_english(text),
                           kb.code_token_counts(text), kb.query_term_counts(text),
                           kb.stem_config(text), kb.stem_tsv(text, text), kb.stem_length(tsvector), kb.query_stems(text),
-                          kb.search_term_counts(text), kb.search_terms(text),
+                          kb.search_term_counts(text),
                           kb.bm25_tf_part(double precision, double precision, double precision, double precision, double precision),
                           kb.ts_rank_tf(), kb.ts_rank_tf_compute()
   to {{app_role}}, kb_search, kb_stats;

@@ -1,5 +1,7 @@
--- BM25 impact-ordered blocks (kb.term_tops, sql/schema/0008_term_tops.sql and 0014_term_blocks.sql): built per tenant by
--- kb.refresh_term_tops(), kept valid between refreshes by the trigger below.
+-- BM25 term blocks (kb.term_blocks; sql/schema/0008_term_tops.sql, 0014_term_blocks.sql, and
+-- 0019_term_blocks_name.sql, which gave the table, its functions and triggers this one name):
+-- per tenant and common term, its chunks by BM25 weight in levels. Built per tenant by
+-- kb.refresh_term_blocks(), kept valid between refreshes by the trigger below.
 
 -- Serialisation: a refresh and the writers of a tenant's chunks lock the
 -- tenant's kb.corpus_stats row (a refresh FOR UPDATE before it reads anything; a writer's
@@ -7,8 +9,7 @@
 -- it again explicitly), so a refresh never misses a chunk written while it runs. An
 -- advisory lock key was used before: the app role could compute it and hold it for another
 -- tenant, stalling that tenant's writes. The app role can neither update nor lock that row
--- (SELECT only, under RLS).
-drop function if exists kb.term_tops_lock_key(uuid);
+-- (SELECT only, under RLS); 0010_trust_privileges dropped it.
 
 -- Rebuild the caller's tenant's blocks: for each term in at least min_df chunks, its chunks
 -- sorted by tf_part, descending (ties by chunk_id), the first half of them (at least
@@ -28,7 +29,7 @@ drop function if exists kb.term_tops_lock_key(uuid);
 -- are derived data the app role may read but not write; it only ever touches the tenant of
 -- the caller's transaction (kb.current_tenant()) and raises when none is set. search_path
 -- pinned, pg_temp last.
-create or replace function kb.refresh_term_tops(
+create or replace function kb.refresh_term_blocks(
   list_length integer default 128,
   min_df integer default 1000,
   k1 double precision default 1.2,
@@ -64,7 +65,7 @@ begin
     into v_avglen, v_stem_avglen
   from kb.corpus_stats cs where cs.tenant_id = v_tenant
   for update;
-  delete from kb.term_tops tt where tt.tenant_id = v_tenant;
+  delete from kb.term_blocks tt where tt.tenant_id = v_tenant;
   if v_avglen is null or not v_avglen > 0 then
     return 0;
   end if;
@@ -98,7 +99,7 @@ begin
   )
   -- level L: ranks list_length * (4^L - 1) / 3 + 1 .. list_length * (4^(L+1) - 1) / 3, the
   -- last level cut at the stored count; its tail: the tf_part of the next rank (0: none)
-  insert into kb.term_tops (tenant_id, term, level, part, chunk_ids, n, tail, avglen, k1, b)
+  insert into kb.term_blocks (tenant_id, term, level, part, chunk_ids, n, tail, avglen, k1, b)
   select v_tenant, a.term, l.level, 0, a.ids[l.s:l.e], l.e - l.s + 1, coalesce(a.ws[l.e + 1], 0),
          case when a.term like '~ %' then greatest(v_stem_avglen, 1e-9) else v_avglen end, k1, b
   from agg a
@@ -108,17 +109,17 @@ begin
     from generate_series(0, 20) as g(level)
   ) as l
   where l.s <= least(a.stored, cardinality(a.ids));
-  select count(distinct tt.term) into v_n from kb.term_tops tt where tt.tenant_id = v_tenant;
+  select count(distinct tt.term) into v_n from kb.term_blocks tt where tt.tenant_id = v_tenant;
   return v_n;
 end
 $$;
-alter function kb.refresh_term_tops(integer, integer, double precision, double precision) owner to kb_stats;
-revoke all on function kb.refresh_term_tops(integer, integer, double precision, double precision) from public;
-grant execute on function kb.refresh_term_tops(integer, integer, double precision, double precision) to {{app_role}};
-comment on function kb.refresh_term_tops(integer, integer, double precision, double precision) is
-  'Rebuild the BM25 impact-ordered blocks (kb.term_tops) of the tenant in auth.tenant_id; returns the number of terms with blocks';
+alter function kb.refresh_term_blocks(integer, integer, double precision, double precision) owner to kb_stats;
+revoke all on function kb.refresh_term_blocks(integer, integer, double precision, double precision) from public;
+grant execute on function kb.refresh_term_blocks(integer, integer, double precision, double precision) to {{app_role}};
+comment on function kb.refresh_term_blocks(integer, integer, double precision, double precision) is
+  'Rebuild the BM25 term blocks (kb.term_blocks) of the tenant in auth.tenant_id; returns the number of terms with blocks';
 
--- Keeps the invariant of kb.term_tops under INSERT and UPDATE: a written chunk whose
+-- Keeps the invariant of kb.term_blocks under INSERT and UPDATE: a written chunk whose
 -- tf_part x for a term with blocks exceeds the term's last tail joins the first level whose
 -- tail is below x (then it is in levels 0..L for every level L whose tail it exceeds), as a
 -- new part of that level: one small row per term and level touched by the statement,
@@ -126,7 +127,7 @@ comment on function kb.refresh_term_tops(integer, integer, double precision, dou
 -- listed above its new tf_part: harmless, the search scores each chunk once and exactly.)
 -- When a tenant has no chunks left, its blocks go. SECURITY DEFINER (owner kb_stats): it
 -- writes derived data from the transition table of a statement RLS has already checked.
-create or replace function kb.chunks_maintain_term_tops()
+create or replace function kb.chunks_maintain_term_blocks()
 returns trigger
 language plpgsql
 security definer
@@ -134,7 +135,7 @@ set search_path = pg_catalog, kb, pg_temp
 as $$
 begin
   if tg_op = 'DELETE' then
-    delete from kb.term_tops tt
+    delete from kb.term_blocks tt
     where tt.tenant_id in (select distinct o.tenant_id from old_rows o)
       and not exists (select from kb.chunks c where c.tenant_id = tt.tenant_id);
     return null;
@@ -145,7 +146,7 @@ begin
   perform 1
   from kb.corpus_stats cs
   where cs.tenant_id in (select n.tenant_id from new_rows n)
-    and exists (select from kb.term_tops tt where tt.tenant_id = cs.tenant_id)
+    and exists (select from kb.term_blocks tt where tt.tenant_id = cs.tenant_id)
   order by cs.tenant_id
   for update;
   if not found then
@@ -162,7 +163,7 @@ begin
     -- the first level (its part 0, written by the rebuild) whose tail is below x
     cross join lateral (
       select t1.term, t1.level, t1.tail, t1.avglen, t1.k1, t1.b, t1.built_at
-      from kb.term_tops t1
+      from kb.term_blocks t1
       where t1.tenant_id = n.tenant_id and t1.term = u.lexeme and t1.part = 0
         and t1.tail < kb.bm25_tf_part(coalesce(array_length(u.positions, 1), 1),
                                       case when u.lexeme like '~ %' then n.stem_len else n.doc_len end,
@@ -175,38 +176,38 @@ begin
     select x.*, lp.part, lp.n
     from x
     cross join lateral (
-      select t3.part, t3.n from kb.term_tops t3
+      select t3.part, t3.n from kb.term_blocks t3
       where t3.tenant_id = x.tenant_id and t3.term = x.term and t3.level = x.level
       order by t3.part desc
       limit 1) as lp
   ),
   grown as (
-    update kb.term_tops tt
+    update kb.term_blocks tt
        set chunk_ids = tt.chunk_ids || l.ids, n = tt.n + cardinality(l.ids)
     from last l
     where l.part > 0 and l.n + cardinality(l.ids) <= 256
       and tt.tenant_id = l.tenant_id and tt.term = l.term and tt.level = l.level and tt.part = l.part
     returning tt.tenant_id, tt.term, tt.level
   )
-  insert into kb.term_tops (tenant_id, term, level, part, chunk_ids, n, tail, avglen, k1, b, built_at)
+  insert into kb.term_blocks (tenant_id, term, level, part, chunk_ids, n, tail, avglen, k1, b, built_at)
   select l.tenant_id, l.term, l.level, l.part + 1, l.ids, cardinality(l.ids), l.tail, l.avglen, l.k1, l.b, l.built_at
   from last l
   where not exists (select from grown g where g.tenant_id = l.tenant_id and g.term = l.term and g.level = l.level);
   return null;
 end
 $$;
-alter function kb.chunks_maintain_term_tops() owner to kb_stats;
-revoke all on function kb.chunks_maintain_term_tops() from public;
+alter function kb.chunks_maintain_term_blocks() owner to kb_stats;
+revoke all on function kb.chunks_maintain_term_blocks() from public;
 
-drop trigger if exists chunks_term_tops_insert on kb.chunks;
-drop trigger if exists chunks_term_tops_update on kb.chunks;
-drop trigger if exists chunks_term_tops_delete on kb.chunks;
-create trigger chunks_term_tops_insert after insert on kb.chunks
+drop trigger if exists chunks_term_blocks_insert on kb.chunks;
+drop trigger if exists chunks_term_blocks_update on kb.chunks;
+drop trigger if exists chunks_term_blocks_delete on kb.chunks;
+create trigger chunks_term_blocks_insert after insert on kb.chunks
   referencing new table as new_rows
-  for each statement execute function kb.chunks_maintain_term_tops();
-create trigger chunks_term_tops_update after update on kb.chunks
+  for each statement execute function kb.chunks_maintain_term_blocks();
+create trigger chunks_term_blocks_update after update on kb.chunks
   referencing new table as new_rows
-  for each statement execute function kb.chunks_maintain_term_tops();
-create trigger chunks_term_tops_delete after delete on kb.chunks
+  for each statement execute function kb.chunks_maintain_term_blocks();
+create trigger chunks_term_blocks_delete after delete on kb.chunks
   referencing old table as old_rows
-  for each statement execute function kb.chunks_maintain_term_tops();
+  for each statement execute function kb.chunks_maintain_term_blocks();

@@ -63,10 +63,10 @@ class Settings:
     semantic_weight: float = 0.3  # KB_SEMANTIC_WEIGHT: weight of the semantic list
     bm25_k1: float = 1.2
     bm25_b: float = 0.75
-    # BM25 impact-ordered blocks (kb.term_tops; sql/functions/04_term_tops.sql): for every word
+    # BM25 term blocks (kb.term_blocks; sql/functions/04_term_blocks.sql): for every word
     # in at least term_list_min_df of a tenant's chunks, its chunks by weight in levels of
     # term_list_length, 4x, 16x, ... They let a query skip most chunks of its words; results
-    # are the same (speed only; measured: docs/tuning.md, "BM25 impact-ordered blocks").
+    # are the same (speed only; measured: docs/tuning.md, "BM25 term blocks").
     term_list_length: int = 128  # KB_TERM_LIST_LENGTH: chunks in level 0 of a word's blocks
     term_list_min_df: int = 1000  # KB_TERM_LIST_MIN_DF: chunks a word must be in to get blocks
     # Rerank
@@ -355,9 +355,9 @@ RULES: dict[str, Rule] = {
     "semantic_weight": Rule("weight of the semantic list in fusion (the two not both 0)", ge=0),
     "bm25_k1": Rule("BM25 term-frequency saturation", ge=0),
     "bm25_b": Rule("BM25 length normalisation", ge=0, le=1),
-    "term_list_length": Rule("BM25 impact-ordered blocks (`kb.term_tops`): chunks in level 0 of a common word's"
+    "term_list_length": Rule("BM25 term blocks (`kb.term_blocks`): chunks in level 0 of a common word's"
                              " blocks; deeper levels hold 4x, 16x, ... this (speed only; results are the same)", ge=1),
-    "term_list_min_df": Rule("BM25 impact-ordered blocks: words in at least this many of a tenant's chunks get them",
+    "term_list_min_df": Rule("BM25 term blocks: words in at least this many of a tenant's chunks get them",
                              ge=1),
     # Rerank
     "reranker_model": Rule("hub id or local folder (with `remote`: the name sent to the server and reported)"),

@@ -45,7 +45,7 @@ class IngestReport:
     chunks_written: int = 0
     embeddings_computed: int = 0
     embeddings_reused: int = 0
-    term_lists: int | None = None  # BM25 impact-ordered blocks rebuilt at the end (None: not rebuilt)
+    term_lists: int | None = None  # BM25 term blocks rebuilt at the end (None: not rebuilt)
     bad_files: list[BadFile] = field(default_factory=list)
     deleted: list[str] = field(default_factory=list)  # source_uri of documents removed by a sync
     # the chunks written that the tenant's injection policy acts on (flagged, or reviewed
@@ -133,7 +133,7 @@ def ingest_documents(
     return report
 
 
-# A tenant's BM25 impact-ordered blocks (kb.term_tops) are rebuilt after an ingest that wrote at
+# A tenant's BM25 term blocks (kb.term_blocks) are rebuilt after an ingest that wrote at
 # least this share of its chunks, or when it has none yet. Between rebuilds the insert
 # trigger keeps them valid (searches stay exact), only less selective; a rebuild reads
 # every chunk of the tenant (1.2 s for a tenant of 10k chunks, 38 s for one of 100k here:
@@ -143,7 +143,7 @@ REFRESH_SHARE = 0.1
 
 def refresh_term_lists_if_stale(conn: psycopg.Connection, tenant_id: UUID | str, chunks_written: int,
                                 settings: Settings) -> int | None:
-    """Rebuild the tenant's BM25 impact-ordered blocks when ``chunks_written`` is a large share of
+    """Rebuild the tenant's BM25 term blocks when ``chunks_written`` is a large share of
     its chunks or it has no lists yet; returns the number of lists built, or None."""
     if chunks_written <= 0:
         return None
@@ -155,7 +155,7 @@ def refresh_term_lists_if_stale(conn: psycopg.Connection, tenant_id: UUID | str,
 
 
 def refresh_term_lists(conn: psycopg.Connection, settings: Settings) -> int:
-    """Rebuild the BM25 impact-ordered blocks of the tenant of the current transaction, with the
+    """Rebuild the BM25 term blocks of the tenant of the current transaction, with the
     configured list length, minimum document frequency and BM25 parameters."""
     return term_blocks.refresh(conn, settings)
 
@@ -340,7 +340,7 @@ def delete_documents(conn: psycopg.Connection, tenant_id: UUID | str, *, doc_ids
     """Delete the tenant's documents with these ids or ``source_uri`` values, in one statement
     and one transaction as the app role (RLS: another tenant's ids match nothing). Their chunks
     go by the foreign key's cascade; the statement triggers on kb.chunks keep the BM25
-    statistics (kb.term_stats, kb.corpus_stats) and blocks (kb.term_tops) exact, and those on
+    statistics (kb.term_stats, kb.corpus_stats) and blocks (kb.term_blocks) exact, and those on
     kb.documents/kb.chunks bump the tenant's generation (sql/functions/05_kb_generation.sql),
     so its cached answers and pair scores are not served after the commit. Returns the
     documents deleted (ids or paths that matched nothing are simply absent)."""

@@ -38,6 +38,7 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 import psycopg  # noqa: E402
 from litestar.testing import TestClient  # noqa: E402
 
+from kb_rerank.testing.doubles import ModelDouble
 from kb_rerank.admin import database as db  # noqa: E402
 from kb_rerank.http.app import create_app  # noqa: E402
 from kb_rerank.http.auth import JwtConfig, mint_token  # noqa: E402
@@ -52,7 +53,7 @@ SECRET = "guard-rerank-parity-bench-secret-0123456789abcdef"
 TARGET = 0.05
 
 
-class ConstantReranker:
+class ConstantReranker(ModelDouble):
     """The cross-encoder's interface, one score for every pair."""
 
     ready = True

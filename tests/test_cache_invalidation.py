@@ -52,6 +52,9 @@ class CountingReranker:
     def model_name(self) -> str:
         return self.inner.model_name
 
+    async def ensure_loaded_async(self) -> bool:
+        return await self.inner.ensure_loaded_async()
+
     async def ascore(self, query, passages):
         import asyncio
 

@@ -17,6 +17,8 @@ import uuid
 from datetime import datetime, timedelta, timezone
 
 import pytest
+
+from kb_rerank.testing.doubles import ModelDouble
 from litestar.testing import TestClient
 
 from kb_rerank.http.app import create_app
@@ -32,7 +34,7 @@ URL = "/v1/kb/context"
 # --------------------------------------------------------------------------- helpers
 
 
-class ScriptedReranker:
+class ScriptedReranker(ModelDouble):
     """Scores by the first marker found in a passage (``default`` otherwise)."""
 
     ready = True

@@ -9,6 +9,8 @@ import uuid
 import psycopg
 import pytest
 
+from kb_rerank.testing.doubles import ModelDouble
+
 from kb_rerank.store import pair_cache, search
 from kb_rerank.http.routes import context as context_route, v2_rerank as v2_route
 from kb_rerank.store.session import tenant_transaction
@@ -94,7 +96,7 @@ def served(body):
     return [(r["chunk_id"], r["rerank_score"]) for r in body["results"]]
 
 
-class FailingReranker:
+class FailingReranker(ModelDouble):
     ready = True
 
     def __init__(self, name):

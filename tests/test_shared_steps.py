@@ -9,6 +9,8 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+
+from kb_rerank.testing.doubles import ModelDouble
 from prometheus_client.parser import text_string_to_metric_families
 
 from kb_rerank.pipeline.context import SOURCE as CONTEXT_SOURCE
@@ -75,7 +77,7 @@ def test_model_failure_is_a_fallback_not_cached_and_counted_under_the_endpoints_
         assert fallbacks(client) == {(source, reason): 2.0}
 
 
-class SlowReranker:
+class SlowReranker(ModelDouble):
     """Ready; each call waits ``delay`` seconds, then scores by passage length (0..1)."""
 
     model_name = "slow-test-model"

@@ -193,9 +193,8 @@ async def _lifespan(app: Litestar):
             owned_reranker = reranker = build_reranker(settings)
         st.pipeline = Pipeline(settings, pool, embedder, reranker, embed_executor=embed_executor,
                                metrics=st.metrics, limits=st.limits, replicas=replicas)
-        ensure = getattr(reranker, "ensure_loaded_async", None)
-        if ensure is not None and not getattr(reranker, "ready", False):
-            tasks.append(asyncio.create_task(ensure(), name="kb-rerank-model-load"))
+        if not reranker.ready:
+            tasks.append(asyncio.create_task(reranker.ensure_loaded_async(), name="kb-rerank-model-load"))
         if settings.evict_interval_s and settings.evict_interval_s > 0:
             maint = _maint_url(settings)
             if maint is None:

@@ -41,6 +41,7 @@ import numpy as np
 
 from kb_rerank.candidate import Candidate
 from kb_rerank.ingest import guard_classifier, verdict
+from kb_rerank.models import CrossEncoder
 from kb_rerank.pipeline import scoring, timing
 from kb_rerank.pipeline.costs import Bill, Work
 from kb_rerank.pipeline.flights import Claim, Flights
@@ -214,7 +215,7 @@ class Pipeline:
         self.limits = limits or UNLIMITED
         self.pool = pool
         self.embedder = embedder
-        self.reranker = reranker
+        self.reranker: CrossEncoder | None = reranker
         self.embed_executor = embed_executor
         self.replicas = replicas  # kb_rerank.store.replicas.ReadReplicas, or None: reads on the primary
         self.metrics = metrics or PipelineMetrics()
@@ -227,7 +228,7 @@ class Pipeline:
 
     @property
     def model_name(self) -> str:
-        return str(getattr(self.reranker, "model_name", None) or self.settings.reranker_model)
+        return self.reranker.model_name if self.reranker is not None else self.settings.reranker_model
 
     @property
     def inflight(self) -> int:
@@ -439,7 +440,7 @@ class Pipeline:
     # ------------------------------------------------------------------ background work
     def _reload_model(self) -> None:
         """(Re)load the model in the background when it is not ready (after a fallback)."""
-        if not getattr(self.reranker, "ready", False) and hasattr(self.reranker, "ensure_loaded_async"):
+        if self.reranker is not None and not self.reranker.ready:
             self._later(self.reranker.ensure_loaded_async())
 
     def _later(self, coro) -> None:

@@ -19,6 +19,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, AsyncContextManager, Callable, Sequence
 
+from kb_rerank.models import CrossEncoder
 from kb_rerank.models.cross_encoder import RerankerTimeout, RerankerUnavailable
 from kb_rerank.store import pair_cache
 
@@ -40,7 +41,7 @@ def _no_slot(_pairs: int) -> AsyncContextManager[None]:
     return contextlib.nullcontext()
 
 
-async def score(reranker: Any, query: str, texts: Sequence[str], keys: Sequence[pair_cache.PairKey],
+async def score(reranker: CrossEncoder | None, query: str, texts: Sequence[str], keys: Sequence[pair_cache.PairKey],
                 cached: dict[pair_cache.PairKey, float] | None = None, *, timeout_s: float | None = None,
                 slot: Callable[[int], AsyncContextManager[None]] = _no_slot) -> Scored:
     """Scores of ``texts`` (pair-cache key ``keys[i]`` each) for ``query``, or the fallback
@@ -53,7 +54,7 @@ async def score(reranker: Any, query: str, texts: Sequence[str], keys: Sequence[
             missing.append(i)
     if not missing:
         return Scored([known[k] for k in keys], cached=len(texts))
-    if reranker is None or not getattr(reranker, "ready", True):
+    if reranker is None or not reranker.ready:
         return Scored(None, "model_not_ready")
     reason: str | None = None
     raw: Any = None

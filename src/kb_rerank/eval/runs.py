@@ -89,7 +89,7 @@ from kb_rerank.ingest.readers import SourceDoc, guess_language
 from kb_rerank.ingest.chunking import chunk_text
 from kb_rerank.eval.measures import BeirCollection, evaluate_run, load_beir
 from kb_rerank.settings import Settings
-from kb_rerank.store import session
+from kb_rerank.store import documents, session
 
 log = logging.getLogger(__name__)
 
@@ -286,7 +286,7 @@ def load_collection(conn, path: Path, settings: Settings, embedder, *, coll: Bei
     tenant = collection_tenant(path, settings)
     docs = source_docs(coll)
     with tenant_transaction(conn, tenant):
-        have = conn.execute("select count(*) from kb.documents").fetchone()[0]
+        have = documents.count(conn)
     info: dict[str, Any] = {"tenant": str(tenant), "documents": len(docs), "already_loaded": have == len(docs)}
     t0 = time.perf_counter()
     if have != len(docs):
@@ -304,7 +304,7 @@ def _doc_map(conn, tenant) -> dict[Any, str]:
     from kb_rerank.store.session import tenant_transaction
 
     with tenant_transaction(conn, tenant):
-        rows = conn.execute("select doc_id, source_uri from kb.documents").fetchall()
+        rows = documents.sources(conn)
     return {d: (u[len(BEIR_PREFIX):] if u.startswith(BEIR_PREFIX) else u) for d, u in rows}
 
 
@@ -402,17 +402,9 @@ def guarded_ranking(cands: list, policy: str, demote_factor: float, *, scored: b
     return kept, filtered
 
 
-RELEVANT_CHUNKS_SQL = (
-    "select c.chunk_id, c.doc_id, d.title, left(c.content, 300), c.content"
-    " from kb.chunks c join kb.documents d on d.doc_id = c.doc_id and d.tenant_id = c.tenant_id"
-    " where c.doc_id = any(%s) order by c.doc_id, c.position"
-)
-
-
 def relevant_guard(conn, tenant, docmap: dict[Any, str], qrels: dict[str, dict[str, int]], policy: str,
                    demote_factor: float) -> dict[str, Any]:
     """The guard's verdicts on the judged-relevant documents (module docstring)."""
-    from kb_rerank.candidate import from_row
     from kb_rerank.pipeline import guard_policy
     from kb_rerank.store.session import tenant_transaction
 
@@ -420,8 +412,7 @@ def relevant_guard(conn, tenant, docmap: dict[Any, str], qrels: dict[str, dict[s
     by_beir = {b: d for d, b in docmap.items()}
     present = [d for d in relevant if d in by_beir]
     with tenant_transaction(conn, tenant):
-        rows = conn.execute(RELEVANT_CHUNKS_SQL, [[by_beir[d] for d in present]]).fetchall()
-        cands = [from_row(*r, 0.0) for r in rows]
+        cands = documents.chunks_of(conn, [by_beir[d] for d in present])
         load_details(conn, cands)
     _, filtered = guard_policy.apply(cands, policy, demote_factor, _where)
     beir_of = {c.id: docmap[c.doc_id] for c in cands}

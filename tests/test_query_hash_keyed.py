@@ -162,7 +162,10 @@ def test_the_key_is_read_once_per_app_and_two_keys_differ(settings, reranker, em
                                                           tmp_path):
     tenant = uuid.uuid4()
     n = normalize_query(QUERY)
-    s = settings.with_(data_dir=tmp_path)  # no KB_QUERY_HASH_KEY: the generated key file
+    # no KB_QUERY_HASH_KEY: the generated key file; the audit rows signed with the suite's own
+    # audit key, so that `kb-rerank audit verify` over every tenant stays clean for other tests
+    audit_key = keys.server_key(settings, "audit", settings.audit_key).decode()
+    s = settings.with_(data_dir=tmp_path, audit_key=audit_key)
     with client_for(s, reranker, embedder) as client:
         first = post(client, "/v1/kb/search/rerank", tenant, {"query": QUERY})
         file_key = keys.key_file(s, "query_hash").read_text().strip()

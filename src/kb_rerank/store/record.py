@@ -4,7 +4,7 @@ signed audit row (and the release of the key's single-flight claim), written tog
 
 The call runs as a single autocommit statement (no BEGIN / set_config / COMMIT): the
 function sets the request's tenant for itself. All or nothing: when any part fails, none of
-the three is written. The caller decides what is written (:meth:`kb_rerank.pipeline.flow.Pipeline._record`:
+the three is written. The caller decides what is written (:meth:`kb_rerank.pipeline.flow.Pipeline.record`:
 no cache row when the answer is not cacheable, no pair scores on a fallback); the rules of
 each write (expired and older-generation rows replaced, a live row kept) are the function's,
 the same as :mod:`.result_cache` and :mod:`.pair_cache`. The audit row's MAC is computed here

@@ -187,3 +187,30 @@ def test_latency_hits_and_misses_are_counted_under_the_endpoints_source(endpoint
     assert samples[("kb_rerank_cache_misses_total", source)] == 1
     assert samples[("kb_rerank_cache_hits_total", source)] == 1
     assert samples[("kb_rerank_rerank_duration_seconds_count", source)] == 2
+
+
+@pytest.mark.parametrize("change", [{"candidates": 7}, {"rerank_top_n": 5}, {"demote_factor": 0.3},
+                                    {"fusion_method": "rrf"}])
+@pytest.mark.parametrize("endpoint", list(ENDPOINTS))
+def test_a_change_of_configuration_is_not_served_the_old_configurations_answers(endpoint, change, settings,
+                                                                                reranker, embedder, sample_tenant):
+    """The cache key names every setting that changes an answer (flow.answer_config): an app
+    started with another value misses, and the first app's answers stay its own."""
+    if settings.with_(**change) == settings:
+        change = {"fusion_method": "convex"}  # the default already: change it the other way
+    path, _, report, _source = ENDPOINTS[endpoint]
+    tenant = _tenant_for(endpoint, sample_tenant)
+    body = _body_for(endpoint, f"configured key {endpoint} {uuid.uuid4().hex[:8]} refund invoice")
+
+    def ask(client):
+        r = client.post(path, json=body, headers=bearer(tenant))
+        assert r.status_code == 200, r.text
+        return report(r.json())["from_cache"]
+
+    with client_for(settings, reranker, embedder) as client:
+        assert ask(client) is False and ask(client) is True
+    with client_for(settings.with_(**change), reranker, embedder) as client:
+        assert ask(client) is False  # another configuration: computed afresh
+        assert ask(client) is True
+    with client_for(settings, reranker, embedder) as client:
+        assert ask(client) is True  # the first configuration's answer is still its own

@@ -160,6 +160,8 @@ class Settings:
     tenant_model_slots: int = 2  # KB_TENANT_MODEL_SLOTS: cross-encoder (and embedder) calls one tenant may have queued or running; 0 disables
     tenant_pool_slots: int = 0  # KB_TENANT_POOL_SLOTS: pool connections one tenant may hold at once; 0 -> half of pool_max; <0 disables
     tenant_wait_s: float = 2.0  # KB_TENANT_WAIT_S: a tenant at its cap waits this long for its own slot, then 429
+    embed_workers: int = 0  # KB_EMBED_WORKERS: embedder threads of the service, each with its own model; 0: 2 on 2+ cores
+    embed_unit_chars: int = 2048  # KB_EMBED_UNIT_CHARS: the embedder's unit of fair scheduling, in characters
     address_rate_limit_per_minute: int = 6000  # KB_ADDRESS_RATE_LIMIT_PER_MINUTE: per client address, before authentication; 0 disables
     address_rate_limit_burst: int = 600  # KB_ADDRESS_RATE_LIMIT_BURST
 
@@ -443,6 +445,10 @@ RULES: dict[str, Rule] = {
                                ge=0),
     "tenant_pool_slots": Rule("pool connections one tenant may hold at once; 0: half of KB_POOL_MAX; < 0 disables"),
     "tenant_wait_s": Rule("a tenant at its cap waits this long for its own slot, then 429 `tenant_busy`", ge=0),
+    "embed_workers": Rule("embedder threads of the service, each with a model of its own and its share of the"
+                          " cores; 0: two where the machine has two cores or more, else one", ge=0, le=64),
+    "embed_unit_chars": Rule("the embedder's unit of fair scheduling, in characters: another tenant's query waits"
+                             " for at most one unit per busy worker", ge=100),
     "address_rate_limit_per_minute": Rule("per client address (TCP peer), before the token is verified; behind a proxy"
                                           " all clients share its address: raise it or 0 (disables)", ge=0),
     "address_rate_limit_burst": Rule("per-address bucket size", ge=1),

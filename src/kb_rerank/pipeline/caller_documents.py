@@ -46,8 +46,9 @@ Compute (a miss):
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from typing import Any, Mapping
+from typing import Any, Awaitable, Callable, Mapping
 
 import msgspec
 import numpy as np
@@ -95,6 +96,29 @@ def first_stage(docs: list[V2Document]) -> list[float]:
     return fused
 
 
+def _once(embed: Callable[[list[str]], Awaitable[np.ndarray]]) -> Callable[[list[str]], Awaitable[np.ndarray]]:
+    """``embed`` with each distinct text embedded once: a text asked for again (MMR after the
+    guard) awaits the first call, also one the guard stopped waiting for, instead of a second."""
+    started: dict[str, tuple[asyncio.Future, int]] = {}
+
+    async def once(texts: list[str]) -> np.ndarray:
+        todo = [t for t in dict.fromkeys(texts) if t not in started or _failed(started[t][0])]
+        if todo:
+            call = asyncio.ensure_future(embed(todo))
+            started.update((t, (call, i)) for i, t in enumerate(todo))
+        rows = []
+        for t in texts:
+            call, i = started[t]
+            rows.append(np.asarray(await asyncio.shield(call), dtype=np.float32)[i])
+        return np.stack(rows) if rows else np.zeros((0, 0), dtype=np.float32)
+
+    return once
+
+
+def _failed(call: asyncio.Future) -> bool:
+    return call.done() and (call.cancelled() or call.exception() is not None)
+
+
 class CallerDocumentsFlow(StoredResponse):
     """``POST /v2/rerank``."""
 
@@ -124,9 +148,15 @@ class CallerDocumentsFlow(StoredResponse):
         self.first = first_stage(self.docs)
         self.order = sorted(range(len(self.docs)), key=lambda i: (-self.first[i], i))
         self.cut = self.order[: max(1, settings.rerank_max_candidates)]
-        # the documents (each with its pair) and one passage a scored document for the guard and
-        # MMR, before any work on them; the guard's further chunks and spans are debited after
-        embedded = 0 if self.lam >= 1.0 and classifier is None else len(self.cut)
+        # what the guard reads of each scored document and MMR embeds: the chunks ingestion
+        # would store of it (linear in the document, each at most one model window)
+        self.texts = [truncate_tokens(self.docs[i].text, req.max_tokens_per_doc) for i in self.cut]
+        self.pieces_of_text = {t: verdict.pieces(t, settings.chunk_max_chars, settings.chunk_overlap)
+                               for t in self.texts}
+        # the documents (each with its pair) and every piece the guard and MMR will embed,
+        # before any work on them; only the guard's spans are debited after the fact
+        embedded = 0 if self.lam >= 1.0 and classifier is None else sum(
+            len(self.pieces_of_text[t]) for t in self.texts)
         self.admission = Work(documents=len(self.docs), embeddings=embedded)
         self.unclassified = 0
         self.mmr = False  # set by inspect: MMR applies and every candidate has its embedding
@@ -153,10 +183,10 @@ class CallerDocumentsFlow(StoredResponse):
         """The best ``rerank_max_candidates`` documents by first stage, truncated to
         ``max_tokens_per_doc``."""
         out = []
-        for i in self.cut:
+        for i, text in zip(self.cut, self.texts):
             md = self.docs[i].metadata
             out.append(Candidate(
-                id=f"{i:09d}", content=truncate_tokens(self.docs[i].text, self.req.max_tokens_per_doc),
+                id=f"{i:09d}", content=text,
                 score=self.first[i], authority=float(md.authority) if md and md.authority is not None else 1.0,
                 updated_at=md.updated_at if md else None))
         return out
@@ -165,12 +195,13 @@ class CallerDocumentsFlow(StoredResponse):
         """The guard over every candidate (the rule ingestion stores per chunk), then, for MMR,
         the embeddings it could not make."""
         s = self.settings
+        embed = _once(tools.embed_passages)  # one embedding a text per request: the guard's, then MMR's
         with timing.stage("guard"):
             seen = await verdict.inspect_documents(
                 [c.content for c in cands], s.guard_budget_ms / 1000.0, classifier=self.classifier,
-                threshold=s.guard_classifier_threshold, embed=tools.embed_passages, fatal=(LimitExceeded,),
+                threshold=s.guard_classifier_threshold, embed=embed, fatal=(LimitExceeded,),
                 embed_timeout_s=s.guard_embed_timeout_s, embed_spans=tools.embed_passages,
-                chunk=lambda t: verdict.pieces(t, s.chunk_max_chars, s.chunk_overlap))
+                chunk=lambda t: self.pieces_of_text.get(t) or verdict.pieces(t, s.chunk_max_chars, s.chunk_overlap))
         self.unclassified = seen.unclassified
         if seen.unclassified:
             log.warning("guard: %d of %d documents not reached by the injection classifier (embedder failed, or "
@@ -193,7 +224,7 @@ class CallerDocumentsFlow(StoredResponse):
             todo = [c for c in cands if c.embedding is None]
             if todo:
                 parts = [self.pieces[c.id] for c in todo]
-                got = np.asarray(await tools.embed_passages([t for ps in parts for t in ps]), dtype=np.float32)
+                got = np.asarray(await embed([t for ps in parts for t in ps]), dtype=np.float32)
                 at = 0
                 for c, ps in zip(todo, parts):
                     c.embedding = verdict.pool(list(got[at:at + len(ps)]), [len(t) for t in ps])

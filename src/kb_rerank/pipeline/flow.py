@@ -44,6 +44,7 @@ from kb_rerank.ingest import guard_classifier, verdict
 from kb_rerank.models import CrossEncoder
 from kb_rerank.pipeline import scoring, timing
 from kb_rerank.pipeline.costs import Bill, Work
+from kb_rerank.pipeline.embedding import EmbedPool
 from kb_rerank.pipeline.flights import Claim, Flights
 from kb_rerank.pipeline.limits import UNLIMITED, Limits
 from kb_rerank.pipeline.query import query_hash, query_hash_key
@@ -206,7 +207,7 @@ class Pipeline:
     """One per app: the pool, the models, the keys, the limits, the metrics and the flights;
     :meth:`run` serves a flow."""
 
-    def __init__(self, settings: Settings, pool, embedder, reranker, *, embed_executor=None,
+    def __init__(self, settings: Settings, pool, embedder, reranker, *,
                  metrics: PipelineMetrics | None = None, hash_key: bytes | None = None,
                  limits: Limits | None = None, replicas=None) -> None:
         self.settings = settings
@@ -214,15 +215,20 @@ class Pipeline:
         self.audit_key = audit.AuditKey.from_settings(settings)  # signs audit rows
         self.limits = limits or UNLIMITED
         self.pool = pool
-        self.embedder = embedder
+        # the embedder's calls are shared fairly by tenants (an EmbedPool of one worker when a
+        # single embedder is given)
+        if embedder is None or isinstance(embedder, EmbedPool):
+            self.embedding: EmbedPool | None = embedder
+        else:
+            self.embedding = EmbedPool([embedder], unit_chars=settings.embed_unit_chars)
+        self.embedder = self.embedding.embedders[0] if self.embedding is not None else None
         self.reranker: CrossEncoder | None = reranker
-        self.embed_executor = embed_executor
         self.replicas = replicas  # kb_rerank.store.replicas.ReadReplicas, or None: reads on the primary
         self.metrics = metrics or PipelineMetrics()
         self.flights = Flights()
         # the learned injection detector, when its weights fit the embedder and it may vote
-        self.classifier = (verdict.guard_classifier(embedder)
-                           if embedder is not None and settings.guard_classifier_threshold < 1.0 else None)
+        self.classifier = (verdict.guard_classifier(self.embedder)
+                           if self.embedder is not None and settings.guard_classifier_threshold < 1.0 else None)
         self.config = answer_config(settings, self.model_name, guard_classifier.load_shipped().version)
         self._background: set[asyncio.Task] = set()
 
@@ -339,10 +345,9 @@ class Pipeline:
         else:
             embedding = None
             if spec.needs_embedding:
-                embedding = await self._embed(bill, self.embedder.embed_query, 1, flow.normalized)
+                embedding = (await self._embed(bill, [flow.normalized], query=True))[0]
             cands, cached = await self.retrieve(look, spec, flow.normalized, embedding)
-        await flow.inspect(GuardTools(self.embedder, lambda texts: self._embed(
-            bill, self.embedder.embed_passages, len(texts), texts)), cands)
+        await flow.inspect(GuardTools(self.embedder, lambda texts: self._embed(bill, texts)), cands)
         sel = flow.select(cands, look.policy)
         scored = await self.score(flow, bill, look, sel.chosen, cached)
         out = flow.compose(look, sel, scored)
@@ -351,12 +356,15 @@ class Pipeline:
             out.cacheable = False
         return out
 
-    async def _embed(self, bill: Bill, fn, texts: int, *args: Any) -> Any:
-        """An embedder call of ``texts`` texts on the embedder's executor, in one of the tenant's
-        embedder slots."""
-        async with bill.embedder(texts):
+    async def _embed(self, bill: Bill, texts: list[str], *, query: bool = False) -> np.ndarray:
+        """Embeddings of ``texts`` (rows), in one of the tenant's embedder slots, scheduled
+        fairly between tenants (:mod:`.embedding`)."""
+        assert self.embedding is not None
+        async with bill.embedder(len(texts)):
             with timing.stage("embed"):
-                return await asyncio.get_running_loop().run_in_executor(self.embed_executor, fn, *args)
+                if query:
+                    return (await self.embedding.embed_query(bill.tenant, texts[0])).reshape(1, -1)
+                return await self.embedding.embed_passages(bill.tenant, texts)
 
     async def retrieve(self, look: Lookup, spec: RetrievalSpec, query: str,
                        embedding: Any) -> tuple[list[Candidate], dict | None]:

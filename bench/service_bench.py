@@ -24,8 +24,9 @@ checkout ("new"), against the same database (migrated by this checkout; the base
 does not migrate, so both versions' functions are present). Query by query, alternating
 which goes first, each worker answers a new query (a miss) and then a cached one (a hit);
 per request the worker reports the total, the model times and the time of each step of the
-miss: lookup (``Pipeline._lookup``), retrieval (``kb_rerank.pipeline.rerank.retrieve``) and
-the record step (``Pipeline._record``); the rest is HTTP, parsing, composition and glue.
+miss: lookup (``Pipeline.lookup``), retrieval (``Pipeline.retrieve``) and the record step
+(``Pipeline.record``; the private or module-level names of older versions); the rest is HTTP,
+parsing, composition and glue.
 Results: bench/results/service-ab-<date>.{json,md}.
 
     python bench/service_bench.py --ab /tmp/base/src --db kb_bench_10000_1 --db kb_bench_100000_10
@@ -222,8 +223,8 @@ STEPS = ("lookup", "retrieve", "record")
 
 def instrument_steps(acc: dict[str, float], captured: dict) -> None:
     """Add each call's seconds of the miss's steps to ``acc`` (names present in every
-    version since the pipeline was written once: Pipeline._lookup / _record and the
-    retrieval function the search flow calls); keep the last call's arguments in
+    version since the pipeline was written once: the runner's lookup, record and retrieval,
+    under their names in that version); keep the last call's arguments in
     ``captured`` (the record step is replayed from them)."""
     from kb_rerank.pipeline import flow, rerank
 
@@ -239,9 +240,14 @@ def instrument_steps(acc: dict[str, float], captured: dict) -> None:
                 acc[name] = acc.get(name, 0.0) + time.perf_counter() - t
         return wrapper
 
-    flow.Pipeline._lookup = timed("lookup", flow.Pipeline._lookup)
-    flow.Pipeline._record = timed("record", flow.Pipeline._record)
-    rerank.retrieve = timed("retrieve", rerank.retrieve)
+    P = flow.Pipeline
+    for step in ("lookup", "record"):  # methods of the runner (private before the linear runner)
+        name = step if hasattr(P, step) else "_" + step
+        setattr(P, name, timed(step, getattr(P, name)))
+    if hasattr(P, "retrieve"):
+        P.retrieve = timed("retrieve", P.retrieve)
+    else:  # older versions: the search flow's module function
+        rerank.retrieve = timed("retrieve", rerank.retrieve)
 
 
 async def worker(args) -> None:

@@ -8,7 +8,7 @@ buckets off, so that only the embedder's scheduling stands between A and B. The 
 is a constant test double (the embedder is what is measured). Run it on the version to
 measure; for the version before, put its ``src`` first on ``PYTHONPATH``:
 
-    .venv/bin/python bench/embed_fairness.py [--queries 30] [--flooders 2] [--doc-chars 80000]
+    .venv/bin/python bench/embed_fairness.py [--queries 30] [--flooders 2] [--doc-chars 20000]
     git archive <commit> src | tar -x -C /tmp/base && PYTHONPATH=/tmp/base/src .venv/bin/python bench/embed_fairness.py
 
 Results: bench/results/embed-fairness-<label>.json (``--label``).
@@ -77,7 +77,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--queries", type=int, default=30, help="B's misses in each phase")
     ap.add_argument("--flooders", type=int, default=2, help="A's concurrent clients")
-    ap.add_argument("--doc-chars", type=int, default=80_000, help="characters of each of A's 50 documents")
+XX
     ap.add_argument("--no-limits", action="store_true", help="rate buckets off")
     ap.add_argument("--label", default="run")
     args = ap.parse_args()

@@ -63,8 +63,9 @@ def test_a_tenants_query_is_embedded_between_another_tenants_passages(settings, 
     passages_after = sum(n for k, n in slow.log[q + 1:] if k == "passages")
     # A's texts were still being embedded after B's query: B did not wait for all of them
     assert passages_after >= 20, slow.log
-    # and each of A's calls was one unit (at most 200 characters: one of these documents)
-    assert max(n for k, n in slow.log if k == "passages") == 1
+    # and each of A's calls was one unit (at most 200 characters: two or three of these documents)
+    calls = [n for k, n in slow.log if k == "passages"]
+    assert max(calls) <= 3 and len(calls) >= 10
 
 
 def test_a_long_caller_document_is_priced_by_its_pieces_before_the_work(settings, embedder):
@@ -74,7 +75,7 @@ def test_a_long_caller_document_is_priced_by_its_pieces_before_the_work(settings
     from kb_rerank.ingest import verdict
 
     s = settings.with_(jwt_secret=SECRET, ops_token=OPS_TOKEN, rate_limit_per_minute=1, rate_limit_burst=1000)
-    long_doc = " ".join(f"paragraph {i} on refunds, credit notes and invoices." for i in range(400))
+    long_doc = " ".join(f"paragraph {i} on refunds, credit notes and invoices." for i in range(300))[:19_000]
     n_pieces = len(verdict.pieces(long_doc, s.chunk_max_chars, s.chunk_overlap))
     assert n_pieces > 10
     app = create_app(s, reranker=FakeReranker(), embedder=embedder)

@@ -77,7 +77,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--queries", type=int, default=30, help="B's misses in each phase")
     ap.add_argument("--flooders", type=int, default=2, help="A's concurrent clients")
-XX
+    ap.add_argument("--doc-chars", type=int, default=20_000,
+                    help="characters of each of A's 50 documents (KB_V2_MAX_DOCUMENT_CHARS: the largest allowed)")
     ap.add_argument("--no-limits", action="store_true", help="rate buckets off")
     ap.add_argument("--label", default="run")
     args = ap.parse_args()

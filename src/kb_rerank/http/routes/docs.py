@@ -27,7 +27,7 @@ from litestar.exceptions import NotFoundException
 from litestar.openapi.plugins import JsonRenderPlugin, OpenAPIRenderPlugin
 
 STYLE = ("body{font:15px/1.45 system-ui,sans-serif;max-width:60rem;margin:2rem auto;padding:0 1rem;color:#222}"
-         "code,pre{font:13px ui-monospace,monospace}h2{border-bottom:1px solid #ccc;margin-top:2.5rem}"
+         "code,pre{font:13px ui-monospace,monospace}pre{white-space:pre-wrap}h2{border-bottom:1px solid #ccc;margin-top:2.5rem}"
          "h3 code{background:#eef;padding:.1rem .4rem}table{border-collapse:collapse;margin:.5rem 0}"
          "td,th{border:1px solid #ddd;padding:.2rem .5rem;text-align:left;vertical-align:top}")
 _STYLE_HASH = base64.b64encode(hashlib.sha256(STYLE.encode()).digest()).decode()
@@ -69,10 +69,28 @@ def _type_text(schema: dict[str, Any]) -> str:
     return _e(kind or "any")
 
 
-def _content_type(content: dict[str, Any] | None) -> str:
+def _content_schema(content: dict[str, Any] | None) -> dict[str, Any]:
     for media in (content or {}).values():
-        return _type_text(media.get("schema", {}))
-    return ""
+        return media.get("schema", {})
+    return {}
+
+
+def _content_type(content: dict[str, Any] | None) -> str:
+    return _type_text(_content_schema(content)) if content else ""
+
+
+def _fields_table(schema: dict[str, Any]) -> str:
+    """An object schema's fields: name, type, required, description ("" for no fields)."""
+    props = schema.get("properties", {})
+    if not props:
+        return ""
+    required = set(schema.get("required", []))
+    rows = ["<table><tr><th>field</th><th>type</th><th>required</th><th>meaning</th></tr>"]
+    for field, sub in props.items():
+        rows.append(f"<tr><td><code>{_e(field)}</code></td><td>{_type_text(sub)}</td>"
+                    f"<td>{'yes' if field in required else ''}</td><td>{_e(sub.get('description', ''))}</td></tr>")
+    rows.append("</table>")
+    return "".join(rows)
 
 
 def render_reference(openapi: dict[str, Any], json_url: str) -> str:
@@ -109,6 +127,7 @@ def render_reference(openapi: dict[str, Any], json_url: str) -> str:
             body = op.get("requestBody")
             if isinstance(body, dict):
                 out.append(f"<p>Request body: {_content_type(body.get('content'))}</p>")
+                out.append(_fields_table(_content_schema(body.get("content"))))  # an inline schema's fields
             out.append("<table><tr><th>status</th><th>meaning</th><th>body</th></tr>")
             for status, resp in op.get("responses", {}).items():
                 out.append(f"<tr><td>{_e(status)}</td><td>{_e(resp.get('description', ''))}</td>"
@@ -121,14 +140,9 @@ def render_reference(openapi: dict[str, Any], json_url: str) -> str:
         out.append(f'<h3 id="schema-{_e(name)}"><code>{_e(name)}</code></h3>')
         if schema.get("description"):
             out.append(f"<p>{_e(schema['description'])}</p>")
-        props = schema.get("properties", {})
-        if props:
-            required = set(schema.get("required", []))
-            out.append("<table><tr><th>field</th><th>type</th><th>required</th><th>meaning</th></tr>")
-            for field, sub in props.items():
-                out.append(f"<tr><td><code>{_e(field)}</code></td><td>{_type_text(sub)}</td>"
-                           f"<td>{'yes' if field in required else ''}</td><td>{_e(sub.get('description', ''))}</td></tr>")
-            out.append("</table>")
+        table = _fields_table(schema)
+        if table:
+            out.append(table)
         elif not _ref_name(schema):
             out.append(f"<p>{_type_text(schema)}</p>")
     out.append("</body></html>")

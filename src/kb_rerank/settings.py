@@ -466,8 +466,10 @@ RULES: dict[str, Rule] = {
                                ge=0),
     "tenant_pool_slots": Rule("pool connections one tenant may hold at once; 0: half of KB_POOL_MAX; < 0 disables"),
     "tenant_wait_s": Rule("a tenant at its cap waits this long for its own slot, then 429 `tenant_busy`", ge=0),
-    "address_rate_limit_per_minute": Rule("per client address (TCP peer), before the token is verified; behind a proxy"
-                                          " all clients share its address: raise it or 0 (disables)", ge=0),
+    "address_rate_limit_per_minute": Rule("per client address (the TCP peer, or the `X-Forwarded-For` client of a proxy"
+                                          " listed in KB_FORWARDED_ALLOW_IPS), before the token is verified; behind a"
+                                          " proxy not listed there all clients share its address: raise it or 0"
+                                          " (disables)", ge=0),
     "address_rate_limit_burst": Rule("per-address bucket size", ge=1),
     "guard_budget_ms": Rule("time the `/v2/rerank` injection and stuffing detectors may spend on one request;"
                            " documents not inspected in time are demoted and the answer is not cached (0: none inspected)", ge=0),

@@ -47,6 +47,7 @@ import contextlib
 import logging
 import math
 import os
+import sys
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -298,8 +299,6 @@ def _log_server_error(logger: logging.Logger, scope, tb: list[str]) -> None:
     """Litestar's exception logging (called while the exception is handled): a 5xx is logged
     at ERROR with its traceback; a 4xx only at DEBUG, one line without traceback (its access
     record, kb_rerank.access, already says route and status)."""
-    import sys
-
     exc = sys.exc_info()[1]
     status = _status_of(exc) if exc is not None else 500
     if status >= 500:

@@ -443,11 +443,22 @@ def _demo_http(settings: Settings) -> None:
 def cmd_serve(args, settings: Settings) -> int:
     """Start-up checks, then uvicorn. Needs only the app role's URL (KB_APP_DATABASE_URL):
     serving never uses the owner URL; migrations are `kb-rerank migrate`, run apart."""
-    import uvicorn
-
+    from kb_rerank.http import server
     from kb_rerank.http.app import jwt_config
     from kb_rerank.logs import log_config
 
+    host = args.host or settings.host
+    port = args.port or settings.port
+    # --dev with no key of its own uses the public development secret: anyone who can reach the
+    # port mints a token for any tenant, so it listens on this machine only (checked before
+    # anything is set up; the brackets of an IPv6 literal are removed)
+    no_key = not (settings.jwt_secret or settings.jwt_public_key or settings.jwt_jwks_url)
+    if args.dev and (no_key or settings.jwt_secret == DEV_JWT_SECRET) and \
+            host.strip().strip("[]").lower() not in ("127.0.0.1", "::1", "localhost"):
+        print(f"kb-rerank: error: --dev with the development secret listens on loopback only (127.0.0.1, ::1, "
+              f"localhost), not {host!r}: the secret is public. To listen on another address set KB_JWT_SECRET "
+              "(or KB_JWT_PUBLIC_KEY / KB_JWT_JWKS_URL) to your own key", file=sys.stderr)
+        return 2
     if not (settings.jwt_secret or settings.jwt_public_key or settings.jwt_jwks_url):
         if not args.dev:
             print("kb-rerank: error: set KB_JWT_SECRET (HS256), KB_JWT_PUBLIC_KEY (RS256, ES256, EdDSA) or "
@@ -467,15 +478,14 @@ def cmd_serve(args, settings: Settings) -> int:
     except ValueError as exc:
         print(f"kb-rerank: error: {exc}", file=sys.stderr)
         return 2
-    host = args.host or settings.host
-    port = args.port or settings.port
     # JSON lines unless --log-format text / KB_LOG_FORMAT=text (kb_rerank.logs); uvicorn applies
-    # the config here and in every worker; its access log is replaced by the app's own record
-    uvicorn.run("kb_rerank.http.app:app_from_env", factory=True, host=host, port=port,
-                workers=max(1, settings.workers), log_config=log_config(args.log_format or settings.log_format,
-                                                                        settings.log_level),
-                log_level=settings.log_level.lower(), access_log=False)
-    return 0
+    # the config here and in every worker; its access log is replaced by the app's own record.
+    # The connection limits and proxy-header trust come from the KB_HTTP_* settings and
+    # KB_FORWARDED_ALLOW_IPS (kb_rerank.http.server).
+    config = server.server_config(server.APP_FACTORY, settings, host=host, port=port, factory=True,
+                                  workers=max(1, settings.workers),
+                                  log_config=log_config(args.log_format or settings.log_format, settings.log_level))
+    return server.run(config)
 
 
 def cmd_token(args, settings: Settings) -> int:
@@ -884,7 +894,7 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--port", type=int, default=None, help="default KB_PORT (8000)")
     sv.add_argument("--dev", action="store_true",
                     help="without KB_JWT_SECRET/KB_JWT_PUBLIC_KEY/KB_JWT_JWKS_URL: use a fixed development secret "
-                         "(printed)")
+                         "(printed); then only a loopback --host (127.0.0.1, ::1, localhost) is accepted")
     sv.add_argument("--log-format", choices=["json", "text"], default=None,
                     help="json: one object a line with trace_id, tenant_id, route, status, duration (default "
                          "KB_LOG_FORMAT, json); text: plain lines")

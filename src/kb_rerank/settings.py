@@ -106,6 +106,14 @@ class Settings:
     # rate and burst / (replicas x workers); the limits then hold in total when the balancer
     # spreads a tenant's requests evenly (docs/scaling.md, "Limits across replicas").
     app_replicas: int = 1
+    # The HTTP server of `kb-rerank serve` (kb_rerank.http.server): the client address the
+    # per-address bucket charges, and what one slow or idle connection may hold
+    forwarded_allow_ips: str = ""  # KB_FORWARDED_ALLOW_IPS: proxies whose X-Forwarded-For is trusted; empty: none
+    http_limit_concurrency: int = 1000  # KB_HTTP_LIMIT_CONCURRENCY: open connections per process, then 503; 0: no limit
+    http_header_timeout_s: float = 10.0  # KB_HTTP_HEADER_TIMEOUT_S: a request's headers must arrive within this; 0: none
+    http_keep_alive_s: int = 5  # KB_HTTP_KEEP_ALIVE_S: an idle keep-alive connection is closed after this
+    http_max_header_bytes: int = 16384  # KB_HTTP_MAX_HEADER_BYTES: an incomplete request head over this: 400
+    docs_page: bool = True  # KB_DOCS_PAGE: serve the API reference page /schema (/schema/openapi.json always)
     # Logs of `kb-rerank serve` (kb_rerank.logs): one JSON object a line, or plain text
     log_format: str = "json"  # KB_LOG_FORMAT: json | text (`serve --log-format`)
     log_level: str = "INFO"  # KB_LOG_LEVEL
@@ -391,6 +399,21 @@ RULES: dict[str, Rule] = {
     "workers": Rule("uvicorn worker processes", ge=1),
     "app_replicas": Rule("app replicas behind the load balancer, each with KB_WORKERS processes: each process's"
                          " rate buckets take 1 / (replicas x workers) of the limits (docs/scaling.md)", ge=1),
+    "forwarded_allow_ips": Rule("addresses (comma-separated IPs or CIDR networks) of the reverse proxies whose"
+                                " `X-Forwarded-For` / `X-Forwarded-Proto` name the client; empty: those headers are"
+                                " ignored and the client address (the per-address bucket's key) is the TCP peer. Set"
+                                " it to the proxy's address only: a client allowed here can pick any address"),
+    "http_limit_concurrency": Rule("open connections (and running requests) one `serve` process holds; a request"
+                                   " arriving over it is answered 503 (0: no limit)", ge=0),
+    "http_header_timeout_s": Rule("a connection whose request line and headers have not all arrived this long after"
+                                  " it opened (or after its first byte, on a kept-alive connection) is closed"
+                                  " (0: no limit; then run behind a proxy that has one)", ge=0),
+    "http_keep_alive_s": Rule("an idle keep-alive connection is closed after this many seconds", ge=1),
+    "http_max_header_bytes": Rule("largest request head (request line and headers) buffered while incomplete, in"
+                                  " bytes; over it: 400 (h11's max incomplete event size: bounds the memory an"
+                                  " endless or slow head takes)", ge=1024),
+    "docs_page": Rule("serve `/schema`, the API reference page (HTML, no script); off: 404."
+                      " `/schema/openapi.json` is served either way"),
     "log_format": Rule("`serve` logs: one JSON object a line (`trace_id`, `tenant_id`, route, status, duration;"
                        " never the query) or plain text; `serve --log-format` overrides", choices=("json", "text")),
     "log_level": Rule("level of the `serve` logs", choices=("DEBUG", "INFO", "WARNING", "ERROR")),
@@ -449,8 +472,10 @@ RULES: dict[str, Rule] = {
                           " cores; 0: two where the machine has two cores or more, else one", ge=0, le=64),
     "embed_unit_chars": Rule("the embedder's unit of fair scheduling, in characters: another tenant's query waits"
                              " for at most one unit per busy worker", ge=100),
-    "address_rate_limit_per_minute": Rule("per client address (TCP peer), before the token is verified; behind a proxy"
-                                          " all clients share its address: raise it or 0 (disables)", ge=0),
+    "address_rate_limit_per_minute": Rule("per client address (the TCP peer, or the `X-Forwarded-For` client of a proxy"
+                                          " listed in KB_FORWARDED_ALLOW_IPS), before the token is verified; behind a"
+                                          " proxy not listed there all clients share its address: raise it or 0"
+                                          " (disables)", ge=0),
     "address_rate_limit_burst": Rule("per-address bucket size", ge=1),
     "guard_budget_ms": Rule("time the `/v2/rerank` injection and stuffing detectors may spend on one request;"
                            " documents not inspected in time are demoted and the answer is not cached (0: none inspected)", ge=0),

@@ -24,9 +24,10 @@ Endpoints
   token (401 without it; 404 when no ops token is configured).
 * ``GET /playground`` -- the search playground page (:mod:`kb_rerank.http.routes.playground`);
   ``POST /playground/dev-token`` exists only under ``serve --dev`` with the development secret.
-* ``GET /schema/openapi.json`` and ``/schema`` (docs page): the three JSON routes' request
-  bodies, answers and error responses (:mod:`kb_rerank.http.schemas`), and the bearer scheme
-  (HTTP bearer, JWT) they require, so the docs page can send a token.
+* ``GET /schema/openapi.json`` and ``/schema`` (the reference page, plain HTML without script,
+  :mod:`kb_rerank.http.routes.docs`; 404 with ``KB_DOCS_PAGE`` off): the three JSON routes'
+  request bodies, answers and error responses (:mod:`kb_rerank.http.schemas`), and the bearer
+  scheme (HTTP bearer, JWT) they require.
 
 Errors are JSON: ``{"error": ..., ...}``. 401 ``unauthorized`` with ``reason``; 400
 ``invalid_json``; 422 ``invalid_request`` with ``field`` and ``detail`` (and ``allowed``
@@ -46,6 +47,7 @@ import contextlib
 import logging
 import math
 import os
+import sys
 from dataclasses import dataclass
 
 import anyio
@@ -55,7 +57,6 @@ from litestar.datastructures import State
 from litestar.exceptions.http_exceptions import RequestEntityTooLarge
 from litestar.logging import LoggingConfig
 from litestar.openapi import OpenAPIConfig
-from litestar.openapi.plugins import SwaggerRenderPlugin
 
 from kb_rerank import __version__ as _version
 from kb_rerank import sqlfiles
@@ -64,6 +65,7 @@ from kb_rerank.http.auth import JwksKeys, JwtConfig, auth_guard, check_secret
 from kb_rerank.http.body import ApiError
 from kb_rerank.http.errors import api_error_handler, db_error_handler, too_large_handler
 from kb_rerank.http.routes.context import context_handler
+from kb_rerank.http.routes.docs import render_plugins as docs_render_plugins
 from kb_rerank.http.routes.ops import healthz, metrics_handler, readyz
 from kb_rerank.http.routes.playground import playground_routes
 from kb_rerank.http.routes.rerank import rerank_handler
@@ -297,6 +299,28 @@ def jwt_config(settings: Settings, *, allow_dev_secret: bool = False) -> JwtConf
     )
 
 
+def _status_of(exc: BaseException) -> int:
+    """The status an exception is answered with by the app's handlers: its ``status_code``
+    (Litestar's HTTP exceptions, ApiError, LimitExceeded), 503 for a database error
+    (db_error_handler), 500 for anything else."""
+    if isinstance(exc, psycopg.OperationalError):
+        return 503
+    status = getattr(exc, "status_code", None)
+    return status if isinstance(status, int) else 500
+
+
+def _log_server_error(logger: logging.Logger, scope, tb: list[str]) -> None:
+    """Litestar's exception logging (called while the exception is handled): a 5xx is logged
+    at ERROR with its traceback; a 4xx only at DEBUG, one line without traceback (its access
+    record, kb_rerank.access, already says route and status)."""
+    exc = sys.exc_info()[1]
+    status = _status_of(exc) if exc is not None else 500
+    if status >= 500:
+        logger.exception("unhandled error %d (%s %s)", status, scope.get("method", ""), scope.get("path", ""))
+    else:
+        logger.debug("%d %s (%s %s)", status, type(exc).__name__, scope.get("method", ""), scope.get("path", ""))
+
+
 def create_app(settings: Settings, *, reranker=None, embedder=None, dev: bool = False) -> Litestar:
     """A new app for ``settings``. ``reranker`` / ``embedder`` given here are used as they
     are (and not closed at shutdown); when None they are built by the lifespan. ``dev``:
@@ -324,7 +348,7 @@ def create_app(settings: Settings, *, reranker=None, embedder=None, dev: bool = 
     # on the bytes streamed): nothing over it is buffered. The handlers set no limit of their
     # own (a handler's would win over its router's).
     # security: the bearer scheme on every guarded route (not /healthz, /readyz), so that the
-    # interactive docs (/schema) send the token
+    # OpenAPI document says which routes need a token
     v1 = Router(path="/", guards=[auth_guard], security=SECURITY, route_handlers=[
         Router(path="/", route_handlers=[rerank_handler, context_handler],
                request_max_body_size=settings.max_body_bytes),  # POST /v1/kb/search/rerank, /v1/kb/context
@@ -345,15 +369,20 @@ def create_app(settings: Settings, *, reranker=None, embedder=None, dev: bool = 
         },
         request_max_body_size=settings.max_body_bytes,
         # the process owns the log format (kb_rerank.logs): Litestar leaves the root logger
-        # alone and its records (an unhandled exception's traceback) go to the root's handlers
+        # alone and its records go to the root's handlers. Only a 5xx is logged, with its
+        # traceback (_log_server_error); a 4xx is the client's doing and already has its access
+        # record, so a flood of 401s or 404s writes one short line each, not a traceback.
         logging_config=LoggingConfig(configure_root_logger=False, log_exceptions="always",
+                                     exception_logging_handler=_log_server_error,
                                      loggers={"litestar": {"level": "INFO", "handlers": [], "propagate": True}}),
+        # /schema: a page rendered here, without script, or 404 with KB_DOCS_PAGE off;
+        # /schema/openapi.json either way (kb_rerank.http.routes.docs)
         openapi_config=OpenAPIConfig(
             title="kb-rerank",
             version=_version,
             description="Multi-tenant hybrid search with cross-encoder reranking.",
             path="/schema",
-            render_plugins=[SwaggerRenderPlugin()],
+            render_plugins=docs_render_plugins(settings.docs_page),
             components=SECURITY_COMPONENTS,
         ),
     )

@@ -94,10 +94,6 @@ def zip_problem(data: bytes, *, max_members: int, max_expanded_bytes: int, max_r
         infos = z.infolist()
     if len(infos) > max_members:
         return f"too many members in the archive: {len(infos)} (limit {max_members}, KB_INGEST_MAX_ZIP_MEMBERS)"
-    total = sum(i.file_size for i in infos)
-    if total > max_expanded_bytes:
-        return (f"too large when expanded: {total / MIB:.1f} MiB in {len(infos)} members"
-                f" (limit {max_expanded_bytes / MIB:.0f} MiB, KB_INGEST_MAX_EXPANDED_MB)")
     for i in infos:
         if i.file_size >= RATIO_CHECK_MIN_BYTES:
             ratio = i.file_size / max(i.compress_size, 1)
@@ -105,6 +101,10 @@ def zip_problem(data: bytes, *, max_members: int, max_expanded_bytes: int, max_r
                 return (f"too large when expanded: member {i.filename!r} expands {ratio:.0f} times"
                         f" ({i.compress_size / 1024:.0f} KiB to {i.file_size / MIB:.1f} MiB; limit {max_ratio:g},"
                         " KB_INGEST_MAX_ZIP_RATIO)")
+    total = sum(i.file_size for i in infos)
+    if total > max_expanded_bytes:
+        return (f"too large when expanded: {total / MIB:.1f} MiB in {len(infos)} members"
+                f" (limit {max_expanded_bytes / MIB:.0f} MiB, KB_INGEST_MAX_EXPANDED_MB)")
     return None
 
 

@@ -41,6 +41,7 @@ answers one JSON line: ``{"ok": true, "title": ..., "markdown": ...}`` or ``{"ok
 
 from __future__ import annotations
 
+import gc
 import io
 import json
 import os
@@ -71,11 +72,11 @@ _ANSWER_GRACE_S = 15.0
 
 @dataclass(frozen=True)
 class ConvertLimits:
-    """Limits of one conversion (the ``KB_INGEST_*`` settings; :func:`readers.ReadLimits`)."""
+    """Limits of one conversion (from :class:`kb_rerank.ingest.readers.ReadLimits`)."""
 
-    timeout_s: float = 60.0
-    memory_mb: int = 1024
-    max_chars: int = 2_000_000
+    timeout_s: float
+    memory_mb: int
+    max_chars: int
 
     def output_cap(self) -> int:
         """Bytes of the helper's answer that text of ``max_chars`` can take: JSON with
@@ -186,6 +187,16 @@ def _child(job: dict[str, Any], data: bytes, wfd: int) -> None:
     os._exit(code)
 
 
+def _cpu_seconds_of_children() -> float:
+    """CPU seconds of the helper's children so far; the last one's (just waited for) included."""
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return ru.ru_utime + ru.ru_stime - _cpu_seconds_before[0]
+
+
+# CPU seconds of the children before the current one (set by _run_job before each fork)
+_cpu_seconds_before = [0.0]
+
+
 def _signal_name(sig: int) -> str:
     try:
         return signal.Signals(sig).name
@@ -195,6 +206,8 @@ def _signal_name(sig: int) -> str:
 
 def _run_job(job: dict[str, Any], data: bytes, protocol_fds: tuple[int, ...] = ()) -> dict[str, Any]:
     """In the helper: fork a child for one file, collect its answer within the limits."""
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    _cpu_seconds_before[0] = ru.ru_utime + ru.ru_stime
     rfd, wfd = os.pipe()
     pid = os.fork()
     if pid == 0:  # pragma: no cover - the child; measured through the helper's answers
@@ -235,7 +248,7 @@ def _run_job(job: dict[str, Any], data: bytes, protocol_fds: tuple[int, ...] = (
         return {"ok": False, "reason": killed}
     if os.WIFSIGNALED(status):
         sig = os.WTERMSIG(status)
-        if sig in (signal.SIGXCPU, signal.SIGKILL):
+        if sig == signal.SIGXCPU or (sig == signal.SIGKILL and _cpu_seconds_of_children() >= int(timeout + 0.999)):
             return {"ok": False, "reason": f"timed out: more than {int(timeout + 0.999)} s of CPU converting"
                                            " (KB_INGEST_CONVERT_TIMEOUT_S)"}
         return {"ok": False, "reason": f"converter crashed ({_signal_name(sig)}; out of memory?"
@@ -288,6 +301,10 @@ def _serve() -> int:
     except ImportError as exc:  # MissingExtra: names the extra to install
         answer({"ready": False, "reason": str(exc)})
         return 0
+    # the imported objects move to the collector's permanent generation: a child's collections
+    # then do not touch (and copy, page by page) the memory it shares with the helper
+    gc.collect()
+    gc.freeze()
     answer({"ready": True})
     while True:
         line = stdin.readline()

@@ -278,13 +278,13 @@ def _utf8_reason(exc: UnicodeDecodeError) -> str:
 class ReadLimits:
     """What one file may cost to read (the ``KB_INGEST_*`` settings); over a limit: a bad file."""
 
-    max_file_bytes: int = 64 * MIB
-    max_chars: int = 2_000_000
-    max_expanded_bytes: int = 256 * MIB
-    max_zip_ratio: float = 100.0
-    max_zip_members: int = 10_000
-    convert_timeout_s: float = 60.0
-    convert_memory_mb: int = 1024
+    max_file_bytes: int = Settings.ingest_max_file_mb * MIB
+    max_chars: int = Settings.ingest_max_chars
+    max_expanded_bytes: int = Settings.ingest_max_expanded_mb * MIB
+    max_zip_ratio: float = Settings.ingest_max_zip_ratio
+    max_zip_members: int = Settings.ingest_max_zip_members
+    convert_timeout_s: float = Settings.ingest_convert_timeout_s
+    convert_memory_mb: int = Settings.ingest_convert_memory_mb
 
     @classmethod
     def from_settings(cls, s: Settings) -> ReadLimits:
@@ -689,16 +689,16 @@ def iter_documents(paths: Iterable[str | Path], limits: ReadLimits | None = None
     under *limits* (:mod:`kb_rerank.ingest.convert`), same ``source_uri``
     rule. BEIR lines: ``source_uri = 'beir:<_id>'``, ``title`` and
     ``text`` taken as they are; a line with neither title nor text is bad.
-    *limits* (default: the defaults of the ``KB_INGEST_*`` settings) bound what one file may
+    *limits* (default: the ``KB_INGEST_*`` settings' defaults) bound what one file may
     cost; a file over one is a bad file naming the limit.
     """
-    limits = limits or ReadLimits.from_settings(Settings())
+    limits = limits or ReadLimits()
     with Sandbox(limits.convert_limits()) as sandbox:
         for entry in paths:
             path = Path(entry)
             try:
                 is_dir = path.is_dir()
-                exists = is_dir or path.exists() or path.is_symlink()
+                exists = is_dir or path.exists()
             except OSError as exc:
                 yield BadFile(str(path), f"unreadable: {exc.strerror or exc}")
                 continue

@@ -149,9 +149,6 @@ def test_each_format_is_read_and_corrupt_files_are_reported(tmp_path):
 
 
 def test_without_the_files_extra_a_pdf_is_a_bad_file_naming_it(tmp_path, monkeypatch):
-    from kb_rerank.ingest import readers
-
-    monkeypatch.setattr(readers, "_CONVERTERS", {})
     monkeypatch.setitem(sys.modules, "markitdown", None)  # import fails as if not installed
     monkeypatch.setitem(sys.modules, "markitdown.converters", None)
     (tmp_path / "manual.pdf").write_bytes(make_pdf(["text"]))

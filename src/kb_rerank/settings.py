@@ -49,6 +49,16 @@ class Settings:
     # Chunking
     chunk_max_chars: int = 1200
     chunk_overlap: int = 150
+    # Reading files at ingestion (kb_rerank.ingest.readers and .convert): what one file may cost.
+    # HTML, PDF and DOCX are converted in a child process under the timeout and memory limits;
+    # a file over any limit is a bad file of the report, and the batch goes on.
+    ingest_max_file_mb: int = 64  # KB_INGEST_MAX_FILE_MB: largest document file (a BEIR corpus.jsonl excepted)
+    ingest_max_chars: int = 2_000_000  # KB_INGEST_MAX_CHARS: longest text of one document, read or converted
+    ingest_max_expanded_mb: int = 256  # KB_INGEST_MAX_EXPANDED_MB: DOCX: its members' total expanded size
+    ingest_max_zip_ratio: float = 100.0  # KB_INGEST_MAX_ZIP_RATIO: DOCX: expansion of a member over 1 MiB
+    ingest_max_zip_members: int = 10000  # KB_INGEST_MAX_ZIP_MEMBERS: DOCX: members in the archive
+    ingest_convert_timeout_s: float = 60.0  # KB_INGEST_CONVERT_TIMEOUT_S: one conversion, wall clock and CPU
+    ingest_convert_memory_mb: int = 1024  # KB_INGEST_CONVERT_MEMORY_MB: memory one conversion may add
     # Retrieval
     candidates: int = 20  # top-k of each list before fusion
     # Fusion used by the service and the CLI (kb.search_hybrid): by default a convex combination
@@ -356,6 +366,19 @@ RULES: dict[str, Rule] = {
     "embed_batch_size": Rule("texts per embedding batch at ingestion", ge=1),
     "chunk_max_chars": Rule("largest chunk, in characters", ge=100),
     "chunk_overlap": Rule("characters shared by consecutive chunks (< KB_CHUNK_MAX_CHARS)", ge=0),
+    # Reading files at ingestion: a file over a limit is a bad file of the report
+    "ingest_max_file_mb": Rule("largest document file read, in MiB (a BEIR `corpus.jsonl` is streamed: no limit)",
+                               ge=1),
+    "ingest_max_chars": Rule("longest text of one document (a text file, or what a conversion produced)", ge=1),
+    "ingest_max_expanded_mb": Rule("DOCX (a zip): total expanded size of its members, in MiB, checked before"
+                                   " conversion", ge=1),
+    "ingest_max_zip_ratio": Rule("DOCX: largest expansion (expanded / compressed size) of a member that expands"
+                                 " past 1 MiB, checked before conversion", ge=1),
+    "ingest_max_zip_members": Rule("DOCX: most members in the archive, checked before conversion", ge=1),
+    "ingest_convert_timeout_s": Rule("HTML, PDF, DOCX conversion (a child process): killed after this many seconds,"
+                                     " wall clock or CPU", gt=0),
+    "ingest_convert_memory_mb": Rule("HTML, PDF, DOCX conversion: memory (address space) it may add beyond the"
+                                     " converter's own, in MiB; an allocation past it fails", ge=16),
     "candidates": Rule("top-k of `lexical_only` / `semantic_only`; the reranker gets at most 2 x this", ge=1, le=1000),
     "fusion_depth": Rule("top-k of each list that hybrid fusion reads (kb.search_hybrid's k: 1..1000)", ge=1, le=1000),
     "fusion_method": Rule("`convex` (min-max normalised scores, weighted by the two weights), `rrf`, or `interleave`"

@@ -18,7 +18,7 @@ import numpy as np
 import psycopg
 
 from kb_rerank.candidate import sha256_hex
-from kb_rerank.ingest.readers import BadFile, SourceDoc, iter_documents, list_source_files
+from kb_rerank.ingest.readers import BadFile, ReadLimits, SourceDoc, iter_documents, list_source_files
 from kb_rerank.ingest.chunking import chunk_text
 from kb_rerank.store.session import configure_connection, tenant_transaction
 from kb_rerank.models.embedders import Embedder
@@ -417,5 +417,6 @@ def ingest_paths(
     *,
     progress: bool = False,
 ) -> IngestReport:
-    docs = list(iter_documents(paths))
+    # the KB_INGEST_* limits: a file over one (or a converter killed by one) is a bad file of the report
+    docs = list(iter_documents(paths, ReadLimits.from_settings(settings)))
     return ingest_documents(conn, tenant_id, docs, embedder, settings, progress=progress, total=len(docs))

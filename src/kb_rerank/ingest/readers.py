@@ -4,7 +4,8 @@ Long on purpose: Markdown, text, converted (HTML, PDF, DOCX) and BEIR readers sh
 front-matter, decoding and bad-file rules written here once.
 
 No database. Front matter is YAML (PyYAML); HTML, PDF and DOCX are converted to Markdown by
-markitdown's converters (the ``files`` extra), imported only when such a file is read.
+markitdown's converters (the ``files`` extra) in a child process with time and memory limits
+(:mod:`kb_rerank.ingest.convert`); this process never imports markitdown.
 
 Reading (:func:`iter_documents`)
     Accepts files and folders. Folders are walked recursively in sorted order
@@ -15,8 +16,10 @@ Reading (:func:`iter_documents`)
     extension. Every problem that concerns one file or one line (binary
     content, invalid UTF-8, empty file, unreadable file, corrupt PDF/DOCX, no
     text extracted, bad JSON line, bad front matter, the ``files`` extra not
-    installed) is yielded as a :class:`BadFile` and the iteration goes on with
-    the next file.
+    installed, a file refused by the link and special-file rules of
+    :func:`iter_documents`, a file over a :class:`ReadLimits` limit, a converter
+    killed by one) is yielded as a :class:`BadFile` and the iteration goes on
+    with the next file.
 
 Language guess (:func:`guess_language`)
     ``'vi'`` when letters that only Vietnamese uses (ă â đ ê ô ơ ư and the
@@ -29,20 +32,28 @@ Language guess (:func:`guess_language`)
 
 from __future__ import annotations
 
+import errno
+import importlib.util
 import json
 import math
 import os
 import re
+import stat
 import unicodedata
-from collections.abc import Iterable, Iterator
+import zipfile
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import yaml
 
+from kb_rerank.ingest.convert import MIB, ConvertLimits, Sandbox, SandboxError, converter, zip_problem
+from kb_rerank.settings import Settings
+
 __all__ = [
     "BadFile",
+    "ReadLimits",
     "SourceDoc",
     "guess_language",
     "iter_documents",
@@ -259,12 +270,177 @@ def _utf8_reason(exc: UnicodeDecodeError) -> str:
     return f"not valid UTF-8 (byte 0x{bad.hex()} at offset {exc.start})"
 
 
-def _read_text_file(path: Path, uri: str) -> SourceDoc | BadFile:
-    where = str(path)
+# --------------------------------------------------------------------------
+# limits on one file
+
+
+@dataclass(frozen=True)
+class ReadLimits:
+    """What one file may cost to read (the ``KB_INGEST_*`` settings); over a limit: a bad file."""
+
+    max_file_bytes: int = Settings.ingest_max_file_mb * MIB
+    max_chars: int = Settings.ingest_max_chars
+    max_expanded_bytes: int = Settings.ingest_max_expanded_mb * MIB
+    max_zip_ratio: float = Settings.ingest_max_zip_ratio
+    max_zip_members: int = Settings.ingest_max_zip_members
+    convert_timeout_s: float = Settings.ingest_convert_timeout_s
+    convert_memory_mb: int = Settings.ingest_convert_memory_mb
+
+    @classmethod
+    def from_settings(cls, s: Settings) -> ReadLimits:
+        return cls(max_file_bytes=s.ingest_max_file_mb * MIB, max_chars=s.ingest_max_chars,
+                   max_expanded_bytes=s.ingest_max_expanded_mb * MIB, max_zip_ratio=s.ingest_max_zip_ratio,
+                   max_zip_members=s.ingest_max_zip_members, convert_timeout_s=s.ingest_convert_timeout_s,
+                   convert_memory_mb=s.ingest_convert_memory_mb)
+
+    def convert_limits(self) -> ConvertLimits:
+        return ConvertLimits(timeout_s=self.convert_timeout_s, memory_mb=self.convert_memory_mb,
+                             max_chars=self.max_chars)
+
+
+# --------------------------------------------------------------------------
+# opening files: what a folder may make us read
+
+
+class _Skip(Exception):
+    """A file not read, with the reason reported. ``refused``: by a rule (a link leaving the folder,
+    a hard link, a special file), not by an error; :func:`list_source_files` leaves it out."""
+
+    def __init__(self, reason: str, *, refused: bool = True) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.refused = refused
+
+
+_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+# O_NONBLOCK: opening a FIFO that replaced a file after the checks returns at once instead of
+# waiting for a writer (it has no effect on a regular file); fstat then refuses it
+_FILE_FLAGS = os.O_RDONLY | _CLOEXEC | getattr(os, "O_NONBLOCK", 0)
+_DIR_FLAGS = os.O_RDONLY | _CLOEXEC | getattr(os, "O_DIRECTORY", 0)
+
+
+def _what(mode: int) -> str:
+    for test, name in ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"),
+                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+                       (stat.S_ISLNK, "a symbolic link")):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
+def _check_regular(st: os.stat_result, *, in_folder: bool) -> None:
+    """Only regular files are read; in a folder, only those with one name (see iter_documents)."""
+    if not stat.S_ISREG(st.st_mode):
+        raise _Skip(f"not a regular file ({_what(st.st_mode)}): not opened")
+    if in_folder and st.st_nlink > 1:
+        raise _Skip(f"hard link ({st.st_nlink} names for one file): not read; a hard link in a folder can be"
+                    " any file of the same filesystem (copy the file into the folder instead)")
+
+
+def _inside(path: str, root: str) -> bool:
+    return os.path.commonpath([path, root]) == root
+
+
+def _wanted(name: str) -> bool:
+    lower = name.lower()
+    return lower == BEIR_CORPUS_NAME or Path(lower).suffix in DOCUMENT_SUFFIXES
+
+
+def _locate(real_root: str, parts: tuple[str, ...]) -> tuple[str, ...]:
+    """The path under *real_root* (its parts) that the walked entry *parts* is read from: the
+    entry itself, or the target of a symbolic link that stays inside the folder and is a file the
+    walk reads anyway. Checks by lstat, opens nothing; raises :class:`_Skip` or OSError."""
+    full = os.path.join(real_root, *parts)
+    st = os.lstat(full)
+    target_parts = parts
+    if stat.S_ISLNK(st.st_mode):
+        target = os.path.realpath(full)  # every link of the chain resolved
+        if not _inside(target, real_root):
+            raise _Skip("symbolic link to a file outside the folder given: not read")
+        target_parts = Path(os.path.relpath(target, real_root)).parts
+        if not target_parts or any(_is_hidden(x) for x in target_parts) or not _wanted(target_parts[-1]):
+            raise _Skip("symbolic link to a hidden or non-document path: not read (a link is followed only to a"
+                        " document file the walk reads anyway)")
+        try:
+            st = os.lstat(target)
+        except FileNotFoundError:
+            raise _Skip("unreadable: broken symbolic link (its target does not exist)", refused=False) from None
+        if stat.S_ISLNK(st.st_mode):  # realpath stops at a loop and returns a link
+            raise _Skip("symbolic link loop: not read")
+    _check_regular(st, in_folder=True)
+    return target_parts
+
+
+def _open_under(root_fd: int, parts: tuple[str, ...]) -> int:
+    """Open root/parts... for reading with O_NOFOLLOW on every component, each relative to its
+    parent's descriptor: a component replaced by a symbolic link after :func:`_locate` looked at
+    it makes the open fail (ELOOP) rather than leave the folder."""
+    fd = root_fd
+    opened: list[int] = []
     try:
-        data = path.read_bytes()
+        for name in parts[:-1]:
+            fd = os.open(name, _DIR_FLAGS | _NOFOLLOW, dir_fd=fd)
+            opened.append(fd)
+        return os.open(parts[-1], _FILE_FLAGS | _NOFOLLOW, dir_fd=fd)
+    finally:
+        for d in opened:
+            os.close(d)
+
+
+def _open_walked(root_fd: int, real_root: str, parts: tuple[str, ...]) -> tuple[int, os.stat_result]:
+    target_parts = _locate(real_root, parts)
+    try:
+        fd = _open_under(root_fd, target_parts)
     except OSError as exc:
-        return BadFile(where, f"unreadable: {exc.strerror or exc}")
+        if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+            raise _Skip("changed while being read (a path component became a symbolic link): not read") from None
+        raise
+    try:
+        st = os.fstat(fd)
+        _check_regular(st, in_folder=True)  # what was opened, not what was looked at
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, st
+
+
+def _open_named(path: Path) -> tuple[int, os.stat_result]:
+    """A file named directly (on the command line): a symbolic link is followed (the caller chose
+    the file) and a hard link read, but only a regular file is opened."""
+    _check_regular(os.stat(path), in_folder=False)
+    fd = os.open(path, _FILE_FLAGS)
+    try:
+        st = os.fstat(fd)
+        _check_regular(st, in_folder=False)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, st
+
+
+def _read_fd(fd: int, st: os.stat_result, limits: ReadLimits) -> bytes:
+    cap = limits.max_file_bytes
+    too_large = f"too large: more than {cap / MIB:g} MiB (KB_INGEST_MAX_FILE_MB)"
+    if st.st_size > cap:
+        raise _Skip(too_large, refused=False)
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        chunk = os.read(fd, 1 << 20)
+        if not chunk:
+            return b"".join(chunks)
+        size += len(chunk)
+        if size > cap:  # grew after fstat
+            raise _Skip(too_large, refused=False)
+        chunks.append(chunk)
+
+
+# --------------------------------------------------------------------------
+# reading
+
+
+def _read_text(data: bytes, where: str, uri: str, suffix: str, stem: str, limits: ReadLimits) -> SourceDoc | BadFile:
     if b"\x00" in data[:BINARY_SNIFF_BYTES]:
         return BadFile(where, "binary file (NUL byte in the first 8 KiB)")
     try:
@@ -274,11 +450,13 @@ def _read_text_file(path: Path, uri: str) -> SourceDoc | BadFile:
     text = _normalise(text)
     if not text.strip():
         return BadFile(where, "empty or whitespace-only file")
+    if len(text) > limits.max_chars:
+        return BadFile(where, f"text too long: {len(text)} characters (limit {limits.max_chars}, KB_INGEST_MAX_CHARS)")
 
     meta: dict[str, Any] = {}
     authority = 1.0
     fm_title = fm_language = ""
-    if path.suffix.lower() in MARKDOWN_SUFFIXES:
+    if suffix in MARKDOWN_SUFFIXES:
         try:
             meta, text = parse_front_matter(text)
             authority = _authority_from(meta)
@@ -290,70 +468,63 @@ def _read_text_file(path: Path, uri: str) -> SourceDoc | BadFile:
     if not body:
         return BadFile(where, "no text after the front matter")
 
-    title = _first_h1(body) or fm_title or path.stem
+    title = _first_h1(body) or fm_title or stem
     language = fm_language or guess_language(body)
     return SourceDoc(source_uri=uri, title=title, text=body, language=language, authority=authority)
 
 
-_CONVERTERS: dict[str, Any] = {}
-
-
 def _converter(kind: str):
-    """markitdown's converter for ``kind`` (html, pdf, docx), built once. Called directly rather
-    than through ``MarkItDown.convert``: that one falls back to reading a corrupt PDF as plain text."""
-    conv = _CONVERTERS.get(kind)
-    if conv is None:
-        from kb_rerank.extras import require
-
-        converters = require("markitdown.converters", "files", f"reading {kind.upper()} files")
-        conv = {"html": converters.HtmlConverter, "pdf": converters.PdfConverter,
-                "docx": converters.DocxConverter}[kind]()
-        _CONVERTERS[kind] = conv
-    return conv
+    """markitdown's converter, in process and without limits (benchmarks on trusted input);
+    ingestion converts through :class:`kb_rerank.ingest.convert.Sandbox`."""
+    return converter(kind)
 
 
-def _short(exc: BaseException) -> str:
-    text = " ".join(str(exc).split()) or type(exc).__name__
-    return text if len(text) <= 200 else text[:197] + "..."
-
-
-def _read_converted(path: Path, uri: str, kind: str) -> SourceDoc | BadFile:
-    """An HTML, PDF or DOCX file, converted to Markdown (headings kept, so the chunker can
-    split at them); title = the HTML ``<title>``, else the first ``# `` heading, else the stem."""
-    where = str(path)
+def _files_extra_missing(kind: str) -> str | None:
+    """The message naming the ``files`` extra when markitdown is not installed; checked here, so
+    that the parent never imports markitdown (only the sandbox's helper does)."""
     try:
-        conv = _converter(kind)
-    except ImportError as exc:  # MissingExtra: names the extra to install
-        return BadFile(where, str(exc))
-    try:
-        data = path.read_bytes()
-    except OSError as exc:
-        return BadFile(where, f"unreadable: {exc.strerror or exc}")
+        found = importlib.util.find_spec("markitdown") is not None
+    except (ImportError, ValueError):
+        found = False
+    if found:
+        return None
+    return (f"reading {kind.upper()} files needs the Python package 'markitdown', which is not installed:"
+            " pip install 'kb-rerank[files]'")
+
+
+def _read_converted(data: bytes, where: str, uri: str, kind: str, suffix: str, stem: str, limits: ReadLimits,
+                    sandbox: Sandbox) -> SourceDoc | BadFile:
+    """An HTML, PDF or DOCX file, converted to Markdown in the sandbox (headings kept, so the
+    chunker can split at them); title = the HTML ``<title>``, else the first ``# `` heading, else
+    the stem. A DOCX (a zip) is checked first: members, expanded size, compression ratio."""
+    missing = _files_extra_missing(kind)
+    if missing:
+        return BadFile(where, missing)
     if not data.strip():
         return BadFile(where, "empty file")
-    import io
-
-    from markitdown import StreamInfo
-
+    if kind == "docx":
+        try:
+            problem = zip_problem(data, max_members=limits.max_zip_members,
+                                  max_expanded_bytes=limits.max_expanded_bytes, max_ratio=limits.max_zip_ratio)
+        except zipfile.BadZipFile as exc:
+            return BadFile(where, f"cannot read DOCX: BadZipFile: {exc}")
+        if problem:
+            return BadFile(where, problem)
     try:
-        result = conv.convert(io.BytesIO(data), StreamInfo(extension=path.suffix.lower(), local_path=where))
-    except Exception as exc:  # noqa: BLE001 - a corrupt file makes the parsers raise anything; reported, batch goes on
-        return BadFile(where, f"cannot read {kind.upper()}: {type(exc).__name__}: {_short(exc)}")
-    body = _normalise(result.markdown or "").strip()
+        answer = sandbox.convert(kind, suffix, data)
+    except SandboxError as exc:
+        return BadFile(where, str(exc))
+    if not answer.get("ok"):
+        return BadFile(where, str(answer.get("reason") or f"cannot read {kind.upper()}"))
+    body = _normalise(str(answer.get("markdown") or "")).strip()
     if not body:
         reason = "no text extracted" + (" (a scanned PDF without a text layer?)" if kind == "pdf" else "")
         return BadFile(where, reason)
-    title = " ".join((getattr(result, "title", None) or "").split()) or _first_h1(body) or path.stem
+    title = " ".join(str(answer.get("title") or "").split()) or _first_h1(body) or stem
     return SourceDoc(source_uri=uri, title=title, text=body, language=guess_language(body))
 
 
-def _read_beir_corpus(path: Path) -> Iterator[SourceDoc | BadFile]:
-    where = str(path)
-    try:
-        fh = path.open("rb")
-    except OSError as exc:
-        yield BadFile(where, f"unreadable: {exc.strerror or exc}")
-        return
+def _read_beir_corpus(fh: BinaryIO, where: str) -> Iterator[SourceDoc | BadFile]:
     with fh:
         try:
             head = fh.read(BINARY_SNIFF_BYTES)
@@ -424,35 +595,69 @@ def _is_hidden(name: str) -> bool:
     return name.startswith(".")
 
 
-def _walk(root: Path) -> list[Path]:
-    found: list[tuple[tuple[str, ...], Path]] = []
-    for dirpath, dirnames, filenames in os.walk(root):
-        dirnames[:] = sorted(d for d in dirnames if not _is_hidden(d))
-        base = Path(dirpath)
-        for name in filenames:
-            if _is_hidden(name):
+def _walk(real_root: str) -> list[tuple[tuple[str, ...], str | None]]:
+    """(parts relative to the root, None) for every document file name of the folder, and
+    (parts, reason) for every symbolic link to a folder outside it (reported, not followed);
+    sorted by parts. Links to folders inside it are skipped: their files are read through the
+    folder itself. Nothing is opened here."""
+    found: list[tuple[tuple[str, ...], str | None]] = []
+    for dirpath, dirnames, filenames in os.walk(real_root):  # followlinks=False
+        rel = Path(os.path.relpath(dirpath, real_root)).parts
+        keep = []
+        for d in sorted(dirnames):
+            if _is_hidden(d):
                 continue
-            lower = name.lower()
-            if lower == BEIR_CORPUS_NAME or Path(lower).suffix in DOCUMENT_SUFFIXES:
-                p = base / name
-                found.append((p.relative_to(root).parts, p))
+            full = os.path.join(dirpath, d)
+            if os.path.islink(full):
+                if not _inside(os.path.realpath(full), real_root):
+                    found.append((rel + (d,), "symbolic link to a folder outside the folder given: not followed"))
+                continue
+            keep.append(d)
+        dirnames[:] = keep
+        for name in filenames:
+            if not _is_hidden(name) and _wanted(name):
+                found.append((rel + (name,), None))
     found.sort(key=lambda item: item[0])
-    return [p for _, p in found]
+    return found
 
 
-def _read_one(path: Path, uri: str, *, explicit: bool) -> Iterator[SourceDoc | BadFile]:
-    lower = path.name.lower()
-    if lower == BEIR_CORPUS_NAME or (explicit and lower.endswith(".jsonl")):
-        yield from _read_beir_corpus(path)
-    elif path.suffix.lower() in TEXT_SUFFIXES:
-        yield _read_text_file(path, uri)
-    elif path.suffix.lower() in CONVERTED_SUFFIXES:
-        yield _read_converted(path, uri, CONVERTED_SUFFIXES[path.suffix.lower()])
+def _read_entry(opener: Callable[[], tuple[int, os.stat_result]], where: str, uri: str, name: str, *,
+                explicit: bool, limits: ReadLimits, sandbox: Sandbox) -> Iterator[SourceDoc | BadFile]:
+    lower = name.lower()
+    suffix = Path(lower).suffix
+    corpus = lower == BEIR_CORPUS_NAME or (explicit and lower.endswith(".jsonl"))
+    if not corpus and suffix not in DOCUMENT_SUFFIXES:
+        yield BadFile(where, f"unsupported file type {Path(name).suffix or '(no extension)'!r}")
+        return
+    try:
+        fd, st = opener()
+    except _Skip as skip:
+        yield BadFile(where, skip.reason)
+        return
+    except OSError as exc:
+        yield BadFile(where, f"unreadable: {exc.strerror or exc}")
+        return
+    if corpus:  # streamed line by line: no file size limit
+        yield from _read_beir_corpus(os.fdopen(fd, "rb"), where)
+        return
+    try:
+        data = _read_fd(fd, st, limits)
+    except _Skip as skip:
+        yield BadFile(where, skip.reason)
+        return
+    except OSError as exc:
+        yield BadFile(where, f"unreadable: {exc.strerror or exc}")
+        return
+    finally:
+        os.close(fd)
+    stem = Path(name).stem
+    if suffix in TEXT_SUFFIXES:
+        yield _read_text(data, where, uri, suffix, stem, limits)
     else:
-        yield BadFile(str(path), f"unsupported file type {path.suffix or '(no extension)'!r}")
+        yield _read_converted(data, where, uri, CONVERTED_SUFFIXES[suffix], suffix, stem, limits, sandbox)
 
 
-def iter_documents(paths: Iterable[str | Path]) -> Iterator[SourceDoc | BadFile]:
+def iter_documents(paths: Iterable[str | Path], limits: ReadLimits | None = None) -> Iterator[SourceDoc | BadFile]:
     """Yield a :class:`SourceDoc` per readable document, a :class:`BadFile` per problem.
 
     Each entry of *paths* is a file or a folder. Folders are walked
@@ -462,35 +667,86 @@ def iter_documents(paths: Iterable[str | Path]) -> Iterator[SourceDoc | BadFile]
     one of those suffixes (any ``*.jsonl`` given directly is read as a BEIR
     corpus).
 
+    What a folder may make us read (a folder can come from someone else: an upload, a
+    checkout): only regular files that are inside it. A symbolic link to a file is read only when
+    its target, every link resolved, is a document file inside the folder that the walk reads
+    anyway (not hidden, a document suffix), under the link's name; any other link (out of the
+    folder, to a hidden or non-document file, broken, a loop) is a bad file, never opened. A
+    link to a folder is not followed (reported when it leads outside). A hard link (a regular
+    file with more than one name) is refused: it can be any file of the same filesystem, and
+    nothing in the folder says which. FIFOs, sockets and devices are refused without being
+    opened. Each file is opened component by component from the folder's descriptor with
+    O_NOFOLLOW and checked again with fstat, so a file swapped for a link after the walk
+    listed it is not followed. A file named directly is the caller's choice: a link to it is
+    followed and a hard link read, but a special file is still refused.
+
     Markdown/text: title = first ``# `` heading, else front-matter
     ``title:``, else the file stem; ``source_uri`` = path relative to the
     given folder (posix), or the file name for a file given directly.
     Front matter (YAML; ``title``, ``authority``, ``language`` are used, other
     keys such as ``tags: [a, b]`` are accepted and ignored) is only parsed for
-    Markdown files. HTML/PDF/DOCX: converted to Markdown, same ``source_uri``
+    Markdown files. HTML/PDF/DOCX: converted to Markdown in a child process
+    under *limits* (:mod:`kb_rerank.ingest.convert`), same ``source_uri``
     rule. BEIR lines: ``source_uri = 'beir:<_id>'``, ``title`` and
     ``text`` taken as they are; a line with neither title nor text is bad.
+    *limits* (default: the ``KB_INGEST_*`` settings' defaults) bound what one file may
+    cost; a file over one is a bad file naming the limit.
     """
-    for entry in paths:
-        path = Path(entry)
-        try:
-            is_dir = path.is_dir()
-            exists = is_dir or path.exists()
-        except OSError as exc:
-            yield BadFile(str(path), f"unreadable: {exc.strerror or exc}")
-            continue
-        if not exists:
-            yield BadFile(str(path), "no such file or directory")
-        elif is_dir:
-            for file in _walk(path):
-                yield from _read_one(file, file.relative_to(path).as_posix(), explicit=False)
-        else:
-            yield from _read_one(path, path.name, explicit=True)
+    limits = limits or ReadLimits()
+    with Sandbox(limits.convert_limits()) as sandbox:
+        for entry in paths:
+            path = Path(entry)
+            try:
+                is_dir = path.is_dir()
+                exists = is_dir or path.exists()
+            except OSError as exc:
+                yield BadFile(str(path), f"unreadable: {exc.strerror or exc}")
+                continue
+            if not exists:
+                yield BadFile(str(path), "no such file or directory")
+            elif is_dir:
+                yield from _iter_folder(path, limits, sandbox)
+            else:
+                yield from _read_entry(lambda p=path: _open_named(p), str(path), path.name, path.name, explicit=True,
+                                       limits=limits, sandbox=sandbox)
+
+
+def _iter_folder(path: Path, limits: ReadLimits, sandbox: Sandbox) -> Iterator[SourceDoc | BadFile]:
+    real_root = os.path.realpath(path)
+    try:
+        root_fd = os.open(real_root, _DIR_FLAGS)
+    except OSError as exc:
+        yield BadFile(str(path), f"unreadable: {exc.strerror or exc}")
+        return
+    try:
+        for parts, reason in _walk(real_root):
+            where = str(path.joinpath(*parts))
+            if reason is not None:
+                yield BadFile(where, reason)
+                continue
+            yield from _read_entry(lambda p=parts: _open_walked(root_fd, real_root, p), where, "/".join(parts),
+                                   parts[-1], explicit=False, limits=limits, sandbox=sandbox)
+    finally:
+        os.close(root_fd)
 
 
 def list_source_files(folder: str | Path) -> list[str]:
     """The ``source_uri`` of every file :func:`iter_documents` would read from *folder*
     (posix paths relative to it, the same walk), readable or not; BEIR corpora excluded
-    (their documents are ``beir:<_id>``, not files)."""
-    root = Path(folder)
-    return [p.relative_to(root).as_posix() for p in _walk(root) if p.name.lower() != BEIR_CORPUS_NAME]
+    (their documents are ``beir:<_id>``, not files), and so are the entries it refuses by rule
+    (links leaving the folder, hard links, special files): they are not files of the folder, so
+    ``ingest --sync`` deletes a document an older version read through one."""
+    real_root = os.path.realpath(folder)
+    found = []
+    for parts, reason in _walk(real_root):
+        if reason is not None or parts[-1].lower() == BEIR_CORPUS_NAME:
+            continue
+        try:
+            _locate(real_root, parts)
+        except _Skip as skip:
+            if skip.refused:
+                continue
+        except OSError:
+            pass  # unreadable now: still a file of the folder (its last good version is kept)
+        found.append("/".join(parts))
+    return found

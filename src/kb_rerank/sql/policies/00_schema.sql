@@ -42,3 +42,33 @@ begin
   end if;
 end
 $$;
+
+-- Server-side large objects (lo_from_bytea, lo_create, lo_import, lowrite, ...) live in
+-- pg_largeobject, outside every table of schema kb: no RLS binds them, nothing removes them,
+-- and any role may create them by default. kb-rerank uses none, so EXECUTE is revoked from
+-- PUBLIC on every such function of this database (pg_proc is per database; the owner and
+-- superusers keep them, e.g. for pg_dump). Re-applied with the layer, so it also covers a
+-- function a server upgrade adds under one of these names. Revoking needs the functions'
+-- owner (a superuser): migrating as a non-superuser BYPASSRLS owner leaves the grants as they
+-- are, with a WARNING saying what to run.
+do $$
+declare
+  f regprocedure;
+  left_over text;
+begin
+  for f in
+    select p.oid::regprocedure from pg_catalog.pg_proc p
+    where p.pronamespace = 'pg_catalog'::regnamespace
+      and (p.proname like 'lo\_%' or p.proname in ('loread', 'lowrite'))
+  loop
+    execute format('revoke execute on function %s from public', f);
+  end loop;
+  select string_agg(p.oid::regprocedure::text, ', ') into left_over from pg_catalog.pg_proc p
+  where p.pronamespace = 'pg_catalog'::regnamespace
+    and (p.proname like 'lo\_%' or p.proname in ('loread', 'lowrite'))
+    and pg_catalog.has_function_privilege('public', p.oid, 'EXECUTE');
+  if left_over is not null then
+    raise warning 'large-object functions still executable by PUBLIC (revoke needs a superuser): %', left_over;
+  end if;
+end
+$$;

@@ -72,3 +72,15 @@ begin
   end if;
 end
 $$;
+
+-- Per-tenant SQL access (kb-rerank sql-access; 0020): the mapping's lookup is owned by
+-- kb_access; every role that calls kb.current_tenant() calls it. kb_sql_reader's own grants
+-- are in views/sql_reader.sql, applied after every table and view exists.
+grant usage on schema kb to kb_access, kb_sql_reader;
+grant execute on function kb.sql_access_tenant() to {{app_role}}, kb_search, kb_stats, kb_audit;
+do $$
+begin
+  -- a mapped login role connects through its membership (0016 revoked CONNECT from PUBLIC)
+  execute format('grant connect on database %I to kb_sql_reader', current_database());
+end
+$$;

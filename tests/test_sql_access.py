@@ -193,9 +193,16 @@ def test_reader_reads_only_its_tenant_whatever_it_sets(setting, owner_conn, read
             assert conn.execute("select kb.current_tenant(), session_user::text").fetchone() == (b, role)
 
 
-def test_service_role_still_chooses_its_tenant(app_conn, ab):
-    """Unchanged for the service (and any role outside kb_sql_reader): the setting decides."""
+def test_service_role_still_chooses_its_tenant(app_conn, owner_conn, ab):
+    """Unchanged for the service (and any role outside kb_sql_reader): the setting decides.
+    A superuser, which PostgreSQL counts as a member of every role, keeps the setting too
+    (`kb-rerank audit verify --tenant`, the CLI as the owner)."""
     a, b, ids = ab
+    if owner_conn.execute("select rolsuper from pg_roles where rolname = session_user").fetchone()[0]:
+        assert owner_conn.execute("select pg_has_role(session_user, %s, 'MEMBER')", [READER]).fetchone()[0]
+    for t in (a, b):
+        with tenant_transaction(owner_conn, t):
+            assert owner_conn.execute("select kb.current_tenant()").fetchone()[0] == t
     for t in (a, b):
         with tenant_transaction(app_conn, t):
             assert app_conn.execute("select kb.current_tenant()").fetchone()[0] == t

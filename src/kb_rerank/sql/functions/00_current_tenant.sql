@@ -6,7 +6,8 @@
 --   tenant is the one kb.sql_access maps its login role to, and the auth.tenant_id setting
 --   is IGNORED, so the session cannot widen its access by setting it. A member without a
 --   mapping gets NULL: nothing (fail closed).
--- * Any other role (the service, the owner, the maintenance job): the setting. The service
+-- * Any other role (the service, the owner, the maintenance job, a superuser even when it
+--   is a member): the setting. The service
 --   sets `auth.tenant_id` per transaction (set_config(..., true)); after such a transaction
 --   ends the setting reads '' rather than NULL, so both mean "no tenant". A malformed value
 --   raises (invalid input syntax for type uuid): fail closed.
@@ -14,7 +15,8 @@
 -- session_user, not current_user: inside a SECURITY DEFINER function (the searches run as
 -- kb_search) current_user is the function's owner, and SET ROLE changes current_user too;
 -- session_user is the login role and only a superuser can change it. The membership test
--- is a catalog lookup cached per backend; the service's path costs no table read.
+-- is a catalog lookup cached per backend: the service's path reads no table (the superuser
+-- test runs only for members).
 create or replace function kb.sql_access_tenant()
 returns uuid
 language sql
@@ -39,9 +41,11 @@ parallel safe
 security invoker
 as $$
   select case
-           when pg_catalog.pg_has_role(session_user, 'kb_sql_reader', 'MEMBER')
-             then kb.sql_access_tenant()
-           else nullif(pg_catalog.current_setting('auth.tenant_id', true), '')::pg_catalog.uuid
+           when not pg_catalog.pg_has_role(session_user, 'kb_sql_reader', 'MEMBER')
+                -- a superuser counts as a member of every role: it keeps the setting
+                or (select r.rolsuper from pg_catalog.pg_roles r where r.rolname = session_user)
+             then nullif(pg_catalog.current_setting('auth.tenant_id', true), '')::pg_catalog.uuid
+           else kb.sql_access_tenant()
          end
 $$;
 comment on function kb.current_tenant() is

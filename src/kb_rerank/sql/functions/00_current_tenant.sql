@@ -15,8 +15,8 @@
 -- session_user, not current_user: inside a SECURITY DEFINER function (the searches run as
 -- kb_search) current_user is the function's owner, and SET ROLE changes current_user too;
 -- session_user is the login role and only a superuser can change it. The membership test
--- is a catalog lookup cached per backend: the service's path reads no table (the superuser
--- test runs only for members).
+-- is a catalog lookup cached per backend, and the body has no sub-query, so the planner
+-- inlines it: the service's path reads no table and calls no other SQL function.
 create or replace function kb.sql_access_tenant()
 returns uuid
 language sql
@@ -27,11 +27,16 @@ security definer
 -- that table only, and only the session user's row (its policy)
 set search_path = pg_catalog, kb, pg_temp
 as $$
-  select a.tenant_id from kb.sql_access a where a.role_name = session_user
+  select case
+           -- a superuser counts as a member of every role: it keeps the setting
+           when r.rolsuper then nullif(pg_catalog.current_setting('auth.tenant_id', true), '')::pg_catalog.uuid
+           else (select a.tenant_id from kb.sql_access a where a.role_name = session_user)
+         end
+  from pg_catalog.pg_roles r where r.rolname = session_user
 $$;
 alter function kb.sql_access_tenant() owner to kb_access;
 comment on function kb.sql_access_tenant() is
-  'Tenant that kb.sql_access maps the session''s login role to (NULL when none)';
+  'Tenant that kb.sql_access maps the session''s login role to (NULL when none); the setting for a superuser';
 
 create or replace function kb.current_tenant()
 returns uuid
@@ -41,11 +46,8 @@ parallel safe
 security invoker
 as $$
   select case
-           when not pg_catalog.pg_has_role(session_user, 'kb_sql_reader', 'MEMBER')
-                -- a superuser counts as a member of every role: it keeps the setting
-                or (select r.rolsuper from pg_catalog.pg_roles r where r.rolname = session_user)
-             then nullif(pg_catalog.current_setting('auth.tenant_id', true), '')::pg_catalog.uuid
-           else kb.sql_access_tenant()
+           when pg_catalog.pg_has_role(session_user, 'kb_sql_reader', 'MEMBER') then kb.sql_access_tenant()
+           else nullif(pg_catalog.current_setting('auth.tenant_id', true), '')::pg_catalog.uuid
          end
 $$;
 comment on function kb.current_tenant() is

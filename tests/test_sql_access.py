@@ -16,7 +16,7 @@ import pytest
 
 from kb_rerank import cli
 from kb_rerank.admin import database as db
-from kb_rerank.store import sql_access
+from kb_rerank.admin import sql_access
 from kb_rerank.store.session import tenant_transaction
 
 from .helpers import basis

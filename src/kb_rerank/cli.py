@@ -773,7 +773,7 @@ def cmd_sql_access(args, settings: Settings) -> int:
     import psycopg
 
     from kb_rerank.admin import database as db
-    from kb_rerank.store import sql_access
+    from kb_rerank.admin import sql_access
 
     password = None
     if getattr(args, "password_stdin", False):

@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 export OPENBLAS_NUM_THREADS ?= 1
 export HF_HUB_OFFLINE ?= 1
 
-.PHONY: install chromium demo test test-fast wheel-test serve soak bench bench-quick figures clean db-stop settings-docs
+.PHONY: install chromium pgbouncer demo test test-fast wheel-test serve soak bench bench-quick figures clean db-stop settings-docs
 
 install: $(STAMP)
 
@@ -34,10 +34,21 @@ chromium:
 	    echo "WARNING: apt-get install chromium failed: the browser tests will be skipped"; \
 	  else echo "WARNING: chromium is not installed (as root: apt-get install chromium): the browser tests will be skipped"; fi; }
 
-test: install chromium
+# tests/test_pgbouncer.py runs the service through Debian's `pgbouncer` (pool_mode=transaction).
+# Installed here as root where apt-get exists; otherwise, or when the install fails, that test
+# skips with a message naming the package.
+pgbouncer:
+	@command -v pgbouncer >/dev/null 2>&1 || test -x /usr/sbin/pgbouncer || \
+	{ if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    echo "installing Debian's pgbouncer for the transaction-pooler test (apt-get)"; \
+	    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq pgbouncer >/dev/null; } || \
+	    echo "WARNING: apt-get install pgbouncer failed: the pooler test will be skipped"; \
+	  else echo "WARNING: pgbouncer is not installed (as root: apt-get install pgbouncer): the pooler test will be skipped"; fi; }
+
+test: install chromium pgbouncer
 	$(BIN)/python -m pytest -q
 
-test-fast: install chromium
+test-fast: install chromium pgbouncer
 	$(BIN)/python -m pytest -q -m "not slow"
 
 # build the wheel, install it into a fresh venv outside the checkout, run `kb-rerank demo` there

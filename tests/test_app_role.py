@@ -185,7 +185,10 @@ def _normalised(lines: list[str], role: str) -> list[str]:
     and the layer version (which includes the role) left out."""
     def acl(m: re.Match) -> str:
         return "acl=" + ",".join(sorted(m.group(1).split(",")))
-    out = [re.sub(r"acl=(\S*)", acl, line.replace(role, "cyberos_app")) for line in lines]
+    def database_acl(m: re.Match) -> str:  # the database's ACL line, sorted the same way
+        return "database acl " + ",".join(sorted(m.group(1).split(",")))
+    out = [re.sub(r"^database acl (\S*)$", database_acl, re.sub(r"acl=(\S*)", acl, line.replace(role, "cyberos_app")))
+           for line in lines]
     return sorted(re.sub(r"'[0-9a-f]{64}'", "'<version>'", line) for line in out)
 
 

@@ -38,6 +38,7 @@ TABLES = {
     "kb_rerank_audit": None,  # no INSERT: rows only through kb.audit_append (test_sql_security)
     "kb_rerank_audit_default": None,  # a partition (0015): no privilege at all, reached through the parent
     "audit_checkpoints": None,  # no privilege at all: written by `kb-rerank audit archive` (the owner)
+    "sql_access": None,  # no privilege at all: written by `kb-rerank sql-access` (the owner), read by kb_access
     "kb_rerank_curation": "insert into kb.kb_rerank_curation (tenant_id, query_hash, position, chunk_id)"
                           " values (%(t)s, repeat('a', 64), 0, %(chunk)s)",
     "tenant_policy": "insert into kb.tenant_policy (tenant_id, injection_policy) values (%(t)s, 'allow')",
@@ -52,10 +53,11 @@ TABLES = {
 }
 VIEWS = {"cache_stats", "audit_summary", "cache_hit_ratio", "guard_flagged_share"}
 # tables the app role cannot read at all (test_table_b_cannot_see_count_change_or_forge_a: refused)
-NO_PRIVILEGE = {"audit_heads", "kb_rerank_audit_default", "audit_checkpoints"}
+NO_PRIVILEGE = {"audit_heads", "kb_rerank_audit_default", "audit_checkpoints", "sql_access"}
 # function name -> how it is kept inside the tenant (checked by test_functions_as_b_return_nothing_of_a)
 FUNCTIONS = {
     "current_tenant": "returns the transaction's tenant",
+    "sql_access_tenant": "returns the session's own login role's mapped tenant (kb.sql_access): NULL for the app",
     "code_tokens": "pure text function", "to_tsv": "pure text function",
     "stop_words_en": "pure text function", "vi_syllable_shape": "pure text function", "query_is_english": "pure text function",
     "code_token_counts": "pure text function", "query_term_counts": "pure text function",

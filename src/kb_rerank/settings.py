@@ -37,6 +37,10 @@ class Settings:
     statement_timeout_ms: int = 5000
     db_timeout_s: float = 5.0  # KB_DB_TIMEOUT_S: wait for a pool connection / connect timeout, then 503
     db_reconnect_timeout_s: float = 2.0  # KB_DB_RECONNECT_TIMEOUT_S: a background reconnect gives up after this
+    # KB_PREPARED_STATEMENTS: server-side prepared statements on the app's connections (psycopg's
+    # automatic ones after 5 executions of a query, and the record step's). Off by default, so the
+    # service works through a transaction pooler (PgBouncer pool_mode=transaction before 1.21).
+    prepared_statements: bool = False
     # Read replicas (kb_rerank.store.replicas): hot standbys that candidate retrieval runs on;
     # cache, pair scores and audit stay on the primary. Comma-separated URLs; one without a user
     # connects as KB_APP_ROLE with KB_APP_PASSWORD, like the derived primary URL.
@@ -354,6 +358,10 @@ RULES: dict[str, Rule] = {
     "db_timeout_s": Rule("wait for a database connection (and connect timeout) before answering 503", gt=0),
     "db_reconnect_timeout_s": Rule("a background reconnect gives up after this; the next request retries at once",
                                    gt=0),
+    "prepared_statements": Rule("server-side prepared statements on the app's connections (psycopg prepares a query"
+                                " after 5 executions; the record step at once). Off: works through a transaction pooler"
+                                " (PgBouncer `pool_mode=transaction`, which before 1.21 cannot carry them); on: a direct"
+                                " connection, or PgBouncer >= 1.21 with `max_prepared_statements` > 0"),
     "read_database_url": Rule("read replicas: one or more standby URLs of the app role (comma-separated); candidate"
                               " retrieval and curated lists run on a healthy one within KB_MAX_REPLICA_LAG_S, the"
                               " cache, pair scores and audit on the primary (docs/scaling.md)",
@@ -570,7 +578,8 @@ def _check_between(s: Settings) -> None:
 # The app role is rendered into SQL as a quoted identifier; the pattern keeps it one that needs
 # no quoting. The definer roles own SECURITY DEFINER functions and must never log in.
 APP_ROLE_PATTERN = re.compile(r"[a-z_][a-z0-9_]{0,62}")
-RESERVED_ROLES = frozenset({"kb_search", "kb_maint", "kb_stats", "kb_audit", "kb_generation", "postgres", "public",
+RESERVED_ROLES = frozenset({"kb_search", "kb_maint", "kb_stats", "kb_audit", "kb_generation", "kb_access",
+                            "kb_sql_reader", "postgres", "public",
                             "current_user", "session_user", "current_role", "none", "all"})
 
 

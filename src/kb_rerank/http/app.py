@@ -136,7 +136,7 @@ def _pool(url: str, settings: Settings, timeout_s: float, *, name: str, min_size
     from psycopg_pool import AsyncConnectionPool
 
     async def configure(conn: psycopg.AsyncConnection) -> None:
-        await aconfigure_connection(conn)
+        await aconfigure_connection(conn, settings)
 
     return AsyncConnectionPool(
         url,

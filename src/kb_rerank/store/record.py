@@ -58,7 +58,11 @@ def params(tenant, rec: audit.AuditRecord, key: audit.AuditKey, *, generation: i
 async def write(conn, tenant, rec: audit.AuditRecord, key: audit.AuditKey, **kw: Any) -> Recorded:
     """Write the outcome in one statement on ``conn`` (an autocommit connection: the
     statement is its own transaction; inside a transaction of the same tenant it joins it).
-    ``kw``: see :func:`params`. Prepared on first use: it runs once per miss."""
-    cur = await conn.execute(RECORD, params(tenant, rec, key, **kw), prepare=True)
+    ``kw``: see :func:`params`. Prepared on first use (it runs once per miss) only where the
+    connection may prepare statements at all (``prepare_threshold`` not None:
+    KB_PREPARED_STATEMENTS, :func:`kb_rerank.store.session.prepare_threshold`); otherwise never,
+    so that it also runs through a transaction pooler."""
+    prepare = getattr(conn, "prepare_threshold", None) is not None
+    cur = await conn.execute(RECORD, params(tenant, rec, key, **kw), prepare=prepare)
     cached, pairs, seq = await cur.fetchone()
     return Recorded(bool(cached), int(pairs), int(seq))

@@ -4,10 +4,13 @@ statement sets ``auth.tenant_id`` for that transaction only (row-level security 
 from __future__ import annotations
 
 import contextlib
-from typing import AsyncIterator, Iterator
+from typing import TYPE_CHECKING, AsyncIterator, Iterator
 from uuid import UUID
 
 import psycopg
+
+if TYPE_CHECKING:
+    from kb_rerank.settings import Settings
 
 
 SET_TENANT = "select set_config('auth.tenant_id', %s, true)"
@@ -28,15 +31,36 @@ async def atenant_transaction(conn: psycopg.AsyncConnection, tenant_id: UUID | s
         yield conn
 
 
-def configure_connection(conn: psycopg.Connection) -> None:
+# psycopg prepares a query server-side once it has run this many times on a connection (its
+# default); None disables it (KB_PREPARED_STATEMENTS off).
+PREPARE_THRESHOLD = 5
+
+
+def prepare_threshold(settings: "Settings | None") -> int | None:
+    """The connection's ``prepare_threshold``: psycopg's default when KB_PREPARED_STATEMENTS is
+    on, else None. A transaction pooler (PgBouncer ``pool_mode=transaction`` before 1.21)
+    gives each transaction any server connection: a statement prepared on one is missing on
+    the next ("prepared statement ... does not exist"), so nothing is prepared unless the
+    setting says the path allows it. No settings (tests, tools): off."""
+    return PREPARE_THRESHOLD if settings is not None and settings.prepared_statements else None
+
+
+def configure_connection(conn: psycopg.Connection, settings: "Settings | None" = None) -> None:
+    """Per-connection set-up, client side only: the pgvector type and whether psycopg may
+    prepare statements. Nothing is SET on the server session: behind a transaction pooler
+    the session is not this connection's (every server-side setting of the request path is
+    per transaction: set_config(..., true))."""
     from pgvector.psycopg import register_vector
 
+    conn.prepare_threshold = prepare_threshold(settings)
     register_vector(conn)
 
 
-async def aconfigure_connection(conn: psycopg.AsyncConnection) -> None:
+async def aconfigure_connection(conn: psycopg.AsyncConnection, settings: "Settings | None" = None) -> None:
+    """:func:`configure_connection` of the service's pool connections."""
     from pgvector.psycopg import register_vector_async
 
+    conn.prepare_threshold = prepare_threshold(settings)
     await register_vector_async(conn)
 
 

@@ -42,3 +42,45 @@ begin
   end if;
 end
 $$;
+
+-- Server-side large objects (lo_from_bytea, lo_create, lo_import, lowrite, ...) live in
+-- pg_largeobject, outside every table of schema kb: no RLS binds them, nothing removes them,
+-- and any role may create them by default. kb-rerank uses none, so EXECUTE is revoked from
+-- PUBLIC on every such function of this database (pg_proc is per database; the owner and
+-- superusers keep them, e.g. for pg_dump). Re-applied with the layer, so it also covers a
+-- function a server upgrade adds under one of these names. Revoking needs the functions'
+-- owner (a superuser): migrating as a non-superuser BYPASSRLS owner leaves the grants as they
+-- are, with a WARNING saying what to run.
+do $$
+declare
+  f regprocedure;
+  left_over text;
+begin
+  for f in
+    select p.oid::regprocedure from pg_catalog.pg_proc p
+    where p.pronamespace = 'pg_catalog'::regnamespace
+      and (p.proname like 'lo\_%' or p.proname in ('loread', 'lowrite'))
+  loop
+    execute format('revoke execute on function %s from public', f);
+  end loop;
+  select string_agg(p.oid::regprocedure::text, ', ') into left_over from pg_catalog.pg_proc p
+  where p.pronamespace = 'pg_catalog'::regnamespace
+    and (p.proname like 'lo\_%' or p.proname in ('loread', 'lowrite'))
+    and pg_catalog.has_function_privilege('public', p.oid, 'EXECUTE');
+  if left_over is not null then
+    raise warning 'large-object functions still executable by PUBLIC (revoke needs a superuser): %', left_over;
+  end if;
+end
+$$;
+
+-- Per-tenant SQL access (kb-rerank sql-access; 0020): the mapping's lookup is owned by
+-- kb_access; every role that calls kb.current_tenant() calls it. kb_sql_reader's own grants
+-- are in views/sql_reader.sql, applied after every table and view exists.
+grant usage on schema kb to kb_access, kb_sql_reader;
+grant execute on function kb.sql_access_tenant() to {{app_role}}, kb_search, kb_stats, kb_audit;
+do $$
+begin
+  -- a mapped login role connects through its membership (0016 revoked CONNECT from PUBLIC)
+  execute format('grant connect on database %I to kb_sql_reader', current_database());
+end
+$$;

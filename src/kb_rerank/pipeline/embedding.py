@@ -8,7 +8,8 @@ A tenant runs at most ``workers - 1`` units at once (one with one worker), so wi
 or more another tenant's query starts at once (two workers on two cores: a flooding tenant
 holds one, every other tenant's queries the other), and with one it waits for at most the unit
 in flight; tenants that wait are served least recently served first. A cancelled call's units
-that have not started are dropped.
+that have not started are dropped. Passages run at a lower CPU priority than queries (``nice``
++10 on their threads).
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+import os
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Sequence
@@ -23,6 +26,15 @@ from typing import Any, Sequence
 import numpy as np
 
 log = logging.getLogger(__name__)
+
+
+def _lower_priority(nice: int) -> None:
+    """This thread's CPU priority lowered by ``nice`` (Linux: per thread; raising it needs no
+    privilege). Best effort: where it is not allowed the thread keeps the normal priority."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), nice)
+    except (AttributeError, OSError):
+        pass
 
 
 @dataclass
@@ -34,14 +46,21 @@ class _Unit:
 
 
 class EmbedPool:
-    def __init__(self, embedders: Sequence[Any], *, unit_chars: int = 2048) -> None:
+    def __init__(self, embedders: Sequence[Any], *, unit_chars: int = 2048, bulk_nice: int = 10) -> None:
         if not embedders:
             raise ValueError("an EmbedPool needs at least one embedder")
         self.embedders = list(embedders)
         self.name, self.dim = self.embedders[0].name, self.embedders[0].dim
         self.unit_chars = max(1, int(unit_chars))
         self._free = list(self.embedders)
-        self._executor = ThreadPoolExecutor(max_workers=len(self.embedders), thread_name_prefix="kb-embed")
+        # queries on threads of normal CPU priority, passages (bulk work: documents, their
+        # spans) on threads of a lower one, so that where the cores are shared with the rest of
+        # the service a flood of passages yields the CPU to the queries and the requests
+        self._executors = {
+            True: ThreadPoolExecutor(max_workers=len(self.embedders), thread_name_prefix="kb-embed-query"),
+            False: ThreadPoolExecutor(max_workers=len(self.embedders), thread_name_prefix="kb-embed-bulk",
+                                      initializer=_lower_priority, initargs=(bulk_nice,)),
+        }
         self._waiting: collections.OrderedDict[Any, collections.deque[_Unit]] = collections.OrderedDict()
         self._running: collections.Counter[Any] = collections.Counter()
         self._served: dict[Any, int] = {}  # when each tenant last got a worker
@@ -52,7 +71,8 @@ class EmbedPool:
         return len(self.embedders)
 
     def close(self) -> None:
-        self._executor.shutdown(wait=False, cancel_futures=True)
+        for ex in self._executors.values():
+            ex.shutdown(wait=False, cancel_futures=True)
 
     # ------------------------------------------------------------------ calls
     async def embed_query(self, tenant: Any, text: str) -> np.ndarray:
@@ -128,7 +148,7 @@ class EmbedPool:
             self._running[unit.tenant] += 1
             fn = embedder.embed_query if unit.query else embedder.embed_passages
             arg = unit.texts[0] if unit.query else unit.texts
-            work = loop.run_in_executor(self._executor, fn, arg)
+            work = loop.run_in_executor(self._executors[unit.query], fn, arg)
             work.add_done_callback(lambda w, u=unit, e=embedder: self._done(w, u, e))
 
     def _done(self, work: asyncio.Future, unit: _Unit, embedder: Any) -> None:

@@ -390,7 +390,7 @@ def test_nil_and_max_uuid_are_not_tenants(hs_cfg, value):
 
 
 def _no_server(*args, **kwargs):
-    raise AssertionError("uvicorn.run reached: the start-up checks let it through")
+    raise AssertionError("the server was started: the start-up checks let it through")
 
 
 def test_both_keys_configured_is_a_startup_error(rsa_keys, monkeypatch, capsys):
@@ -407,7 +407,7 @@ def test_both_keys_configured_is_a_startup_error(rsa_keys, monkeypatch, capsys):
         assert "KB_JWT_SECRET" in str(ei.value) and "KB_JWT_PUBLIC_KEY" in str(ei.value)
     monkeypatch.setenv("KB_JWT_SECRET", SECRET)
     monkeypatch.setenv("KB_JWT_PUBLIC_KEY", rsa_keys[1])
-    monkeypatch.setattr("uvicorn.run", _no_server)
+    monkeypatch.setattr("kb_rerank.http.server.run", _no_server)
     assert cli.main(["serve", "--port", "1"]) == 2  # refused before uvicorn starts
     err = capsys.readouterr().err
     assert "KB_JWT_SECRET" in err and "KB_JWT_PUBLIC_KEY" in err
@@ -465,7 +465,7 @@ def test_serve_refuses_placeholder_secret_but_dev_mode_keeps_working(monkeypatch
     monkeypatch.delenv("KB_JWT_PUBLIC_KEY", raising=False)
     monkeypatch.delenv("KB_SERVE_DEV", raising=False)
     monkeypatch.setenv("KB_JWT_SECRET", "change-me-to-a-secret-of-at-least-32-bytes")
-    monkeypatch.setattr("uvicorn.run", _no_server)
+    monkeypatch.setattr("kb_rerank.http.server.run", _no_server)
     assert cli.main(["serve", "--port", "1"]) == 2
     assert "KB_JWT_SECRET" in capsys.readouterr().err
     # the development secret only with --dev
@@ -473,7 +473,7 @@ def test_serve_refuses_placeholder_secret_but_dev_mode_keeps_working(monkeypatch
     assert cli.main(["serve", "--port", "1"]) == 2
     assert "placeholder" in capsys.readouterr().err
     started = []
-    monkeypatch.setattr("uvicorn.run", lambda *a, **kw: started.append((a, kw)))
+    monkeypatch.setattr("kb_rerank.http.server.run", lambda *a, **kw: started.append((a, kw)) or 0)
     monkeypatch.delenv("KB_JWT_SECRET")
     assert cli.main(["serve", "--dev", "--port", "1"]) == 0 and started
     from kb_rerank.http.app import app_from_env
@@ -493,7 +493,7 @@ def test_serve_requires_strong_server_keys_in_a_deployment(monkeypatch, capsys, 
     from kb_rerank import cli
 
     started = []
-    monkeypatch.setattr("uvicorn.run", lambda *a, **kw: started.append(kw))
+    monkeypatch.setattr("kb_rerank.http.server.run", lambda *a, **kw: started.append(kw) or 0)
     monkeypatch.setenv("KB_JWT_SECRET", secrets.token_hex(32))
     monkeypatch.setenv("KB_DATA_DIR", str(tmp_path / "data"))
     monkeypatch.setenv("KB_APP_DATABASE_URL", "postgresql://cyberos_app@db/kb")

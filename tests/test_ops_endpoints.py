@@ -198,9 +198,9 @@ def test_serve_refuses_a_weak_ops_token(monkeypatch, capsys):
     monkeypatch.setenv("KB_OPS_TOKEN", "example-ops-token-0123456789abcdef")
 
     def no_server(*a, **kw):
-        raise AssertionError("uvicorn.run reached: the start-up checks let it through")
+        raise AssertionError("the server was started: the start-up checks let it through")
 
-    monkeypatch.setattr("uvicorn.run", no_server)
+    monkeypatch.setattr("kb_rerank.http.server.run", no_server)
     assert cli.main(["serve", "--port", "1"]) == 2
     assert "KB_OPS_TOKEN" in capsys.readouterr().err
 

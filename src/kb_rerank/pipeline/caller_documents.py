@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 from typing import Any, Awaitable, Callable, Mapping
 
 import msgspec
@@ -94,6 +95,14 @@ def first_stage(docs: list[V2Document]) -> list[float]:
         for r, i in enumerate(order, start=1):
             fused[i] += 1.0 / (RRF_K + r)
     return fused
+
+
+def pieces_estimate(n_chars: int, max_chars: int, overlap: int) -> int:
+    """How many chunks of at most ``max_chars`` overlapping by ``overlap`` a text of ``n_chars``
+    makes, cut at exact lengths (the chunker cuts at boundaries, so it may make a few more)."""
+    if n_chars <= max_chars:
+        return 1
+    return 1 + math.ceil((n_chars - max_chars) / max(1, max_chars - overlap))
 
 
 def _once(embed: Callable[[list[str]], Awaitable[np.ndarray]]) -> Callable[[list[str]], Awaitable[np.ndarray]]:
@@ -148,15 +157,14 @@ class CallerDocumentsFlow(StoredResponse):
         self.first = first_stage(self.docs)
         self.order = sorted(range(len(self.docs)), key=lambda i: (-self.first[i], i))
         self.cut = self.order[: max(1, settings.rerank_max_candidates)]
-        # what the guard reads of each scored document and MMR embeds: the chunks ingestion
-        # would store of it (linear in the document, each at most one model window)
         self.texts = [truncate_tokens(self.docs[i].text, req.max_tokens_per_doc) for i in self.cut]
-        self.pieces_of_text = {t: verdict.pieces(t, settings.chunk_max_chars, settings.chunk_overlap)
-                               for t in self.texts}
-        # the documents (each with its pair) and every piece the guard and MMR will embed,
-        # before any work on them; only the guard's spans are debited after the fact
+        # the documents (each with its pair) and the pieces the guard and MMR will embed of each
+        # scored document (the chunks ingestion would store of it, each at most one model
+        # window), before any work on them. The count is the chunker's arithmetic, not the
+        # chunking itself (a megabyte of text to chunk would hold the event loop); pieces beyond
+        # it and the guard's spans are debited after the fact
         embedded = 0 if self.lam >= 1.0 and classifier is None else sum(
-            len(self.pieces_of_text[t]) for t in self.texts)
+            pieces_estimate(len(t), settings.chunk_max_chars, settings.chunk_overlap) for t in self.texts)
         self.admission = Work(documents=len(self.docs), embeddings=embedded)
         self.unclassified = 0
         self.mmr = False  # set by inspect: MMR applies and every candidate has its embedding
@@ -201,7 +209,7 @@ class CallerDocumentsFlow(StoredResponse):
                 [c.content for c in cands], s.guard_budget_ms / 1000.0, classifier=self.classifier,
                 threshold=s.guard_classifier_threshold, embed=embed, fatal=(LimitExceeded,),
                 embed_timeout_s=s.guard_embed_timeout_s, embed_spans=tools.embed_passages,
-                chunk=lambda t: self.pieces_of_text.get(t) or verdict.pieces(t, s.chunk_max_chars, s.chunk_overlap))
+                chunk=lambda t: verdict.pieces(t, s.chunk_max_chars, s.chunk_overlap))
         self.unclassified = seen.unclassified
         if seen.unclassified:
             log.warning("guard: %d of %d documents not reached by the injection classifier (embedder failed, or "

@@ -77,7 +77,11 @@ $$;
 -- kb_access; every role that calls kb.current_tenant() calls it. kb_sql_reader's own grants
 -- are in views/sql_reader.sql, applied after every table and view exists.
 grant usage on schema kb to kb_access, kb_sql_reader;
-grant execute on function kb.sql_access_tenant() to {{app_role}}, kb_search, kb_stats, kb_audit;
+-- to PUBLIC: PostgreSQL checks EXECUTE on every function of kb.current_tenant()'s inlined body
+-- when a statement starts, whichever branch runs, so every role that reads a tenant table
+-- (the service, the definers, a DBA's auditor role) needs it; it tells a session only its own
+-- mapping (and the roles without USAGE on schema kb cannot reach it)
+grant execute on function kb.sql_access_tenant() to public;
 do $$
 begin
   -- a mapped login role connects through its membership (0016 revoked CONNECT from PUBLIC)

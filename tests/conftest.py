@@ -7,6 +7,7 @@ folder. Each test session migrates a fresh database on it; tests connect as cybe
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import subprocess
@@ -125,3 +126,25 @@ def sample_tenant(settings, app_url, embedder) -> uuid.UUID:
 @pytest.fixture
 def tenant() -> uuid.UUID:
     return uuid.uuid4()
+
+
+@pytest.fixture(autouse=True)
+def _logging_as_it_was():
+    """Each test leaves the process's logging as it found it: building uvicorn's config (as
+    ``kb-rerank serve`` does, with its server patched out) applies a logging config whose
+    handlers write to the test's captured streams, closed once the test ends."""
+    manager = logging.root.manager
+    root = logging.getLogger()
+    saved_root = (root.handlers[:], root.level)
+    saved = {name: (lg.handlers[:], lg.level, lg.propagate, lg.disabled)
+             for name, lg in list(manager.loggerDict.items()) if isinstance(lg, logging.Logger)}
+    yield
+    root.handlers[:], level = saved_root
+    root.setLevel(level)
+    for name, lg in list(manager.loggerDict.items()):
+        if not isinstance(lg, logging.Logger):
+            continue
+        if name in saved:
+            lg.handlers[:], lg.level, lg.propagate, lg.disabled = saved[name]
+        else:
+            lg.handlers[:] = []

@@ -32,8 +32,6 @@ from typing import Any, Callable
 from kb_rerank.candidate import Candidate
 from kb_rerank.pipeline.compose import rounded
 
-REVIEWS = ("allow", "block")
-
 
 @dataclass(frozen=True)
 class Decision:

@@ -19,10 +19,10 @@ from uuid import UUID
 
 import psycopg
 
-from kb_rerank.pipeline.guard_policy import REVIEWS
 
 POLICY_SQL = "select injection_policy from kb.tenant_policy where tenant_id = kb.current_tenant()"
 DEFAULT_POLICY = "exclude"
+REVIEWS = ("allow", "block")  # what a person may record of a chunk (kb.chunks.injection_review)
 POLICIES = ("exclude", "demote", "allow")
 
 

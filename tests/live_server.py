@@ -99,9 +99,21 @@ def serve_in_thread(app, *, startup_timeout: float = 60.0) -> Iterator[str]:
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
                                            lifespan="on", timeout_graceful_shutdown=5))
+
+    def on_loop(loop) -> None:
+        app.state.test_server_loop = loop  # for tests that schedule coroutines on the app's loop
+
+    with run_server(server, startup_timeout=startup_timeout, on_loop=on_loop):
+        yield f"http://127.0.0.1:{port}"
+
+
+@contextlib.contextmanager
+def run_server(server, *, startup_timeout: float = 60.0, on_loop=None, stop_timeout: float = 30.0) -> Iterator[None]:
+    """``server`` (a uvicorn.Server) on an event loop of its own in a thread, until the block ends."""
     def run() -> None:
         loop = asyncio.new_event_loop()
-        app.state.test_server_loop = loop  # for tests that schedule coroutines on the app's loop
+        if on_loop is not None:
+            on_loop(loop)
         try:
             loop.run_until_complete(server.serve())
         finally:
@@ -115,10 +127,10 @@ def serve_in_thread(app, *, startup_timeout: float = 60.0) -> Iterator[str]:
             raise RuntimeError("uvicorn did not start")
         time.sleep(0.02)
     try:
-        yield f"http://127.0.0.1:{port}"
+        yield
     finally:
         server.should_exit = True
-        thread.join(30)
+        thread.join(stop_timeout)
 
 
 def server_keys_env() -> dict[str, str]:

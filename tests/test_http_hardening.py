@@ -16,13 +16,11 @@ unknown path, the auth guard, /healthz and /schema, do not touch the pool).
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import io
 import logging
 import re
 import socket
-import threading
 import time
 from typing import Iterator
 
@@ -38,7 +36,7 @@ from kb_rerank.http.app import create_app
 from kb_rerank.logs import JsonFormatter
 from kb_rerank.settings import Settings
 
-from .live_server import SECRET, free_port
+from .live_server import SECRET, free_port, run_server
 
 RERANK = "/v1/kb/search/rerank"
 
@@ -120,25 +118,8 @@ def _serve(settings: Settings) -> Iterator[tuple[int, uvicorn.Server]]:
     config = server.server_config(create_app(settings), settings, host="127.0.0.1", port=port,
                                   lifespan="off", timeout_graceful_shutdown=2)
     srv = uvicorn.Server(config)
-
-    def run() -> None:
-        loop = asyncio.new_event_loop()
-        try:
-            loop.run_until_complete(srv.serve())
-        finally:
-            loop.close()
-
-    thread = threading.Thread(target=run, name="uvicorn-hardening-test", daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not srv.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
-        time.sleep(0.02)
-    try:
+    with run_server(srv, startup_timeout=30, stop_timeout=15):
         yield port, srv
-    finally:
-        srv.should_exit = True
-        thread.join(15)
 
 
 def _connect(port: int) -> socket.socket:

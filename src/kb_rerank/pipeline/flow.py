@@ -372,8 +372,9 @@ class Pipeline:
         standby when read replicas are set (the primary when none is, it is behind the
         request's generation, or it fails), within the tenant's share of either pool."""
         tenant = look.tenant
-        pairs = (self.model_name, self.hash_query(query)) if self.settings.pair_cache else None
-        args = dict(generation=look.generation, query_hash=self.hash_query(query), pairs=pairs)
+        query_key = self.hash_query(query)  # the query alone: its curated list and its pair scores
+        pairs = (self.model_name, query_key) if self.settings.pair_cache else None
+        args = dict(generation=look.generation, query_hash=query_key, pairs=pairs)
         with timing.stage("retrieve"):
             standby = self.replicas.pick() if self.replicas is not None else None
             if standby is not None:

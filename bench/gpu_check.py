@@ -6,7 +6,9 @@ service runs: FlagEmbedding tokenisation, length-sorted batches, sigmoid), on ``
 (default ``cuda``; fp16 on CUDA, as the service does). The model is
 ``BAAI/bge-reranker-v2-m3`` when it is in the local Hugging Face cache, else (or with
 ``--random``) a randomly initialised model with its architecture (the cost of a forward pass
-does not depend on the weights). ``--tiny``: the tiny test model, for a CPU smoke run::
+does not depend on the weights). Then the budget path: the service's rerank step
+(:func:`kb_rerank.pipeline.scoring.score`) within ``--budget-ms`` (300), its p50/p95 and the
+share of the pairs the model reached. ``--tiny``: the tiny test model, for a CPU smoke run::
 
     PYTHONPATH=src python bench/gpu_check.py --device cpu --requests 2 --tiny
 """
@@ -81,6 +83,7 @@ def run(args) -> dict:
                 scores = r.score(query, passages)
                 times.append((time.perf_counter() - t0) * 1000)
                 assert len(scores) == len(passages) and all(0.0 <= s <= 1.0 for s in scores)
+            budget = budget_path(r, query, passages, args) if args.budget_ms > 0 else None
         finally:
             r.close()
     return {
@@ -92,8 +95,26 @@ def run(args) -> dict:
         "requests": args.requests, "p50_ms": round(percentile(times, 0.5), 1),
         "p95_ms": round(percentile(times, 0.95), 1), "mean_ms": round(statistics.fmean(times), 1),
         "max_ms": round(max(times), 1), "load_s": round(r.load_seconds or 0, 1),
+        "forward_cost": r.cost.snapshot(), "budget": budget,
         "run": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
+
+
+def budget_path(r, query: str, passages: list[str], args) -> dict:
+    """The service's rerank step within ``--budget-ms`` (KB_RERANK_BUDGET_MS): rerank time and
+    the share of the pairs the model reached, over ``--requests`` requests (no pair cache)."""
+    import asyncio
+
+    from kb_rerank.pipeline import scoring
+
+    got = []
+    for i in range(args.requests):
+        keys = [(i, j) for j in range(len(passages))]
+        got.append(asyncio.run(scoring.score(r, query, passages, keys, budget_ms=args.budget_ms, timeout_s=60)))
+    ms = [s.ms for s in got]
+    return {"budget_ms": args.budget_ms, "p50_ms": percentile(ms, 0.5), "p95_ms": percentile(ms, 0.95),
+            "reranked_share_mean": round(statistics.fmean(s.reranked / len(passages) for s in got), 3),
+            "partial": sum(s.partial is not None for s in got), "fallbacks": sum(s.reason is not None for s in got)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -108,6 +129,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="uniform: ~256 tokens a pair; mixed: 16-480")
     p.add_argument("--random", action="store_true", help="random weights even if the real model is cached")
     p.add_argument("--tiny", action="store_true", help="the tiny test model (CPU smoke run)")
+    p.add_argument("--budget-ms", type=float, default=300.0,
+                   help="then the budget path (KB_RERANK_BUDGET_MS) over as many requests; 0 skips it")
     p.add_argument("--out", type=Path, default=None, help="also write the JSON here")
     args = p.parse_args(argv)
     result = run(args)

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The cross-encoder on an NVIDIA GPU, in one command: bge-reranker-v2-m3 (the real checkpoint
 # when it is in the local Hugging Face cache, else its architecture with random weights) in
-# fp16, 40 pairs a request, p50/p95 over 50 requests through the service's Reranker, as JSON.
+# fp16, 40 pairs a request, p50/p95 over 50 requests through the service's Reranker, then the
+# rerank budget path (KB_RERANK_BUDGET_MS, --budget-ms 300): its p95 and the share of pairs reached, as JSON.
 #
 #   bench/gpu_check.sh                      # from the repository root; extra arguments go to
 #   bench/gpu_check.sh --workload mixed     # bench/gpu_check.py (--requests, --max-length, ...)

@@ -40,6 +40,9 @@ def test_the_python_part_runs_on_the_cpu(tmp_path):
     result = json.loads(out.read_text())
     assert result["device"] == "cpu" and result["fp16"] is False and result["requests"] == 2
     assert result["pairs"] == 8 and 0 < result["p50_ms"] <= result["p95_ms"] <= result["max_ms"]
+    budget = result["budget"]  # the budget path: the tiny model scores all 8 pairs well within 300 ms
+    assert budget["budget_ms"] == 300 and budget["reranked_share_mean"] == 1.0 and budget["fallbacks"] == 0
+    assert result["forward_cost"]["calibrated"] is True
 
 
 def test_cuda_without_a_gpu_is_refused():

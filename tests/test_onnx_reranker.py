@@ -198,7 +198,7 @@ def _serve(settings, embedder, tiny_model_dir, root, tenant, *, slow: bool = Fal
             time.sleep(0.05)
         if slow:
             run = rr._run_batch
-            rr._run_batch = lambda features: (time.sleep(1.0), run(features))[1]
+            rr._run_batch = lambda features, **kw: (time.sleep(1.0), run(features, **kw))[1]
         r = client.post("/v1/kb/search/rerank", json={"query": f"ERR_402 at checkout {uuid.uuid4().hex[:6]}"},
                         headers=bearer(tenant))
         ready = client.get("/readyz", headers=OPS).json()
@@ -230,7 +230,7 @@ def test_ascore_timeout_is_the_parents(settings, tiny_model_dir, export_root):
     rr = _onnx(settings, tiny_model_dir, export_root, rerank_timeout_s=0.2)
     rr.load()
     run = rr._run_batch
-    rr._run_batch = lambda features: (time.sleep(0.6), run(features))[1]
+    rr._run_batch = lambda features, **kw: (time.sleep(0.6), run(features, **kw))[1]
     try:
         with pytest.raises(RerankerTimeout):
             asyncio.run(rr.ascore("q", ["p"]))

@@ -20,10 +20,10 @@ ENDPOINTS = {
     # path: (request properties that must be documented, top-level properties of the 200 answer)
     RERANK: ({"query", "source"},
              {"results", "from_cache", "rerank_duration_ms", "trace_id", "model", "fallback", "fallback_reason",
-              "candidate_count"}),
+              "candidate_count", "reranked_count", "partial_reason"}),
     CONTEXT: ({"query", "top_n", "lambda", "recency_weight", "half_life_days", "authority_weight", "explain"},
               {"answerable", "results", "filtered", "gate", "context", "system_prompt", "model", "fallback",
-               "fallback_reason", "candidate_count", "reranked_count", "rerank_duration_ms", "lambda",
+               "fallback_reason", "candidate_count", "reranked_count", "partial_reason", "rerank_duration_ms", "lambda",
                "injection_policy", "stages", "from_cache", "trace_id"}),
     V2: ({"query", "documents", "model", "top_n", "max_tokens_per_doc", "return_documents", "lambda",
           "recency_weight", "half_life_days", "authority_weight", "explain"},

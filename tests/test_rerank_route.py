@@ -117,7 +117,7 @@ def check(body):
     assert len({r["chunk_id"] for r in res}) == len(res)
     for r in res:
         assert 0.0 <= r["rerank_score"] <= 1.0
-        assert set(r) == {"chunk_id", "doc_id", "doc_title", "snippet", "rerank_score", "source"}
+        assert set(r) == {"chunk_id", "doc_id", "doc_title", "snippet", "rerank_score", "source", "scored_by"}
     return body
 
 

@@ -50,6 +50,9 @@ class Candidate:
     # set by the pipeline
     demote: float = 1.0  # multiplier on relevance from the guard policy; 1 = none
     relevance: float = 0.0  # cross-encoder score (or fallback relevance), 0..1
+    # what ``relevance`` is: "model" (the cross-encoder's) | "fused" (the first stage's order:
+    # a fallback, or a candidate the rerank budget did not reach)
+    scored_by: str = "model"
 
 
 def from_row(chunk_id: UUID, doc_id: UUID, doc_title: str, snippet: str, content: str, score: float | None,

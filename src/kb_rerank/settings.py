@@ -101,6 +101,14 @@ class Settings:
     rerank_max_length: int = 512
     rerank_batch_size: int = 32
     rerank_timeout_s: float = 30.0
+    # KB_RERANK_BUDGET_MS: the rerank step's time per request (the spec's 300 ms): the in-process
+    # model scores the candidates in fused order while it lasts, the rest follow in fused order
+    # (a partial answer, kb_rerank.pipeline.scoring); 0 scores every candidate within KB_RERANK_TIMEOUT_S
+    rerank_budget_ms: int = 300
+    # KB_RERANK_UNIT_MS: the longest one budgeted batch may take (measured cost): concurrent requests take turns
+    # on the model batch by batch, so one request delays another by at most this; also the most a torch batch
+    # overshoots a deadline by when its estimate is right
+    rerank_unit_ms: int = 50
     # Single flight across app processes (kb.kb_rerank_inflight, kb_rerank.store.inflight): a
     # miss claimed by another process is waited for (its cache row polled this often) instead
     # of computed twice; off: single flight within each process only.
@@ -177,6 +185,10 @@ class Settings:
     # passage) pair sent to the cross-encoder costs rate_cost_per_pair more, a /v2/rerank
     # document rate_cost_per_document more (charged before the work).
     rate_cost_per_pair: float = 0.1  # KB_RATE_COST_PER_PAIR: tokens per pair sent to the cross-encoder (40 pairs: 4)
+    # KB_RATE_COST_PER_MODEL_SECOND: tokens per second of cross-encoder time; a pair's price is the model's
+    # measured seconds per pair (calibrated at load, kept current) times this, at least KB_RATE_COST_PER_PAIR.
+    # 400: one token buys 2.5 ms, a cache hit's time (bench/results/service-quiet-2026-12-01.md); 0: the fixed price
+    rate_cost_per_model_second: float = 400.0
     rate_cost_per_document: float = 0.1  # KB_RATE_COST_PER_DOCUMENT: tokens per /v2/rerank document, up front
     rate_cost_per_embedding: float = 4.0  # KB_RATE_COST_PER_EMBEDDING: tokens per text embedded (a query on a miss; /v2/rerank passages for MMR and the injection classifier)
     tenant_model_slots: int = 2  # KB_TENANT_MODEL_SLOTS: cross-encoder (and embedder) calls one tenant may have queued or running; 0 disables
@@ -416,6 +428,11 @@ RULES: dict[str, Rule] = {
     "rerank_max_length": Rule("cross-encoder input length, in tokens", ge=8, le=8192),
     "rerank_batch_size": Rule("pairs per cross-encoder batch", ge=1),
     "rerank_timeout_s": Rule("whole cross-encoder call (retries included); then the fallback order", gt=0),
+    "rerank_budget_ms": Rule("the rerank step's time per request: the in-process model scores candidates in fused"
+                             " order while it lasts, the rest follow in fused order (`reranked_count`); 0: every"
+                             " candidate, within `KB_RERANK_TIMEOUT_S`", ge=0),
+    "rerank_unit_ms": Rule("the longest one budgeted cross-encoder batch may take (measured cost): concurrent"
+                           " requests take turns batch by batch, so one delays another by at most this", ge=1),
     "rerank_top_n": Rule("results of `/v1/kb/search/rerank` unless the request says", ge=1),
     # Cache
     "cache_ttl_s": Rule("lifetime of cached answers and pair scores", ge=1),
@@ -488,7 +505,11 @@ RULES: dict[str, Rule] = {
                           " required like KB_AUDIT_KEY",
                            default_doc="unset: <KB_DATA_DIR>/keys/query_hash.key"),
     # Limits and fairness
-    "rate_cost_per_pair": Rule("extra tokens per (query, passage) pair sent to the cross-encoder", ge=0),
+    "rate_cost_per_pair": Rule("extra tokens per (query, passage) pair sent to the cross-encoder; the floor of the"
+                               " measured price", ge=0),
+    "rate_cost_per_model_second": Rule("tokens per second of cross-encoder time: a pair costs the model's measured"
+                                       " seconds per pair times this (at least `KB_RATE_COST_PER_PAIR`); 0: the fixed"
+                                       " price", ge=0),
     "rate_cost_per_document": Rule("extra tokens per `/v2/rerank` document, up front (1000 documents: 101)", ge=0),
     "rate_cost_per_embedding": Rule("extra tokens per text embedded (the query of a miss; `/v2/rerank` passages, for MMR"
                                     " and the injection classifier, and the spans of the documents the classifier finds"

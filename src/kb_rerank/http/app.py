@@ -249,7 +249,7 @@ def build_reranker(settings: Settings):
         return RemoteReranker(settings.reranker_url, model_name=settings.reranker_model,
                               api_key=settings.reranker_api_key or None, timeout_s=settings.rerank_timeout_s)
     common = {"max_length": settings.rerank_max_length, "batch_size": settings.rerank_batch_size,
-              "timeout_s": settings.rerank_timeout_s}
+              "timeout_s": settings.rerank_timeout_s, "unit_ms": settings.rerank_unit_ms}
     if settings.reranker_backend == "onnx":
         from kb_rerank.models.onnx import QUANTIZE_CHOICES, OnnxReranker
 

@@ -181,6 +181,9 @@ class ContextResult(msgspec.Struct, forbid_unknown_fields=True):
     boosts: Boosts
     flags: ChunkFlags
     citation: int  # the [n] of this passage in ``context``
+    # what rerank_score is: model (the cross-encoder's) | fused (the first stage's order: a
+    # fallback, or a candidate the rerank budget did not reach; below every model score)
+    scored_by: str = "model"
 
 
 class FilteredChunk(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -228,7 +231,10 @@ class ContextResponse(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, 
     fallback: bool
     fallback_reason: str | None
     candidate_count: int
-    reranked_count: int
+    reranked_count: int  # candidates ranked by a model score (pair cache or model); 0 on a fallback
+    # "budget" when KB_RERANK_BUDGET_MS ended before the model reached every candidate (a partial
+    # answer: the rest follow in fused order, scored_by "fused"; not cached); else null
+    partial_reason: str | None = None
     rerank_duration_ms: int
     lam: float
     injection_policy: str
@@ -264,6 +270,8 @@ class V2Result(msgspec.Struct, forbid_unknown_fields=True):
     id: str | UnsetType = UNSET  # the document's id, when it had one
     document: V2ResultDocument | UnsetType = UNSET  # with "return_documents": true
     stages: V2Stages | UnsetType = UNSET  # with "explain": true
+    # what relevance_score is: model | fused (a fallback, or beyond the rerank budget)
+    scored_by: str = "model"
 
 
 class V2Filtered(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -306,6 +314,8 @@ class V2Meta(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, rename={"
     unclassified: int = 0
     fallback: bool
     fallback_reason: str | None
+    reranked: int | UnsetType = UNSET  # documents ranked by a model score (absent in answers cached before it)
+    partial_reason: str | None = None  # "budget": the rerank budget ended before every scored document
     rerank_duration_ms: int
     from_cache: bool
     trace_id: str
@@ -324,6 +334,9 @@ class RerankResult(msgspec.Struct):
     snippet: str
     rerank_score: float
     source: str
+    # what rerank_score is: model (the cross-encoder's) | fused (the first stage's order: a
+    # fallback, or a candidate the rerank budget did not reach) | curation (a curated list's rank)
+    scored_by: str = "model"
 
 
 class RerankResponse(msgspec.Struct):
@@ -335,3 +348,8 @@ class RerankResponse(msgspec.Struct):
     fallback: bool
     fallback_reason: str | None
     candidate_count: int
+    # candidates ranked by a model score (pair cache or model; 0 on a hit, like candidate_count)
+    reranked_count: int = 0
+    # "budget" when KB_RERANK_BUDGET_MS ended before the model reached every candidate: a partial
+    # answer (the rest follow in fused order, scored_by "fused"), not cached; else null
+    partial_reason: str | None = None

@@ -93,6 +93,9 @@ class ApiMetrics(PipelineMetrics):
         self.hits = Counter("kb_rerank_cache_hits_total", "cache hits", ["source"], registry=r)
         self.misses = Counter("kb_rerank_cache_misses_total", "cache misses", ["source"], registry=r)
         self.fallbacks = Counter("kb_rerank_fallbacks_total", "fallback responses", ["source", "reason"], registry=r)
+        self.partials = Counter("kb_rerank_partial_answers_total",
+                                "answers the cross-encoder ranked only in part (reason: budget)", ["source", "reason"],
+                                registry=r)
         self.rejected = Counter("kb_rerank_rejected_total", "rejected requests", ["reason"], registry=r)
         self.model_seconds = Histogram("kb_rerank_model_batch_seconds", "cross-encoder scoring time per request",
                                        registry=r, buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30))
@@ -116,6 +119,9 @@ class ApiMetrics(PipelineMetrics):
 
     def fallback(self, source: str, reason: str) -> None:
         self.fallbacks.labels(source, reason).inc()
+
+    def partial(self, source: str, reason: str) -> None:
+        self.partials.labels(source, reason).inc()
 
     def model_call(self, seconds: float, pairs: int) -> None:
         self.model_seconds.observe(seconds)

@@ -40,6 +40,19 @@ already started it still runs to completion on the worker (a thread cannot be
 interrupted), so later requests queue behind it, and their own timeout covers
 that queueing.
 
+The rerank budget
+-----------------
+``ascore_until(query, passages, deadline)`` scores as many passages as fit before
+``deadline`` (``time.monotonic()``), in the order given (the fused order): one batch at a
+time, each sized by :class:`~kb_rerank.models.forward_cost.ForwardCost` (calibrated at load,
+kept current from every batch) so that it ends before the deadline; no batch starts that would
+not. After each batch the request goes to the back of the worker's queue, so concurrent
+requests take turns batch by batch (one tenant's request delays another's by at most one
+batch) and a request whose deadline passed while it waited does no work at all. It returns the
+scores of the prefix it reached. A torch batch cannot be interrupted, so a request overshoots
+its deadline by at most the error of one batch's estimate; ONNX Runtime's run is terminated at
+the deadline (``RunOptions.terminate``: :mod:`.onnx`), its pairs left unscored.
+
 torch / transformers / FlagEmbedding are imported lazily in ``load`` so that
 importing this module is cheap.
 """
@@ -57,12 +70,15 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
+from kb_rerank.models.forward_cost import ForwardCost
+
 __all__ = [
     "DEFAULT_RERANK_MODEL",
     "Reranker",
     "RerankerError",
     "RerankerTimeout",
     "RerankerUnavailable",
+    "BatchTerminated",
     "plan_batches",
 ]
 
@@ -83,6 +99,22 @@ class RerankerUnavailable(RerankerError):
 
 class RerankerTimeout(RerankerError):
     """``ascore`` did not finish within its timeout."""
+
+
+class BatchTerminated(RerankerError):
+    """A forward pass was stopped at its deadline (ONNX Runtime's ``RunOptions.terminate``)."""
+
+
+class _Job:
+    """One budgeted request on the worker: its pairs, its deadline and how far it got."""
+
+    def __init__(self, query: str, passages: list[str], deadline: float) -> None:
+        self.query, self.passages, self.deadline = query, passages, deadline
+        self.encoded: list[dict] | None = None
+        self.lengths: list[int] = []
+        self.scores: list[float] = []
+        self.abandoned = False  # the request stopped waiting (its hard timeout)
+        self.future: concurrent.futures.Future = concurrent.futures.Future()
 
 
 def plan_batches(lengths: Sequence[int], batch_size: int, *, sort_by_length: bool = True) -> list[list[int]]:
@@ -142,6 +174,7 @@ class Reranker:
         device: str | None = None,
         timeout_s: float = 30.0,
         query_max_length: int | None = None,
+        unit_ms: float = 50.0,
     ) -> None:
         if max_length < 8:
             raise ValueError("max_length must be >= 8")
@@ -153,6 +186,7 @@ class Reranker:
         self.query_max_length = int(query_max_length) if query_max_length is not None else self.max_length * 3 // 4
         self.requested_device = device
         self.timeout_s = timeout_s
+        self.unit_ms = float(unit_ms)  # the longest one budgeted batch may take (KB_RERANK_UNIT_MS)
 
         # Filled by load().
         self.device: str | None = None
@@ -178,6 +212,9 @@ class Reranker:
         self.timeouts = 0
         self.errors = 0
         self.load_attempts = 0
+        self.terminated = 0  # forward passes stopped at their deadline (ONNX)
+        self.budget_stops = 0  # budgeted requests that ended with pairs unscored
+        self.cost = ForwardCost(max_length=self.max_length)  # calibrated by load()
 
         self._load_lock = threading.Lock()
         self._infer_lock = threading.Lock()
@@ -227,6 +264,9 @@ class Reranker:
             "batches": self.batches,
             "timeouts": self.timeouts,
             "errors": self.errors,
+            "terminated": self.terminated,
+            "budget_stops": self.budget_stops,
+            "forward_cost": self.cost.snapshot(),
         }
 
     def __repr__(self) -> str:
@@ -250,6 +290,7 @@ class Reranker:
             t0 = time.perf_counter()
             try:
                 self._load_model()
+                self._calibrate()
             except BaseException as exc:
                 self._flag = self._model = self._tokenizer = None
                 self._state = "failed"
@@ -333,6 +374,28 @@ class Reranker:
         self.batches = batches
         if len(warm) != 1 or not math.isfinite(warm[0]):
             raise RerankerError(f"model smoke test returned {warm!r}")
+
+    def _calibrate(self) -> None:
+        """The forward cost at the configured length (:class:`ForwardCost`): one pair, then a
+        batch of up to four, each timed twice after a warm-up (the faster of the two)."""
+        batches, n = self.batches, min(4, self.batch_size)
+        filler = " ".join(["calibration"] * self.max_length)
+        encoded = self._encode("calibration query", [filler] * n)
+        length = max(len(e["input_ids"]) for e in encoded)
+
+        def best(features: list[dict]) -> float:
+            self._run_batch(features)
+            times = []
+            for _ in range(2):
+                t = time.perf_counter()
+                self._run_batch(features)
+                times.append((time.perf_counter() - t) * 1000.0)
+            return min(times)
+
+        one = best(encoded[:1])
+        self.cost.calibrate(one, best(encoded) if n > 1 else one, n, length)
+        self.batches = batches
+        log.info("reranker %r forward cost: %s", self._model_name, self.cost.snapshot())
 
     def _submit_load(self) -> concurrent.futures.Future:
         with self._future_lock:
@@ -459,6 +522,105 @@ class Reranker:
                 f"reranking {len(passages)} passages did not finish within {limit:g}s"
             ) from None
 
+    async def ascore_until(self, query: str, passages: Sequence[str], deadline: float, *,
+                           timeout_s: float | None = None) -> list[float]:
+        """Scores in [0, 1] of the first ``k`` passages (input order), ``k`` being as many as
+        the model can score before ``deadline`` (``time.monotonic()``): see "The rerank
+        budget" above. ``timeout_s`` (default: the constructor's) stays the hard cap."""
+        passages = list(passages)
+        if not passages:
+            return []
+        if not isinstance(query, str) or not all(isinstance(p, str) for p in passages):
+            raise TypeError("query and passages must be str")
+        if self._closed:
+            raise RerankerUnavailable("reranker is closed")
+        if self._state != "ready":
+            raise RerankerUnavailable(f"reranker {self._model_name!r} is not ready (state={self._state})")
+        job = _Job(query, passages, deadline)
+        try:
+            self._executor.submit(self._step, job)
+        except RuntimeError as exc:  # executor shut down concurrently
+            raise RerankerUnavailable("reranker is closed") from exc
+        limit = self.timeout_s if timeout_s is None else timeout_s
+        try:
+            return await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(job.future)),
+                                          limit if limit and limit > 0 else None)
+        except TimeoutError:
+            job.abandoned = True
+            self.timeouts += 1
+            raise RerankerTimeout(f"reranking {len(passages)} passages did not finish within {limit:g}s") from None
+        except asyncio.CancelledError:
+            job.abandoned = True
+            raise
+
+    def _step(self, job: _Job) -> None:
+        """One batch of ``job`` on the worker thread, then back to the end of the queue."""
+        try:
+            finished = self._advance(job)
+        except BaseException as exc:  # noqa: BLE001 - handed to the waiting request
+            if not job.future.done():
+                job.future.set_exception(exc)
+            if not isinstance(exc, Exception):
+                raise
+            return
+        if finished:
+            if not job.future.done():
+                job.future.set_result(list(job.scores))
+            return
+        try:
+            self._executor.submit(self._step, job)
+        except RuntimeError:  # closed meanwhile: what was scored is still an answer
+            job.future.set_result(list(job.scores))
+
+    def _advance(self, job: _Job) -> bool:
+        """Score the next batch that fits before the deadline; True when the job is over."""
+        if job.abandoned:
+            return True
+        with self._infer_lock:
+            if self._model is None:
+                raise RerankerUnavailable("reranker is closed")
+            if job.encoded is None:
+                self.calls += 1
+                job.encoded = self._encode(job.query, job.passages)
+                job.lengths = [len(e["input_ids"]) for e in job.encoded]
+            done = len(job.scores)
+            left_ms = (job.deadline - time.monotonic()) * 1000.0
+            n = self.cost.fit(job.lengths[done:], left_ms, self.batch_size)
+            if n > 1:  # a turn is at most one unit: then the next request's batch
+                n = min(n, max(1, self.cost.fit(job.lengths[done:], self.unit_ms, self.batch_size)))
+            if n == 0:
+                self.budget_stops += 1
+                return True
+            try:
+                logits = self._timed_batch(job.encoded[done:done + n], deadline=job.deadline)
+            except BatchTerminated:
+                self.terminated += 1
+                self.budget_stops += 1
+                return True
+            except Exception as exc:
+                self.errors += 1
+                raise RerankerError(f"cross-encoder inference failed: {_describe(exc)}") from exc
+            if len(logits) != n or not all(math.isfinite(x) for x in logits):
+                self.errors += 1
+                raise RerankerError(f"model returned {logits!r} for a batch of {n}")
+            self.pairs_scored += n
+            self.batches += 1
+            job.scores.extend(_sigmoid(x) for x in logits)
+        if len(job.scores) >= len(job.passages):
+            return True
+        if time.monotonic() >= job.deadline:
+            self.budget_stops += 1
+            return True
+        return False
+
+    def _timed_batch(self, features: list[dict], *, deadline: float | None = None) -> list[float]:
+        """``_run_batch`` timed into the forward cost."""
+        t = time.perf_counter()
+        logits = self._run_batch(features, deadline=deadline)
+        self.cost.observe(len(features), max(len(f["input_ids"]) for f in features),
+                          (time.perf_counter() - t) * 1000.0)
+        return logits
+
     # ------------------------------------------------------------------ internals
     def _encode(self, query: str, passages: Sequence[str]) -> list[dict]:
         """Tokenize each pair exactly like ``FlagReranker.compute_score`` (unpadded)."""
@@ -476,7 +638,7 @@ class Reranker:
         """Raw logits, in the order of ``encoded``, running one forward per batch."""
         out = [math.nan] * len(encoded)
         for idx in batches:
-            logits = self._run_batch([encoded[i] for i in idx])
+            logits = self._timed_batch([encoded[i] for i in idx])
             if len(logits) != len(idx):
                 raise RerankerError(f"model returned {len(logits)} logits for a batch of {len(idx)}")
             for i, x in zip(idx, logits):
@@ -484,9 +646,10 @@ class Reranker:
             self.batches += 1
         return out
 
-    def _run_batch(self, features: list[dict]) -> list[float]:
+    def _run_batch(self, features: list[dict], *, deadline: float | None = None) -> list[float]:
         """One forward pass over a batch of unpadded encodings: pad, run, logits as floats.
-        The only engine-specific step of scoring (ONNX Runtime: models/onnx.py)."""
+        The only engine-specific step of scoring (ONNX Runtime: models/onnx.py). torch cannot
+        stop a forward pass: ``deadline`` is not used here (the batch was sized to end before it)."""
         torch = self._torch
         inputs = self._pad(self._tokenizer, features, padding=True, return_tensors="pt")
         inputs = {k: v.to(self.device) for k, v in inputs.items()}

@@ -32,11 +32,12 @@ import os
 import platform
 import re
 import shutil
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
-from kb_rerank.models.cross_encoder import Reranker, _looks_like_path
+from kb_rerank.models.cross_encoder import BatchTerminated, Reranker, _looks_like_path
 
 __all__ = ["QUANTIZE_CHOICES", "OnnxReranker", "export_dir_for", "export_model"]
 
@@ -270,8 +271,30 @@ class OnnxReranker(Reranker):
         super().close()
         self._session = None
 
-    def _run_batch(self, features: list[dict]) -> list[float]:
+    def _run_batch(self, features: list[dict], *, deadline: float | None = None) -> list[float]:
+        """One padded batch through the session. With a ``deadline`` (``time.monotonic()``) the
+        run is terminated when it is reached (``RunOptions.terminate``, set from a timer
+        thread): :class:`BatchTerminated`, so no model work outlives its request."""
         inputs = self._pad(self._tokenizer, features, padding=True, return_tensors="np")
         feed = {name: inputs[name].astype(self._np.int64) for name in self._input_names}
-        (logits,) = self._session.run(None, feed)
+        if deadline is None:
+            (logits,) = self._session.run(None, feed)
+            return logits.reshape(-1).astype(float).tolist()
+        import onnxruntime as ort
+
+        options = ort.RunOptions()
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise BatchTerminated("the deadline passed before the batch started")
+        timer = threading.Timer(left, setattr, (options, "terminate", True))
+        timer.daemon = True
+        timer.start()
+        try:
+            (logits,) = self._session.run(None, feed, options)
+        except Exception as exc:
+            if options.terminate:
+                raise BatchTerminated(f"stopped at the deadline: {type(exc).__name__}") from exc
+            raise
+        finally:
+            timer.cancel()
         return logits.reshape(-1).astype(float).tolist()

@@ -57,9 +57,10 @@ import numpy as np
 from kb_rerank.candidate import Candidate, sha256_hex
 from kb_rerank.ingest import verdict
 from kb_rerank.pipeline import diversify, timing
-from kb_rerank.pipeline.compose import fallback_relevance, rounded, tiers
+from kb_rerank.pipeline.compose import rounded, tiers
 from kb_rerank.pipeline.costs import Work
 from kb_rerank.pipeline.flow import Lookup, Outcome, Selection, Served, StoredResponse
+from kb_rerank.pipeline import scoring
 from kb_rerank.pipeline.scoring import Scored
 from kb_rerank.pipeline.guard_policy import apply as apply_policy
 from kb_rerank.pipeline.limits import LimitExceeded
@@ -250,9 +251,9 @@ class CallerDocumentsFlow(StoredResponse):
     def compose(self, look: Lookup, sel: Selection, scored: Scored) -> Outcome:
         s, req, docs, first, order = self.settings, self.req, self.docs, self.first, self.order
         n, cands, kept, filtered = len(docs), sel.candidates, sel.kept, sel.filtered
-        rel = scored.scores if scored.scores is not None else fallback_relevance([c.score for c in kept])
-        for c, r in zip(kept, rel):
-            c.relevance = float(r)
+        rel, by = scoring.relevance(scored, [c.score for c in kept])
+        for c, r, b in zip(kept, rel, by):
+            c.relevance, c.scored_by = float(r), b
         mmr_used = self.mmr and len(kept) > 1
         if mmr_used:
             embs = np.stack([c.embedding for c in kept]).astype(np.float32)
@@ -267,7 +268,8 @@ class CallerDocumentsFlow(StoredResponse):
         for pos, r in enumerate(ranked[:top_n]):
             c = kept[r.index]
             i = int(c.id)
-            item: dict[str, Any] = {"index": i, "relevance_score": rounded(c.relevance), "final_score": r.final_score,
+            item: dict[str, Any] = {"index": i, "relevance_score": rounded(c.relevance),
+                                    "final_score": r.final_score,
                                     "tier": diversify.tier(r.final_score, tiers(s)),
                                     "mmr": {"penalty": r.mmr_penalty, "max_sim": r.max_sim}}
             if docs[i].id is not None:
@@ -279,6 +281,7 @@ class CallerDocumentsFlow(StoredResponse):
                                   "rerank": {"score": rounded(c.relevance)},
                                   "final": {"score": r.final_score, "rank": pos + 1},
                                   "demote": rounded(c.demote)}
+            item["scored_by"] = c.scored_by
             results.append(item)
         meta = {
             "api_version": {"version": "2"}, "billed_units": {"search_units": 1},
@@ -289,6 +292,7 @@ class CallerDocumentsFlow(StoredResponse):
             # alone, or without their spans): the answer is then not cached
             "unclassified": self.unclassified,
             "fallback": scored.reason is not None, "fallback_reason": scored.reason,
+            "reranked": scored.reranked, "partial_reason": scored.partial,
             "rerank_duration_ms": scored.ms,
         }
         # an answer with documents the guard could not inspect or classify (load of the moment,

@@ -24,13 +24,14 @@ import numpy as np
 
 from kb_rerank.candidate import Candidate
 from kb_rerank.pipeline import diversify, prompt
-from kb_rerank.pipeline.compose import fallback_relevance, rank_map, rounded, tiers
+from kb_rerank.pipeline.compose import rank_map, rounded, tiers
 from kb_rerank.pipeline.costs import Work
 from kb_rerank.pipeline.flow import Lookup, Outcome, Selection, Served, StoredResponse
 from kb_rerank.pipeline.guard_policy import apply as apply_policy
 from kb_rerank.pipeline.query import normalize_query
 from kb_rerank.pipeline.requests import ContextRequest
 from kb_rerank.pipeline.retrieval import RetrievalSpec
+from kb_rerank.pipeline import scoring
 from kb_rerank.pipeline.scoring import Scored
 from kb_rerank.settings import Settings
 
@@ -97,7 +98,7 @@ class ContextFlow(StoredResponse):
             "answerable": False, "results": [], "filtered": sel.filtered, "gate": gate,
             "context": prompt.build_context_block([]), "system_prompt": prompt.system_prompt(0),
             "model": self.model, "fallback": False, "fallback_reason": None,
-            "candidate_count": len(cands), "reranked_count": len(cut), "rerank_duration_ms": 0,
+            "candidate_count": len(cands), "reranked_count": 0, "partial_reason": None, "rerank_duration_ms": 0,
             "lambda": self.lam, "injection_policy": look.policy,
         }
         if req.explain:
@@ -106,11 +107,12 @@ class ContextFlow(StoredResponse):
             detail = "context;gate_closed" if gate["closed"] else ("context;unanswerable" if cands else "context")
             return Outcome(body, len(cands), 0, self.model, detail=detail)
         body["rerank_duration_ms"] = scored.ms
-        rel = scored.scores if scored.scores is not None else fallback_relevance([c.score for c in cut])
+        rel, by = scoring.relevance(scored, [c.score for c in cut])
         if scored.reason:
             body["fallback"], body["fallback_reason"] = True, scored.reason
-        for c, r in zip(cut, rel):
-            c.relevance = float(r)
+        body["reranked_count"], body["partial_reason"] = scored.reranked, scored.partial
+        for c, r, b in zip(cut, rel, by):
+            c.relevance, c.scored_by = float(r), b
         ranked = diversify.composite(cut, _embeddings(cut), lam=self.lam, k=len(cut),
                                      recency_weight=req.recency_weight, half_life_days=req.half_life_days,
                                      authority_weight=req.authority_weight)
@@ -147,6 +149,7 @@ class ContextFlow(StoredResponse):
                 "boosts": {"recency": rounded(r.recency_boost), "authority": rounded(r.authority_boost)},
                 "flags": {"injection": c.injection_flag, "spam": c.spam_flag, "demoted": c.demote < 1.0},
                 "citation": pos + 1,
+                "scored_by": c.scored_by,
             })
             passages.append(prompt.Passage(text=c.content, source=c.source_uri, title=c.doc_title))
         return results, passages

@@ -14,7 +14,9 @@ Work beyond what was declared (the guard's spans and the further chunks of long 
 documents, known only once embedded) is debited after the fact when the request ends, never
 refused: the bucket may go negative and the tenant's next requests wait the debt out
 (:meth:`kb_rerank.pipeline.limits.RateLimiter.debit`). Prices: ``rate_cost_per_document``,
-``rate_cost_per_embedding``, ``rate_cost_per_pair`` (docs/tuning.md, "Rate limits").
+``rate_cost_per_embedding``, and a pair's price measured from the model (``rate_cost_per_model_second``
+times its calibrated seconds per pair, at least ``rate_cost_per_pair``:
+:attr:`kb_rerank.pipeline.limits.Limits.cost_per_pair`) (docs/tuning.md, "Rate limits").
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ class Bill:
         self._admitted = Work()
         self._reserved = Work()
         self._owed = 0  # embeddings done beyond what was paid
+        self._slot: tuple[int, tuple[int, int, int]] = (0, (0, 0, 0))  # the last model slot's pairs
         self._settled = False
 
     def admit(self, work: Work) -> None:
@@ -62,8 +65,9 @@ class Bill:
         self._reserved = Work(embeddings=self._reserved.embeddings + work.embeddings,
                               pairs=self._reserved.pairs + work.pairs)
 
-    def _use(self, embeddings: int = 0, pairs: int = 0) -> None:
-        """Consume paid work, admitted first; embeddings beyond it are owed, pairs charged now."""
+    def _use(self, embeddings: int = 0, pairs: int = 0) -> tuple[int, int, int]:
+        """Consume paid work, admitted first; embeddings beyond it are owed, pairs charged now.
+        Returns where the pairs came from: (admitted, reserved, charged now)."""
         a, r = self._admitted, self._reserved
         ea = min(embeddings, a.embeddings)
         er = min(embeddings - ea, r.embeddings)
@@ -74,6 +78,7 @@ class Bill:
         self._owe(embeddings - ea - er)
         if pairs > pa + pr:
             self.limits.charge(self.tenant, self.limits.cost_per_pair * (pairs - pa - pr), paid=REQUEST_COST)
+        return pa, pr, pairs - pa - pr
 
     def _owe(self, embeddings: int) -> None:
         if embeddings <= 0:
@@ -93,10 +98,38 @@ class Bill:
 
     @contextlib.asynccontextmanager
     async def model(self, pairs: int) -> AsyncIterator[None]:
-        """One of the tenant's model slots for ``pairs`` pairs; counted as used once held."""
+        """One of the tenant's model slots for ``pairs`` pairs; counted as used once held
+        (:meth:`scored` corrects the count once the model says how many it scored)."""
         async with self.limits.model_slot(self.tenant):
-            self._use(pairs=pairs)
+            self._slot = (pairs, self._use(pairs=pairs))
             yield
+
+    def scored(self, pairs: int) -> None:
+        """The model scored ``pairs`` of the pairs its slot was paid for. Fewer (the budget
+        ended first, or a failure): the rest go back where they came from (charged now:
+        refunded; reserved: given back at :meth:`settle`; admitted: kept for later use). More
+        (estimates are estimates): the extra is debited, never refused. A pair a
+        ``/v2/rerank`` document paid for at the document's price is debited the difference
+        when the measured pair price is higher."""
+        expected, (pa, pr, pc) = getattr(self, "_slot", (0, (0, 0, 0)))
+        self._slot = (0, (0, 0, 0))
+        price = self.limits.cost_per_pair
+        if pairs < expected:
+            back = expected - pairs
+            refund = min(back, pc)
+            if refund:
+                self.limits.tenant_rate.refund(self.tenant, price * refund)
+            back -= refund
+            to_reserved = min(back, pr)
+            self._reserved = Work(embeddings=self._reserved.embeddings, pairs=self._reserved.pairs + to_reserved)
+            back -= to_reserved
+            pa -= min(back, pa)
+            self._admitted = Work(embeddings=self._admitted.embeddings, pairs=self._admitted.pairs + back)
+        elif pairs > expected:
+            self.limits.tenant_rate.debit(self.tenant, price * (pairs - expected))
+        excess = price - self.limits.cost_per_document
+        if pa > 0 and excess > 0:
+            self.limits.tenant_rate.debit(self.tenant, excess * min(pa, pairs))
 
     def settle(self) -> None:
         """Once, when the request ends however it ends: the unused reservation back, the

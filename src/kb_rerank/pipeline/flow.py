@@ -34,7 +34,7 @@ import asyncio
 import logging
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Awaitable, Callable, Mapping, Protocol
 
 import numpy as np
@@ -65,6 +65,9 @@ class PipelineMetrics:
     def cache_miss(self, source: str) -> None: ...
 
     def fallback(self, source: str, reason: str) -> None: ...
+
+    def partial(self, source: str, reason: str) -> None:
+        """An answer the model ranked only in part (``reason``: "budget")."""
 
     def model_call(self, seconds: float, pairs: int) -> None: ...
 
@@ -126,6 +129,9 @@ class Outcome:
     cacheable: bool = True  # False also when the answer is a fallback
     detail: str | None = None  # audit detail beside the fallback reason (default: the flow's tag)
     new_pairs: dict[pair_cache.PairKey, float] = field(default_factory=dict)
+    # set by the runner from the score step: candidates with a model score, and why not all had one
+    reranked_count: int = 0
+    partial: str | None = None  # "budget": a partial answer (never cached)
     query_hash: str = ""  # the lookup it was computed under (set by the runner)
     generation: int = 0
 
@@ -223,6 +229,8 @@ class Pipeline:
             self.embedding = EmbedPool([embedder], unit_chars=settings.embed_unit_chars)
         self.embedder = self.embedding.embedders[0] if self.embedding is not None else None
         self.reranker: CrossEncoder | None = reranker
+        if self.limits is not UNLIMITED:  # a pair's price follows the model's measured cost
+            self.limits.pair_cost = getattr(reranker, "cost", None)
         self.replicas = replicas  # kb_rerank.store.replicas.ReadReplicas, or None: reads on the primary
         self.metrics = metrics or PipelineMetrics()
         self.flights = Flights()
@@ -338,7 +346,7 @@ class Pipeline:
     async def compute(self, flow: Flow, bill: Bill, look: Lookup) -> Outcome:
         """A miss, start to end: reserve, embed, retrieve, inspect, select, score, compose."""
         self.metrics.cache_miss(flow.source)
-        bill.reserve(flow.miss)
+        bill.reserve(self._within_budget(flow.miss))
         spec, cached = flow.retrieval, None
         if spec is None:
             cands = flow.candidates()
@@ -352,9 +360,26 @@ class Pipeline:
         scored = await self.score(flow, bill, look, sel.chosen, cached)
         out = flow.compose(look, sel, scored)
         out.query_hash, out.generation = look.query_hash, look.generation
-        if out.fallback_reason is not None:
+        out.reranked_count, out.partial = scored.reranked, scored.partial
+        if out.fallback_reason is not None or out.partial is not None:
+            # a partial answer is not cached: its pair scores are, so the next request for it
+            # starts where this one stopped and ranks more of the candidates
             out.cacheable = False
         return out
+
+    def _budget_pairs(self) -> int | None:
+        """How many pairs the model can score within the rerank budget (its measured cost at the
+        configured length), None when nothing bounds them (no budget, or a remote model)."""
+        budget, r = self.settings.rerank_budget_ms, self.reranker
+        cost = getattr(r, "cost", None)
+        if not budget or cost is None or not getattr(cost, "calibrated", False) or not hasattr(r, "ascore_until"):
+            return None
+        return cost.pairs_within(budget)
+
+    def _within_budget(self, work: Work) -> Work:
+        """A miss's most work: no more pairs than the budget lets the model score."""
+        cap = self._budget_pairs()
+        return work if cap is None or work.pairs <= cap else replace(work, pairs=cap)
 
     async def _embed(self, bill: Bill, texts: list[str], *, query: bool = False) -> np.ndarray:
         """Embeddings of ``texts`` (rows), in one of the tenant's embedder slots, scheduled
@@ -405,7 +430,11 @@ class Pipeline:
                                                        keys, generation=look.generation)
         with timing.stage("rerank"):
             scored = await scoring.score(self.reranker, flow.normalized, [c.content for c in chosen], keys, cached,
-                                         timeout_s=self.settings.rerank_timeout_s, slot=bill.model)
+                                         timeout_s=self.settings.rerank_timeout_s,
+                                         budget_ms=self.settings.rerank_budget_ms, slot=bill.model)
+        bill.scored(scored.sent)
+        if scored.partial:
+            self.metrics.partial(flow.source, scored.partial)
         if scored.sent:
             self.metrics.model_call(scored.ms / 1000.0, scored.sent)
         if scored.reason is not None:

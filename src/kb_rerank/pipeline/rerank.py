@@ -8,9 +8,15 @@ fallback the candidates keep their first-stage order with
 :func:`~kb_rerank.pipeline.compose.fallback_relevance` as score; a fallback is not cached.
 The cache row holds the ``results`` list.
 
-Response fields: ``rerank_duration_ms`` is the time of this request's model call (0 when the
-model was not called); ``candidate_count`` the candidates retrieved by this request (0 on a
-hit); ``model`` the reranker's name (the cached row's on a hit, ``manual_curation`` for
+Within the rerank budget (``KB_RERANK_BUDGET_MS``) the model may score only the first
+candidates in fused order: those rank first by their scores, the rest follow in fused order
+with :func:`~kb_rerank.pipeline.scoring.partial_relevance` below them (a partial answer, not
+cached; each result says ``scored_by``: model | fused | curation).
+
+Response fields: ``rerank_duration_ms`` is the time of this request's rerank step, the model
+slot included (0 when the model was not called); ``candidate_count`` the candidates retrieved
+by this request (0 on a hit); ``reranked_count`` those of them ranked by a model score (pair
+cache or model); ``partial_reason`` ``"budget"`` when the budget ended first; ``model`` the reranker's name (the cached row's on a hit, ``manual_curation`` for
 curated lists).
 """
 
@@ -32,9 +38,9 @@ from kb_rerank.store import result_cache
 CURATION_MODEL = "manual_curation"
 
 
-def _result(c: Candidate, score: float, source: str) -> dict[str, Any]:
+def _result(c: Candidate, score: float, source: str, scored_by: str) -> dict[str, Any]:
     return {"chunk_id": str(c.chunk_id), "doc_id": str(c.doc_id), "doc_title": c.doc_title, "snippet": c.snippet,
-            "rerank_score": clamped(score), "source": source}
+            "rerank_score": clamped(score), "source": source, "scored_by": scored_by}
 
 
 class SearchFlow:
@@ -70,17 +76,16 @@ class SearchFlow:
         cands, n, top_n = sel.candidates, len(sel.candidates), self.settings.rerank_top_n
         if self.source == CURATED:
             ranks = fallback_relevance([None] * n)
-            results = [_result(c, ranks[i], self.source) for i, c in enumerate(cands)]
+            results = [_result(c, ranks[i], self.source, "curation") for i, c in enumerate(cands)]
             return Outcome({"results": results}, n, len(results), CURATION_MODEL)
+        rel, by = scoring.relevance(scored, [c.score for c in cands])
         if scored.scores is None:
-            rel = fallback_relevance([c.score for c in cands])
-            results = [_result(c, rel[i], self.source) for i, c in enumerate(cands[:top_n])]
-            return Outcome({"results": results}, n, len(results), self.model, fallback_reason=scored.reason,
-                           rerank_ms=scored.ms)
-        order = scoring.order([c.id for c in cands], scored.scores)[:top_n]
-        results = [_result(cands[i], scored.scores[i], self.source) for i in order]
-        return Outcome({"results": results}, n, len(results), self.model, rerank_ms=scored.ms,
-                       new_pairs=scored.new_pairs)
+            order = list(range(min(n, top_n)))
+            return Outcome({"results": [_result(cands[i], rel[i], self.source, by[i]) for i in order]}, n,
+                           len(order), self.model, fallback_reason=scored.reason, rerank_ms=scored.ms)
+        order = scoring.order([c.id for c in cands], rel)[:top_n]
+        return Outcome({"results": [_result(cands[i], rel[i], self.source, by[i]) for i in order]}, n,
+                       len(order), self.model, rerank_ms=scored.ms, new_pairs=scored.new_pairs)
 
     def encode(self, body: dict[str, Any]) -> list[dict[str, Any]]:
         return body["results"]
@@ -93,8 +98,11 @@ class SearchFlow:
 
     def answer(self, served: Served, trace_id: str) -> dict[str, Any]:
         out = served.outcome
+        # a row cached before scored_by existed is a whole answer: the model's, or a curated list
+        whole = "curation" if served.model == CURATION_MODEL else "model"
         return {
-            "results": served.body["results"][: self.settings.rerank_top_n],
+            "results": [r if "scored_by" in r else {**r, "scored_by": whole}
+                        for r in served.body["results"][: self.settings.rerank_top_n]],
             "from_cache": served.from_cache,
             "rerank_duration_ms": max(0, int(out.rerank_ms)) if out else 0,
             "trace_id": trace_id,
@@ -102,4 +110,6 @@ class SearchFlow:
             "fallback": bool(out and out.fallback_reason),
             "fallback_reason": out.fallback_reason if out else None,
             "candidate_count": out.candidate_count if out else 0,
+            "reranked_count": out.reranked_count if out else 0,
+            "partial_reason": out.partial if out else None,
         }

@@ -1,9 +1,11 @@
 """The cross-encoder step, shared by every endpoint and by ``kb-rerank eval``.
 
-:func:`score` sends the pairs the pair cache does not hold (each distinct key once) to
-``reranker.ascore`` within ``timeout_s``, inside the slot its caller gives (the tenant's model
-slot: :meth:`kb_rerank.pipeline.costs.Bill.model`). Any failure is a fallback *reason*
-(``model_not_ready`` / ``model_timeout`` / ``model_error`` / ``invalid_scores``), never an
+:func:`score` sends the pairs the pair cache does not hold (each distinct key once) to the
+model, inside the slot its caller gives (the tenant's model slot:
+:meth:`kb_rerank.pipeline.costs.Bill.model`): within the rerank budget (``KB_RERANK_BUDGET_MS``,
+as many as fit, in fused order: a *partial* answer) where the model can stop at a deadline,
+else all of them within ``timeout_s``. Any failure is a fallback *reason* (``model_not_ready``
+/ ``model_timeout`` / ``model_error`` / ``invalid_scores`` / ``model_budget``), never an
 exception. Model scores are taken at ``real`` precision (:func:`pair_cache.as_real`) so cached
 and fresh scores are bit-identical. :func:`order` is the one ranking of scored candidates
 (score descending, then id).
@@ -21,6 +23,7 @@ from typing import Any, AsyncContextManager, Callable, Sequence
 
 from kb_rerank.models import CrossEncoder
 from kb_rerank.models.cross_encoder import RerankerTimeout, RerankerUnavailable
+from kb_rerank.pipeline.compose import fallback_relevance
 from kb_rerank.store import pair_cache
 
 log = logging.getLogger(__name__)
@@ -30,22 +33,64 @@ log = logging.getLogger(__name__)
 class Scored:
     scores: list[float] | None  # one per text, None on fallback
     reason: str | None = None  # the fallback reason, None when served
-    ms: int = 0  # time spent in the model call (0 when the model was not called)
-    sent: int = 0  # pairs sent to the model
+    ms: int = 0  # time of the rerank step: the model slot and the model call (0 when the model was not called)
+    sent: int = 0  # pairs the model scored in this call
     cached: int = 0  # pair scores the pair cache gave
     # pair scores the model computed (for the pair cache; empty on fallback)
     new_pairs: dict[pair_cache.PairKey, float] = field(default_factory=dict)
+    # which texts have a model score (None: all of them, or none on a fallback)
+    by_model: list[bool] | None = None
+    partial: str | None = None  # "budget" when the budget ended with texts unscored
+    slot_pairs: int = 0  # the pairs the model slot was taken (and paid) for
+
+    @property
+    def reranked(self) -> int:
+        """Texts ranked by a model score (the pair cache's or this call's)."""
+        if self.scores is None:
+            return 0
+        return len(self.scores) if self.by_model is None else sum(self.by_model)
+
+    def is_model(self, i: int) -> bool:
+        return self.scores is not None and (self.by_model is None or self.by_model[i])
 
 
 def _no_slot(_pairs: int) -> AsyncContextManager[None]:
     return contextlib.nullcontext()
 
 
+def partial_relevance(values: Sequence[float | None]) -> list[float]:
+    """A partial answer's scores: the model's where it scored, and below the lowest of those,
+    for the ``u`` texts it did not reach (in the order given: the fused order), ``m * (u + 1 -
+    j) / (u + 1)`` for the ``j``-th, ``m`` being the lowest model score. So every score stays
+    in 0..1, every unscored text ranks below every scored one, and the unscored keep their
+    fused order. Not a relevance: the answer marks them (``scored_by``)."""
+    scored = [v for v in values if v is not None]
+    floor = min(scored) if scored else 1.0
+    u = sum(v is None for v in values)
+    out, j = [], 0
+    for v in values:
+        if v is None:
+            j += 1
+            out.append(floor * (u + 1 - j) / (u + 1))
+        else:
+            out.append(float(v))
+    return out
+
+
 async def score(reranker: CrossEncoder | None, query: str, texts: Sequence[str], keys: Sequence[pair_cache.PairKey],
                 cached: dict[pair_cache.PairKey, float] | None = None, *, timeout_s: float | None = None,
-                slot: Callable[[int], AsyncContextManager[None]] = _no_slot) -> Scored:
-    """Scores of ``texts`` (pair-cache key ``keys[i]`` each) for ``query``, or the fallback
-    reason. ``slot(pairs)``: held around the model call (raising from it, a 429, propagates)."""
+                budget_ms: float = 0, slot: Callable[[int], AsyncContextManager[None]] = _no_slot) -> Scored:
+    """Scores of ``texts`` (pair-cache key ``keys[i]`` each, in the order the model should
+    take them: the fused order) for ``query``, or the fallback reason.
+
+    ``budget_ms > 0`` with a model that can stop at a deadline (``ascore_until``: the in-process
+    backends): the step (slot wait included) ends by ``budget_ms``; the pairs the pair cache
+    holds come free, the model scores the others in order while time is left, and the texts
+    it did not reach get :func:`partial_relevance` (``partial="budget"``). When no text at all
+    got a model score, that is the fallback ``model_budget``. Otherwise (remote servers, test
+    doubles, eval) the model scores every pair within ``timeout_s``.
+    ``slot(pairs)``: held around the model call (raising from it, a 429, propagates)."""
+    t = time.perf_counter()
     known = cached or {}
     missing, seen = [], set()
     for i, k in enumerate(keys):
@@ -56,13 +101,22 @@ async def score(reranker: CrossEncoder | None, query: str, texts: Sequence[str],
         return Scored([known[k] for k in keys], cached=len(texts))
     if reranker is None or not reranker.ready:
         return Scored(None, "model_not_ready")
+    until = getattr(reranker, "ascore_until", None) if budget_ms and budget_ms > 0 else None
     reason: str | None = None
     raw: Any = None
     timeout = timeout_s if timeout_s and timeout_s > 0 else None
-    async with slot(len(missing)):
-        t = time.perf_counter()
+    expect = len(missing)
+    cost = getattr(reranker, "cost", None)
+    if until is not None and cost is not None:
+        expect = min(expect, cost.pairs_within(budget_ms))
+    deadline = time.monotonic() + budget_ms / 1000.0
+    async with slot(expect):
+        sent = [texts[i] for i in missing]
         try:
-            raw = await asyncio.wait_for(reranker.ascore(query, [texts[i] for i in missing]), timeout)
+            if until is not None:
+                raw = await until(query, sent, deadline, timeout_s=timeout)
+            else:
+                raw = await asyncio.wait_for(reranker.ascore(query, sent), timeout)
         except (TimeoutError, asyncio.TimeoutError, RerankerTimeout):
             reason = "model_timeout"
         except RerankerUnavailable:
@@ -70,22 +124,37 @@ async def score(reranker: CrossEncoder | None, query: str, texts: Sequence[str],
         except Exception as exc:  # noqa: BLE001 - any model failure means fallback
             reason = "model_error"
             log.warning("reranker failed (%s): %s", reason, type(exc).__name__)
-        ms = int(round((time.perf_counter() - t) * 1000))
-    fresh = _valid(raw, len(missing)) if reason is None else None
+    ms = int(round((time.perf_counter() - t) * 1000))
+    fresh = _valid(raw, len(missing), prefix=until is not None) if reason is None else None
     if fresh is None:
-        return Scored(None, reason or "invalid_scores", ms, sent=len(missing))
+        return Scored(None, reason or "invalid_scores", ms, sent=0, slot_pairs=expect)
     new = {keys[i]: pair_cache.as_real(x) for i, x in zip(missing, fresh)}
-    return Scored([known[k] if k in known else new[k] for k in keys], None, ms, sent=len(missing),
-                  cached=len(texts) - len(missing), new_pairs=new)
+    values = [known[k] if k in known else new.get(k) for k in keys]
+    n_cached = sum(k in known for k in keys)
+    if all(v is None for v in values):
+        return Scored(None, "model_budget", ms, sent=0, slot_pairs=expect)
+    if any(v is None for v in values):
+        return Scored(partial_relevance(values), None, ms, sent=len(fresh), cached=n_cached, new_pairs=new,
+                      by_model=[v is not None for v in values], partial="budget", slot_pairs=expect)
+    return Scored([float(v) for v in values], None, ms, sent=len(fresh), cached=n_cached, new_pairs=new,
+                  slot_pairs=expect)
 
 
-def _valid(raw: Any, n: int) -> list[float] | None:
-    """The model's answer as ``n`` finite scores in 0..1, or None."""
+def relevance(scored: Scored, first_stage: Sequence[float | None]) -> tuple[list[float], list[str]]:
+    """Each text's relevance and what it is (``"model"`` | ``"fused"``): the scores, or on a
+    fallback :func:`~kb_rerank.pipeline.compose.fallback_relevance` of ``first_stage``."""
+    if scored.scores is None:
+        return fallback_relevance(list(first_stage)), ["fused"] * len(first_stage)
+    return list(scored.scores), ["model" if scored.is_model(i) else "fused" for i in range(len(scored.scores))]
+
+
+def _valid(raw: Any, n: int, *, prefix: bool = False) -> list[float] | None:
+    """The model's answer as ``n`` finite scores in 0..1 (``prefix``: at most ``n``), or None."""
     try:
         fresh = [float(x) for x in raw]
     except (TypeError, ValueError):
         return None
-    if len(fresh) != n or not all(math.isfinite(x) and 0.0 <= x <= 1.0 for x in fresh):
+    if (len(fresh) > n if prefix else len(fresh) != n) or not all(math.isfinite(x) and 0.0 <= x <= 1.0 for x in fresh):
         return None
     return fresh
 

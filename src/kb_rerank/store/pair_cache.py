@@ -70,6 +70,20 @@ def _unique(keys: Iterable[PairKey]) -> list[PairKey]:
     return list(dict.fromkeys(keys))
 
 
+def live_scores(rows: Iterable[tuple[uuid.UUID | None, str, float | None]]) -> dict[PairKey, float]:
+    """``{(chunk_id, content_hash): score}`` of the rows ``(chunk_id, scored text, score or
+    None)`` read with their candidates (kb.retrieve_hybrid's pair_score), under the rule of
+    :func:`get_live`: only finite scores in 0..1 count."""
+    out: dict[PairKey, float] = {}
+    for chunk_id, text, score in rows:
+        if score is None:
+            continue
+        s = float(score)
+        if math.isfinite(s) and 0.0 <= s <= 1.0:
+            out[content_key(chunk_id, text)] = s
+    return out
+
+
 async def get_live(conn, model: str, query_hash: str, keys: Iterable[PairKey], *,
                    generation: int) -> dict[PairKey, float]:
     """The live scores among ``keys`` (one query, one generation), as

@@ -1,5 +1,6 @@
 """Python side of the search functions: one call each to kb.search_lexical,
-kb.search_semantic and kb.search_hybrid, inside the caller's tenant transaction."""
+kb.search_semantic and kb.search_hybrid (or kb.retrieve_hybrid, the hybrid read with its pair
+scores), inside the caller's tenant transaction."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from kb_rerank.candidate import Candidate, from_row
+from kb_rerank.store import pair_cache
 
 
 LEXICAL_SQL = (
@@ -27,6 +29,14 @@ HYBRID_SQL = (
 # service keeps only 2 x ``candidates`` of the 2 x ``fusion_depth`` rows, so the rest (each
 # with its chunk's content) need not cross the wire nor become Candidates.
 HYBRID_TOP_SQL = HYBRID_SQL + " order by score desc, chunk_id limit %s"
+# The same rows as HYBRID_TOP_SQL, each with its live pair score (NULL: none kept, or no pair
+# key given), in one statement (kb.retrieve_hybrid, sql/functions/13_retrieve_hybrid.sql): the
+# service's read of a miss, instead of HYBRID_TOP_SQL and then pair_cache.SELECT_LIVE.
+RETRIEVE_HYBRID_SQL = (
+    "select chunk_id, doc_id, doc_title, snippet, content, lexical_rank, semantic_rank,"
+    " lexical_score, semantic_score, score, pair_score"
+    " from kb.retrieve_hybrid(%s, %s::vector, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
+)
 
 
 def _lexical_rows(rows) -> list[Candidate]:
@@ -83,6 +93,25 @@ async def ahybrid(conn, query: str, embedding, k: int = 20, *, rrf_k: int = 60, 
     else:
         cur = await conn.execute(HYBRID_TOP_SQL, [*args, int(limit)])
     return _hybrid_rows(await cur.fetchall())
+
+
+async def aretrieve_hybrid(conn, query: str, embedding, k: int, *, rrf_k: int, fusion: str,
+                           lexical_weight: float, semantic_weight: float, k1: float, b: float, limit: int,
+                           pairs: tuple[str, str] | None = None,
+                           generation: int | None = None) -> tuple[list[Candidate], dict | None]:
+    """The first ``limit`` rows of kb.search_hybrid (the rows of :func:`ahybrid` with
+    ``limit``) and, when ``pairs`` (the model and the query's pair hash) is given, their live
+    pair scores under ``generation`` as :func:`kb_rerank.store.pair_cache.get_live` returns
+    them (``{(chunk_id, content_hash): score}``); None when ``pairs`` is None. One statement."""
+    model, pair_hash = pairs if pairs is not None else (None, None)
+    cur = await conn.execute(RETRIEVE_HYBRID_SQL, [
+        query, _vec(embedding), k, rrf_k, fusion, lexical_weight, semantic_weight, k1, b, int(limit),
+        model, pair_hash, None if pairs is None else int(generation)])  # type: ignore[arg-type]
+    rows = await cur.fetchall()
+    cands = _hybrid_rows(rows)
+    if pairs is None:
+        return cands, None
+    return cands, pair_cache.live_scores((c.chunk_id, c.content, r[10]) for c, r in zip(cands, rows))
 
 
 # The chunk's stored guard verdict (its evidence and a person's review, materialised on the

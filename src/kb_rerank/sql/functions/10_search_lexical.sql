@@ -1,5 +1,10 @@
 -- kb.search_lexical(query, k): BM25 over the caller's tenant, best chunk per document.
 --
+-- Two functions: kb.search_lexical_ids(query, k, k1, b), the search itself, returns each
+-- document's best chunk as ids, score and rank; kb.search_lexical (at the end of this file)
+-- adds the title, snippet and content by key. kb.retrieve_hybrid fuses the ids and reads the
+-- texts only of the rows it returns (sql/functions/13_retrieve_hybrid.sql).
+--
 -- Why SECURITY DEFINER (owned by kb_search, which has BYPASSRLS): under RLS the planner may
 -- not evaluate `tsv @@ tsquery` before the policy's tenant check, because @@ is not
 -- leakproof, so a ranked full-text query run by the app role ignores the GIN index
@@ -19,7 +24,7 @@
 -- both fields live in kb.chunks.tsv, and len(d) and avglen are those of the term's field:
 -- doc_len for an exact term, stem_len for a stemmed one (migration 0011).
 -- Documents are deduplicated by doc_id: each document contributes its best chunk.
-create or replace function kb.search_lexical(
+create or replace function kb.search_lexical_ids(
   query text,
   k integer default 20,
   k1 double precision default 1.2,
@@ -28,9 +33,6 @@ create or replace function kb.search_lexical(
 returns table (
   chunk_id uuid,
   doc_id uuid,
-  doc_title text,
-  snippet text,
-  content text,
   score double precision,
   rank integer
 )
@@ -164,7 +166,7 @@ begin
                    sum(tt.n) as n
             from kb.term_blocks tt
             where tt.tenant_id = v_tenant and tt.term = v_terms[i]
-              and tt.k1 = search_lexical.k1 and tt.b = search_lexical.b
+              and tt.k1 = search_lexical_ids.k1 and tt.b = search_lexical_ids.b
             group by tt.level) as l;
       v_nlev[i] := v_cnt;
     end loop;
@@ -184,7 +186,7 @@ begin
   select coalesce(array_agg(distinct x.id), '{}') into v_ids
   from kb.term_blocks tt cross join lateral unnest(tt.chunk_ids) as x(id)
   where tt.tenant_id = v_tenant and tt.term = any (v_terms) and tt.level = 0
-    and tt.k1 = search_lexical.k1 and tt.b = search_lexical.b and v_exact;
+    and tt.k1 = search_lexical_ids.k1 and tt.b = search_lexical_ids.b and v_exact;
 
   loop
     if not v_last then
@@ -322,7 +324,7 @@ begin
             from generate_series(1, v_nt) as t(i)
             join kb.term_blocks tt
               on tt.tenant_id = v_tenant and tt.term = v_terms[t.i] and tt.level = v_read[t.i]
-             and tt.k1 = search_lexical.k1 and tt.b = search_lexical.b
+             and tt.k1 = search_lexical_ids.k1 and tt.b = search_lexical_ids.b
             cross join lateral unnest(tt.chunk_ids) as u(id)
             where v_read[t.i] < v_nlev[t.i] and v_u[t.i] > 0 and v_u[t.i] >= v_umax / 2
             except
@@ -343,13 +345,46 @@ begin
   end loop;
 
   return query
-    select t.chunk_id, t.doc_id, d.title, left(c.content, 300), c.content, t.score, t.rank::integer
+    select t.chunk_id, t.doc_id, t.score, t.rank::integer
     from unnest(r_chunk, r_doc, r_score) with ordinality as t(chunk_id, doc_id, score, rank)
-    join kb.chunks c on c.chunk_id = t.chunk_id and c.tenant_id = v_tenant
-    join kb.documents d on d.doc_id = t.doc_id and d.tenant_id = v_tenant
     order by t.rank;
 end
 $fn$;
+alter function kb.search_lexical_ids(text, integer, double precision, double precision) owner to kb_search;
+comment on function kb.search_lexical_ids(text, integer, double precision, double precision) is
+  'BM25 top-k chunks (best chunk per document) as ids, score and rank, for the tenant in auth.tenant_id; empty when unset';
+
+-- kb.search_lexical: kb.search_lexical_ids' rows with the chunk's title, snippet and content,
+-- in rank order. SECURITY DEFINER, owned by kb_search like the search it calls (so that a
+-- caller needs EXECUTE on this function only): both joins name kb.current_tenant(), and with
+-- no tenant set the search returns no rows. search_path pinned, pg_temp last.
+create or replace function kb.search_lexical(
+  query text,
+  k integer default 20,
+  k1 double precision default 1.2,
+  b double precision default 0.75
+)
+returns table (
+  chunk_id uuid,
+  doc_id uuid,
+  doc_title text,
+  snippet text,
+  content text,
+  score double precision,
+  rank integer
+)
+language sql
+stable
+parallel safe
+security definer
+set search_path = pg_catalog, kb, pg_temp
+as $$
+  select t.chunk_id, t.doc_id, d.title, left(c.content, 300), c.content, t.score, t.rank
+  from kb.search_lexical_ids(query, k, k1, b) as t
+  join kb.chunks c on c.chunk_id = t.chunk_id and c.tenant_id = kb.current_tenant()
+  join kb.documents d on d.doc_id = t.doc_id and d.tenant_id = kb.current_tenant()
+  order by t.rank
+$$;
 alter function kb.search_lexical(text, integer, double precision, double precision) owner to kb_search;
 comment on function kb.search_lexical(text, integer, double precision, double precision) is
   'BM25 top-k chunks (best chunk per document) for the tenant in auth.tenant_id; empty when unset';

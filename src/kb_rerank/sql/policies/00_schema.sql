@@ -32,7 +32,11 @@ grant execute on function kb.current_tenant() to kb_audit;
 grant execute on function kb.search_lexical(text, integer, double precision, double precision),
                           kb.search_semantic(public.vector, integer),
                           kb.search_hybrid(text, public.vector, integer, integer, text, double precision, double precision,
-                                           double precision, double precision)
+                                           double precision, double precision),
+                          kb.search_lexical_ids(text, integer, double precision, double precision),
+                          kb.search_semantic_ids(public.vector, integer),
+                          kb.retrieve_hybrid(text, public.vector, integer, integer, text, double precision, double precision,
+                                             double precision, double precision, integer, text, text, bigint)
   to {{app_role}};
 -- /readyz compares the applied migration with the code's head revision.
 do $$

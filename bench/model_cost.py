@@ -25,6 +25,15 @@ Outside ``--quick`` the big model also runs ``FlagReranker.compute_score`` once
 
 Writes ``bench/results/model_cost.json`` and prints a Markdown table.
 
+``--fit`` (issue 31, "which model fits which machine"): for each cross-encoder of
+``kb_rerank.testing.tiny_model.CROSS_ENCODER_ARCHS`` (ms-marco-MiniLM-L-6/L-12-v2,
+bge-reranker-base, mxbai-rerank-xsmall-v1, jina-reranker-v2-base-multilingual where it can be
+built, bge-reranker-v2-m3), its published architecture with random weights: ms per pair at 128 /
+256 / 512 tokens, 1 and 2 threads, torch fp32 and ONNX Runtime int8, from batches of 8 pairs, and
+how many of 40 candidates fit 300 / 100 ms. Writes ``bench/results/model-fit.json`` and ``.md``::
+
+    OPENBLAS_NUM_THREADS=1 HF_HUB_OFFLINE=1 PYTHONPATH=src python bench/model_cost.py --fit
+
     HF_HUB_OFFLINE=1 PYTHONPATH=src python bench/model_cost.py --quick
 
 ``--quick``: 1 repetition, and a single configuration for the big model
@@ -38,10 +47,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import platform
 import random
 import shlex
+import shutil
 import sys
 import tempfile
 import time
@@ -56,7 +67,9 @@ if str(ROOT / "src") not in sys.path:
 
 from kb_rerank.models.cross_encoder import Reranker, plan_batches  # noqa: E402
 from kb_rerank.testing.tiny_model import (  # noqa: E402
+    CROSS_ENCODER_ARCHS,
     build_random_bge_reranker_v2_m3,
+    build_random_cross_encoder,
     build_tiny_cross_encoder,
     sample_words,
 )
@@ -463,13 +476,355 @@ def backends_markdown(result: dict) -> str:
                              f"{r['spearman_vs_torch_fp32']:.4f} | {r['max_abs_logit_diff']} |")
     return "\n".join(lines) + "\n"
 
+# ------------------------------------------------------------------ which model fits (issue 31)
+FIT_LENGTHS = (128, 256, 512)
+FIT_THREADS = (1, 2)
+FIT_BATCH = 8  # pairs per forward pass (one batch) in each measurement
+FIT_BACKENDS = ("torch-fp32", "onnx-int8")
+FIT_BUDGETS_MS = (300, 100)
+N_CANDIDATES = 40  # what the rerank endpoint sends to the cross-encoder at most
+
+
+def fit_count(ms_per_pair: float, budget_ms: float, n: int = N_CANDIDATES) -> int:
+    """How many of ``n`` candidates a model at ``ms_per_pair`` scores within ``budget_ms``:
+    min(n, floor(budget_ms / ms_per_pair))."""
+    if not ms_per_pair > 0:
+        raise ValueError(f"ms_per_pair must be > 0, got {ms_per_pair!r}")
+    return min(n, math.floor(budget_ms / ms_per_pair))
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def _cpu_isa() -> list[str]:
+    from kb_rerank.models.onnx import _cpu_flags
+
+    return sorted(_cpu_flags() & {"avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_int8", "fma"})
+
+
+def fit_workload(tok, seed: int = 0) -> tuple[str, list[str]]:
+    """A 12-word query and FIT_BATCH passages of ~600 tokens: truncated to max_length (the
+    passage side only, as the service does), every pair is exactly max_length tokens."""
+    rng = random.Random(seed)
+    words = sample_words()
+    query = " ".join(rng.choice(words) for _ in range(QUERY_WORDS))
+    return query, [_passage(tok, rng, words, 600) for _ in range(FIT_BATCH)]
+
+
+def _fit_onnx_export(folder: Path, onnx_root: Path) -> tuple[Path, dict]:
+    """int8 export by ``kb-rerank model export --quantize int8``'s function (fused graph); where the
+    BERT fusion rules fail on an architecture, the int8 of the unfused graph, said so."""
+    from kb_rerank.models.onnx import export_model
+
+    t0 = time.perf_counter()
+    try:
+        out = export_model(str(folder), onnx_root, quantize="int8")
+        variant = "int8 of the fused graph (kb-rerank model export --quantize int8)"
+    except Exception as exc:  # noqa: BLE001 - recorded, then the unfused variant
+        print(f"  fused int8 export failed ({type(exc).__name__}: {exc}); int8 of the unfused graph", flush=True)
+        out = export_model(str(folder), onnx_root, quantize="int8", optimize=False)
+        variant = f"int8 of the unfused graph (fused export failed: {type(exc).__name__})"
+    manifest = json.loads((out / "kb-export.json").read_text())
+    fp32 = json.loads((out.parent / "fp32" / "kb-export.json").read_text())
+    return out, {"variant": variant, "export_s": round(time.perf_counter() - t0, 1),
+                 "fp32_export_s": fp32.get("seconds"), "int8_s": manifest.get("seconds"),
+                 "preset": manifest.get("preset"),
+                 "fused_operators": (manifest.get("graph_optimization") or {}).get("fused_operators"),
+                 "int8_mb": round(sum(f.stat().st_size for f in out.iterdir() if f.name.startswith("model.onnx"))
+                                  / 1e6, 1)}
+
+
+def _fit_measure(r: Reranker, query: str, passages: list[str], max_length: int) -> dict:
+    _set_max_length(r, max_length)
+    load_before = _loadavg()
+    res = measure(r, query, passages, batch_size=FIT_BATCH, sort=True, reps=1)
+    res.pop("logits")
+    if not res["tokens_min"] == res["tokens_max"] == max_length:
+        raise AssertionError(f"pairs of {res['tokens_min']}-{res['tokens_max']} tokens, not {max_length}")
+    return {"forward_s": res["forward_s"], "cpu_s": res["cpu_s"], "loadavg": [load_before, _loadavg()]}
+
+
+def run_fit_model(name: str, tmp: Path, args, result: dict, save) -> None:
+    """Build ``name``'s architecture (random weights), then torch fp32 and ONNX int8 (unless
+    skipped) interleaved: per thread count and length an untimed pass each, then ``reps``
+    timed passes alternating which backend goes first. Rows are saved as they come."""
+    import torch
+
+    entry = CROSS_ENCODER_ARCHS[name]
+    info: dict = {"model": name, "family": entry["family"], "published_params": entry["published_params"]}
+    earlier_info = next((m for m in result["models"] if m["model"] == name), {})
+    result["models"] = [m for m in result["models"] if m["model"] != name] + [info]
+    # --merge with figures of this model already there: its timed passes join the earlier run's
+    # (the minimum is over both runs' passes); a fresh run starts from none
+    earlier = {(r["backend"], r["threads"], r["max_length"]): r for r in result["rows"] if r["model"] == name}
+    result["rows"] = [r for r in result["rows"] if r["model"] != name]
+    if "unavailable" in entry:
+        info.update(built=False, reason=entry["unavailable"])
+        print(f"{name}: not built: {entry['unavailable']}", flush=True)
+        save()
+        return
+    reps = args.reps if name != "BAAI/bge-reranker-v2-m3" else min(args.reps, args.big_reps)
+    t0 = time.perf_counter()
+    folder = tmp / name.replace("/", "--")
+    done = folder / ".kb-model-fit-built"  # --work-dir: reuse a complete build (deterministic: seed 0)
+    if done.exists():
+        info.update(built=True, build_s=earlier_info.get("build_s"), reused_build=True, reps=reps)
+    else:
+        shutil.rmtree(folder, ignore_errors=True)
+        build_random_cross_encoder(folder, name)
+        done.write_text("ok")
+        info.update(built=True, build_s=round(time.perf_counter() - t0, 1), reps=reps)
+    print(f"{name}: built in {info['build_s']}s", flush=True)
+    backends = list(FIT_BACKENDS)
+    if name in args.skip_onnx:
+        backends.remove("onnx-int8")
+        info["onnx"] = {"skipped": "--skip-onnx"}
+    elif "onnx-int8" in backends:
+        try:
+            export, info["onnx"] = _fit_onnx_export(folder, tmp / "onnx")
+        except Exception as exc:  # noqa: BLE001 - a failed export is a result
+            backends.remove("onnx-int8")
+            info["onnx"] = {"error": f"{type(exc).__name__}: {exc}"[:600]}
+        print(f"  onnx: {info['onnx']}", flush=True)
+        save()
+    from kb_rerank.models.onnx import OnnxReranker
+
+    torch_r = Reranker(str(folder), device="cpu", max_length=512, batch_size=FIT_BATCH)
+    torch_r.load()
+    info["parameters"] = sum(p.numel() for p in torch_r._model.parameters())
+    query, passages = fit_workload(torch_r._tokenizer)
+    for threads in args.threads:
+        torch.set_num_threads(threads)
+        models = {"torch-fp32": torch_r}
+        if "onnx-int8" in backends:
+            models["onnx-int8"] = onnx_r = OnnxReranker(str(folder), export_root=tmp / "onnx", quantize="int8",
+                                                        threads=threads, max_length=512, batch_size=FIT_BATCH)
+            onnx_r.export_dir = export
+            onnx_r.load()
+        for k, ml in enumerate(args.max_lengths):
+            for r in models.values():  # untimed: the first pass at a new shape pays one-off set-up
+                _set_max_length(r, ml)
+                r._forward(r._encode(query, passages), [list(range(len(passages)))])
+            order = list(models) if k % 2 == 0 else list(models)[::-1]
+            rows = {b: {"model": name, "backend": b, "threads": threads, "max_length": ml, "pairs": FIT_BATCH,
+                        "forward_s_all": [], "cpu_s_all": [], "loadavg_all": []} for b in models}
+            for rep in range(reps):
+                for b in order if rep % 2 == 0 else order[::-1]:
+                    m = _fit_measure(models[b], query, passages, ml)
+                    row = rows[b]
+                    row["forward_s_all"].append(m["forward_s"])
+                    row["cpu_s_all"].append(m["cpu_s"])
+                    row["loadavg_all"] += m["loadavg"]
+            for b, row in rows.items():
+                before = earlier.pop((b, threads, ml), None)
+                if before:
+                    row["runs"] = before.get("runs", 1) + 1
+                    for key in ("forward_s_all", "cpu_s_all", "loadavg_all"):
+                        row[key] = before[key] + row[key]
+                row["ms_per_pair"] = round(1000 * min(row["forward_s_all"]) / FIT_BATCH, 2)
+                row["cpu_ms_per_pair"] = round(1000 * min(row["cpu_s_all"]) / FIT_BATCH, 2)
+                result["rows"].append(row)
+                print(f"  threads={threads} len={ml} {b:>10}: {row['ms_per_pair']:9.2f} ms/pair "
+                      f"(CPU {row['cpu_ms_per_pair']:.2f} ms/pair; load {row['loadavg_all']})", flush=True)
+            save()
+        if "onnx-int8" in models:
+            models["onnx-int8"].close()
+    result["rows"] += earlier.values()  # --merge: the earlier run's configurations not measured again
+    torch_r.close()
+    if not args.work_dir:  # a temporary folder: free its disk before the next model
+        shutil.rmtree(folder, ignore_errors=True)
+        shutil.rmtree(tmp / "onnx", ignore_errors=True)
+    info["wall_s"] = round(earlier_info.get("wall_s", 0) + time.perf_counter() - t0, 1)  # over the runs merged
+    save()
+
+
+def fit_table(result: dict, *, any_threads: bool = False) -> list[dict]:
+    """Per model and length: the best backend at the most threads measured (``any_threads``: the
+    best backend and thread count), and how many of N_CANDIDATES candidates fit each budget at
+    its cost per pair."""
+    out = []
+    for m in result["models"]:
+        rows = [r for r in result["rows"] if r["model"] == m["model"]]
+        if not rows:
+            continue
+        threads = max(r["threads"] for r in rows)
+        for ml in sorted({r["max_length"] for r in rows}):
+            sel = [r for r in rows if r["max_length"] == ml and (any_threads or r["threads"] == threads)]
+            if not sel:  # a run still under way
+                continue
+            best = min(sel, key=lambda r: r["ms_per_pair"])
+            out.append({"model": m["model"], "max_length": ml, "threads": best["threads"],
+                        "backend": best["backend"],
+                        "ms_per_pair": best["ms_per_pair"],
+                        **{f"fit_{b}ms": fit_count(best["ms_per_pair"], b) for b in FIT_BUDGETS_MS}})
+    return out
+
+
+def _fit_summary(result: dict, table: list[dict], *, show_threads: bool = False) -> list[str]:
+    fit = {(f["model"], f["max_length"]): f for f in table}
+    lines = ["| model | params | 256 tokens: ms/pair (backend) | in 300 ms | in 100 ms "
+             "| 512 tokens: ms/pair (backend) | in 300 ms | in 100 ms |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for m in result["models"]:
+        if not m.get("built"):
+            lines.append(f"| {m['model']} | {m['published_params'] / 1e6:.0f}M (published) | not built | - | - "
+                         f"| not built | - | - |")
+            continue
+        cells = []
+        for ml in (256, 512):
+            f = fit.get((m["model"], ml))
+            how = f"{f['backend']}, {f['threads']} thr" if f and show_threads else f["backend"] if f else ""
+            cells += ([f"{f['ms_per_pair']:.1f} ({how})", str(f["fit_300ms"]), str(f["fit_100ms"])]
+                      if f else ["-", "-", "-"])
+        params = f"{m['parameters'] / 1e6:.1f}M" if m.get("parameters") else "-"
+        lines.append(f"| {m['model']} | {params} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def fit_markdown(result: dict) -> str:
+    meta = result["meta"]
+    lines = ["# Which model fits which machine: cost per pair of the cross-encoders users pick", "",
+             f"Command: `{meta['command']}`; started {meta['started']}, ended {meta.get('ended', '-')} "
+             f"(wall {meta.get('wall_s', '-')} s)."]
+    for run in meta.get("earlier_runs", []):  # --merge
+        lines[-1] += (f" Merged with the figures of the models of `{run['command']}` (started {run['started']}, "
+                      f"wall {run.get('wall_s')} s, load average {run.get('loadavg_start')} -> "
+                      f"{run.get('loadavg_end')}).")
+    lines += ["",
+             f"Host: {meta['cpu_model']} ({', '.join(meta['cpu_isa']) or '-'}), {meta['cpu_count']} CPUs, shared "
+             f"with other work; 1-minute load average {meta['loadavg_start']} at start, "
+             f"{meta.get('loadavg_end', '-')} "
+             f"at end (each measurement's before/after pairs are in the JSON). torch {meta['torch']}, "
+             f"onnxruntime {meta.get('onnxruntime', '-')}, transformers {meta['transformers']}, "
+             f"Python {meta['python']}.", "",
+             "Each model is its published architecture with random weights (cost does not depend on the "
+             "weights; `kb_rerank.testing.tiny_model.CROSS_ENCODER_ARCHS`), run through the service's code: "
+             "torch fp32 by `kb_rerank.models.cross_encoder.Reranker`, ONNX Runtime int8 by "
+             "`kb_rerank.models.onnx.OnnxReranker` over `export_model(..., quantize=\"int8\")`. One measurement "
+             f"= one forward pass over a batch of {FIT_BATCH} pairs of exactly the given length (a 12-word query, "
+             "passages truncated to it); ms per pair = batch time / 8; an untimed pass first, then "
+             f"the minimum of {meta['reps']} timed passes (bge-reranker-v2-m3: {meta['big_reps']}), the two "
+             "backends interleaved. Threads: `torch.set_num_threads` / ONNX Runtime intra-op threads. CPU ms "
+             "counts all threads of the process."]
+    pooled = sorted({r["model"] for r in result["rows"] if r.get("runs", 1) > 1})
+    if pooled:
+        lines[-1] += (" Some configurations were measured in more than one run (`--merge`, each run with its own "
+                      "untimed pass; `runs` in the JSON), of: " + ", ".join(pooled)
+                      + "; their figures are the minimum over all those runs' timed passes.")
+    lines.append("")
+    lengths = sorted({r["max_length"] for r in result["rows"]})
+    lines += [f"## Of {N_CANDIDATES} candidates, how many fit the budget (best backend, "
+              f"{max((r['threads'] for r in result['rows']), default='-')} threads)", ""]
+    lines += _fit_summary(result, result.get("fit", []))
+    lines += ["", "## The same, best backend and thread count", "",
+              "On a shared host a second thread can cost more than it gives (another process holds "
+              "the other core): this table takes whichever of the measured thread counts was faster.", ""]
+    lines += _fit_summary(result, result.get("fit_any_threads", []), show_threads=True)
+    lines += ["", "## ms per pair, every configuration (wall; CPU in brackets)", "",
+              "| model | backend | threads | " + " | ".join(f"{ml} tokens" for ml in lengths) + " |",
+              "|---|---|---:|" + "---:|" * len(lengths)]
+    keys = sorted({(r["model"], r["backend"], r["threads"]) for r in result["rows"]},
+                  key=lambda k: ([m["model"] for m in result["models"]].index(k[0]), k[1], k[2]))
+    for model, backend, threads in keys:
+        cells = []
+        for ml in lengths:
+            r = next((r for r in result["rows"] if (r["model"], r["backend"], r["threads"], r["max_length"])
+                      == (model, backend, threads, ml)), None)
+            cells.append(f"{r['ms_per_pair']:.1f} ({r['cpu_ms_per_pair']:.1f})" if r else "-")
+        lines.append(f"| {model} | {backend} | {threads} | " + " | ".join(cells) + " |")
+    lines += ["", "## Models", ""]
+    for m in result["models"]:
+        if not m.get("built"):
+            lines.append(f"- {m['model']}: **not built**: {m['reason']}.")
+            continue
+        onnx = m.get("onnx", {})
+        if "variant" in onnx:
+            o = (f"ONNX {onnx['variant']}, {onnx['int8_mb']} MB; export: fp32 {onnx['fp32_export_s']} s, "
+                 f"fusions + int8 {onnx['int8_s']} s (fused: {onnx.get('fused_operators') or 'none'})")
+        elif "error" in onnx:
+            o = f"ONNX export failed: {onnx['error']}"
+        else:
+            o = f"ONNX not measured ({onnx.get('skipped', '-')})"
+        built = f"{m['parameters']:,} parameters built" if m.get("parameters") else "built"
+        build = "build reused (--work-dir)" if m.get("reused_build") else f"build {m['build_s']} s"
+        lines.append(f"- {m['model']} ({m['family']}): {built} "
+                     f"(published {m['published_params'] / 1e6:.1f}M); {build}; {o}; "
+                     f"{m.get('wall_s', '-')} s in all.")
+    if meta.get("notes"):
+        lines += ["", "## Notes", ""] + [f"- {n}" for n in meta["notes"]]
+    return "\n".join(lines) + "\n"
+
+
+def run_fit(args) -> int:
+    import torch
+    import transformers
+
+    out = Path(args.out)
+    md = out.with_suffix(".md")
+    models = args.fit_models or list(CROSS_ENCODER_ARCHS)
+    unknown = [m for m in models if m not in CROSS_ENCODER_ARCHS]
+    if unknown:
+        raise SystemExit(f"unknown --fit-models {unknown}; choose from {list(CROSS_ENCODER_ARCHS)}")
+    result: dict = {"meta": {}, "models": [], "rows": []}
+    if args.merge and out.exists():  # keep the other models' figures of an earlier run
+        old = json.loads(out.read_text())
+        result["models"], result["rows"] = old.get("models", []), old.get("rows", [])
+        result["meta"]["earlier_runs"] = old["meta"].get("earlier_runs", []) + [
+            {k: old["meta"].get(k) for k in ("command", "started", "ended", "wall_s", "loadavg_start",
+                                               "loadavg_end", "models")}]
+    result["meta"].update({
+        "command": shlex.join(["python", *sys.argv]), "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__,
+        "cpu_model": _cpu_model(), "cpu_isa": _cpu_isa(), "cpu_count": os.cpu_count(), "machine": platform.machine(),
+        "loadavg_start": _loadavg(), "reps": args.reps, "big_reps": min(args.reps, args.big_reps),
+        "threads": list(args.threads), "max_lengths": list(args.max_lengths), "batch": FIT_BATCH,
+        "n_candidates": N_CANDIDATES, "budgets_ms": list(FIT_BUDGETS_MS), "models": models,
+        "skip_onnx": list(args.skip_onnx)})
+    result["meta"]["notes"] = result["meta"].get("notes", []) + list(args.note or [])  # kept over --merge
+    try:
+        import onnxruntime
+
+        result["meta"]["onnxruntime"] = onnxruntime.__version__
+    except ImportError:
+        pass
+    t0 = time.perf_counter()
+
+    def save() -> None:
+        result["fit"] = fit_table(result)
+        result["fit_any_threads"] = fit_table(result, any_threads=True)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(result, indent=2, ensure_ascii=False))
+        md.write_text(fit_markdown(result))
+
+    if args.work_dir:
+        Path(args.work_dir).mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="kb-model-fit-") as tmp:
+        for name in models:
+            run_fit_model(name, Path(args.work_dir or tmp), args, result, save)
+    order = list(CROSS_ENCODER_ARCHS)
+    result["models"].sort(key=lambda m: order.index(m["model"]))
+    result["meta"].update(ended=time.strftime("%Y-%m-%dT%H:%M:%S%z"), wall_s=round(time.perf_counter() - t0, 1),
+                          loadavg_end=_loadavg())
+    save()
+    print(md.read_text())
+    print(f"wrote {out} and {md}")
+    return 0
+
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", help="folder or hub id of the big model; 'configured' = KB_RERANKER_MODEL "
                                    "setting; default: build a random bge-reranker-v2-m3-architecture model")
     p.add_argument("--quick", action="store_true", help="1 repetition, one config for the big model")
-    p.add_argument("--reps", type=int, default=2, help="repetitions per config (min is reported)")
+    p.add_argument("--reps", type=int, default=None,
+                   help="repetitions per config (min is reported; default 2, --fit 3)")
     p.add_argument("--device", default=None, help="cpu / cuda:0 (default: cuda if available)")
     p.add_argument("--skip-big", action="store_true", help="tiny model only")
     p.add_argument("--skip-tiny", action="store_true", help="--backends: no agreement run on the tiny model")
@@ -477,14 +832,38 @@ def main(argv: list[str] | None = None) -> int:
                    help="default bench/results/model_cost.json (model_cost-backends.json with --backends)")
     p.add_argument("--backends", action="store_true",
                    help="torch fp32 vs the ONNX backends of --backend-list (issue 16) instead of the batch-size matrix")
-    p.add_argument("--threads", type=int, nargs="+", default=[2, 1], help="--backends: thread counts")
-    p.add_argument("--max-lengths", type=int, nargs="+", default=list(MAX_LENGTHS), help="--backends")
+    p.add_argument("--threads", type=int, nargs="+", default=None,
+                   help="--backends / --fit: thread counts (default 2 1 / 1 2)")
+    p.add_argument("--max-lengths", type=int, nargs="+", default=None,
+                   help="--backends / --fit (default 256 512 / 128 256 512)")
     p.add_argument("--batch-size", type=int, default=16, help="--backends")
     p.add_argument("--model-label", default=None, help="--backends: how the results name --model")
     p.add_argument("--onnx-root", default=None, help="--backends: export cache to reuse (default: a temporary one)")
     p.add_argument("--backend-list", nargs="+", choices=BACKENDS, default=list(DEFAULT_BACKENDS),
                    help="--backends: which backends, torch-fp32 first (default: %(default)s)")
+    p.add_argument("--fit", action="store_true",
+                   help="which model fits which machine (issue 31): ms per pair of each architecture of "
+                        "CROSS_ENCODER_ARCHS, torch fp32 and ONNX int8, at --max-lengths and --threads")
+    p.add_argument("--fit-models", nargs="+", default=None, help="--fit: which models (default: all)")
+    p.add_argument("--skip-onnx", nargs="*", default=[], help="--fit: models measured with torch only")
+    p.add_argument("--big-reps", type=int, default=2, help="--fit: timed passes for bge-reranker-v2-m3")
+    p.add_argument("--merge", action="store_true",
+                   help="--fit: keep the figures already in --out; a model measured again adds its timed "
+                        "passes to the earlier ones (the minimum is over both)")
+    p.add_argument("--note", action="append", help="--fit: a note for the Markdown (repeatable)")
+    p.add_argument("--work-dir", default=None,
+                   help="--fit: keep the built models and their ONNX exports here and reuse them "
+                        "(default: a temporary folder, emptied after each model)")
     args = p.parse_args(argv)
+    if args.fit:
+        args.out = args.out or ROOT / "bench" / "results" / "model-fit.json"
+        args.reps = args.reps or 3
+        args.threads = args.threads or list(FIT_THREADS)
+        args.max_lengths = args.max_lengths or list(FIT_LENGTHS)
+        return run_fit(args)
+    args.reps = args.reps or 2
+    args.threads = args.threads or [2, 1]
+    args.max_lengths = args.max_lengths or list(MAX_LENGTHS)
     if args.backends:
         args.out = args.out or ROOT / "bench" / "results" / "model_cost-backends.json"
         return run_backends(args)

@@ -10,10 +10,14 @@ checkpoint (``config.json``, ``model.safetensors``, ``tokenizer.json``,
 that :class:`kb_rerank.models.cross_encoder.Reranker` loads it through the same code path the
 application uses for ``BAAI/bge-reranker-v2-m3``.
 
-The checkpoints use the XLM-RoBERTa architecture (like bge-reranker-v2-m3) and
+The tiny and bge-reranker-v2-m3 checkpoints use the XLM-RoBERTa architecture and
 an ``XLMRobertaTokenizerFast`` wrapper, so pairs are encoded exactly as the
 real model encodes them: ``<s> query </s></s> passage </s>``, pad id 1, no
-token type ids.
+token type ids. :func:`build_random_cross_encoder` writes the published
+architecture of each cross-encoder of :data:`CROSS_ENCODER_ARCHS` (BERT,
+XLM-RoBERTa, DeBERTa-v2) with random weights, for cost measurements
+(``bench/model_cost.py --fit``); BERT and DeBERTa-v2 get the same vocabulary
+framed as they frame pairs (one separator, token type ids 0/1).
 
 torch / transformers / tokenizers are imported inside the functions so that
 importing this module is cheap.
@@ -25,9 +29,13 @@ import unicodedata
 from pathlib import Path
 
 __all__ = [
+    "CROSS_ENCODER_ARCHS",
+    "ArchitectureUnavailable",
     "SPECIAL_TOKENS",
+    "build_random_cross_encoder",
     "build_tiny_cross_encoder",
     "build_random_bge_reranker_v2_m3",
+    "cross_encoder_config",
     "build_vocab",
     "sample_words",
 ]
@@ -128,10 +136,13 @@ def sample_words() -> list[str]:
     return [w for w in _dedupe(words) if w in vocab]
 
 
-def _build_tokenizer(model_max_length: int):
+def _build_tokenizer(model_max_length: int, style: str = "xlm-roberta"):
+    """The offline WordPiece tokenizer. ``style="xlm-roberta"``: pairs as ``<s> A </s></s> B </s>``,
+    no token type ids (XLM-RoBERTa's); ``"bert"``: ``<s> A </s> B </s>`` with token type ids 0/1
+    (BERT's and DeBERTa-v2's ``[CLS] A [SEP] B [SEP]``, with this vocabulary's special tokens)."""
     from tokenizers import Tokenizer, decoders, normalizers, pre_tokenizers, processors
     from tokenizers.models import WordPiece
-    from transformers import XLMRobertaTokenizerFast
+    from transformers import BertTokenizerFast, XLMRobertaTokenizerFast
 
     vocab = {tok: i for i, tok in enumerate(build_vocab())}
     tok = Tokenizer(WordPiece(vocab, unk_token="<unk>", continuing_subword_prefix="##",
@@ -140,10 +151,22 @@ def _build_tokenizer(model_max_length: int):
     tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
     tok.post_processor = processors.TemplateProcessing(
         single="<s> $A </s>",
-        pair="<s> $A </s> </s> $B </s>",
+        pair="<s> $A </s> </s> $B </s>" if style == "xlm-roberta" else "<s> $A </s> $B:1 </s>:1",
         special_tokens=[("<s>", vocab["<s>"]), ("</s>", vocab["</s>"])],
     )
     tok.decoder = decoders.WordPiece(prefix="##")
+    if style == "bert":
+        return BertTokenizerFast(
+            tokenizer_object=tok,
+            cls_token="<s>",
+            sep_token="</s>",
+            unk_token="<unk>",
+            pad_token="<pad>",
+            mask_token="<mask>",
+            model_max_length=model_max_length,
+        )
+    if style != "xlm-roberta":
+        raise ValueError(f"unknown tokenizer style {style!r}")
     return XLMRobertaTokenizerFast(
         tokenizer_object=tok,
         bos_token="<s>",
@@ -157,18 +180,26 @@ def _build_tokenizer(model_max_length: int):
     )
 
 
-def _write(path: Path, config, seed: int) -> Path:
+def _model_class(config):
+    """The ``...ForSequenceClassification`` class of ``config``'s architecture (transformers' own)."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING
+
+    return MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING[type(config)]
+
+
+def _write(path: Path, config, seed: int, *, model_max_length: int | None = None,
+           tokenizer_style: str = "xlm-roberta") -> Path:
     import torch
-    from transformers import XLMRobertaForSequenceClassification
 
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = XLMRobertaForSequenceClassification(config)
+        model = _model_class(config)(config)
     model.eval()
     model.save_pretrained(path, safe_serialization=True)
-    tokenizer = _build_tokenizer(model_max_length=config.max_position_embeddings - 2)
+    tokenizer = _build_tokenizer(model_max_length=model_max_length or config.max_position_embeddings - 2,
+                                 style=tokenizer_style)
     tokenizer.save_pretrained(path)
     return path
 
@@ -222,25 +253,117 @@ def build_random_bge_reranker_v2_m3(path: Path, *, seed: int = 0) -> Path:
     text, which is why benchmarks should report measured token counts.
     Takes tens of seconds and ~2.3 GB of disk; don't call it from unit tests.
     """
-    from transformers import XLMRobertaConfig
+    return _write(path, cross_encoder_config("BAAI/bge-reranker-v2-m3"), seed)
 
-    config = XLMRobertaConfig(
-        vocab_size=250002,
-        hidden_size=1024,
-        num_hidden_layers=24,
-        num_attention_heads=16,
-        intermediate_size=4096,
-        hidden_act="gelu",
-        hidden_dropout_prob=0.1,
-        attention_probs_dropout_prob=0.1,
-        max_position_embeddings=8194,
-        type_vocab_size=1,
-        pad_token_id=1,
-        bos_token_id=0,
-        eos_token_id=2,
-        layer_norm_eps=1e-5,
-        initializer_range=0.02,
-        position_embedding_type="absolute",
-        num_labels=1,
-    )
-    return _write(path, config, seed)
+
+# ------------------------------------------------------------------ published architectures
+class ArchitectureUnavailable(ValueError):
+    """The architecture cannot be built offline from transformers' own classes."""
+
+
+# The cross-encoders users pick, as published. Each entry's ``config`` holds the values of the
+# model's ``config.json`` on the Hugging Face hub (https://huggingface.co/<id>/blob/main/config.json)
+# that fix the architecture, and so the cost of a forward pass. Those files could not be read from
+# here (no hub access; the search index holds no copy of them), so the values are the well-known
+# ones of each family (BERT MiniLM-L12-H384, XLM-RoBERTa base and large, DeBERTa-v3-xsmall, whose
+# sizes keras-hub's DeBERTa-v3 presets also list: 128100 / 12 / 6 / 384 / 1536 / 512 positions /
+# 256 buckets), checked against each model's published parameter count (``published_params``: the
+# hub page's count, 278M for bge-reranker-base also on its third-party listings, and mixedbread's
+# "Parameters 70M" at https://www.mixedbread.com/docs/reranking/models/mxbai-rerank-xsmall-v1;
+# tests/test_model_fit.py holds the built models to 2% of them). ``tokenizer``: how the offline
+# WordPiece tokenizer frames a pair (_build_tokenizer); its ~1k ids fall inside every vocabulary.
+CROSS_ENCODER_ARCHS: dict[str, dict] = {
+    "cross-encoder/ms-marco-MiniLM-L-6-v2": {
+        "family": "bert",
+        "published_params": 22_700_000,  # hub: 22.7M
+        "tokenizer": "bert",
+        # config.json of cross-encoder/ms-marco-MiniLM-L-6-v2 (BertForSequenceClassification)
+        "config": dict(model_type="bert", vocab_size=30522, hidden_size=384, num_hidden_layers=6,
+                       num_attention_heads=12, intermediate_size=1536, hidden_act="gelu",
+                       max_position_embeddings=512, type_vocab_size=2, layer_norm_eps=1e-12,
+                       pad_token_id=0, position_embedding_type="absolute"),
+    },
+    "cross-encoder/ms-marco-MiniLM-L-12-v2": {
+        "family": "bert",
+        "published_params": 33_400_000,  # hub: 33.4M
+        "tokenizer": "bert",
+        # config.json of cross-encoder/ms-marco-MiniLM-L-12-v2: L-6's with 12 layers (filled in below)
+        "config": {"num_hidden_layers": 12},
+    },
+    "BAAI/bge-reranker-base": {
+        "family": "xlm-roberta",
+        "published_params": 278_000_000,  # hub: 278M
+        "tokenizer": "xlm-roberta",
+        # config.json of BAAI/bge-reranker-base (XLMRobertaForSequenceClassification, XLM-R base)
+        "config": dict(model_type="xlm-roberta", vocab_size=250002, hidden_size=768, num_hidden_layers=12,
+                       num_attention_heads=12, intermediate_size=3072, hidden_act="gelu",
+                       max_position_embeddings=514, type_vocab_size=1, layer_norm_eps=1e-5,
+                       pad_token_id=1, bos_token_id=0, eos_token_id=2, position_embedding_type="absolute"),
+    },
+    "mixedbread-ai/mxbai-rerank-xsmall-v1": {
+        "family": "deberta-v2",
+        "published_params": 70_800_000,  # hub: 70.8M; mixedbread's model page: 70M
+        "tokenizer": "bert",  # DeBERTa-v2 frames pairs as [CLS] A [SEP] B [SEP]
+        # config.json of mixedbread-ai/mxbai-rerank-xsmall-v1 (DebertaV2ForSequenceClassification,
+        # DeBERTa-v3-xsmall: 12 layers of 384, 6 heads, relative attention in 256 log buckets)
+        "config": dict(model_type="deberta-v2", vocab_size=128100, hidden_size=384, num_hidden_layers=12,
+                       num_attention_heads=6, intermediate_size=1536, hidden_act="gelu",
+                       max_position_embeddings=512, type_vocab_size=0, layer_norm_eps=1e-7,
+                       relative_attention=True, max_relative_positions=-1, position_buckets=256,
+                       norm_rel_ebd="layer_norm", share_att_key=True, pos_att_type=["p2c", "c2p"],
+                       position_biased_input=False, pooler_hidden_size=384, pooler_hidden_act="gelu",
+                       pooler_dropout=0, pad_token_id=0),
+    },
+    "jinaai/jina-reranker-v2-base-multilingual": {
+        "family": "jina (custom code)",
+        "published_params": 278_000_000,  # hub: 278M
+        "unavailable": (
+            "its config.json maps the model to custom modelling code on the hub (auto_map, loaded with "
+            "trust_remote_code=True: a flash-attention implementation Jina publishes separately), not to a "
+            "class of transformers; that code cannot be downloaded here, and another architecture in its "
+            "place would not measure this model"),
+    },
+    "BAAI/bge-reranker-v2-m3": {
+        "family": "xlm-roberta",
+        "published_params": 568_000_000,  # hub: 568M
+        "tokenizer": "xlm-roberta",
+        # config.json of BAAI/bge-reranker-v2-m3 (XLM-R large, 8194 positions): the existing builder's
+        "config": dict(model_type="xlm-roberta", vocab_size=250002, hidden_size=1024, num_hidden_layers=24,
+                       num_attention_heads=16, intermediate_size=4096, hidden_act="gelu",
+                       max_position_embeddings=8194, type_vocab_size=1, layer_norm_eps=1e-5,
+                       pad_token_id=1, bos_token_id=0, eos_token_id=2, position_embedding_type="absolute"),
+    },
+}
+
+
+CROSS_ENCODER_ARCHS["cross-encoder/ms-marco-MiniLM-L-12-v2"]["config"] = {
+    **CROSS_ENCODER_ARCHS["cross-encoder/ms-marco-MiniLM-L-6-v2"]["config"], "num_hidden_layers": 12}
+
+
+def cross_encoder_config(arch_name: str):
+    """The transformers config of ``arch_name`` (a key of :data:`CROSS_ENCODER_ARCHS`), num_labels=1.
+    Raises ``ArchitectureUnavailable`` for an architecture transformers cannot build, ``KeyError``
+    for an unknown name."""
+    from transformers import AutoConfig
+
+    entry = CROSS_ENCODER_ARCHS[arch_name]
+    if "unavailable" in entry:
+        raise ArchitectureUnavailable(f"{arch_name}: {entry['unavailable']}")
+    values = dict(entry["config"])
+    model_type = values.pop("model_type")
+    return AutoConfig.for_model(model_type, num_labels=1, initializer_range=0.02,
+                                hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1, **values)
+
+
+def build_random_cross_encoder(path: Path, arch_name: str, *, seed: int = 0) -> Path:
+    """Write a randomly initialised cross-encoder with the published architecture of ``arch_name``
+    (a key of :data:`CROSS_ENCODER_ARCHS`) and the offline tokenizer to ``path``; returns ``path``.
+
+    As :func:`build_random_bge_reranker_v2_m3`: the scores mean nothing, the cost of a forward pass
+    is the real model's (it depends on the architecture and the sequence lengths, not on the
+    weights). The tokenizer's model_max_length is 512 (every model here reads at most 512 tokens
+    in the service). Raises ``ArchitectureUnavailable`` where transformers has no class for it.
+    """
+    config = cross_encoder_config(arch_name)
+    return _write(path, config, seed, model_max_length=512,
+                  tokenizer_style=CROSS_ENCODER_ARCHS[arch_name]["tokenizer"])

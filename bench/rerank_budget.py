@@ -77,8 +77,14 @@ def run_model(model: str, args, tmp: Path) -> list[dict]:
 
     torch.set_num_threads(args.threads)
     path = build(model, tmp)
-    r = Reranker(path, device="cpu", max_length=args.max_length, batch_size=args.batch_size, timeout_s=0,
-                 unit_ms=args.unit_ms)
+    common = dict(max_length=args.max_length, batch_size=args.batch_size, timeout_s=0, unit_ms=args.unit_ms)
+    if args.backend == "onnx":  # the int8 export the service loads (kb-rerank model export --quantize int8)
+        from kb_rerank.models.onnx import OnnxReranker, export_model
+
+        export_model(path, tmp / "onnx", quantize="int8", log=lambda *a: None)
+        r = OnnxReranker(path, export_root=tmp / "onnx", quantize="int8", threads=args.threads, **common)
+    else:
+        r = Reranker(path, device="cpu", **common)
     t = time.perf_counter()
     r.load()
     load_s = time.perf_counter() - t
@@ -93,7 +99,7 @@ def run_model(model: str, args, tmp: Path) -> list[dict]:
                 ms = [s.ms for s in got]
                 share = [s.reranked / N for s in got]
                 rows.append({
-                    "model": model, "budget_ms": budget, "pattern": pattern, "requests": len(got),
+                    "model": model, "backend": args.backend, "budget_ms": budget, "pattern": pattern, "requests": len(got),
                     "p50_ms": pct(ms, 0.5), "p95_ms": pct(ms, 0.95), "max_ms": max(ms),
                     "over_budget_p95_ms": max(0, pct(ms, 0.95) - budget),
                     "reranked_share_mean": round(statistics.fmean(share), 3),
@@ -114,11 +120,11 @@ def markdown(rows: list[dict], meta: dict) -> str:
              f"CPU: {meta['cpu']}; torch {meta['torch']}; threads {meta['threads']}; load average before "
              f"{meta['loadavg_before']}, after {meta['loadavg_after']}. 40 candidates a request (mixed lengths, "
              f"max {meta['max_length']} tokens), no pair cache, unit {meta['unit_ms']} ms.", "",
-             "| model | budget ms | pattern | p50 ms | p95 ms | max ms | p95 over budget ms | reranked share (mean / min) "
+             "| model | backend | budget ms | pattern | p50 ms | p95 ms | max ms | p95 over budget ms | reranked share (mean / min) "
              "| fallbacks | calibrated ms a pair |",
-             "|---|---:|---|---:|---:|---:|---:|---|---:|---:|"]
+             "|---|---|---:|---|---:|---:|---:|---:|---|---:|---:|"]
     for r in rows:
-        lines.append(f"| {r['model']} | {r['budget_ms']:g} | {r['pattern']} | {r['p50_ms']} | {r['p95_ms']} | "
+        lines.append(f"| {r['model']} | {r['backend']} | {r['budget_ms']:g} | {r['pattern']} | {r['p50_ms']} | {r['p95_ms']} | "
                      f"{r['max_ms']} | {r['over_budget_p95_ms']} | {r['reranked_share_mean']:.0%} / "
                      f"{r['reranked_share_min']:.0%} | {r['fallbacks']} | {r['ms_per_pair_calibrated']} |")
     lines += ["", "A fallback here is `model_budget`: not even one pair fitted in the budget (the answer is then "
@@ -136,6 +142,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-length", type=int, default=512)
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--unit-ms", type=float, default=50.0)
+    p.add_argument("--backend", choices=["torch", "onnx"], default="torch", help="onnx: the int8 export")
     p.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "rerank-budget")
     args = p.parse_args(argv)
     import torch

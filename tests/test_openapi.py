@@ -211,3 +211,17 @@ def test_429_answer_matches_the_documented_error_body(settings, embedder, spec):
             _assert_valid(spec, spec["paths"][path]["post"]["responses"]["429"]["content"]["application/json"]
                           ["schema"], codes[-1].json(), (path, 429))
             assert codes[-1].json()["error"] == "rate_limited"
+
+
+def test_the_rerank_budget_fields_are_described(spec):
+    """A partial answer (KB_RERANK_BUDGET_MS) is explained where clients read the contract: each
+    endpoint's count of model-ranked candidates, the reason, and each result's ``scored_by``."""
+    schemas = spec["components"]["schemas"]
+    where = {"RerankResponse": ("reranked_count", "partial_reason"), "ContextResponse": ("reranked_count", "partial_reason"),
+             "V2Meta": ("reranked", "partial_reason"), "RerankResult": ("scored_by",),
+             "ContextResult": ("scored_by",), "V2Result": ("scored_by",)}
+    for name, fields in where.items():
+        for f in fields:
+            text = schemas[name]["properties"][f].get("description", "")
+            assert text, (name, f)
+            assert ("budget" in text) and (f != "scored_by" or "`fused`" in text and "not a relevance" in text)

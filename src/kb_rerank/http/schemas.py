@@ -14,7 +14,7 @@ this module changes how a request is read.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Annotated, Any, TypeVar
 
 import msgspec
 from litestar.openapi.datastructures import ResponseSpec
@@ -24,6 +24,18 @@ from msgspec import UNSET, UnsetType
 T = TypeVar("T")
 
 # the query field of every request body, as the OpenAPI document describes it
+# The rerank budget's fields (KB_RERANK_BUDGET_MS), with the descriptions the OpenAPI document shows
+ScoredBy = Annotated[str, msgspec.Meta(description=(
+    "What the score is: `model` (the cross-encoder's relevance), `fused` (not a relevance: the first stage's"
+    " order, below every model score, on a fallback or for a candidate the rerank budget did not reach),"
+    " `curation` (a curated list's rank)"))]
+RerankedCount = Annotated[int, msgspec.Meta(description=(
+    "Candidates ranked by a model score (the pair cache's or this request's); fewer than `candidate_count`"
+    " when the rerank budget ended first, 0 on a fallback or a cache hit"))]
+PartialReason = Annotated[str | None, msgspec.Meta(description=(
+    "`budget` when KB_RERANK_BUDGET_MS ended before the model reached every candidate: a partial answer"
+    " (`fallback` stays false), not cached; asking again ranks further. null otherwise"))]
+
 QUERY_DOC = {"query": {"minLength": 1, "description": "search text; NFC, trimmed, whitespace collapsed"}}
 
 # --------------------------------------------------------------------------- errors
@@ -181,9 +193,7 @@ class ContextResult(msgspec.Struct, forbid_unknown_fields=True):
     boosts: Boosts
     flags: ChunkFlags
     citation: int  # the [n] of this passage in ``context``
-    # what rerank_score is: model (the cross-encoder's) | fused (the first stage's order: a
-    # fallback, or a candidate the rerank budget did not reach; below every model score)
-    scored_by: str = "model"
+    scored_by: ScoredBy = "model"
 
 
 class FilteredChunk(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -231,10 +241,8 @@ class ContextResponse(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, 
     fallback: bool
     fallback_reason: str | None
     candidate_count: int
-    reranked_count: int  # candidates ranked by a model score (pair cache or model); 0 on a fallback
-    # "budget" when KB_RERANK_BUDGET_MS ended before the model reached every candidate (a partial
-    # answer: the rest follow in fused order, scored_by "fused"; not cached); else null
-    partial_reason: str | None = None
+    reranked_count: RerankedCount
+    partial_reason: PartialReason = None
     rerank_duration_ms: int
     lam: float
     injection_policy: str
@@ -270,8 +278,7 @@ class V2Result(msgspec.Struct, forbid_unknown_fields=True):
     id: str | UnsetType = UNSET  # the document's id, when it had one
     document: V2ResultDocument | UnsetType = UNSET  # with "return_documents": true
     stages: V2Stages | UnsetType = UNSET  # with "explain": true
-    # what relevance_score is: model | fused (a fallback, or beyond the rerank budget)
-    scored_by: str = "model"
+    scored_by: ScoredBy = "model"
 
 
 class V2Filtered(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -314,8 +321,8 @@ class V2Meta(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, rename={"
     unclassified: int = 0
     fallback: bool
     fallback_reason: str | None
-    reranked: int | UnsetType = UNSET  # documents ranked by a model score (absent in answers cached before it)
-    partial_reason: str | None = None  # "budget": the rerank budget ended before every scored document
+    reranked: RerankedCount | UnsetType = UNSET  # absent in answers cached before it
+    partial_reason: PartialReason = None
     rerank_duration_ms: int
     from_cache: bool
     trace_id: str
@@ -334,9 +341,7 @@ class RerankResult(msgspec.Struct):
     snippet: str
     rerank_score: float
     source: str
-    # what rerank_score is: model (the cross-encoder's) | fused (the first stage's order: a
-    # fallback, or a candidate the rerank budget did not reach) | curation (a curated list's rank)
-    scored_by: str = "model"
+    scored_by: ScoredBy = "model"
 
 
 class RerankResponse(msgspec.Struct):
@@ -348,8 +353,5 @@ class RerankResponse(msgspec.Struct):
     fallback: bool
     fallback_reason: str | None
     candidate_count: int
-    # candidates ranked by a model score (pair cache or model; 0 on a hit, like candidate_count)
-    reranked_count: int = 0
-    # "budget" when KB_RERANK_BUDGET_MS ended before the model reached every candidate: a partial
-    # answer (the rest follow in fused order, scored_by "fused"), not cached; else null
-    partial_reason: str | None = None
+    reranked_count: RerankedCount = 0
+    partial_reason: PartialReason = None

@@ -73,6 +73,8 @@ FUNCTIONS = {
     "refresh_term_blocks": "rebuilds kb.current_tenant()'s lists only",
     "search_lexical": "filters kb.current_tenant()", "search_semantic": "filters kb.current_tenant()",
     "search_hybrid": "filters kb.current_tenant()",
+    "search_lexical_ids": "filters kb.current_tenant()", "search_semantic_ids": "filters kb.current_tenant()",
+    "retrieve_hybrid": "security invoker: reads under the caller's RLS, joins on kb.current_tenant()",
     "audit_append": "writes the current tenant's chain only", "audit_verify": "not executable by the app",
     "audit_add_month": "not executable by the app",
     "record_outcome": "writes the tenant it is given; refused in another tenant's transaction (test_record_outcome)",
@@ -248,7 +250,11 @@ def test_functions_as_b_return_nothing_of_a(app_conn, owner_conn, ab):
         assert app_conn.execute("select kb.current_tenant()").fetchone()[0] == b
         for sql, params in (("select chunk_id from kb.search_lexical(%s, 50)", [f"{word} zebra"]),
                             ("select chunk_id from kb.search_semantic(%s, 50)", [basis(3)]),
-                            ("select chunk_id from kb.search_hybrid(%s, %s, 50)", [f"{word} zebra", basis(3)])):
+                            ("select chunk_id from kb.search_hybrid(%s, %s, 50)", [f"{word} zebra", basis(3)]),
+                            ("select chunk_id from kb.search_lexical_ids(%s, 50)", [f"{word} zebra"]),
+                            ("select chunk_id from kb.search_semantic_ids(%s, 50)", [basis(3)]),
+                            ("select chunk_id from kb.retrieve_hybrid(%s, %s, 60, 60, 'rrf', 1, 1, 1.2, 0.75, 50,"
+                             " 'm', %s, 0)", [f"{word} zebra", basis(3), "e" * 64])):
             got = {r[0] for r in app_conn.execute(sql, params)}
             assert ids[a]["chunk"] not in got and got <= {ids[b]["chunk"]}, sql
         from kb_rerank.store import audit

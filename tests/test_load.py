@@ -148,7 +148,11 @@ def test_load_32_clients(settings, owner_url, app_url, load_tenants, tmp_path):
            "KB_RERANKER_MODEL": str(model_dir), "KB_RATE_LIMIT_PER_MINUTE": "0", "KB_WORKERS": "1",
            # every client shares 127.0.0.1; the per-tenant caps stay on, with waits long enough
            # that this test's clients queue rather than get 429 (tests/test_limits.py has those)
-           "KB_ADDRESS_RATE_LIMIT_PER_MINUTE": "0", "KB_TENANT_WAIT_S": "30"}
+           "KB_ADDRESS_RATE_LIMIT_PER_MINUTE": "0", "KB_TENANT_WAIT_S": "30",
+           # every key computed once and cached is what this test checks: with a rerank budget,
+           # 32 clients queueing for one model worker get partial or model_budget answers (not
+           # cached, so computed again), as they should; that is tests/test_rerank_budget.py's
+           "KB_RERANK_BUDGET_MS": "0"}
     log_path = tmp_path / "server.log"
     rss: list[tuple[float, int]] = []
     with serve_process(env, log_path) as (base, proc):

@@ -327,9 +327,13 @@ def test_one_hostile_file_per_converter_costs_one_bad_file_and_the_batch_goes_on
     assert "Tighten the zephyrine gasket" in docs["manual.pdf"].text
     assert docs["hours.html"].title == "Brambleton opening hours"
     timed_out = "timed out after 5 s converting (KB_INGEST_CONVERT_TIMEOUT_S)"
-    assert bad == {"broken.pdf": bad["broken.pdf"], "broken.docx": bad["broken.docx"],
-                   "slow.docx": timed_out, "spin.html": timed_out,
-                   "inflate.pdf": "out of memory: the conversion needed more than 96 MB (KB_INGEST_CONVERT_MEMORY_MB)"}
+    out_of_memory = "out of memory: the conversion needed more than 96 MB (KB_INGEST_CONVERT_MEMORY_MB)"
+    # the two busy converters grow while they spin: which limit stops them first depends on the
+    # machine's speed (a fast one reaches 96 MB within the 5 s); either is the kill at a limit
+    busy = {name: bad.get(name) for name in ("slow.docx", "spin.html")}
+    assert all(reason in (timed_out, out_of_memory) for reason in busy.values()), busy
+    assert bad == {"broken.pdf": bad["broken.pdf"], "broken.docx": bad["broken.docx"], **busy,
+                   "inflate.pdf": out_of_memory}
     # the helper's start (markitdown's import), two timeouts of 5 s and the ordinary files
     assert elapsed < 60
 

@@ -115,7 +115,7 @@ def test_database_stopped_under_load_fails_fast_and_recovers(own_server, embedde
                     marks["recovered"] = time.monotonic()
                     break
                 await asyncio.sleep(0.05)
-            await asyncio.sleep(2.0)
+            await asyncio.sleep(3.0)
         marks["end"] = time.monotonic()
         await asyncio.gather(*clients)  # they finish their last request: every answer is recorded
 
@@ -135,7 +135,10 @@ def test_database_stopped_under_load_fails_fast_and_recovers(own_server, embedde
         assert r["end"] - r["start"] <= db_timeout + 1.5, r["end"] - r["start"]
     assert "recovered" in marks, "the service did not recover within 15 s of the database restart"
     recovery = marks["recovered"] - marks["started"]
-    after = [r for r in records if r["start"] > marks["recovered"]]
+    # requests that start once a leader in flight at the restart has ended (it fails within the
+    # pool timeout, and a follower fails with its leader: single flight, no herd on a down
+    # database) are all answered
+    after = [r for r in records if r["start"] > marks["recovered"] + db_timeout]
     print(f"\nFAULT db: {len(records)} requests, {len(failed)} answered 503 while down "
           f"(slowest {max(r['end'] - r['start'] for r in failed):.2f}s, timeout {db_timeout}s); "
           f"pg stopped for {marks['started'] - marks['stop']:.1f}s; recovered {recovery:.2f}s after restart; "

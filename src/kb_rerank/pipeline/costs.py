@@ -111,7 +111,7 @@ class Bill:
         (estimates are estimates): the extra is debited, never refused. A pair a
         ``/v2/rerank`` document paid for at the document's price is debited the difference
         when the measured pair price is higher."""
-        expected, (pa, pr, pc) = getattr(self, "_slot", (0, (0, 0, 0)))
+        expected, (pa, pr, pc) = self._slot
         self._slot = (0, (0, 0, 0))
         price = self.limits.cost_per_pair
         if pairs < expected:

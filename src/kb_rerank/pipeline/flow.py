@@ -367,18 +367,9 @@ class Pipeline:
             out.cacheable = False
         return out
 
-    def _budget_pairs(self) -> int | None:
-        """How many pairs the model can score within the rerank budget (its measured cost at the
-        configured length), None when nothing bounds them (no budget, or a remote model)."""
-        budget, r = self.settings.rerank_budget_ms, self.reranker
-        cost = getattr(r, "cost", None)
-        if not budget or cost is None or not getattr(cost, "calibrated", False) or not hasattr(r, "ascore_until"):
-            return None
-        return cost.pairs_within(budget)
-
     def _within_budget(self, work: Work) -> Work:
         """A miss's most work: no more pairs than the budget lets the model score."""
-        cap = self._budget_pairs()
+        cap = scoring.budget_pairs(self.reranker, self.settings.rerank_budget_ms)
         return work if cap is None or work.pairs <= cap else replace(work, pairs=cap)
 
     async def _embed(self, bill: Bill, texts: list[str], *, query: bool = False) -> np.ndarray:

@@ -54,6 +54,21 @@ class Scored:
         return self.scores is not None and (self.by_model is None or self.by_model[i])
 
 
+def budgeted(reranker: Any, budget_ms: float) -> bool:
+    """Whether ``reranker`` scores within ``budget_ms``: a budget is set and the model can stop
+    at a deadline (``ascore_until``: the in-process backends)."""
+    return bool(budget_ms and budget_ms > 0) and reranker is not None and hasattr(reranker, "ascore_until")
+
+
+def budget_pairs(reranker: Any, budget_ms: float) -> int | None:
+    """How many pairs ``reranker`` can score within ``budget_ms`` by its measured cost, None when
+    nothing bounds them (no budget, a remote model, or no measure yet)."""
+    cost = getattr(reranker, "cost", None)
+    if not budgeted(reranker, budget_ms) or cost is None or not getattr(cost, "calibrated", False):
+        return None
+    return cost.pairs_within(budget_ms)
+
+
 def _no_slot(_pairs: int) -> AsyncContextManager[None]:
     return contextlib.nullcontext()
 
@@ -101,14 +116,12 @@ async def score(reranker: CrossEncoder | None, query: str, texts: Sequence[str],
         return Scored([known[k] for k in keys], cached=len(texts))
     if reranker is None or not reranker.ready:
         return Scored(None, "model_not_ready")
-    until = getattr(reranker, "ascore_until", None) if budget_ms and budget_ms > 0 else None
+    until = reranker.ascore_until if budgeted(reranker, budget_ms) else None
     reason: str | None = None
     raw: Any = None
     timeout = timeout_s if timeout_s and timeout_s > 0 else None
-    expect = len(missing)
-    cost = getattr(reranker, "cost", None)
-    if until is not None and cost is not None:
-        expect = min(expect, cost.pairs_within(budget_ms))
+    cap = budget_pairs(reranker, budget_ms)
+    expect = len(missing) if cap is None else min(len(missing), cap)
     deadline = time.monotonic() + budget_ms / 1000.0
     async with slot(expect):
         sent = [texts[i] for i in missing]

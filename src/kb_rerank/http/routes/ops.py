@@ -14,6 +14,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from kb_rerank.http.body import ApiError
 from kb_rerank.http.telemetry import ApiMetrics
+from kb_rerank.pipeline import scoring
 from kb_rerank.pipeline.requests import DEFAULT_SOURCE
 from kb_rerank.pipeline.retrieval import RetrievalSpec
 from kb_rerank.store import schema_state
@@ -72,14 +73,15 @@ async def readyz(request: Request, state: State) -> Response[dict[str, Any]]:
     info["model"] = {"name": pipe.model_name, "backend": getattr(rr, "backend", "flag"),
                      "state": model_state,
                      "ready": bool(getattr(rr, "ready", True)), "last_error": getattr(rr, "last_error", None)}
-    cost = getattr(rr, "cost", None)
-    if cost is not None and getattr(cost, "calibrated", False) and hasattr(rr, "ascore_until"):
+    budget = pipe.settings.rerank_budget_ms
+    within = scoring.budget_pairs(rr, budget)
+    if within is not None:
         # what this machine affords: the measured cost, and how many of a hybrid search's
         # candidates the budget lets the model score (at the length live batches have)
-        budget, hybrid = pipe.settings.rerank_budget_ms, RetrievalSpec.of(pipe.settings, DEFAULT_SOURCE).limit
+        hybrid = RetrievalSpec.of(pipe.settings, DEFAULT_SOURCE).limit
         info["model"]["rerank_budget"] = {
-            "budget_ms": budget, "unit_ms": pipe.settings.rerank_unit_ms, **cost.snapshot(),
-            "candidates": hybrid, "scored_within_budget": min(cost.pairs_within(budget), hybrid) if budget else hybrid}
+            "budget_ms": budget, "unit_ms": pipe.settings.rerank_unit_ms, **rr.cost.snapshot(),
+            "candidates": hybrid, "scored_within_budget": min(within, hybrid)}
     status = 200
     try:
         rev = await asyncio.wait_for(_db_revision(pipe.pool, state.db_timeout_s), state.db_timeout_s + 1)

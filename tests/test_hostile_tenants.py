@@ -63,7 +63,11 @@ FUNCTIONS = {
     "code_token_counts": "pure text function", "query_term_counts": "pure text function",
     "stem_config": "pure text function", "stem_tsv": "pure text function", "stem_length": "pure text function",
     "query_stems": "pure text function",
-    "search_term_counts": "pure text function",
+    "search_term_counts": "reads kb.term_stats under RLS: the caller's tenant's document languages (kb.query_languages)",
+    "query_languages": "reads kb.term_stats under RLS: another tenant's id reads nothing (checked below)",
+    "language_subtag": "pure text function", "text_script": "pure text function", "language_script": "pure text function",
+    "script_language": "pure text function", "stem_languages": "pure text function", "language_lexeme": "pure text function",
+    "has_nospace": "pure text function", "nospace_grams": "pure text function",
     "terms_tsquery": "pure text function", "doc_length": "pure text function", "audit_row_hash": "pure: hashes the row it is given",
     "chunks_derive": "trigger", "documents_rederive_chunks": "trigger", "chunks_maintain_stats": "trigger", "chunks_maintain_term_blocks": "trigger",
     "apply_stats_delta": "not executable by the app",
@@ -268,6 +272,13 @@ def test_functions_as_b_return_nothing_of_a(app_conn, owner_conn, ab):
                                      " where n.nspname = 'kb' and proname = %s", [name]).fetchone()[0]
             assert vol == "i", name
     assert owner_conn.execute("select count(*) from kb.kb_rerank_cache where tenant_id = %s", [a]).fetchone()[0] == live_a
+    # B naming A's tenant to kb.query_languages reads none of A's languages (RLS): the answer is
+    # the one for a tenant with no documents
+    with tenant_transaction(app_conn, b):
+        own_a = app_conn.execute("select kb.query_languages(%s, %s), kb.query_languages(%s, null)",
+                                 [f"{word} zebra", a, f"{word} zebra"]).fetchone()
+        assert own_a[0] == own_a[1]
+        assert app_conn.execute("select count(*) from kb.term_stats where tenant_id = %s", [a]).fetchone()[0] == 0
     # B rebuilding its BM25 lists leaves A's as they are
     lists_sql = "select array_agg((term, level, part, chunk_ids, tail) order by term, level, part) from kb.term_blocks where tenant_id = %s"
     lists_a = owner_conn.execute(lists_sql, [a]).fetchone()[0]

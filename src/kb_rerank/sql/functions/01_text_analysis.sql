@@ -78,34 +78,25 @@ $$;
 -- (docs/quality.md): with Lucene's 33 stop words instead, a bm25s simulation of this
 -- analysis gave 0.007-0.024 less nDCG@10 on the three English ones.
 --
--- kb.stem_config(language): the dictionary that stems a document's words:
--- pg_catalog.english_stem (Snowball English) for English, for Vietnamese and for an
--- unknown language (NULL; ingestion always guesses one, 'en' unless the text is
--- Vietnamese: kb_rerank.ingest.readers.guess_language); NULL (words kept as they are) for any
--- other language. Vietnamese has no Snowball stemmer, and its syllables typed without
--- diacritics are fixed points of the English one (hoa, nhieu, khong, nguoi, ngay stay;
--- tested), while the English words its pages carry (emails, iPhones) are stemmed like an
--- English query's, so an English query finds them as it finds an English page. A
--- Vietnamese query never reads this field (kb.search_term_counts): Vietnamese search is
--- unchanged.
-create or replace function kb.stem_config(language text)
-returns regdictionary
-language sql
-immutable
-parallel safe
-security invoker
-set search_path = pg_catalog, pg_temp
-as $$
-  select case when language is null
-                or lower(language) ~ '^(en|eng|english|vi|vie|vietnamese)([-_].*)?$'
-              then 'pg_catalog.english_stem'::regdictionary end
-$$;
-
--- kb.stem_tsv(content, language): the stemmed field of a text (see above). It is
--- concatenated to kb.to_tsv's lexemes in one tsvector (kb.chunks_derive): the statistics
--- (kb.term_stats), the term blocks (kb.term_blocks) and the pruned search treat
--- '~ connect' as one more term, per tenant. Words with one stem merge their positions (a
--- lexeme keeps at most 256, as to_tsvector does).
+-- kb.stem_tsv(content, language): the stemmed field of a text (see above), in the document's
+-- language (migration 0021; kb.stem_config, sql/functions/01_language.sql). Each plain word
+-- is stemmed by the dictionary of its script (the language's own for a word in the
+-- language's script, else the script's default: kb.script_language):
+--   * English's (pg_catalog.english_stem, also Vietnamese's and an unknown language's): the
+--     word folded (unaccent), then stemmed, without the stop words above, as before 0021;
+--   * any other Snowball stemmer: the word stemmed as typed, then its stem folded
+--     (`книги` -> `книг`, `Ελλάδα` -> `ελλαδ`, `kitapları` -> `kitap`): Snowball stemmers
+--     read the language's letters, diacritics included, and a bm25s simulation on the
+--     shared collections gave more nDCG@10 to stemming before folding than after
+--     (bench/analysis_study.py). Their stop words are those PostgreSQL ships with the
+--     stemmer (none for Arabic, Greek, Hindi, Romanian and others), dropped from documents
+--     and queries alike.
+-- Runs of a script written without spaces (Thai, Lao, Myanmar, Khmer, Han, Kana) are
+-- character n-grams instead (kb.nospace_grams), whatever the document's language. Words keep
+-- the parser's positions and the n-grams follow them (BM25 only counts positions); a lexeme
+-- keeps at most 256, as to_tsvector does. It is concatenated to kb.to_tsv's lexemes in one
+-- tsvector (kb.chunks_derive): the statistics (kb.term_stats), the term blocks
+-- (kb.term_blocks) and the pruned search treat '~ connect' as one more term, per tenant.
 create or replace function kb.stem_tsv(content text, language text)
 returns tsvector
 language sql
@@ -114,20 +105,43 @@ parallel safe
 security invoker
 set search_path = pg_catalog, pg_temp
 as $$
+  with words as (
+    select case when d.dict = 'pg_catalog.english_stem'::regdictionary
+                then case when f.folded <> all (kb.stop_words_en())
+                          then (ts_lexize(d.dict, f.folded))[1] end  -- a stop word: '{}'[1], NULL
+                when d.dict is null then f.folded
+                else public.unaccent('public.unaccent'::regdictionary, (ts_lexize(d.dict, u.lexeme))[1])
+           end as stem,
+           p.pos::bigint as ord
+    from unnest(to_tsvector('kb.kb_text_exact'::regconfig, coalesce(content, ''))) as u
+    cross join lateral unnest(u.positions) as p(pos)
+    cross join lateral (select public.unaccent('public.unaccent'::regdictionary, u.lexeme) as folded,
+                               kb.text_script(u.lexeme) as script) as f
+    cross join lateral (
+      select case when f.script = kb.language_script(language) then kb.stem_config(language)
+                  when kb.script_language(f.script) is null then null
+                  else kb.stem_config(kb.script_language(f.script)) end as dict
+    ) as d
+    where f.folded ~ '^[[:alnum:]]{2,}$' and not kb.has_nospace(u.lexeme)
+    union all
+    select g.gram, 1000000 + g.ord
+    from kb.nospace_grams(coalesce(content, '')) as g
+  ),
+  numbered as (
+    select x.stem,
+           least(case when x.ord < 1000000 then x.ord
+                      else coalesce(max(x.ord) filter (where x.ord < 1000000) over (), 0) + x.ord - 1000000 end,
+                 16383) as pos
+    from words x
+    where x.stem is not null and x.stem <> ''
+  )
   select coalesce(string_agg(format('''~ %s'':%s',
                                     replace(replace(s.stem, '\', '\\'), '''', ''''''),
                                     array_to_string(s.pos[1:256], ',')), ' ')::tsvector,
                   ''::tsvector)
-  from (select x.stem, array_agg(x.pos order by x.pos) as pos
-        from (select case when dict.d is null then u.lexeme
-                          else (ts_lexize(dict.d, u.lexeme))[1] end as stem,  -- a stop word: '{}'[1], NULL
-                     p.pos
-              from (select kb.stem_config(language) as d) as dict
-              cross join lateral unnest(to_tsvector('kb.kb_text'::regconfig, coalesce(content, ''))) as u
-              cross join lateral unnest(u.positions) as p(pos)
-              where u.lexeme ~ '^[[:alnum:]]{2,}$' and u.lexeme <> all (kb.stop_words_en())) as x
-        where x.stem is not null
-        group by x.stem) as s
+  from (select n.stem, array_agg(n.pos order by n.pos) as pos
+        from numbered n
+        group by n.stem) as s
 $$;
 
 -- The number of positions of a tsvector's stemmed lexemes: the stemmed field's length.
@@ -294,14 +308,83 @@ as $$
   select t.lexeme, t.n from terms t where not exists (select 1 from content_terms)
 $$;
 
--- The terms kb.search_lexical scores a query with, each with its qtf. For a query that
--- kb.query_stems accepts, the stemmed field: each plain word of kb.query_term_counts of two
--- characters or more that is not a stop word (see kb.stem_config), as its stem (`connections` -> '~ connect';
--- words with one stem add their counts, as repeated clauses do in Lucene), and every term
--- that is not a plain word (code tokens ERR_402, SKU-1234, v2.3.1, hosts, emails) as typed,
--- in the exact field, so identifiers stay exact. Otherwise, or when that leaves nothing
--- ("to be or not to be"): kb.query_term_counts, the exact field, as before 0011.
-create or replace function kb.search_term_counts(query text)
+-- kb.query_languages(query, tenant): the languages whose stemmers analyse a query's words
+-- (migration 0021). A short query rarely tells its language, so the tenant's documents are
+-- the prior: the languages of its chunks (their counts: '@language xx' in kb.term_stats,
+-- kb.language_lexeme) written in the scripts of the query's words.
+--   * Latin words, a tenant whose Latin documents are English or Vietnamese only (or none):
+--     English when kb.query_stems accepts the query, else none (its words are searched
+--     exact: a Vietnamese query, or one with diacritics), the rule before 0021;
+--   * Latin words, a tenant with documents in other Latin languages: English when
+--     kb.query_is_english accepts the query and the tenant has English documents; else
+--     unsure: the tenant's main Latin languages (Vietnamese aside), at most three, each
+--     with at least a tenth of the chunks of the largest, and every word is stemmed by each
+--     (kb.search_term_counts unions their stems: a stem found in no document matches none);
+--   * words of another script (Cyrillic, Greek, Arabic, Devanagari, ...): the tenant's main
+--     languages of that script likewise (Russian and Serbian, say), or the script's default
+--     language (kb.script_language) when the tenant has none.
+-- Words of scripts written without spaces need no language (kb.nospace_grams). SECURITY
+-- INVOKER: it reads kb.term_stats under the caller's RLS, and kb.search_lexical_ids (a
+-- definer) passes its own tenant; another tenant's id reads nothing.
+create or replace function kb.query_languages(query text, tenant uuid)
+returns text[]
+language sql
+stable
+parallel safe
+security invoker
+set search_path = pg_catalog, pg_temp
+as $$
+  with tl as (
+    select substr(ts.term, 11) as lang, ts.df, kb.language_script(substr(ts.term, 11)) as script
+    from kb.term_stats ts
+    where ts.tenant_id = tenant and ts.df > 0
+      and ts.term = any (array(select '@language ' || l from unnest(kb.stem_languages()) as l))
+  ),
+  scripts as (
+    select distinct kb.text_script(t.term) as script
+    from kb.query_term_counts(query) as t
+    where t.term ~ '^[[:alnum:]]+$' and not kb.has_nospace(t.term)
+  ),
+  rule as (
+    select not exists (select from tl where tl.script = 'latn' and tl.lang not in ('en', 'vi')) as plain,
+           kb.query_is_english(query) and exists (select from tl where tl.lang = 'en') as english
+  ),
+  ranked as (
+    select tl.lang, tl.script, tl.df,
+           max(tl.df) over (partition by tl.script) as top,
+           row_number() over (partition by tl.script order by tl.df desc, tl.lang) as rn
+    from tl
+    where tl.lang <> 'vi'
+  ),
+  chosen as (
+    select 'en' as lang
+    from scripts s cross join rule r
+    where s.script = 'latn' and ((r.plain and kb.query_stems(query)) or (not r.plain and r.english))
+    union all
+    select x.lang
+    from ranked x join scripts s on s.script = x.script cross join rule r
+    where x.rn <= 3 and x.df * 10 >= x.top and (x.script <> 'latn' or not (r.plain or r.english))
+    union all
+    select kb.script_language(s.script)
+    from scripts s
+    where s.script <> 'latn' and not exists (select from tl where tl.script = s.script)
+  )
+  select coalesce(array_agg(distinct c.lang order by c.lang) filter (where c.lang is not null), '{}')
+  from chosen c
+$$;
+
+-- The terms kb.search_lexical scores a query with, each with its qtf, for the stemming
+-- languages given (kb.query_languages). Each plain word of kb.query_term_counts of two
+-- characters or more is searched in the stemmed field as its stem in each given language of
+-- its script (`connections` -> '~ connect'; `книги` -> '~ книг'), analysed as documents are
+-- (kb.stem_tsv: English folds then stems and leaves the stop words out, the others stem
+-- then fold); words with one stem add their counts, as repeated clauses do in Lucene. A word
+-- of a script no given language is written in is searched exact, as typed; so is every term
+-- that is not a plain word (code tokens ERR_402, SKU-1234, v2.3.1, hosts, emails), so
+-- identifiers stay exact in every language. Runs of a script written without spaces are
+-- searched as their n-grams (kb.nospace_grams). When that leaves nothing ("to be or not to
+-- be"): kb.query_term_counts, the exact field, as before 0011.
+create or replace function kb.search_term_counts(query text, languages text[])
 returns table (term text, qtf integer)
 language sql
 immutable
@@ -311,23 +394,64 @@ security invoker
 set search_path = pg_catalog, pg_temp
 as $$
   with t as (
-    select q.term, q.qtf from kb.query_term_counts(query) as q
+    select q.term, q.qtf, q.term ~ '^[[:alnum:]]+$' and not kb.has_nospace(q.term) as plain,
+           kb.has_nospace(q.term) as nospace
+    from kb.query_term_counts(query) as q
+  ),
+  langs as (
+    select distinct l.lang, kb.language_script(l.lang) as script, kb.stem_config(l.lang) as dict
+    from unnest(coalesce(languages, '{}')) as l(lang)
+    where l.lang is not null
   ),
   stemmed as (
-    select x.term, sum(x.qtf)::integer as qtf
-    from (select case when t.term ~ '^[[:alnum:]]+$'
-                      then '~ ' || (ts_lexize('pg_catalog.english_stem'::regdictionary, t.term))[1]
-                      else t.term end as term,  -- NULL for a stop word
-                 t.qtf
-          from t
-          where kb.query_stems(query)
-            and (t.term !~ '^[[:alnum:]]+$' or (length(t.term) >= 2 and t.term <> all (kb.stop_words_en())))) as x
-    where x.term is not null
-    group by x.term
+    select case when g.dict = 'pg_catalog.english_stem'::regdictionary
+                then case when f.folded <> all (kb.stop_words_en())
+                          then (ts_lexize(g.dict, f.folded))[1] end
+                else public.unaccent('public.unaccent'::regdictionary, (ts_lexize(g.dict, t.term))[1])
+           end as stem,
+           t.term, t.qtf
+    from t
+    cross join lateral (select public.unaccent('public.unaccent'::regdictionary, t.term) as folded) as f
+    join langs g on g.script = kb.text_script(t.term)
+    where t.plain and length(t.term) >= 2
+  ),
+  terms as (
+    -- a word's stems, once each (two languages may give one stem)
+    select distinct on (s.term, s.stem) '~ ' || s.stem as term, s.qtf
+    from stemmed s
+    where s.stem is not null and s.stem <> ''
+    union all
+    -- exact: not a plain word, or a plain word of a script no language stems
+    select t.term, t.qtf
+    from t
+    where not t.nospace
+      and not (t.plain and exists (select from langs g where g.script = kb.text_script(t.term)))
+    union all
+    select '~ ' || g.gram, count(*)::integer
+    from kb.nospace_grams(left(coalesce(query, ''), 4000)) as g
+    group by g.gram
+  ),
+  summed as (
+    select x.term, sum(x.qtf)::integer as qtf from terms x group by x.term
   )
-  select s.term, s.qtf from stemmed s
+  select s.term, s.qtf from summed s
   union all
-  select t.term, t.qtf from t where not exists (select from stemmed)
+  select t.term, t.qtf from t where not exists (select from summed)
+$$;
+
+-- kb.search_term_counts(query): the terms for the caller's tenant's languages
+-- (kb.query_languages with kb.current_tenant()), what kb.search_lexical_ids searches with.
+create or replace function kb.search_term_counts(query text)
+returns table (term text, qtf integer)
+language sql
+stable
+parallel safe
+rows 8
+security invoker
+set search_path = pg_catalog, pg_temp
+as $$
+  select s.term, s.qtf
+  from kb.search_term_counts(query, kb.query_languages(query, kb.current_tenant())) as s
 $$;
 
 -- OR-query over lexemes, built by quoting each lexeme (never parsed as operators).

@@ -26,8 +26,9 @@ begin
   where d.tenant_id = new.tenant_id and d.doc_id = new.doc_id;
   v_text := case when coalesce(btrim(v_title), '') = '' then new.content
                  else v_title || E'\n' || new.content end;
-  -- exact lexemes, then the stemmed field in the document's language (kb.stem_tsv)
-  new.tsv := kb.to_tsv(v_text) || kb.stem_tsv(v_text, v_language);
+  -- exact lexemes, the stemmed field in the document's language (kb.stem_tsv), and the
+  -- lexeme that counts the chunk in its language (kb.language_lexeme, migration 0021)
+  new.tsv := kb.to_tsv(v_text) || kb.stem_tsv(v_text, v_language) || kb.language_lexeme(v_language);
   new.doc_len := kb.doc_length(v_text);
   new.stem_len := kb.stem_length(new.tsv);
   return new;

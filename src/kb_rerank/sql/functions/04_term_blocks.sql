@@ -81,6 +81,7 @@ begin
     cross join lateral unnest(c.tsv) as u
     join kb.term_stats ts on ts.tenant_id = v_tenant and ts.term = u.lexeme and ts.df >= min_df
     where c.tenant_id = v_tenant
+      and u.lexeme not like '@language %'  -- a chunk's language (kb.language_lexeme): never searched
   ),
   ranked as (
     select p.term, p.chunk_id, p.w, p.df,

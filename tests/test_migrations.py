@@ -606,7 +606,7 @@ def test_0011_downgrade_removes_the_stemmed_field_and_upgrade_adds_it_to_existin
     db.downgrade(s, revision="0010_trust")
     with psycopg.connect(url) as conn:
         conn.execute("select set_config('auth.tenant_id', %s, false)", [str(tenant)])
-        assert conn.execute(terms_sql).fetchone()[0] == [t for t in head_terms if not t.startswith("~ ")]
+        assert conn.execute(terms_sql).fetchone()[0] == [t for t in head_terms if not t.startswith(("~ ", "@language "))]
         assert conn.execute("select n_chunks, total_len from kb.corpus_stats").fetchone() == (2, 7)
         assert conn.execute("select count(*) from kb.chunks where tsv::text like '%%~ %%'").fetchone()[0] == 0
         assert conn.execute("select to_regprocedure('kb.stem_tsv(text, text)')").fetchone()[0] is None
@@ -780,3 +780,68 @@ def test_0019_term_blocks_name_down_and_up(server_url):
         assert conn.execute(names).fetchone() == head
         assert conn.execute(blocks.format("kb.term_blocks")).fetchall() == rows
         assert conn.execute(search_sql).fetchone()[0] == before
+
+
+def test_0021_language_analysis_down_and_up(server_url):
+    """Up to head, a chunk's stemmed field is analysed in its document's language (Russian
+    stems, Thai n-grams, English as before) and each chunk carries its language's lexeme; the
+    term blocks are rebuilt without it. Down to 0020, every chunk is re-derived by the
+    English-only analysis (Russian words kept as they are, no n-grams, no language lexeme),
+    the new functions are gone and the search still runs; up again, the chunks and blocks
+    are what a fresh install gives."""
+    url, s = _new_database(server_url)
+    db.migrate(s)
+    tenant = uuid.uuid4()
+    insert = ("insert into kb.chunks (tenant_id, doc_id, position, content, content_hash, embedding)"
+              " select %s, %s, %s, %s, repeat('0', 64), array_fill(0.1::real, array[dim])::vector"
+              " from kb.embedding_config")
+    state = ("select array_agg(c.tsv::text || '|' || c.stem_len order by c.content) from kb.chunks c")
+    blocks = "select term, level, part, chunk_ids, n, tail from kb.term_blocks order by term, level, part"
+    search_sql = "select array_agg(content order by rank) from kb.search_lexical(%s, 50)"
+    scored_sql = ("select array_agg(content || ':' || round(score::numeric, 9) order by rank)"
+                  " from kb.search_lexical(%s, 50)")
+    texts = {"ru": ["Студенты читали книги в библиотеке", "Книга лежит на столе"],
+             "th": ["ภาษาไทยเป็นภาษาราชการของประเทศไทย", "ประเทศไทยมีจังหวัดเจ็ดสิบหกจังหวัด"],
+             "en": ["The servers were connected", "Invoices ERR_402"]}
+    with psycopg.connect(url) as conn:
+        conn.execute("select set_config('auth.tenant_id', %s, false)", [str(tenant)])
+        for lang, contents in texts.items():
+            for i, text in enumerate(contents):
+                doc = conn.execute("insert into kb.documents (tenant_id, source_uri, title, content_hash, language)"
+                                   " values (%s, %s, '', repeat('0', 64), %s) returning doc_id",
+                                   [tenant, f"{lang}{i}", lang]).fetchone()[0]
+                conn.execute(insert, [tenant, doc, 0, text])
+        conn.execute("select kb.refresh_term_blocks(2, 1)")
+        conn.commit()
+        head = conn.execute(state).fetchone()[0]
+        head_blocks = conn.execute(blocks).fetchall()
+        assert "'~ книг'" in " ".join(head) and "'~ ไทย'" in " ".join(head) and "'@language ru'" in " ".join(head)
+        assert head_blocks and not any(t.startswith("@language") for t, *_ in head_blocks)
+        assert sorted(conn.execute(search_sql, ["книгами"]).fetchone()[0]) == sorted(texts["ru"])
+        assert sorted(conn.execute(search_sql, ["ประเทศไทย"]).fetchone()[0]) == sorted(texts["th"])
+        head_scores = {q: conn.execute(scored_sql, [q]).fetchone()[0]
+                       for q in ("книгами", "ประเทศไทย", "connections ERR_402")}
+    db.downgrade(s, revision="0020_sql_access")
+    with psycopg.connect(url) as conn:
+        conn.execute("select set_config('auth.tenant_id', %s, false)", [str(tenant)])
+        down = " ".join(conn.execute(state).fetchone()[0])
+        assert "'~ книги'" in down and "'~ книг'" not in down  # kept as typed, as at 0020
+        assert "@language" not in down and "'~ ไทย'" not in down
+        assert "'~ connect'" in down and "'~ server'" in down  # English still stemmed
+        assert conn.execute("select to_regprocedure('kb.query_languages(text, uuid)'),"
+                            " to_regprocedure('kb.nospace_grams(text)'),"
+                            " to_regprocedure('kb.search_term_counts(text, text[])')").fetchone() == (None, None, None)
+        assert conn.execute(search_sql, ["connections"]).fetchone()[0] == ["The servers were connected"]
+        assert conn.execute(search_sql, ["книгами"]).fetchone()[0] is None  # no stemming for Russian at 0020
+        down_terms = {t for t, *_ in conn.execute(blocks).fetchall()}
+        assert "~ книги" in down_terms and "~ книг" not in down_terms  # the blocks rebuilt on the 0020 analysis
+    db.migrate(s)
+    with psycopg.connect(url) as conn:
+        conn.execute("select set_config('auth.tenant_id', %s, false)", [str(tenant)])
+        assert conn.execute(state).fetchone()[0] == head
+        # the blocks are rebuilt (with the parameters read back from the 0020 ones) and the
+        # search ranks and scores as at head
+        again = {t for t, *_ in conn.execute(blocks).fetchall()}
+        assert "~ книг" in again and not any(t.startswith("@language") for t in again)
+        for q in ("книгами", "ประเทศไทย", "connections ERR_402"):
+            assert conn.execute(scored_sql, [q]).fetchone()[0] == head_scores[q], q

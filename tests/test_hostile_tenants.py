@@ -67,7 +67,7 @@ FUNCTIONS = {
     "query_languages": "reads kb.term_stats under RLS: another tenant's id reads nothing (checked below)",
     "language_subtag": "pure text function", "text_script": "pure text function", "language_script": "pure text function",
     "script_language": "pure text function", "stem_languages": "pure text function", "language_lexeme": "pure text function",
-    "has_nospace": "pure text function", "nospace_grams": "pure text function",
+    "has_nospace": "pure text function", "nospace_class": "pure text function", "nospace_grams": "pure text function",
     "terms_tsquery": "pure text function", "doc_length": "pure text function", "audit_row_hash": "pure: hashes the row it is given",
     "chunks_derive": "trigger", "documents_rederive_chunks": "trigger", "chunks_maintain_stats": "trigger", "chunks_maintain_term_blocks": "trigger",
     "apply_stats_delta": "not executable by the app",

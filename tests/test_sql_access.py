@@ -135,6 +135,7 @@ CALLS = {
     "kb.stem_languages()": "select kb.stem_languages()",
     "kb.language_lexeme(text)": "select kb.language_lexeme('{word}')",
     "kb.has_nospace(text)": "select kb.has_nospace('{word}')",
+    "kb.nospace_class()": "select kb.nospace_class()",
     "kb.nospace_grams(text)": "select kb.nospace_grams('{word} ภาษาไทย')",
     "kb.bm25_tf_part(double precision,double precision,double precision,double precision,double precision)":
         "select kb.bm25_tf_part(1, 1, 1, 1.2, 0.75)",

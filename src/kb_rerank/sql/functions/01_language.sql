@@ -156,6 +156,20 @@ as $$
                     else kb.language_subtag(language) end as l) as x
 $$;
 
+-- The letters of scripts written without spaces between words, as a regular expression
+-- bracket: Thai, Lao, Myanmar, Khmer, Hiragana, Katakana (and their extensions, half-width
+-- Katakana), Han (unified ideographs, extension A, compatibility).
+create or replace function kb.nospace_class()
+returns text
+language sql
+immutable
+parallel safe
+security invoker
+set search_path = pg_catalog, pg_temp
+as $$
+  select '[\u0e00-\u0eff\u1000-\u109f\u1780-\u17ff\u3040-\u30ff\u31f0-\u31ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\uff66-\uff9f]'::text
+$$;
+
 -- True when a text holds a letter of a script written without spaces between words
 -- (kb.nospace_grams).
 create or replace function kb.has_nospace(word text)
@@ -167,7 +181,7 @@ parallel safe
 security invoker
 set search_path = pg_catalog, pg_temp
 as $$
-  select word ~ '[\u0e00-\u0eff\u1000-\u109f\u1780-\u17ff\u3040-\u30ff\u31f0-\u31ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\uff66-\uff9f]'
+  select word ~ kb.nospace_class()
 $$;
 
 -- Scripts written without spaces between words, cut into overlapping character n-grams

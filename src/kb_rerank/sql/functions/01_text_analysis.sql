@@ -3,7 +3,9 @@
 -- kb.code_tokens: runs of letters/digits joined by _ - . / : # (ERR_402, SKU-1234,
 -- v2.3.1, api/v2), lower-cased and accent-folded, distinct and sorted; kb.code_token_counts
 -- gives each with its number of occurrences. The default parser splits ERR_402 into `err`
--- and `402`; these tokens are kept whole as extra lexemes.
+-- and `402`; these tokens are kept whole as extra lexemes. Letters of scripts written
+-- without spaces end a token (kb.nospace_class, 0021): `ข้อผิดพลาดERR_402` and `错误ERR_402`
+-- hold the identifier err_402, as Thai and Chinese text glue it to the words around it.
 create or replace function kb.code_token_counts(content text)
 returns table (token text, n integer)
 language sql
@@ -15,7 +17,8 @@ security invoker
 set search_path = pg_catalog, pg_temp
 as $$
   select m[1], count(*)::integer
-  from regexp_matches(lower(public.unaccent('public.unaccent'::regdictionary, content)),
+  from regexp_matches(lower(public.unaccent('public.unaccent'::regdictionary,
+                                            regexp_replace(content, kb.nospace_class(), ' ', 'g'))),
                       '([[:alnum:]]+(?:[_./:#-][[:alnum:]]+)+)', 'g') as m
   group by m[1]
 $$;
@@ -313,8 +316,8 @@ $$;
 -- the prior: the languages of its chunks (their counts: '@language xx' in kb.term_stats,
 -- kb.language_lexeme) written in the scripts of the query's words.
 --   * Latin words, a tenant whose Latin documents are English or Vietnamese only (or none):
---     English when kb.query_stems accepts the query, else none (its words are searched
---     exact: a Vietnamese query, or one with diacritics), the rule before 0021;
+--     English when kb.query_stems accepts the query's Latin part, else none (its words are
+--     searched exact: a Vietnamese query, or one with diacritics), the rule before 0021;
 --   * Latin words, a tenant with documents in other Latin languages: English when
 --     kb.query_is_english accepts the query and the tenant has English documents; else
 --     unsure: the tenant's main Latin languages (Vietnamese aside), at most three, each
@@ -345,9 +348,17 @@ as $$
     from kb.query_term_counts(query) as t
     where t.term ~ '^[[:alnum:]]+$' and not kb.has_nospace(t.term)
   ),
+  latin as (
+    -- the query's Latin part: letters of other scripts (Greek to Tamil and beyond, CJK) are
+    -- spaces, so that `книги about books` is judged on `about books`; the Vietnamese letters
+    -- (Latin Extended Additional) stay, so a Vietnamese query stays exact
+    select regexp_replace(left(coalesce(query, ''), 4000), '[\u0370-\u1dff\u1f00-\u1fff\u3000-\uffff]', ' ', 'g') as q
+  ),
   rule as (
     select not exists (select from tl where tl.script = 'latn' and tl.lang not in ('en', 'vi')) as plain,
-           kb.query_is_english(query) and exists (select from tl where tl.lang = 'en') as english
+           kb.query_stems(l.q) as stems,
+           kb.query_is_english(l.q) and exists (select from tl where tl.lang = 'en') as english
+    from latin l
   ),
   ranked as (
     select tl.lang, tl.script, tl.df,
@@ -359,7 +370,7 @@ as $$
   chosen as (
     select 'en' as lang
     from scripts s cross join rule r
-    where s.script = 'latn' and ((r.plain and kb.query_stems(query)) or (not r.plain and r.english))
+    where s.script = 'latn' and ((r.plain and r.stems) or (not r.plain and r.english))
     union all
     select x.lang
     from ranked x join scripts s on s.script = x.script cross join rule r

@@ -26,7 +26,7 @@ grant execute on function kb.current_tenant(), kb.code_tokens(text), kb.to_tsv(t
                           kb.search_term_counts(text), kb.search_term_counts(text, text[]),
                           kb.language_subtag(text), kb.text_script(text), kb.language_script(text),
                           kb.script_language(text), kb.stem_languages(), kb.language_lexeme(text),
-                          kb.has_nospace(text), kb.nospace_grams(text), kb.query_languages(text, uuid),
+                          kb.nospace_class(), kb.has_nospace(text), kb.nospace_grams(text), kb.query_languages(text, uuid),
                           kb.bm25_tf_part(double precision, double precision, double precision, double precision, double precision),
                           kb.ts_rank_tf(), kb.ts_rank_tf_compute()
   to {{app_role}}, kb_search, kb_stats;

@@ -5,6 +5,28 @@
 -- ones dropped.
 
 -- ---- frozen copies of sql/functions/01_text_analysis.sql as of 0020 ----
+-- Text analysis shared by documents and queries, so that both sides tokenise alike.
+--
+-- kb.code_tokens: runs of letters/digits joined by _ - . / : # (ERR_402, SKU-1234,
+-- v2.3.1, api/v2), lower-cased and accent-folded, distinct and sorted; kb.code_token_counts
+-- gives each with its number of occurrences. The default parser splits ERR_402 into `err`
+-- and `402`; these tokens are kept whole as extra lexemes.
+create or replace function kb.code_token_counts(content text)
+returns table (token text, n integer)
+language sql
+immutable
+strict
+parallel safe
+rows 4
+security invoker
+set search_path = pg_catalog, pg_temp
+as $$
+  select m[1], count(*)::integer
+  from regexp_matches(lower(public.unaccent('public.unaccent'::regdictionary, content)),
+                      '([[:alnum:]]+(?:[_./:#-][[:alnum:]]+)+)', 'g') as m
+  group by m[1]
+$$;
+
 -- The stemmed field (migration 0011), what an English query is searched in, as the
 -- `text.english` sub-field of a search engine's multi-field: the document's plain words
 -- (letters and digits only: no code tokens, compounds, hosts or emails, which the exact
@@ -148,6 +170,7 @@ drop function if exists kb.search_term_counts(text, text[]);
 drop function if exists kb.query_languages(text, uuid);
 drop function if exists kb.nospace_grams(text);
 drop function if exists kb.has_nospace(text);
+drop function if exists kb.nospace_class();
 drop function if exists kb.language_lexeme(text);
 drop function if exists kb.stem_languages();
 drop function if exists kb.script_language(text);
@@ -156,12 +179,14 @@ drop function if exists kb.text_script(text);
 drop function if exists kb.language_subtag(text);
 
 -- ---- data step ----
--- Every chunk is re-derived by the 0020 analysis. The BM25 blocks (kb.term_blocks) are dropped first and
+-- Every chunk is re-derived by the 0020 analysis. Only chunks whose lexical columns the new analysis changes are
+-- rewritten (a chunk of a document with no language, in English words only, stays as it
+-- is). The BM25 blocks (kb.term_blocks) of the tenants concerned are dropped first and
 -- rebuilt after, with the parameters they were built with (list length, k1 and b as stored;
 -- min_df the smallest document frequency among their terms), by a frozen copy of
 -- kb.refresh_term_blocks's algorithm inline (the installed function is the layer of the
 -- revision the database comes from), as 0017 did; the lengths' totals are summed from the
--- chunks. On a large table this rewrites every chunk and its index entries (HNSW
+-- chunks. On a large table this rewrites most chunks and their index entries (HNSW
 -- included): see docs/quality.md ("Every language analysed") for its time at 100k chunks;
 -- plan a maintenance window.
 do $$
@@ -172,7 +197,18 @@ declare
   v_min_df integer;
   v_avglen float8;
   v_stem_avglen float8;
+  v_changed uuid[];
+  v_tenants uuid[];
 begin
+  select coalesce(array_agg(c.chunk_id), '{}') into v_changed
+  from kb.chunks c
+  join kb.documents d on d.tenant_id = c.tenant_id and d.doc_id = c.doc_id
+  cross join lateral (select case when coalesce(btrim(d.title), '') = '' then c.content
+                                  else d.title || E'\n' || c.content end as t) as x
+  where c.tsv is distinct from (kb.to_tsv(x.t) || kb.stem_tsv(x.t, d.language));
+  select coalesce(array_agg(distinct c.tenant_id), '{}') into v_tenants
+  from kb.chunks c where c.chunk_id = any (v_changed);
+
   select coalesce(jsonb_agg(x), '[]'::jsonb) into saved
   from (select tt.tenant_id, max(tt.k1) as k1, max(tt.b) as b,
                max(tt.n) filter (where tt.level = 0 and tt.part = 0) as list_length,
@@ -180,17 +216,18 @@ begin
                 where ts.tenant_id = tt.tenant_id
                   and exists (select from kb.term_blocks t2 where t2.tenant_id = ts.tenant_id and t2.term = ts.term)) as min_df
         from kb.term_blocks tt
+        where tt.tenant_id = any (v_tenants)
         group by tt.tenant_id) as x;
   delete from kb.term_blocks tt
   where tt.tenant_id in (select (e ->> 'tenant_id')::uuid from jsonb_array_elements(saved) as e);
 
-  update kb.chunks c set content = c.content;
+  update kb.chunks c set content = c.content where c.chunk_id = any (v_changed);
   update kb.corpus_stats cs
      set n_chunks = s.n, total_len = s.total_len, stem_total_len = s.stem_total_len
     from (select c.tenant_id, count(*) as n, coalesce(sum(c.doc_len), 0) as total_len,
                  coalesce(sum(c.stem_len), 0) as stem_total_len
           from kb.chunks c group by c.tenant_id) as s
-   where s.tenant_id = cs.tenant_id;
+   where s.tenant_id = cs.tenant_id and cs.tenant_id = any (v_tenants);
 
   for p in select * from jsonb_to_recordset(saved)
                    as r(tenant_id uuid, k1 double precision, b double precision, list_length integer, min_df integer)

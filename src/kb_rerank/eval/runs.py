@@ -227,7 +227,8 @@ def document_text(title: str, text: str) -> str:
 
 
 def source_docs(coll: BeirCollection) -> list[SourceDoc]:
-    """One SourceDoc per non-empty corpus document, ``source_uri = beir:<id>``."""
+    """One SourceDoc per non-empty corpus document, ``source_uri = beir:<id>``, its language
+    detected as ingestion detects it (``None`` for a text too short to tell)."""
     docs = []
     for did, (title, text) in coll.corpus.items():
         body = document_text(title, text)

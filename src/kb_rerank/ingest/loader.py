@@ -388,10 +388,12 @@ class SyncRefused(ValueError):
 
 
 def sync_folder(conn: psycopg.Connection, tenant_id: UUID | str, folder: str | Path, embedder: Embedder,
-                settings: Settings, *, progress: bool = False, dry_run: bool = False) -> IngestReport:
+                settings: Settings, *, progress: bool = False, dry_run: bool = False,
+                language: str | None = None) -> IngestReport:
     """``kb-rerank ingest --sync FOLDER``: ingest *folder* as usual, then delete the tenant's
     documents whose file is gone from it (:func:`vanished_documents`). With ``dry_run`` nothing
-    is written: the report's ``deleted`` lists what would be deleted."""
+    is written: the report's ``deleted`` lists what would be deleted. *language*: as for
+    :func:`ingest_paths`."""
     root = Path(folder)
     if not root.is_dir():
         raise SyncRefused(f"--sync needs a folder: {folder} is not one")
@@ -402,7 +404,7 @@ def sync_folder(conn: psycopg.Connection, tenant_id: UUID | str, folder: str | P
         report = IngestReport()
         report.deleted = vanished_documents(conn, tenant_id, root)
         return report
-    report = ingest_paths(conn, tenant_id, [root], embedder, settings, progress=progress)
+    report = ingest_paths(conn, tenant_id, [root], embedder, settings, progress=progress, language=language)
     gone = vanished_documents(conn, tenant_id, root)
     report.deleted = [d.source_uri for d in delete_documents(conn, tenant_id, source_uris=gone)]
     return report
@@ -416,7 +418,11 @@ def ingest_paths(
     settings: Settings,
     *,
     progress: bool = False,
+    language: str | None = None,
 ) -> IngestReport:
+    """Read *paths* (:func:`~kb_rerank.ingest.readers.iter_documents`) and write them for one
+    tenant. *language* (``kb-rerank ingest --language``) is the language of every document that
+    has no front-matter ``language:``, instead of the detected one."""
     # the KB_INGEST_* limits: a file over one (or a converter killed by one) is a bad file of the report
-    docs = list(iter_documents(paths, ReadLimits.from_settings(settings)))
+    docs = list(iter_documents(paths, ReadLimits.from_settings(settings), language=language))
     return ingest_documents(conn, tenant_id, docs, embedder, settings, progress=progress, total=len(docs))

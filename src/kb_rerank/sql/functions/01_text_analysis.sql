@@ -108,24 +108,45 @@ parallel safe
 security invoker
 set search_path = pg_catalog, pg_temp
 as $$
-  with words as (
-    select case when d.dict = 'pg_catalog.english_stem'::regdictionary
-                then case when f.folded <> all (kb.stop_words_en())
-                          then (ts_lexize(d.dict, f.folded))[1] end  -- a stop word: '{}'[1], NULL
-                when d.dict is null then f.folded
-                else public.unaccent('public.unaccent'::regdictionary, (ts_lexize(d.dict, u.lexeme))[1])
-           end as stem,
-           p.pos::bigint as ord
+  with doc as materialized (
+    -- the document language's script and dictionary, once per text
+    select kb.language_script(language) as script, kb.stem_config(language) as dict
+  ),
+  lexemes as (
+    select u.lexeme, p.pos, octet_length(u.lexeme) = length(u.lexeme) as ascii,
+           case when octet_length(u.lexeme) = length(u.lexeme) or u.lexeme ~ '^[\x01-\u024f]*$' then 'latn'
+                when u.lexeme ~ kb.nospace_class() then 'nospace'
+                else kb.text_script(u.lexeme) end as script
     from unnest(to_tsvector('kb.kb_text_exact'::regconfig, coalesce(content, ''))) as u
     cross join lateral unnest(u.positions) as p(pos)
-    cross join lateral (select public.unaccent('public.unaccent'::regdictionary, u.lexeme) as folded,
-                               kb.text_script(u.lexeme) as script) as f
-    cross join lateral (
-      select case when f.script = kb.language_script(language) then kb.stem_config(language)
-                  when kb.script_language(f.script) is null then null
-                  else kb.stem_config(kb.script_language(f.script)) end as dict
-    ) as d
-    where f.folded ~ '^[[:alnum:]]{2,}$' and not kb.has_nospace(u.lexeme)
+  ),
+  words as (
+    select l.lexeme, l.pos,
+           case when l.ascii then l.lexeme else public.unaccent('public.unaccent'::regdictionary, l.lexeme) end as folded,
+           case when l.script = doc.script then doc.dict
+                -- the script's default (kb.script_language), as constants
+                when l.script = 'latn' then 'pg_catalog.english_stem'::regdictionary
+                when l.script = 'cyrl' then 'pg_catalog.russian_stem'::regdictionary
+                when l.script = 'grek' then 'pg_catalog.greek_stem'::regdictionary
+                when l.script = 'arab' then 'pg_catalog.arabic_stem'::regdictionary
+                when l.script = 'deva' then 'pg_catalog.hindi_stem'::regdictionary
+                when l.script = 'armn' then 'pg_catalog.armenian_stem'::regdictionary
+                when l.script = 'taml' then 'pg_catalog.tamil_stem'::regdictionary
+           end as dict
+    from lexemes l
+    cross join doc
+    where l.script <> 'nospace'
+  ),
+  stems as (
+    select case when w.dict = 'pg_catalog.english_stem'::regdictionary
+                then case when w.folded <> all (kb.stop_words_en())
+                          then (ts_lexize(w.dict, w.folded))[1] end  -- a stop word: '{}'[1], NULL
+                when w.dict is null then w.folded
+                else public.unaccent('public.unaccent'::regdictionary, (ts_lexize(w.dict, w.lexeme))[1])
+           end as stem,
+           w.pos::bigint as ord
+    from words w
+    where w.folded ~ '^[[:alnum:]]{2,}$'
     union all
     select g.gram, 1000000 + g.ord
     from kb.nospace_grams(coalesce(content, '')) as g
@@ -135,7 +156,7 @@ as $$
            least(case when x.ord < 1000000 then x.ord
                       else coalesce(max(x.ord) filter (where x.ord < 1000000) over (), 0) + x.ord - 1000000 end,
                  16383) as pos
-    from words x
+    from stems x
     where x.stem is not null and x.stem <> ''
   )
   select coalesce(string_agg(format('''~ %s'':%s',

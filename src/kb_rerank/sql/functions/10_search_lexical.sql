@@ -205,10 +205,12 @@ begin
         with scored as materialized (
           -- (tenant_id, tsv) GIN index and (tenant_id, chunk_id) key: index conditions
           -- (materialized: planned alone, so that no index in doc_id order replaces it)
-          -- (the tsvector read once per row: a large one is stored compressed, and each
-          -- operator and function call on the column itself would decompress it again)
+          -- (with 8 terms or more, as a Thai or Chinese query's n-grams are, the tsvector
+          -- is read once per row: a large one is stored compressed, and each operator and
+          -- function call on the column itself decompresses it again; a copy costs more than
+          -- the few decompressions of a short query)
           select c.chunk_id, c.doc_id, round((%s) * 1e9) / 1e9 as score
-          from (select c.chunk_id, c.doc_id, c.doc_len, c.stem_len, c.tsv || ''::tsvector as tsv
+          from (select c.chunk_id, c.doc_id, c.doc_len, c.stem_len, %s as tsv
                 from kb.chunks c
                 where c.tenant_id = $1
                   and (%s)%s%s
@@ -229,6 +231,7 @@ begin
         from top
       $q$,
         v_score,
+        case when v_nt >= 8 then 'c.tsv || ''''::tsvector' else 'c.tsv' end,
         concat_ws(' or ', case when v_gin_q is not null then 'c.tsv @@ $3' end,
                           case when cardinality(v_ids) > 0 then 'c.chunk_id = any ($12)' end),
         case when v_done_q is not null then ' and not (c.tsv @@ $11)' else '' end,

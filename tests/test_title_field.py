@@ -50,8 +50,8 @@ def test_a_title_or_language_updated_in_sql_re_derives_the_chunks(app_conn, tena
     _stats_are_exact(app_conn, tenant)
     with tenant_transaction(app_conn, tenant):
         assert app_conn.execute("select count(*) from kb.term_stats where term like '%%quokka'").fetchone()[0] == 0
-        # a language without a stemmer: the stemmed field keeps the words unstemmed
-        app_conn.execute("update kb.documents set language = 'xx' where doc_id = %s", [doc])
+        # another language: the stemmed field in German's stemmer (which keeps `burrows`)
+        app_conn.execute("update kb.documents set language = 'de' where doc_id = %s", [doc])
     (lexemes,) = _lexemes(app_conn, tenant, doc)
     assert "~ burrows" in lexemes and "~ burrow" not in lexemes
     _stats_are_exact(app_conn, tenant)
@@ -114,8 +114,10 @@ def test_0017_re_derives_titled_chunks_and_rebuilds_their_blocks(server_url):
     with psycopg.connect(url) as conn:
         conn.execute("select set_config('auth.tenant_id', %s, false)", [str(tenant)])
         for i in range(12):
+            # (language unknown: 0021, on the way to head, leaves such English chunks as they are,
+            # no language lexeme, so what 0017 rewrote is what changed)
             doc = conn.execute("insert into kb.documents (tenant_id, source_uri, title, content_hash, language)"
-                               " values (%s, %s, %s, repeat('0', 64), 'en') returning doc_id",
+                               " values (%s, %s, %s, repeat('0', 64), null) returning doc_id",
                                [tenant, f"u{i}", "Zebra" if i < 6 else ""]).fetchone()[0]
             conn.execute(insert, [tenant, doc, 0, " ".join(["zebra"] * (1 + i % 3) + ["filler"] * (i % 4))])
         conn.execute("select kb.refresh_term_tops(2, 3, 0.9::float8, 0.4::float8)")

@@ -1,3 +1,8 @@
 """kb-rerank: Postgres hybrid search (BM25 + pgvector, RRF in SQL) and cross-encoder rerank."""
 
-__version__ = "0.1.0"
+from importlib.metadata import PackageNotFoundError, version as _installed_version
+
+try:  # one source of the version: pyproject.toml, as installed
+    __version__ = _installed_version("kb-rerank")
+except PackageNotFoundError:  # a source tree that was never installed
+    __version__ = "0+unknown"

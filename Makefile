@@ -19,8 +19,12 @@ $(STAMP): pyproject.toml constraints.txt
 demo: install
 	$(BIN)/kb-rerank demo
 
+# the embedded server is created on first use (`db url` succeeds when it exists, or when
+# KB_DATABASE_URL names your own server); `serve --dev` prints the /metrics call with its ops token
 serve: install
+	@$(BIN)/kb-rerank db url >/dev/null 2>&1 || $(BIN)/kb-rerank db start >/dev/null
 	$(BIN)/kb-rerank migrate
+	@echo "playground: http://127.0.0.1:8000/playground; /metrics: the 'metrics:' line below (Ctrl-C stops)"
 	$(BIN)/kb-rerank serve --dev
 
 # The playground's browser tests (tests/test_playground_browser.py) drive Debian's `chromium`

@@ -8,7 +8,7 @@ import logging
 import os
 import sys
 import time
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from uuid import UUID
 
@@ -505,7 +505,6 @@ def cmd_serve(args, settings: Settings) -> int:
               "anyone can mint tokens for any tenant. Never use --dev in production.", file=sys.stderr)
     if args.dev:
         os.environ["KB_SERVE_DEV"] = "1"  # the app accepts the dev secret (api.app_from_env)
-        settings = _dev_ops_token(settings, host, port)
     try:
         # both keys set, a placeholder or weak secret or ops token: refuse before listening
         jwt_config(settings, allow_dev_secret=args.dev)
@@ -514,6 +513,7 @@ def cmd_serve(args, settings: Settings) -> int:
     except ValueError as exc:
         print(f"kb-rerank: error: {exc}", file=sys.stderr)
         return 2
+    ops_env = _dev_ops_token(settings, host, port) if args.dev else {}
     # JSON lines unless --log-format text / KB_LOG_FORMAT=text (kb_rerank.logs); uvicorn applies
     # the config here and in every worker; its access log is replaced by the app's own record.
     # The connection limits and proxy-header trust come from the KB_HTTP_* settings and
@@ -521,24 +521,40 @@ def cmd_serve(args, settings: Settings) -> int:
     config = server.server_config(server.APP_FACTORY, settings, host=host, port=port, factory=True,
                                   workers=max(1, settings.workers),
                                   log_config=log_config(args.log_format or settings.log_format, settings.log_level))
-    return server.run(config)
+    with _environ(ops_env):
+        return server.run(config)
 
 
-def _dev_ops_token(settings: Settings, host: str, port: int) -> Settings:
-    """`serve --dev`: say how to read /metrics, which needs the ops token; without KB_OPS_TOKEN,
-    a random one for this run (set in the environment, which the workers inherit)."""
+def _dev_ops_token(settings: Settings, host: str, port: int) -> dict[str, str]:
+    """`serve --dev`: say how to read /metrics, which needs the ops token. Without KB_OPS_TOKEN,
+    a random one for this run: returned as the environment the server runs with (the app
+    factory and the workers read it there)."""
     import secrets
 
     url = f"http://{'[' + host + ']' if ':' in host else host}:{port}/metrics"
     if settings.ops_token:
         print(f"metrics: curl -H \"Authorization: Bearer $KB_OPS_TOKEN\" {url}  (KB_OPS_TOKEN as configured)",
               file=sys.stderr)
-        return settings
+        return {}
     token = secrets.token_hex(32)
-    os.environ["KB_OPS_TOKEN"] = token
     print(f"metrics: curl -H 'Authorization: Bearer {token}' {url}\n"
           "  (--dev: a random ops token for this run; set KB_OPS_TOKEN to choose one)", file=sys.stderr)
-    return settings.with_(ops_token=token)
+    return {"KB_OPS_TOKEN": token}
+
+
+@contextmanager
+def _environ(values: dict[str, str]):
+    """``values`` in os.environ while the block runs, the previous values after."""
+    old = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def cmd_token(args, settings: Settings) -> int:
@@ -914,6 +930,11 @@ def cmd_model_tiny(args, settings: Settings) -> int:
 TENANT_HELP = "the tenant's UUID"
 
 
+def _command(subparsers, name: str, help: str, **kwargs) -> argparse.ArgumentParser:
+    """A sub-command whose own --help starts with the line `kb-rerank --help` shows for it."""
+    return subparsers.add_parser(name, help=help, description=help, **kwargs)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="kb-rerank", description=DESCRIPTION, epilog=EPILOG,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -923,7 +944,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="print the installed version and exit")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    d = sub.add_parser("db", help="the embedded PostgreSQL: start (creating it), stop, print its URL, open psql")
+    d = _command(sub, "db", help="the embedded PostgreSQL: start (creating it), stop, print its URL, open psql")
     d.add_argument("action", choices=["start", "stop", "url", "psql"],
                    help="start: create (in the data directory) or start the server, print the owner URL; stop; "
                         "url: print the owner URL (--app: the app role's); psql: open psql on it")
@@ -932,19 +953,19 @@ def build_parser() -> argparse.ArgumentParser:
                    "(psql's own arguments go after --)")
     d.set_defaults(func=cmd_db)
 
-    m = sub.add_parser("migrate", help="apply migrations (alembic upgrade)")
+    m = _command(sub, "migrate", help="apply migrations (alembic upgrade)")
     m.add_argument("--revision", default="head", help="target revision (default head, the latest)")
     m.add_argument("--sql", action="store_true",
                    help="print the SQL of the pending upgrade for review (versioned files, version-table updates, "
                         "the idempotent layer); apply nothing")
     m.set_defaults(func=cmd_migrate)
 
-    dg = sub.add_parser("downgrade", help="revert migrations (alembic downgrade): one revision unless --revision says")
+    dg = _command(sub, "downgrade", help="revert migrations (alembic downgrade): one revision unless --revision says")
     dg.add_argument("--revision", default="-1", help="target: -1 (default, one step), -N, a revision id, or base "
                     "(drops the kb schema and its data)")
     dg.set_defaults(func=cmd_downgrade)
 
-    i = sub.add_parser("ingest", help="ingest Markdown, text, HTML, PDF, DOCX files or a BEIR corpus.jsonl for a "
+    i = _command(sub, "ingest", help="ingest Markdown, text, HTML, PDF, DOCX files or a BEIR corpus.jsonl for a "
                                       "tenant (exit 1 when some files failed; the others are ingested)")
     i.add_argument("paths", nargs="+", metavar="PATH",
                    help="files or folders (read recursively), or a BEIR corpus.jsonl; stored by their path relative "
@@ -962,7 +983,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "undetermined)")
     i.set_defaults(func=cmd_ingest)
 
-    de = sub.add_parser("delete", help="delete a tenant's documents (chunks, BM25 statistics and cached answers "
+    de = _command(sub, "delete", help="delete a tenant's documents (chunks, BM25 statistics and cached answers "
                                        "follow) by id or source path; exit 1 when one is not found")
     de.add_argument("--tenant", type=_uuid, required=True, help=TENANT_HELP)
     which = de.add_mutually_exclusive_group(required=True)
@@ -972,14 +993,14 @@ def build_parser() -> argparse.ArgumentParser:
                             "beir:<_id> for a BEIR document); repeatable")
     de.set_defaults(func=cmd_delete)
 
-    gd = sub.add_parser("guard", help="prompt-injection guard of stored chunks")
+    gd = _command(sub, "guard", help="prompt-injection guard of stored chunks")
     gsub = gd.add_subparsers(dest="guard_command", required=True)
-    gs = gsub.add_parser("scan", help="re-score a tenant's stored chunks with the current detectors and shipped "
+    gs = _command(gsub, "scan", help="re-score a tenant's stored chunks with the current detectors and shipped "
                                       "classifier (after a model update); writes only changed verdicts")
     gs.add_argument("--tenant", type=_uuid, required=True, help=TENANT_HELP)
     gs.add_argument("--quiet", action="store_true", help="no progress bar")
     gs.set_defaults(func=cmd_guard)
-    gl = gsub.add_parser("list", help="a tenant's chunks flagged for prompt injection or reviewed: document, chunk, "
+    gl = _command(gsub, "list", help="a tenant's chunks flagged for prompt injection or reviewed: document, chunk, "
                                       "score, reasons, evidence (strong/doubtful), action under the tenant's policy, "
                                       "review")
     gl.add_argument("--tenant", type=_uuid, required=True, help=TENANT_HELP)
@@ -990,7 +1011,7 @@ def build_parser() -> argparse.ArgumentParser:
                                      "kept at its rank under every policy until its text changes"),
                            ("block", "mark a document's chunks (or one chunk) as an injection: treated as strong "
                                      "evidence (excluded under the default policy) until its text changes")):
-        gr = gsub.add_parser(decision, help=text)
+        gr = _command(gsub, decision, help=text)
         gr.add_argument("--tenant", type=_uuid, required=True, help=TENANT_HELP)
         target = gr.add_mutually_exclusive_group(required=True)
         target.add_argument("--doc", type=_uuid, help="document id (doc_id): every chunk of it")
@@ -1003,12 +1024,12 @@ def build_parser() -> argparse.ArgumentParser:
                                              "after large loads; searches are exact either way, faster with fresh "
                                              "blocks)"),
             ("lists", cmd_lists, "deprecated name of term-blocks")):
-        li = sub.add_parser(name, help=text)
+        li = _command(sub, name, help=text)
         li.add_argument("--tenant", type=_uuid, required=True, help=TENANT_HELP)
         li.add_argument("--quiet", action="store_true", help="no progress line")
         li.set_defaults(func=func)
 
-    s = sub.add_parser("search", help="run a search from the command line")
+    s = _command(sub, "search", help="run a search from the command line")
     s.add_argument("query", help="the question or keywords, e.g. 'ERR_402 at checkout'")
     s.add_argument("--tenant", type=_uuid, default=DEMO_TENANT, help=f"the tenant's UUID (default the demo tenant, "
                    f"{DEMO_TENANT})")
@@ -1018,16 +1039,16 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--limit", type=int, default=10, help="rows to print")
     s.set_defaults(func=cmd_search)
 
-    em = sub.add_parser("embed", help="print a query's embedding as a pgvector literal (for psql)")
+    em = _command(sub, "embed", help="print a query's embedding as a pgvector literal (for psql)")
     em.add_argument("text", help="the query text to embed")
     em.set_defaults(func=cmd_embed)
 
-    dm = sub.add_parser("demo", help="migrate, ingest the sample knowledge base, run example searches, "
+    dm = _command(sub, "demo", help="migrate, ingest the sample knowledge base, run example searches, "
                                      "then one HTTP call to the rerank API")
     dm.add_argument("--no-http", action="store_true", help="skip starting the HTTP server")
     dm.set_defaults(func=cmd_demo)
 
-    sv = sub.add_parser("serve", help="run the HTTP API (uvicorn)")
+    sv = _command(sub, "serve", help="run the HTTP API (uvicorn)")
     sv.add_argument("--host", default=None, help="default KB_HOST (127.0.0.1)")
     sv.add_argument("--port", type=int, default=None, help="default KB_PORT (8000)")
     sv.add_argument("--dev", action="store_true",
@@ -1038,22 +1059,22 @@ def build_parser() -> argparse.ArgumentParser:
                          "KB_LOG_FORMAT, json); text: plain lines")
     sv.set_defaults(func=cmd_serve)
 
-    tk = sub.add_parser("token", help="mint a Bearer token for a tenant (KB_JWT_SECRET, else the dev secret)")
+    tk = _command(sub, "token", help="mint a Bearer token for a tenant (KB_JWT_SECRET, else the dev secret)")
     tk.add_argument("--tenant", type=_uuid, required=True,
                     help=f"the tenant's UUID, any but the nil and max UUIDs (the demo tenant: {DEMO_TENANT})")
     tk.add_argument("--ttl", type=int, default=3600, help="seconds (default 3600)")
     tk.set_defaults(func=cmd_token)
 
-    ev = sub.add_parser("evict", help="delete expired cache rows of all tenants, as the maintenance role or the owner "
+    ev = _command(sub, "evict", help="delete expired cache rows of all tenants, as the maintenance role or the owner "
                        "(cron: */15 * * * * kb-rerank evict)")
     ev.add_argument("--batch", type=int, default=10000,
                     help="rows deleted per statement (default 10000): smaller batches hold locks for less time")
     ev.add_argument("--json", action="store_true", help='print {"evicted": N} instead of a sentence')
     ev.set_defaults(func=cmd_evict)
 
-    au = sub.add_parser("audit", help="audit log tools")
+    au = _command(sub, "audit", help="audit log tools")
     au_sub = au.add_subparsers(dest="audit_action", required=True)
-    av = au_sub.add_parser("verify", help="verify the audit hash chains and MACs (exit 1 when broken or forged, "
+    av = _command(au_sub, "verify", help="verify the audit hash chains and MACs (exit 1 when broken or forged, "
                                           "2 when nothing could be verified: no privilege or no rows)")
     av.add_argument("--tenant", type=_uuid, default=None,
                     help="check one tenant (default: all tenants, which needs a superuser or BYPASSRLS role); "
@@ -1061,17 +1082,17 @@ def build_parser() -> argparse.ArgumentParser:
     av.add_argument("--allow-empty", action="store_true",
                     help="exit 0 when no audit row is visible (a new installation); by default that is exit 2")
     av.set_defaults(func=cmd_audit)
-    ap = au_sub.add_parser("partitions", help="create the audit log's month partitions from this month on (cron, "
+    ap = _command(au_sub, "partitions", help="create the audit log's month partitions from this month on (cron, "
                                               "monthly); rows of those months move out of the default partition")
     ap.add_argument("--ahead", type=int, default=1, help="months after this one (default 1)")
     ap.set_defaults(func=cmd_audit_partitions)
-    aa = au_sub.add_parser("archive", help="drop the audit log's months before --before, writing a signed chain "
+    aa = _command(au_sub, "archive", help="drop the audit log's months before --before, writing a signed chain "
                                            "checkpoint per tenant so the rest still verifies (dump them first)")
     aa.add_argument("--before", type=_month, required=True, help="YYYY-MM: months before this one go")
     aa.add_argument("--dry-run", action="store_true", help="check and report, drop nothing")
     aa.set_defaults(func=cmd_audit_archive)
 
-    cu = sub.add_parser("curate", help="manual curation lists (source manual_curation)")
+    cu = _command(sub, "curate", help="manual curation lists (source manual_curation)")
     cu.add_argument("action", choices=["add", "list", "clear", "rekey"],
                     help="rekey: move the list pinned under the query's previous hash (after a rotation of"
                          " KB_QUERY_HASH_KEY) to its hash under the current key")
@@ -1084,29 +1105,29 @@ def build_parser() -> argparse.ArgumentParser:
                     help="rekey: the list was pinned before migration 0010 (plain SHA-256 query hash)")
     cu.set_defaults(func=cmd_curate)
 
-    sq = sub.add_parser("sql-access", help="SQL access for one tenant: a login role of its own that reads that "
+    sq = _command(sub, "sql-access", help="SQL access for one tenant: a login role of its own that reads that "
                                            "tenant's rows only (owner URL)")
     sq_sub = sq.add_subparsers(dest="sql_access_action", required=True)
-    sg = sq_sub.add_parser("grant", help="create (or adopt) a login role, member of kb_sql_reader, mapped to the "
+    sg = _command(sq_sub, "grant", help="create (or adopt) a login role, member of kb_sql_reader, mapped to the "
                                          "tenant; it ignores auth.tenant_id")
     sg.add_argument("--tenant", type=_uuid, required=True, help=TENANT_HELP)
     sg.add_argument("--role", default=None, help="login role name (default kb_tenant_<tenant hex>)")
     sg.add_argument("--password-stdin", action="store_true",
                     help="read the role's password from the first line of stdin (stored as a SCRAM verifier)")
     sg.set_defaults(func=cmd_sql_access)
-    sr = sq_sub.add_parser("revoke", help="remove a role's (or every role of a tenant's) SQL access; a role "
+    sr = _command(sq_sub, "revoke", help="remove a role's (or every role of a tenant's) SQL access; a role "
                                           "`grant` created is dropped")
     who = sr.add_mutually_exclusive_group(required=True)
     who.add_argument("--tenant", type=_uuid, default=None, help="every role of this tenant")
     who.add_argument("--role", default=None, help="this login role")
     sr.set_defaults(func=cmd_sql_access)
-    sl = sq_sub.add_parser("list", help="every login role with SQL access and its tenant")
+    sl = _command(sq_sub, "list", help="every login role with SQL access and its tenant")
     sl.set_defaults(func=cmd_sql_access, tenant=None, role=None)
 
-    mo = sub.add_parser("model", help="cross-encoder files: a tiny offline one to try the service, an ONNX export "
+    mo = _command(sub, "model", help="cross-encoder files: a tiny offline one to try the service, an ONNX export "
                                       "for KB_RERANKER_BACKEND=onnx")
     mo_sub = mo.add_subparsers(dest="model_action", required=True)
-    mx = mo_sub.add_parser("export", help="export KB_RERANKER_MODEL to ONNX once (reused afterwards); prints the "
+    mx = _command(mo_sub, "export", help="export KB_RERANKER_MODEL to ONNX once (reused afterwards); prints the "
                                           "folder the onnx backend loads")
     mx.add_argument("--model", default=None, help="hub id (in the local HF cache) or folder; default KB_RERANKER_MODEL")
     mx.add_argument("--quantize", choices=["none", "int8"], default=None,
@@ -1115,7 +1136,7 @@ def build_parser() -> argparse.ArgumentParser:
     mx.add_argument("--out", default=None, help="export root; default KB_RERANKER_ONNX_DIR (<data_dir>/onnx)")
     mx.add_argument("--force", action="store_true", help="export again even if a complete export exists")
     mx.set_defaults(func=cmd_model)
-    mt = mo_sub.add_parser("tiny", help="write a tiny cross-encoder (random weights, about 1 MB, no download) to a "
+    mt = _command(mo_sub, "tiny", help="write a tiny cross-encoder (random weights, about 300 kB, no download) to a "
                                         "folder, to try the rerank path offline: its scores mean nothing")
     mt.add_argument("folder", metavar="DIR", help="the folder to write (created; must be empty if it exists)")
     mt.add_argument("--seed", type=int, default=0, help="seed of the random weights (default 0)")

@@ -18,6 +18,7 @@ import copy
 import json
 import logging
 import queue
+import re
 import sys
 from datetime import datetime, timezone
 from logging.handlers import QueueHandler, QueueListener
@@ -26,6 +27,16 @@ from typing import Any
 # LogRecord's own attributes: everything else on a record came from `extra=` and is emitted
 _STANDARD = frozenset(logging.LogRecord("", 0, "", 0, "", None, None).__dict__) | {"message", "asctime", "taskName"}
 _ALWAYS = ("trace_id", "tenant_id")
+# extras that are another rendering of the message, not data: uvicorn's `color_message` (the
+# message with ANSI colour codes, for its own coloured formatter)
+_DROPPED = frozenset({"color_message"})
+# ANSI escape sequences (CSI: colours, cursor moves); a log line is data, not terminal output
+_ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]")
+
+
+def plain(text: str) -> str:
+    """``text`` without ANSI escape sequences."""
+    return _ANSI.sub("", text)
 FORMATS = ("json", "text")
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s [trace=%(trace_id)s tenant=%(tenant_id)s] %(message)s"
 
@@ -40,13 +51,13 @@ class JsonFormatter(logging.Formatter):
             "time": datetime.fromtimestamp(record.created, timezone.utc).isoformat(timespec="milliseconds"),
             "level": record.levelname,
             "logger": record.name,
-            "message": record.getMessage(),
+            "message": plain(record.getMessage()),
         }
         for key in _ALWAYS:
             out[key] = getattr(record, key, None)
         for key, value in record.__dict__.items():
-            if key not in _STANDARD and key not in out:
-                out[key] = value
+            if key not in _STANDARD and key not in out and key not in _DROPPED:
+                out[key] = plain(value) if isinstance(value, str) else value
         if record.exc_info:
             out["exc"] = self.formatException(record.exc_info)
         return json.dumps(out, default=str, ensure_ascii=False)
@@ -63,7 +74,7 @@ class TextFormatter(logging.Formatter):
         for key in _ALWAYS:
             if getattr(record, key, None) is None:
                 setattr(record, key, "-")
-        return super().format(record)
+        return plain(super().format(record))
 
 
 class BackgroundStreamHandler(QueueHandler):
@@ -97,5 +108,7 @@ def log_config(fmt: str = "json", level: str = "INFO") -> dict[str, Any]:
             "uvicorn": {"handlers": [], "level": level, "propagate": True},
             "uvicorn.error": {"handlers": [], "level": level, "propagate": True},
             "uvicorn.access": {"handlers": [], "level": "WARNING", "propagate": False},
+            # alembic (read for the head revision) logs its plugin set-up at INFO: noise here
+            "alembic": {"handlers": [], "level": "WARNING", "propagate": True},
         },
     }

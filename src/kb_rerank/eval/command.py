@@ -17,7 +17,9 @@ from kb_rerank.settings import Settings
 def add_eval_parser(sub) -> argparse.ArgumentParser:
     e = sub.add_parser("eval", help="evaluate ranking quality (nDCG@10, MRR@10, Recall@40, Recall@100) on a BEIR folder")
     e.add_argument("dataset", type=Path, help="BEIR folder: corpus.jsonl, queries.jsonl, qrels/test.tsv")
-    e.add_argument("--mode", choices=["lexical", "semantic", "hybrid", "rerank"], default="hybrid")
+    e.add_argument("--mode", choices=["lexical", "semantic", "hybrid", "rerank"], default="hybrid",
+                   help="the ranking evaluated: BM25, embeddings, both fused (default), or fused then reranked by "
+                        "the cross-encoder")
     e.add_argument("--k", type=int, default=10, help="cut-off of nDCG and MRR (default 10)")
     e.add_argument("--candidates", type=int, default=None,
                    help="hybrid/rerank: top-k of each list before fusion (default KB_CANDIDATES)")

@@ -50,6 +50,11 @@ def test_serve_writes_json_lines_with_ids_and_never_the_query(settings, owner_ur
         assert {"time", "level", "logger", "message", "trace_id", "tenant_id"} <= set(r), r
     assert {r["level"] for r in records} <= {"INFO", "WARNING", "ERROR"}  # INFO by default: no DEBUG
     assert any(r["message"].startswith("kb-rerank api ready") for r in records)
+    # uvicorn's records carry `color_message` (the message with ANSI codes): not data, not logged;
+    # alembic's plugin set-up lines (the head revision is read at start-up) neither
+    assert any(r["logger"] == "uvicorn.error" for r in records)
+    assert "\x1b" not in text and not any("color_message" in r for r in records)
+    assert not any(r["logger"].startswith("alembic") for r in records)
 
     access = [r for r in records if r["logger"] == "kb_rerank.access"]
     by_trace = {r["trace_id"]: r for r in access}
@@ -109,3 +114,15 @@ def test_formatters_and_config():
         assert "xml" in str(exc)
     else:
         raise AssertionError("log_config accepted an unknown format")
+
+
+def test_json_lines_drop_colour_codes_and_uvicorns_color_message():
+    rec = logging.LogRecord("uvicorn.error", logging.INFO, __file__, 1, "Started server process [%d]", (42,), None)
+    rec.color_message = "Started server process [\x1b[36m%d\x1b[0m]"  # as uvicorn logs it
+    rec.route = "\x1b[1m/r\x1b[0m"
+    out = json.loads(JsonFormatter().format(rec))
+    assert out["message"] == "Started server process [42]" and "color_message" not in out and out["route"] == "/r"
+    coloured = logging.LogRecord("x", logging.INFO, __file__, 1, "\x1b[32mINFO\x1b[0m: up", None, None)
+    assert json.loads(JsonFormatter().format(coloured))["message"] == "INFO: up"
+    assert TextFormatter().format(coloured).endswith("] INFO: up")
+    assert log_config("json")["loggers"]["alembic"]["level"] == "WARNING"

@@ -135,3 +135,74 @@ def test_settings_module_checks_the_environment():
                        env={**{k: v for k, v in os.environ.items() if not k.startswith("KB_")},
                             "PYTHONPATH": str(ROOT / "src"), "KB_LOG_FORMAT": "xml"})
     assert r.returncode == 2 and "KB_LOG_FORMAT='xml' is invalid: choose one of json, text" in r.stderr
+
+
+# --------------------------------------------------------------------------- where settings come from (issue 33)
+
+
+@pytest.fixture
+def project(tmp_path, monkeypatch):
+    """An empty folder inside an empty home folder, as the current folder; no KB_* variable."""
+    for name in [k for k in os.environ if k.startswith("KB_")]:
+        monkeypatch.delenv(name)
+    home = tmp_path / "home"
+    here = home / "project" / "src"
+    here.mkdir(parents=True)
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.chdir(here)
+    return here
+
+
+def test_the_data_directory_is_resolved_once_from_the_setting_or_the_project(project, monkeypatch):
+    home = project.parents[1]
+    # nothing anywhere: ./.kb-data, absolute, not created
+    assert Settings.from_env().data_dir == project / ".kb-data"
+    assert not (project / ".kb-data").exists()
+    # one above the home folder is not this user's project: not found
+    (home.parent / ".kb-data").mkdir()
+    assert Settings.from_env().data_dir == project / ".kb-data"
+    # the nearest one in the current folder or a parent (up to the home folder), as git finds .git
+    (home / ".kb-data").mkdir()
+    assert Settings.from_env().data_dir == home / ".kb-data"
+    (project.parent / ".kb-data").mkdir()
+    assert Settings.from_env().data_dir == project.parent / ".kb-data"
+    # KB_DATA_DIR wins, relative to the current folder
+    monkeypatch.setenv("KB_DATA_DIR", "../elsewhere")
+    assert Settings.from_env().data_dir == project.parent / "elsewhere"
+    # an explicit mapping is read as it is (tests build settings so)
+    assert Settings.from_env({}).data_dir == Path(".kb-data")
+
+
+def test_dotenv_values_apply_under_the_environment(project, monkeypatch):
+    (project.parent / ".env").write_text(
+        "# a comment\nexport KB_PORT=9001\nKB_LOG_FORMAT='text'\nKB_DATA_DIR=data\nHF_HUB_OFFLINE=0\n",
+        encoding="utf-8")
+    s = Settings.from_env()
+    assert (s.port, s.log_format) == (9001, "text")
+    assert s.data_dir == project.parent / "data"  # relative to the .env's folder
+    # only its KB_* lines are read, into the settings: the process environment is left as it is
+    assert os.environ.get("HF_HUB_OFFLINE") != "0" and "KB_PORT" not in os.environ
+    monkeypatch.setenv("KB_PORT", "9002")
+    monkeypatch.setenv("KB_DATA_DIR", "here")
+    s = Settings.from_env()
+    assert s.port == 9002 and s.log_format == "text" and s.data_dir == project / "here"
+    monkeypatch.setenv("KB_PORT", "")  # set, though empty, in the environment: unset, the default
+    assert Settings.from_env().port == 8000
+    # the nearest .env is the one read
+    (project / ".env").write_text("KB_PORT=9003\n", encoding="utf-8")
+    monkeypatch.delenv("KB_PORT")
+    assert Settings.from_env().port == 9003
+
+
+@pytest.mark.parametrize("text,message", [
+    ("KB_PORT=9001\nnot an assignment\n", "line 2: cannot parse 'not an assignment' (expected KB_NAME=value)"),
+    ("KB_PORT='9001\n", "line 1: cannot parse"),  # an unterminated quote
+    ("KB_PORT=ninety\n", "KB_PORT='ninety' is not a valid int"),  # values are checked as the environment's
+])
+def test_a_malformed_dotenv_is_an_error_naming_the_file_and_line(project, text, message):
+    (project / ".env").write_text(text, encoding="utf-8")
+    with pytest.raises(SettingsError) as e:
+        Settings.from_env()
+    assert message in str(e.value)
+    if "line" in message:
+        assert str(e.value).startswith(f"{project / '.env'} line ")

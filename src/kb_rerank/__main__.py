@@ -4,4 +4,5 @@ import sys
 
 from kb_rerank.cli import main
 
-sys.exit(main())
+if __name__ == "__main__":  # not when imported (e.g. by a walk over the package's modules)
+    sys.exit(main())

@@ -15,7 +15,8 @@ from kb_rerank.settings import Settings
 
 
 def add_eval_parser(sub) -> argparse.ArgumentParser:
-    e = sub.add_parser("eval", help="evaluate ranking quality (nDCG@10, MRR@10, Recall@40, Recall@100) on a BEIR folder")
+    text = "evaluate ranking quality (nDCG@10, MRR@10, Recall@40, Recall@100) on a BEIR folder"
+    e = sub.add_parser("eval", help=text, description=text)
     e.add_argument("dataset", type=Path, help="BEIR folder: corpus.jsonl, queries.jsonl, qrels/test.tsv")
     e.add_argument("--mode", choices=["lexical", "semantic", "hybrid", "rerank"], default="hybrid",
                    help="the ranking evaluated: BM25, embeddings, both fused (default), or fused then reranked by "

@@ -106,7 +106,8 @@ def cmd_migrate(args, settings: Settings) -> int:
     import psycopg
 
     url = db.owner_url(settings)
-    with psycopg.connect(url) as conn:
+    with psycopg.connect(url, autocommit=True) as conn:
+        db.check_migration_role(conn)  # before reading anything: a role migrate refuses is told why
         before = db.current_revision(conn)
     db.migrate(settings, url, revision=args.revision)
     with psycopg.connect(url) as conn:
@@ -699,8 +700,6 @@ def cmd_audit_partitions(args, settings: Settings) -> int:
     (cron, monthly), moving rows of those months out of the default partition."""
     import datetime as dt
 
-    import psycopg
-
     from kb_rerank.admin import database as db
     from kb_rerank.store import audit_archive
 
@@ -780,8 +779,6 @@ def cmd_audit_archive(args, settings: Settings) -> int:
 
 
 def cmd_curate(args, settings: Settings) -> int:
-    import psycopg
-
     from kb_rerank.store import curation
     from kb_rerank.store import result_cache as cache
     from kb_rerank.admin import database as db
@@ -855,8 +852,6 @@ def _previous_query_hash(args, normalized: str, settings: Settings) -> str | Non
 
 def cmd_sql_access(args, settings: Settings) -> int:
     """SQL access for one tenant: grant, revoke, list (the owner URL, like `migrate`)."""
-    import psycopg
-
     from kb_rerank.admin import database as db
     from kb_rerank.admin import sql_access
 

@@ -84,7 +84,7 @@ def test_db_start_creates_the_server_others_find_it_from_a_subfolder_and_migrate
         assert "alembic.runtime.plugins" not in again.stderr and "setup plugin" not in again.stderr
         ingested = kb(sub, "ingest", ".", "--tenant", TENANT, "--quiet")
         assert ingested.returncode == 0, ingested.stderr
-        assert ingested.stdout.startswith("1 added, 0 updated, 0 unchanged")
+        assert ingested.stdout.startswith("1 added, 0 updated, 0 unchanged") and "Warning" not in ingested.stderr
         evicted = kb(sub, "evict")
         assert (evicted.returncode, evicted.stdout) == (0, "evicted 0 expired cache rows\n")
         assert json.loads(kb(sub, "evict", "--json").stdout) == {"evicted": 0}

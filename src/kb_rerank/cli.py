@@ -467,7 +467,8 @@ def _demo_http(settings: Settings) -> None:
         print(json.dumps(shown, ensure_ascii=False, indent=2))
         if answer.get("fallback"):
             print(f"(fallback: {answer.get('fallback_reason')}: the cross-encoder is not available here, so the "
-                  "fused order is returned; set KB_RERANKER_MODEL to a local model folder or allow the hub download)")
+                  "fused order is returned; set KB_RERANKER_MODEL to a local model folder or allow the hub download;"
+                  " `kb-rerank model tiny DIR` writes a tiny one to try the path offline)")
         print(f"... {len(answer['results'])} results. Run `make serve` to keep a server running.")
     finally:
         server.terminate()

@@ -312,8 +312,8 @@ def jwt_config(settings: Settings, *, allow_dev_secret: bool = False) -> JwtConf
 def _status_of(exc: BaseException) -> int:
     """The status an exception is answered with by the app's handlers: its ``status_code``
     (Litestar's HTTP exceptions, ApiError, LimitExceeded), 503 for a database error
-    (db_error_handler), 500 for anything else."""
-    if isinstance(exc, psycopg.OperationalError):
+    (db_error_handler) or no model able to score (model_unavailable_handler), 500 for anything else."""
+    if isinstance(exc, (psycopg.OperationalError, ModelUnavailable)):
         return 503
     status = getattr(exc, "status_code", None)
     return status if isinstance(status, int) else 500
@@ -321,11 +321,14 @@ def _status_of(exc: BaseException) -> int:
 
 def _log_server_error(logger: logging.Logger, scope, tb: list[str]) -> None:
     """Litestar's exception logging (called while the exception is handled): a 5xx is logged
-    at ERROR with its traceback; a 4xx only at DEBUG, one line without traceback (its access
+    at ERROR with its traceback (a 503 ``model_unavailable`` at INFO, one line: a model still
+    loading is a state, not a bug, and would flood the log); a 4xx only at DEBUG, one line without traceback (its access
     record, kb_rerank.access, already says route and status)."""
     exc = sys.exc_info()[1]
     status = _status_of(exc) if exc is not None else 500
-    if status >= 500:
+    if isinstance(exc, ModelUnavailable):  # no model could score: the score step logged why, once
+        logger.info("503 model_unavailable reason=%s (%s %s)", exc.reason, scope.get("method", ""), scope.get("path", ""))
+    elif status >= 500:
         logger.exception("unhandled error %d (%s %s)", status, scope.get("method", ""), scope.get("path", ""))
     else:
         logger.debug("%d %s (%s %s)", status, type(exc).__name__, scope.get("method", ""), scope.get("path", ""))

@@ -14,14 +14,18 @@ from litestar.exceptions import HTTPException
 from litestar.exceptions.http_exceptions import RequestEntityTooLarge
 
 from kb_rerank.http.body import ApiError
+from kb_rerank.http.telemetry import trace_id_from_headers
 from kb_rerank.pipeline.compose import ModelUnavailable
 
 log = logging.getLogger(__name__)
 
 
 def _trace_headers(request: Request) -> dict[str, str]:
-    tid = request.scope.get("state", {}).get("trace_id")
-    return {"X-Trace-Id": tid} if tid else {}
+    """The request's trace id; where no middleware ran (no route matched: a 404 or 405) the
+    one its headers give, as the telemetry middleware would have decided it."""
+    tid = request.scope.get("state", {}).get("trace_id") or trace_id_from_headers(
+        request.headers.get("traceparent"), request.headers.get("x-trace-id"))
+    return {"X-Trace-Id": tid}
 
 
 def api_error_handler(request: Request, exc: ApiError) -> Response:

@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import subprocess
 import sys
+import time
 import uuid
 
 import cohere
@@ -135,10 +137,11 @@ def test_a_model_answer_carries_no_fallback_header_and_names_its_model(settings,
 
 
 @pytest.mark.parametrize("rr,reason,retry", [(NotReady, "model_not_ready", "10"), (Raising, "model_error", "2")])
-def test_v2_rerank_without_a_model_score_is_a_503_by_default(rr, reason, retry, settings, embedder, owner_conn):
+def test_v2_rerank_without_a_model_score_is_a_503_by_default(rr, reason, retry, settings, embedder, owner_conn,
+                                                             caplog):
     """The caller asked for a reranker: no model score is an error, as TEI and hosted
     rerankers answer (503, the reason, Retry-After), not a fused order dressed as relevance;
-    nothing is cached."""
+    nothing is cached, and no traceback is logged (a model loading is a state, not a bug)."""
     tenant = uuid.uuid4()
     with server(settings, embedder, rr()) as (_app, base):
         r = httpx.post(base + V2, json={"query": "capital of the united states", "documents": DOCS},
@@ -150,6 +153,7 @@ def test_v2_rerank_without_a_model_score_is_a_503_by_default(rr, reason, retry, 
                             "retry_after_s": int(retry)}
         metrics = metric_values(httpx.get(base + "/metrics", headers=OPS).text)
         assert metrics['kb_rerank_rejected_total{reason=model_unavailable}'] == 1
+    assert not [rec for rec in caplog.records if rec.levelno >= logging.ERROR], caplog.text
     assert owner_conn.execute("select count(*) from kb.kb_rerank_cache where tenant_id = %s",
                               [tenant]).fetchone()[0] == 0
 
@@ -180,6 +184,29 @@ def test_the_cohere_sdk_reads_scores_a_503_and_the_fused_fallback(settings, embe
         assert [x.index for x in got.results] == [0, 1, 2]  # the first stage: input order
         assert [x.relevance_score for x in got.results] == [None, None, None]
         assert "model_not_ready" in got.meta.warnings[0]
+
+
+class FailsOnce(FakeReranker):
+    """Ready; its first call fails (``model_error``), the next ones score."""
+
+    async def ascore(self, query, passages):
+        if self.calls == 0:
+            self.calls += 1
+            raise RuntimeError("boom")
+        return await super().ascore(query, passages)
+
+
+def test_the_cohere_sdk_waits_the_retry_after_and_gets_the_scores(settings, embedder):
+    """The SDK's own retries (two by default) honour ``Retry-After``: a caller whose first try
+    met a failing model gets the model's scores from the retry, not an error or a fake score."""
+    rr = FailsOnce()
+    with server(settings, embedder, rr) as (_app, base):
+        co = cohere.ClientV2(base_url=base, api_key=mint_token(uuid.uuid4(), JWT))
+        t0 = time.monotonic()
+        got = co.rerank(model="rerank-v3.5", query="capital", documents=DOCS)
+        waited = time.monotonic() - t0
+    assert rr.calls == 2 and waited >= 2  # Retry-After: 2 for model_error
+    assert all(isinstance(x.relevance_score, float) for x in got.results) and not got.meta.warnings
 
 
 @pytest.mark.parametrize("when_degraded", [False, True])

@@ -73,7 +73,8 @@ def test_another_scheme_than_bearer_is_named(live):
     for header in ("Token abc", "Basic dXNlcjpwYXNz", "abc.def.ghi"):
         r = httpx.post(base + "/v2/rerank", json=ROUTES["/v2/rerank"], headers={"Authorization": header})
         body = _error_body(live, r, 401, "unauthorized")
-        assert body == {"error": "unauthorized", "reason": "wrong_scheme", "detail": "use Authorization: Bearer <token>"}
+        assert body == {"error": "unauthorized", "reason": "wrong_scheme",
+                        "detail": "use Authorization: Bearer <token>"}
         assert r.headers["www-authenticate"].startswith("Bearer")
     # a Bearer token that is no JWT is still "malformed", with no detail to help forge one
     r = httpx.post(base + "/v2/rerank", json=ROUTES["/v2/rerank"], headers={"Authorization": "Bearer abc"})

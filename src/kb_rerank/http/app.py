@@ -327,7 +327,8 @@ def _log_server_error(logger: logging.Logger, scope, tb: list[str]) -> None:
     exc = sys.exc_info()[1]
     status = _status_of(exc) if exc is not None else 500
     if isinstance(exc, ModelUnavailable):  # no model could score: the score step logged why, once
-        logger.info("503 model_unavailable reason=%s (%s %s)", exc.reason, scope.get("method", ""), scope.get("path", ""))
+        logger.info("503 model_unavailable reason=%s (%s %s)", exc.reason, scope.get("method", ""),
+                    scope.get("path", ""))
     elif status >= 500:
         logger.exception("unhandled error %d (%s %s)", status, scope.get("method", ""), scope.get("path", ""))
     else:

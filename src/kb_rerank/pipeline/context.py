@@ -27,7 +27,8 @@ import numpy as np
 
 from kb_rerank.candidate import Candidate
 from kb_rerank.pipeline import diversify, prompt
-from kb_rerank.pipeline.compose import MODEL, answer_model, rank_map, ranked_by, reported_relevance, reported_tier, rounded
+from kb_rerank.pipeline.compose import (MODEL, answer_model, rank_map, ranked_by, reported_relevance, reported_tier,
+                                        rounded)
 from kb_rerank.pipeline.costs import Work
 from kb_rerank.pipeline.flow import Lookup, Outcome, Selection, Served, StoredResponse
 from kb_rerank.pipeline.guard_policy import apply as apply_policy

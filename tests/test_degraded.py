@@ -3,7 +3,8 @@ server (uvicorn on a loopback port, :func:`tests.live_server.serve_in_thread`) a
 to it; ``/v2/rerank`` is also read by the official Cohere Python SDK.
 
 The rule (:mod:`kb_rerank.pipeline.compose`, written once, used by the three flows): a result
-the model did not score reports no relevance and no tier, a fallback answer names no model
+the model did not score reports no relevance, no score made of one and no tier, a fallback
+answer names no model
 (``ranked_by: "fused"``), and a header says so (``X-KB-Fallback: <reason>``);
 ``/v2/rerank`` answers 503 instead by default (``KB_V2_FALLBACK``); ``/readyz`` says
 ``ready`` / ``degraded`` / ``not_ready`` (``KB_READY_WHEN_DEGRADED``).
@@ -108,18 +109,23 @@ def test_a_fallback_answer_says_so_on_every_endpoint(endpoint, settings, embedde
         assert len(results) >= 2
         for x in results:
             assert x["scored_by"] == "fused" and x[relevance] is None, x
-            assert x.get("tier") is None  # no tier of a fused score (the search endpoint has none at all)
+            # no tier and no composite of a fused score (the search endpoint has neither at all)
+            assert x.get("tier") is None and x.get("final_score") is None
         if path == V1_SEARCH:
             fused = [x["fused_score"] for x in results]
             assert all(isinstance(f, float) for f in fused) and fused == sorted(fused, reverse=True)  # AC19
             assert audit_of(owner_conn, tenant, trace_id) == [("fallback", 2, "model_not_ready")]
         if path == V1_CONTEXT:
             assert all(x["scores"]["rerank"] is None and x["ranks"]["rerank"] is None for x in results)
-            assert all(s["rerank"] == {"score": None, "rank": None} for s in answer["stages"])
+            assert all(x["scores"]["final"] is None for x in results)
+            assert [x["rank"] for x in results] == list(range(1, len(results) + 1))  # the order is the answer's
+            assert all(s["rerank"] == {"score": None, "rank": None} and s["final"]["score"] is None
+                       for s in answer["stages"])
             assert all(isinstance(x["scores"]["fused"], float) for x in results)
         if path == V2:
             assert "fused" in meta["warnings"][0] or "first-stage" in meta["warnings"][0]
-            assert all(x["stages"]["rerank"]["score"] is None for x in results)
+            assert all(x["stages"]["rerank"]["score"] is None and x["stages"]["final"]["score"] is None
+                       for x in results)
     assert answers[0][1]["results"] == answers[1][1]["results"]
 
 

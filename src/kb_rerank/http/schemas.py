@@ -35,6 +35,9 @@ RankedBy = Annotated[str, msgspec.Meta(description=(
     " X-KB-Fallback header names the reason) or `curation`"))]
 AnswerModel = Annotated[str | None, msgspec.Meta(description=(
     "The cross-encoder that ranked the answer; null on a fallback (no model scored it)"))]
+FinalScore = Annotated[float | None, msgspec.Meta(description=(
+    "The composite the results are ordered by (relevance, MMR, boosts); null for a result the model did not"
+    " score (no relevance to compose: its place in the list is its rank)"))]
 Tier = Annotated[str | None, msgspec.Meta(description=(
     "high | medium | low, from final_score, for a result the model scored; null for one it did not"))]
 RerankedCount = Annotated[int, msgspec.Meta(description=(
@@ -169,7 +172,7 @@ class ContextScores(msgspec.Struct, forbid_unknown_fields=True):
     semantic: float | None
     fused: float | None
     rerank: float | None
-    final: float
+    final: float | None  # null when the model did not score it (scored_by: fused)
 
 
 class ContextRanks(msgspec.Struct, forbid_unknown_fields=True):
@@ -198,7 +201,7 @@ class ContextResult(msgspec.Struct, forbid_unknown_fields=True):
     doc_title: str
     source_path: str
     snippet: str
-    final_score: float
+    final_score: FinalScore
     tier: Tier
     rerank_score: float | None  # null when the model did not score it (scored_by: fused)
     scores: ContextScores
@@ -287,7 +290,7 @@ class V2Stages(msgspec.Struct, forbid_unknown_fields=True):
 class V2Result(msgspec.Struct, forbid_unknown_fields=True):
     index: int  # position of the document in the request
     relevance_score: float | None  # the cross-encoder's score (0..1); null when it did not score the document
-    final_score: float
+    final_score: FinalScore
     tier: Tier
     mmr: Mmr
     id: str | UnsetType = UNSET  # the document's id, when it had one

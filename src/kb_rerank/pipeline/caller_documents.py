@@ -7,8 +7,8 @@ metadata?: {source?, authority?, updated_at?}}], top_n?, max_tokens_per_doc?,
 return_documents?}`` plus our ``lambda``, ``recency_weight``, ``half_life_days``,
 ``authority_weight``, ``explain``. Response ``{id, results: [{index, relevance_score,
 document?: {text}, tier, final_score, mmr: {penalty, max_sim}}], meta: {...}}``;
-``relevance_score`` is the cross-encoder's score (0..1; null for a document it did not
-score), results in final order.
+``relevance_score`` is the cross-encoder's score (0..1; null, with ``final_score`` and
+``tier``, for a document it did not score), results in final order.
 
 Key: the whole normalised request (the documents as the SHA-256 of their canonical JSON) and
 the tenant's injection policy,
@@ -64,7 +64,7 @@ from kb_rerank.candidate import Candidate, sha256_hex
 from kb_rerank.ingest import verdict
 from kb_rerank.pipeline import diversify, timing
 from kb_rerank.pipeline.compose import (ModelUnavailable, answer_model, degraded_warning, ranked_by,
-                                        reported_relevance, reported_tier, rounded)
+                                        reported_score, reported_tier, rounded)
 from kb_rerank.pipeline.costs import Work
 from kb_rerank.pipeline.flow import Lookup, Outcome, Selection, Served, StoredResponse
 from kb_rerank.pipeline import scoring
@@ -277,8 +277,8 @@ class CallerDocumentsFlow(StoredResponse):
         for pos, r in enumerate(ranked[:top_n]):
             c = kept[r.index]
             i = int(c.id)
-            item: dict[str, Any] = {"index": i, "relevance_score": reported_relevance(c.relevance, c.scored_by),
-                                    "final_score": r.final_score,
+            item: dict[str, Any] = {"index": i, "relevance_score": reported_score(c.relevance, c.scored_by),
+                                    "final_score": reported_score(r.final_score, c.scored_by),
                                     "tier": reported_tier(r.final_score, c.scored_by, s),
                                     "mmr": {"penalty": r.mmr_penalty, "max_sim": r.max_sim}}
             if docs[i].id is not None:
@@ -287,8 +287,8 @@ class CallerDocumentsFlow(StoredResponse):
                 item["document"] = {"text": docs[i].text}
             if req.explain:
                 item["stages"] = {"first_stage": {"score": rounded(first[i]), "rank": order.index(i) + 1},
-                                  "rerank": {"score": reported_relevance(c.relevance, c.scored_by)},
-                                  "final": {"score": r.final_score, "rank": pos + 1},
+                                  "rerank": {"score": reported_score(c.relevance, c.scored_by)},
+                                  "final": {"score": reported_score(r.final_score, c.scored_by), "rank": pos + 1},
                                   "demote": rounded(c.demote)}
             item["scored_by"] = c.scored_by
             results.append(item)

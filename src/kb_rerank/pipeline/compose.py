@@ -51,7 +51,8 @@ def tiers(settings: Settings) -> tuple[float, float]:
 # (kb_rerank.pipeline.rerank, .context, .caller_documents) and the HTTP layer:
 #
 # * a result the model did not score (``scored_by`` "fused") reports no relevance
-#   (``rerank_score`` / ``relevance_score`` null) and no tier; what ranked it is said by
+#   (``rerank_score`` / ``relevance_score`` null), no score made of one (``final_score`` null:
+#   its position is its rank) and no tier; what ranked it is said by
 #   ``scored_by`` (and, on the search endpoint, its first-stage ``fused_score`` as it is). The
 #   value the flows rank such a result by (:func:`fallback_relevance`,
 #   :func:`kb_rerank.pipeline.scoring.partial_relevance`) is an ordering device, never sent as
@@ -70,10 +71,11 @@ RETRY_AFTER_S = {"model_not_ready": 10}
 RETRY_AFTER_DEFAULT_S = 2
 
 
-def reported_relevance(relevance: float | None, scored_by: str) -> float | None:
-    """The relevance a result reports: its score (rounded) when the model (or a curated list)
-    ranked it, None when it was ranked by the first stage (``scored_by`` "fused")."""
-    return None if scored_by == FUSED else rounded(relevance)
+def reported_score(score: float | None, scored_by: str) -> float | None:
+    """A relevance a result reports, or a score made of it (the composite ``final_score``):
+    rounded when the model (or a curated list) ranked the result, None when the first stage
+    did (``scored_by`` "fused": the value would be a fused order dressed as a relevance)."""
+    return None if scored_by == FUSED else rounded(score)
 
 
 def reported_tier(final_score: float, scored_by: str, settings: Settings) -> str | None:

@@ -28,7 +28,7 @@ from typing import Any
 from kb_rerank.candidate import Candidate
 from kb_rerank.pipeline import scoring
 from kb_rerank.pipeline.compose import (FUSED, answer_model, clamped, fallback_relevance, ranked_by,
-                                        reported_relevance, rounded)
+                                        reported_score, rounded)
 from kb_rerank.pipeline.costs import Work
 from kb_rerank.pipeline.flow import Lookup, Outcome, Selection, Served
 from kb_rerank.pipeline.query import normalize_query
@@ -42,10 +42,10 @@ CURATION_MODEL = "manual_curation"
 
 def _result(c: Candidate, score: float, source: str, scored_by: str) -> dict[str, Any]:
     """A result; one the model did not score reports no ``rerank_score`` but its first-stage
-    ``fused_score`` (:func:`~kb_rerank.pipeline.compose.reported_relevance`: such results are
+    ``fused_score`` (:func:`~kb_rerank.pipeline.compose.reported_score`: such results are
     never cached, so a cache row keeps the fields of a whole answer)."""
     out = {"chunk_id": str(c.chunk_id), "doc_id": str(c.doc_id), "doc_title": c.doc_title, "snippet": c.snippet,
-           "rerank_score": reported_relevance(clamped(score), scored_by), "source": source, "scored_by": scored_by}
+           "rerank_score": reported_score(clamped(score), scored_by), "source": source, "scored_by": scored_by}
     if scored_by == FUSED:
         out["fused_score"] = rounded(c.score)
     return out

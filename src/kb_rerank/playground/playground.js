@@ -92,7 +92,8 @@
     }
     if (ep === CONTEXT) {
       return data.results.map((r) => ({
-        title: r.doc_title, snippet: r.snippet, score: r.final_score, tier: r.tier || "unscored",
+        title: r.doc_title, snippet: r.snippet, score: r.final_score === null ? r.scores.fused : r.final_score,
+        tier: r.tier || "unscored",
         explain: ["lexical", "semantic", "fused", "rerank", "final"].map((s) => rankScore(s, r.ranks[s], r.scores[s]))
           .concat(r.mmr.penalty === null ? [] : ["mmr penalty " + num(r.mmr.penalty)])
           .concat(Object.keys(r.flags).filter((f) => r.flags[f]).map((f) => "flag " + f))

@@ -50,8 +50,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc.status_code} {exc.body}", file=sys.stderr)
         return 1
     print(f"== /v2/rerank id={response.id} results={len(response.results)}")
+    for warning in (response.meta.warnings or []) if response.meta else []:
+        print(f"warning: {warning}")  # a degraded answer (KB_V2_FALLBACK=fused, or the rerank budget)
     for rank, r in enumerate(response.results, 1):
-        print(f"{rank}. index={r.index} relevance={r.relevance_score:.4f}  {documents[r.index]}")
+        relevance = "unscored" if r.relevance_score is None else f"{r.relevance_score:.4f}"
+        print(f"{rank}. index={r.index} relevance={relevance}  {documents[r.index]}")
     return 0
 
 

@@ -56,12 +56,14 @@ def main(argv: list[str] | None = None) -> int:
     print(f"== POST /v1/kb/search/rerank source={args.source} results={len(found['results'])}"
           f" from_cache={found['from_cache']} fallback={found['fallback']} trace_id={found['trace_id']}")
     for i, r in enumerate(found["results"], 1):
-        print(f"{i:2d}. {r['rerank_score']:.4f}  {r['doc_title']}")
+        # a result the model did not score (a fallback, or past the rerank budget) has no relevance
+        score = f"{r['rerank_score']:.4f}" if r["rerank_score"] is not None else f"fused {r['fused_score']:.4f}"
+        print(f"{i:2d}. {score}  {r['doc_title']}")
 
     print(f"== POST /v1/kb/context answerable={ctx['answerable']} results={len(ctx['results'])}"
           f" filtered={len(ctx['filtered'])}")
     for r in ctx["results"]:
-        print(f"[{r['citation']}] {r['tier']:<6} {r['final_score']:.4f}  {r['doc_title']}")
+        print(f"[{r['citation']}] {r['tier'] or 'unscored':<6} {r['final_score']:.4f}  {r['doc_title']}")
     if not args.no_context:
         print("== context")
         print(ctx["context"])

@@ -165,8 +165,9 @@ def test_missing_token(hs_cfg, header):
 
 def test_garbled_headers(hs_cfg):
     token = mint_token(TENANT, hs_cfg)
-    assert _reason(f"Basic {token}", hs_cfg) == "malformed"
-    assert _reason(token, hs_cfg) == "malformed"  # no scheme at all
+    assert _reason(f"Basic {token}", hs_cfg) == "wrong_scheme"
+    assert _reason(f"Token {token}", hs_cfg) == "wrong_scheme"
+    assert _reason(token, hs_cfg) == "wrong_scheme"  # no scheme at all
     assert _reason(f"Bearer {token} extra", hs_cfg) == "malformed"
     assert _reason("Bearer not.a.jwt", hs_cfg) == "malformed"
     assert _reason("Bearer abc", hs_cfg) == "malformed"

@@ -219,8 +219,11 @@ def test_model_bad_output_falls_back_nan_never_reaches_a_response(kind, settings
         for token in ("NaN", "Infinity", "nan", "inf"):
             assert token not in r.text.replace("information", "").replace("invoice", "")
         body = r.json()
-        assert body["fallback"] is True and body["fallback_reason"] == reason
-        assert all(isinstance(x["rerank_score"], float) and 0.0 <= x["rerank_score"] <= 1.0 for x in body["results"])
+        assert body["fallback"] is True and body["fallback_reason"] == reason and r.headers["x-kb-fallback"] == reason
+        # no relevance from a model that gave none: the first stage's score, said to be one
+        assert body["results"] and all(x["rerank_score"] is None and x["scored_by"] == "fused"
+                                       and isinstance(x["fused_score"], float) and math.isfinite(x["fused_score"])
+                                       for x in body["results"])
     cache, audit = _cache_audit(owner_conn, sample_tenant, query, app)
     assert cache == [] and [(a[0], a[1], a[2]) for a in audit] == [("fallback", 2, reason)]
 

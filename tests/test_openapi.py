@@ -20,16 +20,16 @@ ENDPOINTS = {
     # path: (request properties that must be documented, top-level properties of the 200 answer)
     RERANK: ({"query", "source"},
              {"results", "from_cache", "rerank_duration_ms", "trace_id", "model", "fallback", "fallback_reason",
-              "candidate_count", "reranked_count", "partial_reason"}),
+              "candidate_count", "reranked_count", "partial_reason", "ranked_by"}),
     CONTEXT: ({"query", "top_n", "lambda", "recency_weight", "half_life_days", "authority_weight", "explain"},
-              {"answerable", "results", "filtered", "gate", "context", "system_prompt", "model", "fallback",
-               "fallback_reason", "candidate_count", "reranked_count", "partial_reason", "rerank_duration_ms", "lambda",
-               "injection_policy", "stages", "from_cache", "trace_id"}),
+              {"answerable", "results", "filtered", "gate", "context", "system_prompt", "model", "ranked_by",
+               "fallback", "fallback_reason", "candidate_count", "reranked_count", "partial_reason",
+               "rerank_duration_ms", "lambda", "injection_policy", "stages", "from_cache", "trace_id"}),
     V2: ({"query", "documents", "model", "top_n", "max_tokens_per_doc", "return_documents", "lambda",
           "recency_weight", "half_life_days", "authority_weight", "explain"},
          {"id", "results", "meta"}),
 }
-ERRORS = {"400", "401", "413", "422", "429", "503"}
+ERRORS = {"400", "401", "413", "415", "422", "429", "503"}
 
 V2_DOCS = [
     "Invoices are created from the billing page.",
@@ -154,6 +154,7 @@ def test_real_answers_match_the_documented_schemas(client, spec, settings, sampl
         "401": client.post(path, json=BODIES[path][0]),
         "400": client.post(path, content=b"{not json", headers={**bearer(tenant), "content-type": "application/json"}),
         "422": client.post(path, json=BAD_BODIES[path], headers=bearer(tenant)),
+        "415": client.post(path, content=b'{"query": "q"}', headers={**bearer(tenant), "content-type": "text/plain"}),
         "413": client.post(path, content=b'{"query": "' + b"a" * (max(settings.max_body_bytes,
                                                                       settings.v2_max_body_bytes) + 1) + b'"}',
                            headers={**bearer(tenant), "content-type": "application/json"}),

@@ -79,18 +79,20 @@ def test_metrics_disabled_without_an_ops_token(settings, embedder):
 
 @pytest.mark.parametrize("ops_token", [OPS_TOKEN, None])
 def test_readyz_is_coarse_without_the_token(settings, embedder, ops_token):
+    # a failed model with the database fine: "degraded" (503 by default: KB_READY_WHEN_DEGRADED)
     with _client(settings, embedder, reranker=FailedReranker(), ops_token=ops_token) as c:
         for h in BAD_AUTH:
             r = c.get("/readyz", headers=h)
-            assert r.status_code == 200 and r.json() == {"status": "ready"}, (h, r.text)
+            assert r.status_code == 503 and r.json() == {"status": "degraded"}, (h, r.text)
             assert SECRET_ERROR not in r.text
         full = c.get("/readyz", headers=OPS)
+        assert full.status_code == 503
         if ops_token:
             body = full.json()
             assert body["model"]["last_error"] == SECRET_ERROR and body["model"]["state"] == "failed"
-            assert body["database"] == "ok" and body["schema"] == "ok" and body["status"] == "ready"
+            assert body["database"] == "ok" and body["schema"] == "ok" and body["status"] == "degraded"
         else:  # no token configured: nobody gets the detail
-            assert full.json() == {"status": "ready"}
+            assert full.json() == {"status": "degraded"}
         # a database that is down: still the status code a load balancer needs, no detail
         c.blocking_portal.call(c.app.state.pipeline.pool.close)
         down = c.get("/readyz")

@@ -206,6 +206,37 @@ def test_v2_rerank_with_pasted_documents(page, server, corpus_tenant):
     assert page.console_errors == []
 
 
+def test_a_fallback_answer_shows_no_model_and_no_relevance(page, settings, embedder, corpus_tenant):
+    """Issue 33: with no model (loading), the page says what ranked the answer (no model, the
+    first stage), gives no tier to a fused score and marks each row as scored by the fused
+    order, on the search endpoint and on /v2/rerank (KB_V2_FALLBACK=fused)."""
+    from .test_degraded import NotReady
+
+    app = create_app(settings.with_(jwt_secret=SECRET, ops_token=OPS_TOKEN, v2_fallback="fused"),
+                     reranker=NotReady(), embedder=embedder)
+    with serve_in_thread(app) as base:
+        _open(page, base)
+        page.get_by_label("Token").fill(mint_token(corpus_tenant, JwtConfig(secret=SECRET)))
+        page.get_by_label("Query").fill(QUERY)
+        page.get_by_label("Query").press("Enter")
+        page.wait_for_selector("#answer:not([hidden])")
+        summary = page.locator("#summary").inner_text()
+        assert "Model\nnone (ranked by fused)" in summary and "Fallback\nyes: model_not_ready" in summary, summary
+        tiers = _cell_texts(page, "results", 5)
+        assert tiers and set(tiers) == {"fused"}, tiers
+        assert all("scored by fused" in e for e in _cell_texts(page, "results", 6))
+        # the bars show the fused score (the first stage's, said so), never an empty table
+        values = [float(v) for v in page.locator("#results meter").evaluate_all("ms => ms.map(m => m.value)")]
+        assert len(values) == len(tiers) and values[0] == max(values) > 0
+        page.get_by_label("Endpoint").select_option("/v2/rerank")
+        page.get_by_label("Documents (one per line)").fill("ERR_402 appears at checkout.\nRefunds take five days.")
+        page.get_by_label("Query").press("Enter")
+        sync_api.expect(page.locator("#summary")).to_contain_text("/v2/rerank")
+        assert set(_cell_texts(page, "results", 5)) == {"unscored"}
+        assert all("relevance –" in e for e in _cell_texts(page, "results", 6))
+        assert page.console_errors == []
+
+
 def test_bad_token_shows_the_401_message_on_a_narrow_screen(browser, server, request, capsys):
     api = httpx.post(server + "/v1/kb/search/rerank", json={"query": QUERY},
                      headers={"Authorization": "Bearer not-a-token"})

@@ -297,15 +297,23 @@ def test_a_partial_answer_says_so_is_not_cached_and_the_pair_cache_finishes_it(
     r.load()
     try:
         with client_for(settings, r, embedder, rerank_budget_ms=120) as client:
-            body = client.post("/v1/kb/search/rerank", json={"query": "export invoices step"},
-                               headers=bearer(tenant)).json()
+            first = client.post("/v1/kb/search/rerank", json={"query": "export invoices step"},
+                                headers=bearer(tenant))
+            body = first.json()
             assert body["fallback"] is False and body["partial_reason"] == "budget"
+            assert first.headers["x-kb-partial"] == "budget" and "x-kb-fallback" not in first.headers
+            assert body["model"] == r.model_name and body["ranked_by"] == "model"
             n, k = body["candidate_count"], body["reranked_count"]
             assert 0 < k < n
             by = [x["scored_by"] for x in body["results"]]
             assert by == sorted(by, key=lambda b: b != "model")  # the model's first, then fused order
-            scores = [x["rerank_score"] for x in body["results"]]
+            scored = [x for x in body["results"] if x["scored_by"] == "model"]
+            scores = [x["rerank_score"] for x in scored]
             assert scores == sorted(scores, reverse=True) and all(0 <= x <= 1 for x in scores)
+            # those the budget did not reach: no relevance (the same rule as a fallback's), their fused score
+            unscored = [x for x in body["results"] if x["scored_by"] == "fused"]
+            assert len(scored) == min(k, len(body["results"])) and len(unscored) == len(body["results"]) - len(scored)
+            assert all(x["rerank_score"] is None and isinstance(x["fused_score"], float) for x in unscored)
             # not cached: the next request is a miss that starts from the pair scores and goes further
             again = client.post("/v1/kb/search/rerank", json={"query": "export invoices step"},
                                 headers=bearer(tenant)).json()

@@ -115,9 +115,14 @@ def check(body):
     res = body["results"]
     assert len(res) <= 10
     assert len({r["chunk_id"] for r in res}) == len(res)
+    fields = {"chunk_id", "doc_id", "doc_title", "snippet", "rerank_score", "source", "scored_by"}
     for r in res:
-        assert 0.0 <= r["rerank_score"] <= 1.0
-        assert set(r) == {"chunk_id", "doc_id", "doc_title", "snippet", "rerank_score", "source", "scored_by"}
+        if r["scored_by"] == "fused":  # not scored by the model: no relevance, its first-stage score
+            assert r["rerank_score"] is None and isinstance(r["fused_score"], float)
+            assert set(r) == fields | {"fused_score"}
+        else:
+            assert 0.0 <= r["rerank_score"] <= 1.0
+            assert set(r) == fields
     return body
 
 
@@ -462,13 +467,20 @@ def test_19_model_failure_falls_back(kind, settings, embedder, sample_tenant, ow
                 deadline = time.monotonic() + 30
                 while rr.state != "failed" and time.monotonic() < deadline:
                     time.sleep(0.05)
-                ready = client.get("/readyz", headers=OPS)
-                assert ready.status_code == 200 and ready.json()["model"]["ready"] is False
+                ready = client.get("/readyz", headers=OPS)  # degraded: the database is fine
+                assert ready.status_code == 503 and ready.json()["model"]["ready"] is False
+                assert ready.json()["status"] == "degraded"
             for _ in range(2):  # keeps serving, and fallbacks are not cached
-                body = check(ask(client, sample_tenant, query))
+                r = client.post(URL, json={"query": query}, headers=bearer(sample_tenant))
+                assert r.status_code == 200 and r.headers["x-kb-fallback"] == reasons[kind]
+                body = check(r.json())
                 assert body["fallback"] is True and body["fallback_reason"] == reasons[kind]
                 assert body["from_cache"] is False and len(body["results"]) == 10
-                assert body["results"][0]["rerank_score"] == 1.0
+                # the candidate order (AC19), said to be the first stage's: no relevance, no model
+                assert body["model"] is None and body["ranked_by"] == "fused"
+                assert {x["scored_by"] for x in body["results"]} == {"fused"}
+                fused = [x["fused_score"] for x in body["results"]]
+                assert fused == sorted(fused, reverse=True)
             assert cache_rows(owner_conn, sample_tenant, query) == []
             rows = audit_rows(owner_conn, sample_tenant, query)
             assert [(r[0], r[1]) for r in rows] == [("fallback", 2)] * 2

@@ -233,6 +233,15 @@ class Settings:
     ops_token: str | None = None  # KB_OPS_TOKEN: at least 32 bytes, not a placeholder
     jwt_max_lifetime_s: int = 86400  # KB_JWT_MAX_LIFETIME_S: refuse tokens whose exp is further away / exp - iat longer
 
+    # Degraded answers (no cross-encoder could score: loading, failed, absent, timed out)
+    # KB_V2_FALLBACK: /v2/rerank with no model score: `error` (503 model_unavailable, reason, Retry-After, as TEI
+    # and hosted rerankers answer) or `fused` (the first-stage order, honest: relevance_score null, X-KB-Fallback)
+    v2_fallback: str = "error"
+    # KB_READY_WHEN_DEGRADED: /readyz status code while the database is fine but the model is not ready: false ->
+    # 503 {"status": "degraded"} (a load balancer routes to replicas whose model ranks; a rollout waits for the
+    # model), true -> 200 {"status": "degraded"} (a single replica keeps serving honest fallback answers)
+    ready_when_degraded: bool = False
+
     extra: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -621,6 +630,13 @@ RULES: dict[str, Rule] = {
     # Operations
     "ops_token": Rule("bearer token (>= 32 bytes) of `/metrics` and the detail of `/readyz` (unset: `/metrics` is 404)"),
     "jwt_max_lifetime_s": Rule("longest accepted token lifetime (`exp` ahead of now, and `exp - iat`)", gt=0),
+    # Degraded answers
+    "v2_fallback": Rule("`/v2/rerank` when no cross-encoder can score: `error` (503 `model_unavailable` with the"
+                        " reason and `Retry-After`) or `fused` (the first-stage order: `relevance_score` null,"
+                        " `meta.warnings`, `X-KB-Fallback`)", choices=("error", "fused")),
+    "ready_when_degraded": Rule("`/readyz` while the model is not ready (loading, failed, absent) and the database is"
+                                " fine: `false` answers 503 `degraded` (route to replicas whose model ranks),"
+                                " `true` 200 `degraded` (keep serving honest fallback answers)"),
 }
 
 

@@ -7,7 +7,8 @@ module level (no pool, model or settings). The lifespan opens ONE AsyncConnectio
 the app role (``KB_APP_ROLE``, ``cyberos_app`` by default; autocommit connections,
 ``statement_timeout`` from settings, pgvector registered), checks the database's embedding
 dimension, builds the embedder and the reranker when not given (the model loads in the
-background: until it is ready requests are served with the fallback ordering), starts the periodic cache eviction, and closes all of
+background: until it is ready the v1 routes answer honest fallbacks, ``/v2/rerank`` a 503,
+and ``/readyz`` says ``degraded``), starts the periodic cache eviction, and closes all of
 it on shutdown. A reranker or embedder passed in belongs to the caller and is not closed.
 
 Endpoints
@@ -16,10 +17,11 @@ Endpoints
   (tenant claim; a static key or a JWKS, :mod:`kb_rerank.http.auth`); one module each under :mod:`kb_rerank.http.routes`, one handler body
   (:mod:`kb_rerank.http.serve`), one flow each under :mod:`kb_rerank.pipeline`.
 * ``GET /healthz`` -- 200 while the process runs.
-* ``GET /readyz`` -- 200 when the database answers and its schema is at the migrations'
-  head with this code's idempotent layer (kb.schema_layer_version()) (the model state is reported; a model still loading is not a 503 because
-  requests are served with the fallback); 503 otherwise. Only ``{"status"}`` unless the
-  request carries ``Authorization: Bearer <ops_token>``.
+* ``GET /readyz`` -- ``ready`` (200) when the database answers, its schema is at the
+  migrations' head with this code's idempotent layer (kb.schema_layer_version()) and the
+  model is ready; ``degraded`` when only the model is not (loading, failed, absent: 503, or
+  200 with ``KB_READY_WHEN_DEGRADED=true``); ``not_ready`` (503) otherwise. Only
+  ``{"status"}`` unless the request carries ``Authorization: Bearer <ops_token>``.
 * ``GET /metrics`` -- Prometheus text, from a registry owned by the app; needs the ops
   token (401 without it; 404 when no ops token is configured).
 * ``GET /playground`` -- the search playground page (:mod:`kb_rerank.http.routes.playground`);
@@ -29,14 +31,18 @@ Endpoints
   request bodies, answers and error responses (:mod:`kb_rerank.http.schemas`), and the bearer
   scheme (HTTP bearer, JWT) they require.
 
-Errors are JSON: ``{"error": ..., ...}``. 401 ``unauthorized`` with ``reason``; 400
+Errors are JSON: ``{"error": ..., ...}``, for every status (404 ``not_found``, 405
+``method_not_allowed`` with ``Allow``, 500 ``internal_server_error``: :mod:`kb_rerank.http.errors`).
+401 ``unauthorized`` with ``reason`` (``wrong_scheme`` for another scheme than Bearer); 415
+``unsupported_media_type`` for a body that is not JSON by its Content-Type; 400
 ``invalid_json``; 422 ``invalid_request`` with ``field`` and ``detail`` (and ``allowed``
 for an unknown source) -- bodies decoded by :mod:`kb_rerank.http.body` (:mod:`kb_rerank.http.parse`), the same on the three
 routes; 413 ``payload_too_large`` (refused while reading, from the Content-Length or as
 the streamed bytes pass the route's limit); 429 ``rate_limited`` with ``Retry-After`` (per-tenant
 token bucket: ``rate_limit_per_minute`` refill, ``rate_limit_burst`` size; 0 disables);
 503 ``database_unavailable`` with ``Retry-After`` when no database connection is had
-within ``db_timeout_s``. A rejected request
+within ``db_timeout_s``; 503 ``model_unavailable`` with ``reason`` and ``Retry-After`` from
+``/v2/rerank`` when no model can score (``KB_V2_FALLBACK=error``, the default). A rejected request
 writes nothing (no cache row, no audit row); it is counted in the metrics only.
 """
 
@@ -54,7 +60,9 @@ import anyio
 import psycopg
 from litestar import Litestar, Router
 from litestar.datastructures import State
+from litestar.exceptions import HTTPException
 from litestar.exceptions.http_exceptions import RequestEntityTooLarge
+from litestar.status_codes import HTTP_500_INTERNAL_SERVER_ERROR
 from litestar.logging import LoggingConfig
 from litestar.openapi import OpenAPIConfig
 
@@ -63,7 +71,8 @@ from kb_rerank import sqlfiles
 from kb_rerank.admin import database
 from kb_rerank.http.auth import JwksKeys, JwtConfig, auth_guard, check_secret
 from kb_rerank.http.body import ApiError
-from kb_rerank.http.errors import api_error_handler, db_error_handler, too_large_handler
+from kb_rerank.http.errors import (api_error_handler, db_error_handler, http_error_handler,
+                                   model_unavailable_handler, too_large_handler)
 from kb_rerank.http.routes.context import context_handler
 from kb_rerank.http.routes.docs import render_plugins as docs_render_plugins
 from kb_rerank.http.routes.ops import healthz, metrics_handler, readyz
@@ -72,6 +81,7 @@ from kb_rerank.http.routes.rerank import rerank_handler
 from kb_rerank.http.routes.v2_rerank import v2_rerank_handler
 from kb_rerank.http.schemas import SECURITY, SECURITY_COMPONENTS
 from kb_rerank.http.telemetry import ApiMetrics, install_trace_log_records, metrics_middleware
+from kb_rerank.pipeline.compose import ModelUnavailable
 from kb_rerank.pipeline.embedding import EmbedPool
 from kb_rerank.pipeline.flow import Pipeline
 from kb_rerank.pipeline.limits import LimitExceeded, Limits
@@ -302,8 +312,8 @@ def jwt_config(settings: Settings, *, allow_dev_secret: bool = False) -> JwtConf
 def _status_of(exc: BaseException) -> int:
     """The status an exception is answered with by the app's handlers: its ``status_code``
     (Litestar's HTTP exceptions, ApiError, LimitExceeded), 503 for a database error
-    (db_error_handler), 500 for anything else."""
-    if isinstance(exc, psycopg.OperationalError):
+    (db_error_handler) or no model able to score (model_unavailable_handler), 500 for anything else."""
+    if isinstance(exc, (psycopg.OperationalError, ModelUnavailable)):
         return 503
     status = getattr(exc, "status_code", None)
     return status if isinstance(status, int) else 500
@@ -311,11 +321,15 @@ def _status_of(exc: BaseException) -> int:
 
 def _log_server_error(logger: logging.Logger, scope, tb: list[str]) -> None:
     """Litestar's exception logging (called while the exception is handled): a 5xx is logged
-    at ERROR with its traceback; a 4xx only at DEBUG, one line without traceback (its access
+    at ERROR with its traceback (a 503 ``model_unavailable`` at INFO, one line: a model still
+    loading is a state, not a bug, and would flood the log); a 4xx only at DEBUG, one line without traceback (its access
     record, kb_rerank.access, already says route and status)."""
     exc = sys.exc_info()[1]
     status = _status_of(exc) if exc is not None else 500
-    if status >= 500:
+    if isinstance(exc, ModelUnavailable):  # no model could score: the score step logged why, once
+        logger.info("503 model_unavailable reason=%s (%s %s)", exc.reason, scope.get("method", ""),
+                    scope.get("path", ""))
+    elif status >= 500:
         logger.exception("unhandled error %d (%s %s)", status, scope.get("method", ""), scope.get("path", ""))
     else:
         logger.debug("%d %s (%s %s)", status, type(exc).__name__, scope.get("method", ""), scope.get("path", ""))
@@ -366,6 +380,10 @@ def create_app(settings: Settings, *, reranker=None, embedder=None, dev: bool = 
             LimitExceeded: api_error_handler,  # 429 with Retry-After and a JSON body (kb_rerank.pipeline.limits)
             RequestEntityTooLarge: too_large_handler,
             psycopg.OperationalError: db_error_handler,
+            ModelUnavailable: model_unavailable_handler,  # /v2/rerank, KB_V2_FALLBACK=error: 503, Retry-After
+            # Litestar's own (404, 405 with Allow, ...) and any unhandled exception: the API's body
+            HTTPException: http_error_handler,
+            HTTP_500_INTERNAL_SERVER_ERROR: http_error_handler,
         },
         request_max_body_size=settings.max_body_bytes,
         # the process owns the log format (kb_rerank.logs): Litestar leaves the root logger

@@ -76,7 +76,8 @@ __all__ = [
 REASONS = frozenset(
     {
         "missing_token",  # no/empty Authorization header, or "Bearer" without a token
-        "malformed",  # not "Bearer <token>", undecodable token, badly typed claims
+        "wrong_scheme",  # another scheme than Bearer ("Token ...", "Basic ..."), or a bare token
+        "malformed",  # "Bearer" with more than one token, undecodable token, badly typed claims
         "invalid_signature",  # signature mismatch, or alg other than the configured one
         "expired",  # exp (+ leeway) in the past
         "not_yet_valid",  # nbf or iat (- leeway) in the future
@@ -89,6 +90,8 @@ REASONS = frozenset(
         "unknown_key",  # JWKS: no key with the token's kid (after the bounded refetch)
     }
 )
+
+SCHEME_DETAIL = "use Authorization: Bearer <token>"
 
 log = logging.getLogger(__name__)
 
@@ -383,7 +386,7 @@ def _parse_bearer(header: str | None) -> str:
         raise AuthError("missing_token")
     parts = header.split()
     if parts[0].lower() != "bearer":
-        raise AuthError("malformed", "authorization scheme must be Bearer")
+        raise AuthError("wrong_scheme", SCHEME_DETAIL)
     if len(parts) == 1:
         raise AuthError("missing_token", "Bearer without a token")
     if len(parts) != 2:
@@ -487,7 +490,9 @@ async def auth_guard(connection: ASGIConnection, _: BaseRouteHandler) -> None:
         tenant = _parse_tenant(verify_token(token, cfg, key), cfg.tenant_claim)
     except AuthError as exc:
         state.metrics.rejected.labels("unauthorized").inc()
-        raise ApiError(401, {"error": "unauthorized", "reason": exc.reason},
+        # the scheme's fix is the one detail worth telling (the others would help forge a token)
+        raise ApiError(401, {"error": "unauthorized", "reason": exc.reason,
+                             **({"detail": SCHEME_DETAIL} if exc.reason == "wrong_scheme" else {})},
                        headers={"WWW-Authenticate": 'Bearer realm="kb-rerank"', "X-Trace-Id": tid}) from None
     except JwksUnavailable:
         state.metrics.rejected.labels("jwks_unavailable").inc()

@@ -5,6 +5,8 @@ body gets the same answer on all of them:
 * not JSON, invalid UTF-8, or nested deeper than the decoder allows -> 400
   ``{"error": "invalid_json", "field": null, "detail"}`` (nothing in such a body can be
   named reliably, so ``field`` is null);
+* a Content-Type other than JSON -> 415 ``{"error": "unsupported_media_type"}`` before the body
+  is read (:func:`require_json`; no Content-Type is read as JSON);
 * valid JSON of the wrong shape (not an object, wrong type, unknown or missing field,
   value out of range) -> 422 ``{"error": "invalid_request", "field", "detail"}`` where
   ``field`` is the path of the offending value (``documents[3].text``, ``top_n``, ...).
@@ -31,6 +33,16 @@ class ApiError(Exception):
         self.status_code = status_code
         self.payload = payload
         self.headers = headers or {}
+
+
+def require_json(content_type: str | None) -> None:
+    """415 ``unsupported_media_type`` unless ``content_type`` is JSON (``application/json`` or
+    ``application/<x>+json``, any parameters); a request without one is read as JSON, as
+    clients that send bare bodies (curl ``-d`` aside, which says form) always have been."""
+    media = (content_type or "").split(";", 1)[0].strip().lower()
+    if media and media != "application/json" and not (media.startswith("application/") and media.endswith("+json")):
+        raise ApiError(415, {"error": "unsupported_media_type", "field": None,
+                             "detail": f"Content-Type {media!r} is not JSON: send application/json"})
 
 
 def invalid(field: str | None, detail: str, **extra: Any) -> ApiError:

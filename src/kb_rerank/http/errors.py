@@ -1,22 +1,31 @@
-"""Errors answered as JSON: the API's own (:class:`~kb_rerank.http.body.ApiError`, 401/400/422/429),
-413 while a body is read, 503 when the database is unavailable; every one with the request's
-``X-Trace-Id``."""
+"""Errors answered as JSON: the API's own (:class:`~kb_rerank.http.body.ApiError`, 401/400/415/422/429),
+413 while a body is read, 503 when the database is unavailable or (``/v2/rerank``) no model can
+score, and every other HTTP status Litestar raises (404, 405 with its ``Allow``, ...) in the
+same body, ``{"error": <snake_case status name>, "detail"}``, never Litestar's
+``{"status_code", "detail"}``; every one with the request's ``X-Trace-Id``."""
 
 from __future__ import annotations
 
 import logging
+from http import HTTPStatus
 
 from litestar import MediaType, Request, Response
+from litestar.exceptions import HTTPException
 from litestar.exceptions.http_exceptions import RequestEntityTooLarge
 
 from kb_rerank.http.body import ApiError
+from kb_rerank.http.telemetry import trace_id_from_headers
+from kb_rerank.pipeline.compose import ModelUnavailable
 
 log = logging.getLogger(__name__)
 
 
 def _trace_headers(request: Request) -> dict[str, str]:
-    tid = request.scope.get("state", {}).get("trace_id")
-    return {"X-Trace-Id": tid} if tid else {}
+    """The request's trace id; where no middleware ran (no route matched: a 404 or 405) the
+    one its headers give, as the telemetry middleware would have decided it."""
+    tid = request.scope.get("state", {}).get("trace_id") or trace_id_from_headers(
+        request.headers.get("traceparent"), request.headers.get("x-trace-id"))
+    return {"X-Trace-Id": tid}
 
 
 def api_error_handler(request: Request, exc: ApiError) -> Response:
@@ -41,3 +50,41 @@ def db_error_handler(request: Request, exc: Exception) -> Response:
     log.warning("database unavailable: %s", type(exc).__name__)
     return Response({"error": "database_unavailable"}, status_code=503,
                     headers={"Retry-After": "5", **_trace_headers(request)}, media_type=MediaType.JSON)
+
+
+def error_name(status: int) -> str:
+    """The ``error`` of a status the API has no name of its own for: its HTTP phrase in
+    snake case (404 ``not_found``, 405 ``method_not_allowed``)."""
+    try:
+        return HTTPStatus(status).phrase.lower().replace(" ", "_").replace("-", "_")
+    except ValueError:
+        return "error"
+
+
+def http_error_handler(request: Request, exc: Exception) -> Response:
+    """Any HTTP exception of Litestar's (no route, wrong method, ...) and any unhandled
+    exception (a 500, already logged with its traceback) in the API's body. A 5xx says nothing
+    of the exception; the exception's own headers (``Allow`` of a 405) are kept."""
+    status = exc.status_code if isinstance(exc, HTTPException) else 500
+    detail = exc.detail if isinstance(exc, HTTPException) and status < 500 else None
+    headers = dict(exc.headers or {}) if isinstance(exc, HTTPException) else {}
+    return Response({"error": error_name(status), "detail": detail or _phrase(status)}, status_code=status,
+                    headers={**headers, **_trace_headers(request)}, media_type=MediaType.JSON)
+
+
+def _phrase(status: int) -> str | None:
+    try:
+        return HTTPStatus(status).phrase
+    except ValueError:
+        return None
+
+
+def model_unavailable_handler(request: Request, exc: ModelUnavailable) -> Response:
+    """``/v2/rerank`` with no model able to score (``KB_V2_FALLBACK=error``): 503 with the
+    fallback reason and ``Retry-After``, as TEI and hosted rerankers answer."""
+    request.app.state.metrics.rejected.labels("model_unavailable").inc()
+    return Response({"error": "model_unavailable", "reason": exc.reason,
+                     "detail": "no cross-encoder could score the documents; retry later",
+                     "retry_after_s": exc.retry_after_s},
+                    status_code=503, headers={"Retry-After": str(exc.retry_after_s), **_trace_headers(request)},
+                    media_type=MediaType.JSON)

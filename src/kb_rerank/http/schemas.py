@@ -26,9 +26,20 @@ T = TypeVar("T")
 # the query field of every request body, as the OpenAPI document describes it
 # The rerank budget's fields (KB_RERANK_BUDGET_MS), with the descriptions the OpenAPI document shows
 ScoredBy = Annotated[str, msgspec.Meta(description=(
-    "What the score is: `model` (the cross-encoder's relevance), `fused` (not a relevance: the first stage's"
-    " order, below every model score, on a fallback or for a candidate the rerank budget did not reach),"
-    " `curation` (a curated list's rank)"))]
+    "What ranked this result: `model` (the cross-encoder: the score is its relevance), `fused` (the first"
+    " stage, not a relevance: on a fallback or for a candidate the rerank budget did not reach; no relevance"
+    " and no tier are reported, the result follows every model-scored one in first-stage order), `curation`"
+    " (a curated list's rank)"))]
+RankedBy = Annotated[str, msgspec.Meta(description=(
+    "What ranked the answer: `model`, `fused` (a fallback: no model could score, `model` is null and the"
+    " X-KB-Fallback header names the reason) or `curation`"))]
+AnswerModel = Annotated[str | None, msgspec.Meta(description=(
+    "The cross-encoder that ranked the answer; null on a fallback (no model scored it)"))]
+FinalScore = Annotated[float | None, msgspec.Meta(description=(
+    "The composite the results are ordered by (relevance, MMR, boosts); null for a result the model did not"
+    " score (no relevance to compose: its place in the list is its rank)"))]
+Tier = Annotated[str | None, msgspec.Meta(description=(
+    "high | medium | low, from final_score, for a result the model scored; null for one it did not"))]
 RerankedCount = Annotated[int, msgspec.Meta(description=(
     "Candidates ranked by a model score (the pair cache's or this request's); fewer than `candidate_count`"
     " when the rerank budget ended first, 0 on a fallback or a cache hit"))]
@@ -44,12 +55,15 @@ QUERY_DOC = {"query": {"minLength": 1, "description": "search text; NFC, trimmed
 class ErrorBody(msgspec.Struct, forbid_unknown_fields=True):
     """Every error answer of the JSON routes: ``error`` always; the rest as the error has it."""
 
-    error: str  # invalid_json | invalid_request | unauthorized | payload_too_large | rate_limited | tenant_busy | database_unavailable | identity_keys_unavailable
+    # invalid_json | invalid_request | unauthorized | not_found | method_not_allowed | payload_too_large |
+    # unsupported_media_type | rate_limited | tenant_busy | database_unavailable | identity_keys_unavailable |
+    # model_unavailable (and the snake_case name of any other HTTP status)
+    error: str
     field: str | None = None  # the offending value's path (documents[3].text, top_n, ...); null when none can be named
     detail: str | None = None
     allowed: list[str] | None = None  # 422 on an unknown source: the accepted values
-    reason: str | None = None  # 401: why the token was refused
-    retry_after_s: int | None = None  # 429: also in Retry-After
+    reason: str | None = None  # 401: why the token was refused; 503 model_unavailable: the fallback reason
+    retry_after_s: int | None = None  # 429, 503 model_unavailable: also in Retry-After
     scope: str | None = None  # 429 rate_limited: which bucket (tenant, address, ...)
     cost: float | None = None  # 429 rate_limited: tokens the request needed
     resource: str | None = None  # 429 tenant_busy: the resource whose slots are all taken
@@ -64,12 +78,15 @@ def _err(description: str) -> ResponseSpec:
 # passed as ``responses=`` to each route decorator.
 ERROR_RESPONSES: dict[int, ResponseSpec] = {
     400: _err("invalid_json: not JSON, invalid UTF-8 or nested too deeply (field is null)"),
-    401: _err("unauthorized: missing, invalid or expired bearer token (reason); WWW-Authenticate is set"),
+    401: _err("unauthorized: missing, invalid or expired bearer token, or another scheme than Bearer"
+              " (reason); WWW-Authenticate is set"),
     413: _err("payload_too_large: the body is over the route's limit (refused while it is read)"),
+    415: _err("unsupported_media_type: a Content-Type other than application/json (none is accepted as JSON)"),
     422: _err("invalid_request: valid JSON of the wrong shape; field names the offending value"),
     429: _err("rate_limited or tenant_busy: per-tenant / per-address limits; Retry-After is set"),
     503: _err("database_unavailable: no database connection in time; identity_keys_unavailable: the"
-              " KB_JWT_JWKS_URL keys could not be fetched; Retry-After is set"),
+              " KB_JWT_JWKS_URL keys could not be fetched; model_unavailable (/v2/rerank, KB_V2_FALLBACK=error):"
+              " no cross-encoder could score, reason names why; Retry-After is set"),
 }
 
 # --------------------------------------------------------------------------- security
@@ -155,7 +172,7 @@ class ContextScores(msgspec.Struct, forbid_unknown_fields=True):
     semantic: float | None
     fused: float | None
     rerank: float | None
-    final: float
+    final: float | None  # null when the model did not score it (scored_by: fused)
 
 
 class ContextRanks(msgspec.Struct, forbid_unknown_fields=True):
@@ -184,9 +201,9 @@ class ContextResult(msgspec.Struct, forbid_unknown_fields=True):
     doc_title: str
     source_path: str
     snippet: str
-    final_score: float
-    tier: str  # high | medium | low
-    rerank_score: float | None
+    final_score: FinalScore
+    tier: Tier
+    rerank_score: float | None  # null when the model did not score it (scored_by: fused)
     scores: ContextScores
     ranks: ContextRanks
     mmr: Mmr
@@ -237,7 +254,8 @@ class ContextResponse(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, 
     gate: Gate
     context: str  # the fenced, numbered <context> block
     system_prompt: str
-    model: str
+    model: AnswerModel
+    ranked_by: RankedBy = "model"  # "model" in answers cached before the field existed
     fallback: bool
     fallback_reason: str | None
     candidate_count: int
@@ -271,9 +289,9 @@ class V2Stages(msgspec.Struct, forbid_unknown_fields=True):
 
 class V2Result(msgspec.Struct, forbid_unknown_fields=True):
     index: int  # position of the document in the request
-    relevance_score: float | None  # the cross-encoder's score (0..1)
-    final_score: float
-    tier: str
+    relevance_score: float | None  # the cross-encoder's score (0..1); null when it did not score the document
+    final_score: FinalScore
+    tier: Tier
     mmr: Mmr
     id: str | UnsetType = UNSET  # the document's id, when it had one
     document: V2ResultDocument | UnsetType = UNSET  # with "return_documents": true
@@ -305,7 +323,8 @@ class V2BilledUnits(msgspec.Struct, forbid_unknown_fields=True):
 class V2Meta(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, rename={"lam": "lambda"}):
     api_version: V2ApiVersion
     billed_units: V2BilledUnits
-    model: str
+    model: AnswerModel
+    ranked_by: RankedBy = "model"  # "model" in answers cached before the field existed
     requested_model: str | None
     documents: int
     scored: int
@@ -324,6 +343,8 @@ class V2Meta(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, rename={"
     reranked: RerankedCount | UnsetType = UNSET  # absent in answers cached before it
     partial_reason: PartialReason = None
     rerank_duration_ms: int
+    # a degraded answer (fallback or partial) only, as Cohere's meta.warnings: one sentence saying so
+    warnings: list[str] | UnsetType = UNSET
     from_cache: bool
     trace_id: str
 
@@ -339,9 +360,11 @@ class RerankResult(msgspec.Struct):
     doc_id: str
     doc_title: str
     snippet: str
-    rerank_score: float
+    rerank_score: float | None  # the model's relevance (0..1); null when it did not score the result
     source: str
     scored_by: ScoredBy = "model"
+    # a result the model did not score (scored_by: fused) only: its first-stage fused score, as it is
+    fused_score: float | None | UnsetType = UNSET
 
 
 class RerankResponse(msgspec.Struct):
@@ -349,9 +372,10 @@ class RerankResponse(msgspec.Struct):
     from_cache: bool
     rerank_duration_ms: int
     trace_id: str
-    model: str
+    model: AnswerModel
     fallback: bool
     fallback_reason: str | None
     candidate_count: int
     reranked_count: RerankedCount = 0
     partial_reason: PartialReason = None
+    ranked_by: RankedBy = "model"

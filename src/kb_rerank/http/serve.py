@@ -3,7 +3,9 @@ context: kb_rerank.http.telemetry's middleware and the auth guard): the body par
 rejection counted and logged, then answered by the error
 handler), the flow built and run by the app's :class:`~kb_rerank.pipeline.flow.Pipeline`,
 the answer converted to the route's response Struct with ``X-Trace-Id`` and ``Server-Timing``
-(the stages' milliseconds, :mod:`kb_rerank.pipeline.timing`)."""
+(the stages' milliseconds, :mod:`kb_rerank.pipeline.timing`), and on a degraded answer
+``X-KB-Fallback: <reason>`` or ``X-KB-Partial: budget`` (:func:`~kb_rerank.pipeline.compose.degraded_headers`).
+A body with a Content-Type other than JSON is a 415 (none at all is read as JSON)."""
 
 from __future__ import annotations
 
@@ -15,9 +17,11 @@ from typing import Any, Callable, TypeVar
 from litestar import Request, Response
 from litestar.datastructures import State
 
+from kb_rerank.http import body
 from kb_rerank.http.body import ApiError
 from kb_rerank.http.schemas import to_response
 from kb_rerank.pipeline import timing
+from kb_rerank.pipeline.compose import degraded_headers
 from kb_rerank.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -33,6 +37,7 @@ async def serve(request: Request, state: State, parse: Callable[[bytes, Settings
     timing_token, stages = timing.start()
     try:
         try:
+            body.require_json(request.headers.get("content-type"))  # 415 before the body is read
             req = parse(await request.body(), state.settings)
         except ApiError as exc:
             state.metrics.rejected.labels(exc.payload.get("error", "invalid")).inc()
@@ -41,8 +46,10 @@ async def serve(request: Request, state: State, parse: Callable[[bytes, Settings
             raise
         flow = make_flow(req, state)
         served = await state.pipeline.run(flow, tenant, trace_id)
-        body = to_response(flow.answer(served, trace_id), response_type)
+        answer = to_response(flow.answer(served, trace_id), response_type)
         stages["total"] = (time.perf_counter() - t0) * 1000.0
-        return Response(body, headers={"X-Trace-Id": trace_id, "Server-Timing": timing.server_timing(stages)})
+        out = served.outcome  # None on a cache hit: a cached answer is a whole model answer
+        return Response(answer, headers={"X-Trace-Id": trace_id, "Server-Timing": timing.server_timing(stages),
+                                         **(degraded_headers(out.fallback_reason, out.partial) if out else {})})
     finally:
         timing.stop(timing_token)

@@ -7,7 +7,8 @@ metadata?: {source?, authority?, updated_at?}}], top_n?, max_tokens_per_doc?,
 return_documents?}`` plus our ``lambda``, ``recency_weight``, ``half_life_days``,
 ``authority_weight``, ``explain``. Response ``{id, results: [{index, relevance_score,
 document?: {text}, tier, final_score, mmr: {penalty, max_sim}}], meta: {...}}``;
-``relevance_score`` is the cross-encoder's score (0..1), results in final order.
+``relevance_score`` is the cross-encoder's score (0..1; null, with ``final_score`` and
+``tier``, for a document it did not score), results in final order.
 
 Key: the whole normalised request (the documents as the SHA-256 of their canonical JSON) and
 the tenant's injection policy,
@@ -37,8 +38,13 @@ Compute (a miss):
    ``meta.unclassified``; an answer with uninspected or unclassified documents is served,
    not cached.
 4. Scoring (:meth:`~kb_rerank.pipeline.flow.Pipeline.score`): pair cache keyed by the zero chunk id
-   (``pair_cache.NO_CHUNK``) and the sha256 of the scored text; fallback = first-stage
-   score / best.
+   (``pair_cache.NO_CHUNK``) and the sha256 of the scored text. No model score at all (a
+   fallback): by default (``KB_V2_FALLBACK=error``) a 503 ``model_unavailable`` with the
+   reason and ``Retry-After`` (:class:`~kb_rerank.pipeline.compose.ModelUnavailable`: the
+   caller asked for a reranker, as TEI and hosted rerankers answer); with ``fused`` the
+   first-stage order, honest as every degraded answer is (:mod:`kb_rerank.pipeline.compose`:
+   ``relevance_score`` and ``tier`` null where the model did not score, ``meta.model`` null,
+   ``meta.ranked_by: "fused"``, ``meta.warnings``, ``X-KB-Fallback``).
 5. MMR over the embeddings of step 3 (``embedder.embed_passages``; a document of several
    chunks: the pooled vector of its chunks, :func:`verdict.pool`; one the guard could not
    embed is embedded here the same way), composite, tiers.
@@ -57,7 +63,8 @@ import numpy as np
 from kb_rerank.candidate import Candidate, sha256_hex
 from kb_rerank.ingest import verdict
 from kb_rerank.pipeline import diversify, timing
-from kb_rerank.pipeline.compose import rounded, tiers
+from kb_rerank.pipeline.compose import (ModelUnavailable, answer_model, degraded_warning, ranked_by,
+                                        reported_score, reported_tier, rounded)
 from kb_rerank.pipeline.costs import Work
 from kb_rerank.pipeline.flow import Lookup, Outcome, Selection, Served, StoredResponse
 from kb_rerank.pipeline import scoring
@@ -251,6 +258,8 @@ class CallerDocumentsFlow(StoredResponse):
     def compose(self, look: Lookup, sel: Selection, scored: Scored) -> Outcome:
         s, req, docs, first, order = self.settings, self.req, self.docs, self.first, self.order
         n, cands, kept, filtered = len(docs), sel.candidates, sel.kept, sel.filtered
+        if scored.reason is not None and s.v2_fallback == "error":
+            raise ModelUnavailable(scored.reason)  # the caller asked for a reranker: 503, not a fused order
         rel, by = scoring.relevance(scored, [c.score for c in kept])
         for c, r, b in zip(kept, rel, by):
             c.relevance, c.scored_by = float(r), b
@@ -268,9 +277,9 @@ class CallerDocumentsFlow(StoredResponse):
         for pos, r in enumerate(ranked[:top_n]):
             c = kept[r.index]
             i = int(c.id)
-            item: dict[str, Any] = {"index": i, "relevance_score": rounded(c.relevance),
-                                    "final_score": r.final_score,
-                                    "tier": diversify.tier(r.final_score, tiers(s)),
+            item: dict[str, Any] = {"index": i, "relevance_score": reported_score(c.relevance, c.scored_by),
+                                    "final_score": reported_score(r.final_score, c.scored_by),
+                                    "tier": reported_tier(r.final_score, c.scored_by, s),
                                     "mmr": {"penalty": r.mmr_penalty, "max_sim": r.max_sim}}
             if docs[i].id is not None:
                 item["id"] = docs[i].id
@@ -278,14 +287,15 @@ class CallerDocumentsFlow(StoredResponse):
                 item["document"] = {"text": docs[i].text}
             if req.explain:
                 item["stages"] = {"first_stage": {"score": rounded(first[i]), "rank": order.index(i) + 1},
-                                  "rerank": {"score": rounded(c.relevance)},
-                                  "final": {"score": r.final_score, "rank": pos + 1},
+                                  "rerank": {"score": reported_score(c.relevance, c.scored_by)},
+                                  "final": {"score": reported_score(r.final_score, c.scored_by), "rank": pos + 1},
                                   "demote": rounded(c.demote)}
             item["scored_by"] = c.scored_by
             results.append(item)
         meta = {
             "api_version": {"version": "2"}, "billed_units": {"search_units": 1},
-            "model": self.model, "requested_model": req.model,
+            "model": answer_model(self.model, scored.reason), "ranked_by": ranked_by(scored.reason),
+            "requested_model": req.model,
             "documents": n, "scored": len(kept), "cut_off": n - len(cut),
             "lambda": self.lam, "mmr": mmr_used, "injection_policy": look.policy, "filtered": filtered,
             # scored documents the injection classifier could not reach (judged by the patterns
@@ -295,6 +305,9 @@ class CallerDocumentsFlow(StoredResponse):
             "reranked": scored.reranked, "partial_reason": scored.partial,
             "rerank_duration_ms": scored.ms,
         }
+        warning = degraded_warning(scored.reason, scored.partial)
+        if warning:
+            meta["warnings"] = [warning]  # Cohere's meta.warnings: shown by clients that read no header
         # an answer with documents the guard could not inspect or classify (load of the moment,
         # or a failed embedder: not a property of the request) is served but not cached
         return Outcome({"results": results, "meta": meta}, n, len(results), self.model,

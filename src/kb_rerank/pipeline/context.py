@@ -10,10 +10,14 @@
 3. Guard policy (:mod:`.guard_policy`): flagged chunks excluded / demoted / allowed per the
    tenant's policy, keyword-stuffed ones demoted; reported in ``filtered``.
 4. Cut-off: at most ``rerank_max_candidates`` by fused score (desc, chunk_id) go to the
-   cross-encoder (a fallback uses :func:`~kb_rerank.pipeline.compose.fallback_relevance` and
-   is not cached).
+   cross-encoder (a fallback ranks by :func:`~kb_rerank.pipeline.compose.fallback_relevance`
+   and is not cached).
 5. MMR + composite (:mod:`.diversify`) over the reranked candidates, tiers from
-   ``tier_high`` / ``tier_medium``, the top ``top_n`` assembled by :mod:`.prompt`.
+   ``tier_high`` / ``tier_medium``, the top ``top_n`` assembled by :mod:`.prompt`. A result
+   the model did not score (``scored_by: fused``) has ``rerank_score`` / ``scores.rerank`` /
+   ``ranks.rerank``, ``final_score`` / ``scores.final`` and ``tier`` null (its place is its
+   ``rank``); a fallback answer has ``model`` null and ``ranked_by:
+   "fused"`` (:mod:`kb_rerank.pipeline.compose`, the rule of degraded answers).
 """
 
 from __future__ import annotations
@@ -24,7 +28,8 @@ import numpy as np
 
 from kb_rerank.candidate import Candidate
 from kb_rerank.pipeline import diversify, prompt
-from kb_rerank.pipeline.compose import rank_map, rounded, tiers
+from kb_rerank.pipeline.compose import (MODEL, answer_model, rank_map, ranked_by, reported_score, reported_tier,
+                                        rounded)
 from kb_rerank.pipeline.costs import Work
 from kb_rerank.pipeline.flow import Lookup, Outcome, Selection, Served, StoredResponse
 from kb_rerank.pipeline.guard_policy import apply as apply_policy
@@ -97,7 +102,7 @@ class ContextFlow(StoredResponse):
         body: dict[str, Any] = {
             "answerable": False, "results": [], "filtered": sel.filtered, "gate": gate,
             "context": prompt.build_context_block([]), "system_prompt": prompt.system_prompt(0),
-            "model": self.model, "fallback": False, "fallback_reason": None,
+            "model": self.model, "ranked_by": MODEL, "fallback": False, "fallback_reason": None,
             "candidate_count": len(cands), "reranked_count": 0, "partial_reason": None, "rerank_duration_ms": 0,
             "lambda": self.lam, "injection_policy": look.policy,
         }
@@ -110,6 +115,7 @@ class ContextFlow(StoredResponse):
         rel, by = scoring.relevance(scored, [c.score for c in cut])
         if scored.reason:
             body["fallback"], body["fallback_reason"] = True, scored.reason
+            body["model"], body["ranked_by"] = answer_model(self.model, scored.reason), ranked_by(scored.reason)
         body["reranked_count"], body["partial_reason"] = scored.reranked, scored.partial
         for c, r, b in zip(cut, rel, by):
             c.relevance, c.scored_by = float(r), b
@@ -117,7 +123,7 @@ class ContextFlow(StoredResponse):
                                      recency_weight=req.recency_weight, half_life_days=req.half_life_days,
                                      authority_weight=req.authority_weight)
         fused_rank = {c.id: i + 1 for i, c in enumerate(kept)}
-        rerank_rank = rank_map([c.id for c in cut], [c.relevance for c in cut])
+        rerank_rank = rank_map([c.id for c in cut], [reported_score(c.relevance, c.scored_by) for c in cut])
         results, passages = self._results(ranked, cut, fused_rank, rerank_rank, self.top_n)
         body["results"] = results
         body["answerable"] = bool(results)
@@ -139,10 +145,12 @@ class ContextFlow(StoredResponse):
                 "rank": pos + 1,
                 "chunk_id": c.id, "doc_id": str(c.doc_id), "doc_title": c.doc_title,
                 "source_path": c.source_uri, "snippet": c.snippet,
-                "final_score": r.final_score, "tier": diversify.tier(r.final_score, tiers(self.settings)),
-                "rerank_score": rounded(c.relevance),
+                "final_score": reported_score(r.final_score, c.scored_by),
+                "tier": reported_tier(r.final_score, c.scored_by, self.settings),
+                "rerank_score": reported_score(c.relevance, c.scored_by),
                 "scores": {"lexical": rounded(c.lexical_score), "semantic": rounded(c.semantic_score),
-                           "fused": rounded(c.score), "rerank": rounded(c.relevance), "final": r.final_score},
+                           "fused": rounded(c.score), "rerank": reported_score(c.relevance, c.scored_by),
+                           "final": reported_score(r.final_score, c.scored_by)},
                 "ranks": {"lexical": c.lexical_rank, "semantic": c.semantic_rank, "fused": fused_rank[c.id],
                           "rerank": rerank_rank.get(c.id), "final": pos + 1},
                 "mmr": {"penalty": r.mmr_penalty, "max_sim": r.max_sim},
@@ -166,9 +174,10 @@ class ContextFlow(StoredResponse):
                 "lexical": {"score": rounded(c.lexical_score), "rank": c.lexical_rank},
                 "semantic": {"score": rounded(c.semantic_score), "rank": c.semantic_rank},
                 "fused": {"score": rounded(c.score), "rank": fused_rank[c.id]},
-                "rerank": {"score": rounded(c.relevance) if c.id in in_cut else None, "rank": rerank_rank.get(c.id)},
+                "rerank": {"score": reported_score(c.relevance, c.scored_by) if c.id in in_cut else None,
+                           "rank": rerank_rank.get(c.id)},
                 "mmr": {"penalty": r.mmr_penalty if r else None, "max_sim": r.max_sim if r else None},
-                "final": {"score": r.final_score if r else None, "rank": final_rank},
+                "final": {"score": reported_score(r.final_score, c.scored_by) if r else None, "rank": final_rank},
                 "selected": (final_rank or top_n + 1) <= top_n,
                 "cut_off": c.id not in in_cut,
                 "demote": rounded(c.demote),

@@ -4,20 +4,21 @@ Candidates: the source's search (:class:`~kb_rerank.pipeline.retrieval.Retrieval
 the curated list (``manual_curation``: curated order, no model call, rank scores
 ``1 - i/(n+1)``). Every candidate goes to the cross-encoder; the top ``rerank_top_n`` by score
 (then chunk id) are returned with the model's score in 0..1 rounded to 6 decimals. On a
-fallback the candidates keep their first-stage order with
-:func:`~kb_rerank.pipeline.compose.fallback_relevance` as score; a fallback is not cached.
+fallback the candidates keep their first-stage order (AC19); a fallback is not cached.
 The cache row holds the ``results`` list.
 
 Within the rerank budget (``KB_RERANK_BUDGET_MS``) the model may score only the first
 candidates in fused order: those rank first by their scores, the rest follow in fused order
-with :func:`~kb_rerank.pipeline.scoring.partial_relevance` below them (a partial answer, not
-cached; each result says ``scored_by``: model | fused | curation).
+(a partial answer, not cached; each result says ``scored_by``: model | fused | curation).
 
 Response fields: ``rerank_duration_ms`` is the time of this request's rerank step, the model
 slot included (0 when the model was not called); ``candidate_count`` the candidates retrieved
 by this request (0 on a hit); ``reranked_count`` those of them ranked by a model score (pair
 cache or model); ``partial_reason`` ``"budget"`` when the budget ended first; ``model`` the reranker's name (the cached row's on a hit, ``manual_curation`` for
-curated lists).
+curated lists, null on a fallback); ``ranked_by`` ``model`` | ``fused`` (a fallback) |
+``curation``. A result the model did not score (``scored_by: fused``: a fallback, or past the
+budget) has ``rerank_score`` null and its first-stage ``fused_score``
+(:mod:`kb_rerank.pipeline.compose`, the rule of degraded answers).
 """
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ from typing import Any
 
 from kb_rerank.candidate import Candidate
 from kb_rerank.pipeline import scoring
-from kb_rerank.pipeline.compose import clamped, fallback_relevance
+from kb_rerank.pipeline.compose import (FUSED, answer_model, clamped, fallback_relevance, ranked_by,
+                                        reported_score, rounded)
 from kb_rerank.pipeline.costs import Work
 from kb_rerank.pipeline.flow import Lookup, Outcome, Selection, Served
 from kb_rerank.pipeline.query import normalize_query
@@ -39,8 +41,14 @@ CURATION_MODEL = "manual_curation"
 
 
 def _result(c: Candidate, score: float, source: str, scored_by: str) -> dict[str, Any]:
-    return {"chunk_id": str(c.chunk_id), "doc_id": str(c.doc_id), "doc_title": c.doc_title, "snippet": c.snippet,
-            "rerank_score": clamped(score), "source": source, "scored_by": scored_by}
+    """A result; one the model did not score reports no ``rerank_score`` but its first-stage
+    ``fused_score`` (:func:`~kb_rerank.pipeline.compose.reported_score`: such results are
+    never cached, so a cache row keeps the fields of a whole answer)."""
+    out = {"chunk_id": str(c.chunk_id), "doc_id": str(c.doc_id), "doc_title": c.doc_title, "snippet": c.snippet,
+           "rerank_score": reported_score(clamped(score), scored_by), "source": source, "scored_by": scored_by}
+    if scored_by == FUSED:
+        out["fused_score"] = rounded(c.score)
+    return out
 
 
 class SearchFlow:
@@ -106,7 +114,8 @@ class SearchFlow:
             "from_cache": served.from_cache,
             "rerank_duration_ms": max(0, int(out.rerank_ms)) if out else 0,
             "trace_id": trace_id,
-            "model": served.model,
+            "model": answer_model(served.model, out.fallback_reason if out else None),
+            "ranked_by": ranked_by(out.fallback_reason if out else None, curated=served.model == CURATION_MODEL),
             "fallback": bool(out and out.fallback_reason),
             "fallback_reason": out.fallback_reason if out else None,
             "candidate_count": out.candidate_count if out else 0,

@@ -78,7 +78,8 @@ def partial_relevance(values: Sequence[float | None]) -> list[float]:
     for the ``u`` texts it did not reach (in the order given: the fused order), ``m * (u + 1 -
     j) / (u + 1)`` for the ``j``-th, ``m`` being the lowest model score. So every score stays
     in 0..1, every unscored text ranks below every scored one, and the unscored keep their
-    fused order. Not a relevance: the answer marks them (``scored_by``)."""
+    fused order. Not a relevance, only their order: the answer reports no relevance for them
+    (``scored_by: fused``, :func:`kb_rerank.pipeline.compose.reported_score`)."""
     scored = [v for v in values if v is not None]
     floor = min(scored) if scored else 1.0
     u = sum(v is None for v in values)
@@ -154,8 +155,9 @@ async def score(reranker: CrossEncoder | None, query: str, texts: Sequence[str],
 
 
 def relevance(scored: Scored, first_stage: Sequence[float | None]) -> tuple[list[float], list[str]]:
-    """Each text's relevance and what it is (``"model"`` | ``"fused"``): the scores, or on a
-    fallback :func:`~kb_rerank.pipeline.compose.fallback_relevance` of ``first_stage``."""
+    """Each text's ranking value and what it is (``"model"`` | ``"fused"``): the scores, or on a
+    fallback :func:`~kb_rerank.pipeline.compose.fallback_relevance` of ``first_stage`` (an
+    order, never reported as a relevance: :func:`~kb_rerank.pipeline.compose.reported_score`)."""
     if scored.scores is None:
         return fallback_relevance(list(first_stage)), ["fused"] * len(first_stage)
     return list(scored.scores), ["model" if scored.is_model(i) else "fused" for i in range(len(scored.scores))]

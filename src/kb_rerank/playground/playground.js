@@ -84,13 +84,16 @@
   function rowsOf(ep, data, docs) {
     if (ep === SEARCH) {
       return data.results.map((r) => ({
-        title: r.doc_title, snippet: r.snippet, score: r.rerank_score, tier: "–",
-        explain: ["source " + r.source],
+        // a result the model did not score has no rerank_score: its fused score, said so
+        title: r.doc_title, snippet: r.snippet, score: r.rerank_score === null ? r.fused_score : r.rerank_score,
+        tier: r.scored_by === "model" ? "–" : r.scored_by,
+        explain: ["source " + r.source, "scored by " + r.scored_by],
       }));
     }
     if (ep === CONTEXT) {
       return data.results.map((r) => ({
-        title: r.doc_title, snippet: r.snippet, score: r.final_score, tier: r.tier,
+        title: r.doc_title, snippet: r.snippet, score: r.final_score === null ? r.scores.fused : r.final_score,
+        tier: r.tier || "unscored",
         explain: ["lexical", "semantic", "fused", "rerank", "final"].map((s) => rankScore(s, r.ranks[s], r.scores[s]))
           .concat(r.mmr.penalty === null ? [] : ["mmr penalty " + num(r.mmr.penalty)])
           .concat(Object.keys(r.flags).filter((f) => r.flags[f]).map((f) => "flag " + f))
@@ -105,7 +108,8 @@
         if (r.stages.demote !== null) lines.push("demote " + num(r.stages.demote));
       }
       return {
-        title: r.id || "document " + r.index, snippet: docs[r.index] || "", score: r.final_score, tier: r.tier,
+        title: r.id || "document " + r.index, snippet: docs[r.index] || "", score: r.final_score,
+        tier: r.tier || "unscored",
         explain: lines,
       };
     });
@@ -181,7 +185,7 @@
       ["Endpoint", ep],
       ["Results", String(rows.length)],
       ["Candidates", String(ep === V2 ? meta.documents : meta.candidate_count)],
-      ["Model", meta.model],
+      ["Model", meta.model === null ? "none (ranked by " + meta.ranked_by + ")" : meta.model],
       ["From cache", meta.from_cache ? "yes" : "no"],
       ["Fallback", meta.fallback ? "yes: " + (meta.fallback_reason || "no reason given") : "no"],
       ["Time per stage", (stageTimes(serverTiming) || "rerank " + meta.rerank_duration_ms + " ms") +

@@ -28,6 +28,14 @@ from kb_rerank.store import schema_state
 # (`authorization: {credentials: ...}`). Without KB_OPS_TOKEN /metrics is 404 and /readyz
 # answers only {"status"} (its status code is unchanged, for load balancers); /healthz is
 # public.
+#
+# /readyz's status: `ready` (200: database and schema at head, the model ready), `degraded`
+# (the database is fine, the model is not: loading, failed or absent; 503 unless
+# KB_READY_WHEN_DEGRADED=true, then 200), `not_ready` (503: database unavailable or schema
+# behind / of another release). Default 503 for degraded, as TEI answers until its model is
+# loaded: a rollout waits for the new replicas' models, and a fleet routes around the replica
+# whose model failed (its answers would be fallbacks while the others rank). A single replica
+# that should keep answering with honest fallbacks sets KB_READY_WHEN_DEGRADED=true.
 
 
 @get("/healthz", include_in_schema=True, sync_to_thread=False)
@@ -69,10 +77,11 @@ async def readyz(request: Request, state: State) -> Response[dict[str, Any]]:
     info: dict[str, Any] = {"head_revision": state.head_revision}
     pipe = state.pipeline
     rr = pipe.reranker
-    model_state = getattr(rr, "state", "ready" if getattr(rr, "ready", True) else "not_loaded")
-    info["model"] = {"name": pipe.model_name, "backend": getattr(rr, "backend", "flag"),
+    model_ready = rr is not None and bool(getattr(rr, "ready", True))
+    model_state = "absent" if rr is None else getattr(rr, "state", "ready" if model_ready else "not_loaded")
+    info["model"] = {"name": pipe.model_name, "backend": getattr(rr, "backend", "flag") if rr is not None else None,
                      "state": model_state,
-                     "ready": bool(getattr(rr, "ready", True)), "last_error": getattr(rr, "last_error", None)}
+                     "ready": model_ready, "last_error": getattr(rr, "last_error", None)}
     budget = pipe.settings.rerank_budget_ms
     within = scoring.budget_pairs(rr, budget)
     if within is not None:
@@ -108,7 +117,15 @@ async def readyz(request: Request, state: State) -> Response[dict[str, Any]]:
     # read replicas: which server serves reads now, each standby's health and lag. A standby
     # down or behind does not make the service unready: its reads go to the primary.
     info["reads"] = pipe.replicas.describe() if pipe.replicas is not None else {"reads": "primary", "standbys": []}
-    info["status"] = "ready" if status == 200 else "not_ready"
+    if status != 200:
+        info["status"] = "not_ready"
+    elif not model_ready:
+        # the database is fine, the model is not (loading, failed, absent): answers are honest
+        # fallbacks (v1) or 503s (/v2/rerank); whether to route here is the operator's choice
+        info["status"] = "degraded"
+        status = 200 if pipe.settings.ready_when_degraded else 503
+    else:
+        info["status"] = "ready"
     if not _ops_authorized(request):
         return Response({"status": info["status"]}, status_code=status)  # coarse: no internal detail
     return Response(info, status_code=status)

@@ -119,6 +119,7 @@ def test_serve_dev_prints_how_to_read_metrics(monkeypatch, capsys, tmp_path):
 
     started = []
     monkeypatch.setattr("kb_rerank.http.server.run", lambda config: started.append(os.environ.get("KB_OPS_TOKEN")) or 0)
+    monkeypatch.setattr("kb_rerank.cli._check_embedded_database", lambda s: None)  # no database here
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("KB_DATA_DIR", str(tmp_path / "data"))
     for name in ("KB_OPS_TOKEN", "KB_JWT_SECRET", "KB_JWT_PUBLIC_KEY", "KB_JWT_JWKS_URL", "KB_SERVE_DEV",

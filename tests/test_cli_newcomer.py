@@ -49,6 +49,16 @@ def one_line_error(r: subprocess.CompletedProcess) -> str:
     return lines[0]
 
 
+# serve without --dev (which warns about its public secret on stderr): a strong key of its own
+SERVE_ENV = {"KB_JWT_SECRET": "9f2c4e6a8b0d1f3a5c7e9b1d3f5a7c9e1b3d5f7a9c1e3b5d7f9a1c3e5b7d9f1a"}
+
+
+def test_serve_in_a_folder_without_a_database_says_what_to_run_and_creates_nothing(home):
+    m = NO_SERVER.match(one_line_error(kb(home, "serve", "--port", "1", env=SERVE_ENV)))
+    assert m and m["dir"] == str(home / ".kb-data")
+    assert sorted(p.name for p in _home_of(home).rglob("*")) == ["project"]
+
+
 @pytest.mark.parametrize("args", [("ingest", ".", "--tenant", TENANT), ("search", "ERR_402"), ("migrate",),
                                   ("evict",), ("db", "url"), ("guard", "list", "--tenant", TENANT)])
 def test_a_command_in_a_folder_without_a_database_says_what_to_run_and_creates_nothing(home, args):
@@ -74,6 +84,8 @@ def test_db_start_creates_the_server_others_find_it_from_a_subfolder_and_migrate
         line = one_line_error(kb(sub, "ingest", ".", "--tenant", TENANT, "--quiet"))
         assert line == "kb-rerank: error: database not migrated: run `kb-rerank migrate` (role cyberos_app does " \
                        "not exist)"
+        # serve says the same before uvicorn starts (not the app start-up's traceback)
+        assert one_line_error(kb(sub, "serve", "--port", "1", env=SERVE_ENV)) == line
         assert not (sub / ".kb-data").exists() and not (home / "docs" / ".kb-data").exists()
         head = db.head_revision()
         migrated = kb(sub, "migrate")

@@ -515,6 +515,7 @@ def cmd_serve(args, settings: Settings) -> int:
     except ValueError as exc:
         print(f"kb-rerank: error: {exc}", file=sys.stderr)
         return 2
+    _check_embedded_database(settings)
     ops_env = _dev_ops_token(settings, host, port) if args.dev else {}
     # JSON lines unless --log-format text / KB_LOG_FORMAT=text (kb_rerank.logs); uvicorn applies
     # the config here and in every worker; its access log is replaced by the app's own record.
@@ -525,6 +526,20 @@ def cmd_serve(args, settings: Settings) -> int:
                                   log_config=log_config(args.log_format or settings.log_format, settings.log_level))
     with _environ(ops_env):
         return server.run(config)
+
+
+def _check_embedded_database(settings: Settings) -> None:
+    """On the embedded server (no database URL set), before uvicorn: no server under the data
+    directory, or a database not migrated, is one line naming the command to run
+    (:class:`~kb_rerank.admin.database.NoEmbeddedServer` / ``NotMigrated``, reported by
+    :func:`main`) instead of a traceback from the app's start-up. A configured server is
+    checked by the app's own start-up (kb_rerank.http.app), in every worker."""
+    from kb_rerank.admin import database as db
+
+    if settings.database_url or settings.app_database_url:
+        return
+    with db.connect_app(settings, connect_timeout=max(1, int(settings.db_timeout_s))) as conn:
+        db.check_embedding_dim(conn, settings)
 
 
 def _dev_ops_token(settings: Settings, host: str, port: int) -> dict[str, str]:

@@ -6,14 +6,17 @@ served, and must only ever be handed on fenced)."""
 
 from __future__ import annotations
 
+import json
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
+import httpx
 import psycopg
 import pytest
 
 from kb_rerank.http.auth import mint_token
+from kb_rerank.integrations._client import KbRerankClient
 from kb_rerank.testing.tiny_model import build_tiny_cross_encoder
 
 from .live_server import JWT, SECRET, ingest_small_tenant, serve_process
@@ -60,3 +63,39 @@ def live(settings, owner_url, app_url, embedder, tmp_path_factory) -> Live:
            "KB_RATE_LIMIT_PER_MINUTE": "0"}
     with serve_process(env, Path(tmp) / "server.log") as (base, _proc):
         yield Live(base, a, b, mint_token(a, JWT), mint_token(b, JWT), flagged, docs_a, docs_b)
+
+
+def api(live: Live, token: str, path: str, body: dict) -> dict:
+    """The service's own answer to ``body`` (what an integration must hand on)."""
+    r = httpx.post(live.base + path, json=body, headers={"Authorization": "Bearer " + token}, timeout=60)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+# --------------------------------------------------------------------------- answers of a mocked server
+
+
+def mock_client(answer: dict, status: int = 200, headers: dict | None = None) -> tuple[KbRerankClient, list[dict]]:
+    """A client whose server (an httpx.MockTransport) answers ``answer``; the list collects
+    each request's path, Authorization header and JSON body."""
+    sent: list[dict] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        sent.append({"path": request.url.path, "auth": request.headers.get("authorization"),
+                     "body": json.loads(request.content) if request.content else None})
+        return httpx.Response(status, json=answer, headers={"X-Trace-Id": "trace-1", **(headers or {})})
+
+    t = httpx.MockTransport(handler)
+    return KbRerankClient("http://kb.test", "tok", transport=t, async_transport=t), sent
+
+
+# a degraded /v1/kb/search/rerank answer as issue 33 makes them: model null, rerank_score null
+# beside a fused_score, the reason in the X-KB-Fallback header (sent with it by the tests)
+FALLBACK_SEARCH = {"results": [{"chunk_id": "c1", "doc_id": "d1", "doc_title": "T1", "snippet": "one",
+                                "rerank_score": None, "fused_score": 0.42, "source": "hybrid_lexical_semantic",
+                                "scored_by": "fused"}],
+                   "from_cache": False, "rerank_duration_ms": 0, "trace_id": "trace-1", "model": None,
+                   "fallback": True, "fallback_reason": None, "candidate_count": 3}
+
+# /v2/rerank when no model can score (503 with Retry-After)
+V2_UNAVAILABLE = {"error": "model_unavailable", "detail": "no model can score", "retry_after_s": 7}

@@ -7,24 +7,16 @@ are asserted here."""
 from __future__ import annotations
 
 import asyncio
-import json
 import subprocess
 import sys
 
-import httpx
 import pytest
 from langchain_core.documents import Document
 
-from kb_rerank.integrations._client import KbRerankClient, KbRerankError, KbRerankUnavailable
+from kb_rerank.integrations._client import KbRerankError, KbRerankUnavailable
 from kb_rerank.integrations.langchain import KbRerankCompressor, KbRerankRetriever
 
-from .integrations_live import HOSTILE, WORD_A, WORD_B, live  # noqa: F401 - module fixture
-
-
-def _api(live, token, path, body):  # noqa: F811
-    r = httpx.post(live.base + path, json=body, headers={"Authorization": "Bearer " + token}, timeout=60)
-    assert r.status_code == 200, r.text
-    return r.json()
+from .integrations_live import FALLBACK_SEARCH, V2_UNAVAILABLE, WORD_A, WORD_B, api, live, mock_client  # noqa: F401
 
 
 def test_importing_kb_rerank_imports_no_framework():
@@ -48,7 +40,7 @@ def test_importing_kb_rerank_imports_no_framework():
 def test_retriever_returns_the_services_results_as_documents(live):  # noqa: F811
     query = f"recurring invoice {WORD_A}"
     docs = KbRerankRetriever(base_url=live.base, token=live.token_a).invoke(query)
-    direct = _api(live, live.token_a, "/v1/kb/search/rerank", {"query": query})
+    direct = api(live, live.token_a, "/v1/kb/search/rerank", {"query": query})
     assert docs and all(isinstance(d, Document) for d in docs)
     assert [d.metadata["chunk_id"] for d in docs] == [r["chunk_id"] for r in direct["results"]]
     for d, r in zip(docs, direct["results"]):
@@ -79,7 +71,7 @@ def test_retriever_async_and_token_provider(live):  # noqa: F811
     assert len(calls) == 2  # asked before each request
     assert docs and [d.metadata["chunk_id"] for d in docs] == [d.metadata["chunk_id"] for d in again]
     assert all(d.metadata["source"] == "lexical_only" for d in docs)
-    direct = _api(live, live.token_a, "/v1/kb/search/rerank", {"query": query, "source": "lexical_only"})
+    direct = api(live, live.token_a, "/v1/kb/search/rerank", {"query": query, "source": "lexical_only"})
     assert [d.page_content for d in docs] == [r["snippet"] for r in direct["results"]]
 
 
@@ -100,7 +92,7 @@ def test_tenant_a_never_gets_tenant_bs_passages(live):  # noqa: F811
 def test_context_endpoint_tiers_and_a_flagged_passage_fenced(live):  # noqa: F811
     query = f"{WORD_A} refunds policy instructions"
     docs = KbRerankRetriever(base_url=live.base, token=live.token_a, endpoint="context", top_n=6).invoke(query)
-    direct = _api(live, live.token_a, "/v1/kb/context", {"query": query, "top_n": 6})
+    direct = api(live, live.token_a, "/v1/kb/context", {"query": query, "top_n": 6})
     assert [d.metadata["chunk_id"] for d in docs] == [r["chunk_id"] for r in direct["results"]]
     assert 1 <= len(docs) <= 6
     for d, r in zip(docs, direct["results"]):
@@ -138,27 +130,8 @@ def test_errors_carry_status_body_and_trace_id(live):  # noqa: F811
 # --------------------------------------------------------------------------- bodies and degraded answers
 
 
-def _mock(answer: dict, status: int = 200, headers: dict | None = None):
-    sent: list[dict] = []
-
-    def handler(request: httpx.Request) -> httpx.Response:
-        sent.append({"path": request.url.path, "auth": request.headers.get("authorization"),
-                     "body": json.loads(request.content) if request.content else None})
-        return httpx.Response(status, json=answer, headers={"X-Trace-Id": "trace-1", **(headers or {})})
-
-    t = httpx.MockTransport(handler)
-    return KbRerankClient("http://kb.test", "tok", transport=t, async_transport=t), sent
-
-
-FALLBACK = {"results": [{"chunk_id": "c1", "doc_id": "d1", "doc_title": "T1", "snippet": "one",
-                         "rerank_score": None, "fused_score": 0.42, "source": "hybrid_lexical_semantic",
-                         "scored_by": "fused"}],
-            "from_cache": False, "rerank_duration_ms": 0, "trace_id": "trace-1", "model": None, "fallback": True,
-            "fallback_reason": None, "candidate_count": 3}
-
-
 def test_filter_and_top_n_are_passed_through_only_when_set():
-    client, sent = _mock(FALLBACK)
+    client, sent = mock_client(FALLBACK_SEARCH)
     flt = {"tags": "billing", "updated_at": {"$gte": "2026-01-01"}, "product": {"$in": ["a", "b"]}}
     KbRerankRetriever(client=client, top_n=3, filter=flt, source="lexical_only").invoke("q")
     asyncio.run(KbRerankRetriever(client=client, endpoint="context", top_n=2, filter=flt).ainvoke("q"))
@@ -170,7 +143,7 @@ def test_filter_and_top_n_are_passed_through_only_when_set():
 
 
 def test_a_fallback_answer_is_read_as_given():
-    client, _ = _mock(FALLBACK, headers={"X-KB-Fallback": "model_not_ready"})
+    client, _ = mock_client(FALLBACK_SEARCH, headers={"X-KB-Fallback": "model_not_ready"})
     (doc,) = KbRerankRetriever(client=client).invoke("q")
     m = doc.metadata
     assert m["rerank_score"] is None and m["fused_score"] == 0.42 and m["scored_by"] == "fused"
@@ -195,7 +168,7 @@ def test_compressor_reranks_the_chains_documents(live):  # noqa: F811
     query = "What is the capital of the United States?"
     comp = KbRerankCompressor(base_url=live.base, token=live.token_a, top_n=3)
     out = comp.compress_documents(CANDIDATES, query)
-    direct = _api(live, live.token_a, "/v2/rerank", {"query": query, "documents": [d.page_content for d in CANDIDATES],
+    direct = api(live, live.token_a, "/v2/rerank", {"query": query, "documents": [d.page_content for d in CANDIDATES],
                                                      "top_n": 3})
     assert [d.metadata["k"] for d in out] == [r["index"] for r in direct["results"]]
     assert len(out) == 3
@@ -211,8 +184,8 @@ def test_compressor_reranks_the_chains_documents(live):  # noqa: F811
 
 
 def test_compressor_raises_on_503_instead_of_returning_the_input_order():
-    body = {"error": "model_unavailable", "detail": "no model can score", "retry_after_s": 7}
-    client, sent = _mock(body, status=503, headers={"Retry-After": "7"})
+    body = V2_UNAVAILABLE
+    client, sent = mock_client(body, status=503, headers={"Retry-After": "7"})
     comp = KbRerankCompressor(client=client, top_n=2)
     for call in (lambda: comp.compress_documents(CANDIDATES, "q"),
                  lambda: asyncio.run(comp.acompress_documents(CANDIDATES, "q"))):

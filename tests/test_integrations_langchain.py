@@ -9,6 +9,8 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import sys
+import tomllib
+from pathlib import Path
 
 import pytest
 from langchain_core.documents import Document
@@ -18,10 +20,13 @@ from kb_rerank.integrations.langchain import KbRerankCompressor, KbRerankRetriev
 
 from .integrations_live import FALLBACK_SEARCH, V2_UNAVAILABLE, WORD_A, WORD_B, api, live, mock_client  # noqa: F401
 
+ROOT = Path(__file__).resolve().parents[1]
+
 
 def test_importing_kb_rerank_imports_no_framework():
-    code = ("import sys, kb_rerank, kb_rerank.integrations, kb_rerank.integrations._client, kb_rerank.cli; "
-            "kb_rerank.cli.build_parser(); "
+    code = ("import sys, kb_rerank, kb_rerank.integrations, kb_rerank.integrations._client, kb_rerank.cli, "
+            "kb_rerank.integrations.mcp_command, kb_rerank.http.app; "
+            "kb_rerank.cli.build_parser().parse_args(['mcp', '--token', 't']); "
             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('langchain_core', 'llama_index', 'mcp')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
@@ -32,6 +37,21 @@ def test_importing_kb_rerank_imports_no_framework():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "['langchain_core']"
+
+
+def test_each_integration_is_an_extra_the_dev_extra_installs():
+    meta = tomllib.loads((ROOT / "pyproject.toml").read_text("utf-8"))["project"]
+    extras = meta["optional-dependencies"]
+    assert [r.split(">")[0] for r in extras["langchain"]] == ["langchain-core"]
+    assert [r.split(">")[0] for r in extras["llamaindex"]] == ["llama-index-core"]
+    assert [r.split(">")[0] for r in extras["mcp"]] == ["mcp"]
+    assert "kb-rerank[langchain,llamaindex,mcp]" in extras["dev"]
+    deps = " ".join(meta["dependencies"])
+    assert not any(name in deps for name in ("langchain", "llama-index", "mcp"))
+    # every package the extras pulled in is pinned
+    pins = {line.split("==")[0].lower() for line in (ROOT / "constraints.txt").read_text("utf-8").splitlines()
+            if "==" in line and not line.startswith("#")}
+    assert {"langchain-core", "llama-index-core", "mcp", "mcp-types", "langsmith", "starlette"} <= pins
 
 
 # --------------------------------------------------------------------------- retriever, live

@@ -7,6 +7,9 @@ served, and must only ever be handed on fenced)."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -99,3 +102,26 @@ FALLBACK_SEARCH = {"results": [{"chunk_id": "c1", "doc_id": "d1", "doc_title": "
 
 # /v2/rerank when no model can score (503 with Retry-After)
 V2_UNAVAILABLE = {"error": "model_unavailable", "detail": "no model can score", "retry_after_s": 7}
+
+
+# --------------------------------------------------------------------------- docs/integrations.md
+
+DOC = Path(__file__).resolve().parents[1] / "docs" / "integrations.md"
+
+
+def doc_example(section: str) -> str:
+    """The Python block of docs/integrations.md's section ``## <section>`` (the last one, the
+    example whose output the page shows)."""
+    text = DOC.read_text(encoding="utf-8")
+    body = text.split(f"\n## {section}", 1)[1].split("\n## ", 1)[0]
+    blocks = body.split("```python\n")[1:]
+    assert blocks, f"no Python block under ## {section}"
+    return blocks[-1].split("\n```", 1)[0]
+
+
+def run_doc_example(section: str, base: str, token: str) -> subprocess.CompletedProcess:
+    """That block as a script, as the page runs it: KB_BASE_URL, KB_TOKEN, `kb-rerank` on PATH."""
+    env = {**os.environ, "KB_BASE_URL": base, "KB_TOKEN": token, "OPENBLAS_NUM_THREADS": "1",
+           "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")}
+    return subprocess.run([sys.executable, "-c", doc_example(section)], capture_output=True, text=True,
+                          timeout=180, env=env, cwd=DOC.parent)

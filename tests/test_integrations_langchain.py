@@ -18,7 +18,8 @@ from langchain_core.documents import Document
 from kb_rerank.integrations._client import KbRerankError, KbRerankUnavailable
 from kb_rerank.integrations.langchain import KbRerankCompressor, KbRerankRetriever
 
-from .integrations_live import FALLBACK_SEARCH, V2_UNAVAILABLE, WORD_A, WORD_B, api, live, mock_client  # noqa: F401
+from .integrations_live import (  # noqa: F401 - live: a module fixture
+    FALLBACK_SEARCH, V2_UNAVAILABLE, WORD_A, WORD_B, api, live, mock_client, run_doc_example)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -215,3 +216,18 @@ def test_compressor_raises_on_503_instead_of_returning_the_input_order():
         assert e.status == 503 and e.retry_after == 7 and e.body == body and e.trace_id == "trace-1"
         assert "503" in str(e) and "no model can score" in str(e)
     assert sent[0]["body"] == {"query": "q", "documents": [d.page_content for d in CANDIDATES], "top_n": 2}
+
+
+def test_the_docs_example_runs(live):  # noqa: F811
+    r = run_doc_example("LangChain", live.base, live.token_a)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert len(lines) == 5
+    direct = api(live, live.token_a, "/v1/kb/search/rerank", {"query": "what does ERR_402 mean",
+                                                             "source": "hybrid_lexical_semantic"})
+    for line, res in zip(lines[:3], direct["results"]):
+        assert line.startswith(f"{res['rerank_score']} {res['scored_by']} {res['doc_title']} | trace ")
+        assert line.endswith("| fallback False")
+    own = ["Refunds take five days.", "ERR_402: payment required.", "Hello."]
+    v2 = api(live, live.token_a, "/v2/rerank", {"query": "what is ERR_402", "documents": own, "top_n": 2})
+    assert lines[3:] == [f"{x['relevance_score']} {x['tier']} {own[x['index']]}" for x in v2["results"]]

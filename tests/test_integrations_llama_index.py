@@ -15,7 +15,8 @@ from llama_index.core.schema import MetadataMode, NodeWithScore, QueryBundle, Te
 from kb_rerank.integrations._client import KbRerankError, KbRerankUnavailable
 from kb_rerank.integrations.llama_index import KbRerankPostprocessor, KbRerankRetriever
 
-from .integrations_live import FALLBACK_SEARCH, V2_UNAVAILABLE, WORD_A, WORD_B, api, live, mock_client  # noqa: F401
+from .integrations_live import (  # noqa: F401 - live: a module fixture
+    FALLBACK_SEARCH, V2_UNAVAILABLE, WORD_A, WORD_B, api, live, mock_client, run_doc_example)
 
 
 def test_the_module_imports_llama_index_only():
@@ -136,3 +137,16 @@ def test_postprocessor_raises_on_503():
             call()
         assert exc.value.status == 503 and exc.value.retry_after == 7 and exc.value.trace_id == "trace-1"
     assert sent[0]["body"] == {"query": "q", "documents": TEXTS}
+
+
+def test_the_docs_example_runs(live):  # noqa: F811
+    r = run_doc_example("LlamaIndex", live.base, live.token_a)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    ctx = api(live, live.token_a, "/v1/kb/context", {"query": "how do I pause a recurring invoice", "top_n": 3})
+    first = [f"{x['citation']} {x['tier']} {x['rerank_score']} {x['doc_title']}" for x in ctx["results"]]
+    assert lines[:len(first)] == first and len(first) == 3
+    texts = [x["snippet"] for x in ctx["results"]]
+    v2 = api(live, live.token_a, "/v2/rerank", {"query": "when are payment reminders sent", "documents": texts, "top_n": 2})
+    titles = [x["doc_title"] for x in ctx["results"]]
+    assert lines[3:] == [f"{x['relevance_score']} {x['tier']} {titles[x['index']]}" for x in v2["results"]]

@@ -27,7 +27,7 @@ from mcp.shared.exceptions import MCPError
 
 from kb_rerank.integrations.mcp import DOCUMENTS_URI, TOOL, build_server
 
-from .integrations_live import WORD_A, WORD_B, api, live, mock_client  # noqa: F401
+from .integrations_live import WORD_A, WORD_B, api, live, mock_client, run_doc_example  # noqa: F401
 from .live_server import free_port
 
 ENV = {"OPENBLAS_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
@@ -231,3 +231,13 @@ def test_filter_and_top_n_pass_through_and_a_degraded_answer():
     assert flagged["flagged"] is True and flagged["text"] is None and flagged["rerank_score"] is None
     assert plain["text"] == "plain words" and plain["flagged"] is False
     assert "<|im_start|>" not in _everything(first)
+
+
+def test_the_docs_example_runs(live):  # noqa: F811
+    r = run_doc_example("MCP", live.base, live.token_a)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0] == f"[{TOOL!r}] [{DOCUMENTS_URI!r}]"
+    ctx = api(live, live.token_a, "/v1/kb/context", {"query": "what does ERR_402 mean", "top_n": 2})
+    assert "\n".join(lines[1:-1]) == ctx["context"][-400:]
+    assert lines[-1] == repr([(x["citation"], x["tier"], x["doc_title"]) for x in ctx["results"]])

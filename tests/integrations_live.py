@@ -6,6 +6,7 @@ served, and must only ever be handed on fenced)."""
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import subprocess
@@ -102,6 +103,19 @@ FALLBACK_SEARCH = {"results": [{"chunk_id": "c1", "doc_id": "d1", "doc_title": "
 
 # /v2/rerank when no model can score (503 with Retry-After)
 V2_UNAVAILABLE = {"error": "model_unavailable", "detail": "no model can score", "retry_after_s": 7}
+
+
+# --------------------------------------------------------------------------- imports
+
+FRAMEWORKS = ("langchain_core", "llama_index", "mcp")
+
+
+def frameworks_after(code: str) -> list[str]:
+    """The framework packages loaded once ``code`` has run in a fresh interpreter."""
+    probe = f"{code}\nimport sys\nprint(sorted({{m.split('.')[0] for m in sys.modules}} & set({FRAMEWORKS!r})))"
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    return ast.literal_eval(out.stdout.strip().splitlines()[-1])
 
 
 # --------------------------------------------------------------------------- docs/integrations.md

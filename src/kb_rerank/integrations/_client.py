@@ -310,13 +310,16 @@ def rerank_hits(answer: Answer, texts: Sequence[str]) -> list[tuple[int, Hit]]:
 ENDPOINTS = ("search", "context")
 
 
-def make_client(client: KbRerankClient | None, base_url: str | None, token: str | None,
+def make_client(client: KbRerankClient | None, base_url: str | None, token: Any,
                 token_provider: TokenProvider | None, timeout: float) -> KbRerankClient:
-    """The adapter's client: the one given, else one built from base URL and token."""
+    """The adapter's client: the one given, else one built from base URL and token (a str,
+    or a pydantic ``SecretStr``)."""
     if client is not None:
         return client
     if not base_url:
         raise ValueError("kb-rerank: give base_url (and token or token_provider), or client")
+    if hasattr(token, "get_secret_value"):
+        token = token.get_secret_value()
     return KbRerankClient(base_url, token, token_provider=token_provider, timeout=timeout)
 
 

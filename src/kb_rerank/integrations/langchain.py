@@ -31,18 +31,8 @@ from langchain_core.documents import BaseDocumentCompressor, Document  # noqa: E
 from langchain_core.retrievers import BaseRetriever  # noqa: E402
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, SecretStr  # noqa: E402
 
-from kb_rerank.integrations._client import (  # noqa: E402
-    DEFAULT_TIMEOUT_S,
-    Hit,
-    KbRerankClient,
-    KbRerankError,
-    KbRerankUnavailable,
-    aretrieve,
-    arerank_texts,
-    make_client,
-    rerank_texts,
-    retrieve,
-)
+from kb_rerank.integrations import _client as api  # noqa: E402
+from kb_rerank.integrations._client import KbRerankClient, KbRerankError, KbRerankUnavailable  # noqa: E402,F401
 
 __all__ = ["KbRerankRetriever", "KbRerankCompressor", "KbRerankError", "KbRerankUnavailable"]
 
@@ -55,19 +45,18 @@ class _Connection(BaseModel):
     base_url: str | None = None
     token: SecretStr | None = None
     token_provider: Callable[[], str] | None = Field(default=None, exclude=True)
-    timeout: float = DEFAULT_TIMEOUT_S
+    timeout: float = api.DEFAULT_TIMEOUT_S
     client: KbRerankClient | None = Field(default=None, exclude=True)
     _kb: KbRerankClient | None = PrivateAttr(default=None)
 
     @property
     def kb(self) -> KbRerankClient:
         if self._kb is None:
-            token = self.token.get_secret_value() if self.token is not None else None
-            self._kb = make_client(self.client, self.base_url, token, self.token_provider, self.timeout)
+            self._kb = api.make_client(self.client, self.base_url, self.token, self.token_provider, self.timeout)
         return self._kb
 
 
-def _document(hit: Hit) -> Document:
+def _document(hit: api.Hit) -> Document:
     return Document(page_content=hit.text, metadata=hit.metadata, id=hit.id)
 
 
@@ -87,11 +76,11 @@ class KbRerankRetriever(_Connection, BaseRetriever):
         return {"endpoint": self.endpoint, "source": self.source, "top_n": self.top_n, "filter": self.filter}
 
     def _get_relevant_documents(self, query: str, *, run_manager: CallbackManagerForRetrieverRun) -> list[Document]:
-        return [_document(h) for h in retrieve(self.kb, query, **self._options())]
+        return [_document(h) for h in api.retrieve(self.kb, query, **self._options())]
 
     async def _aget_relevant_documents(self, query: str, *,
                                        run_manager: AsyncCallbackManagerForRetrieverRun) -> list[Document]:
-        return [_document(h) for h in await aretrieve(self.kb, query, **self._options())]
+        return [_document(h) for h in await api.aretrieve(self.kb, query, **self._options())]
 
 
 class KbRerankCompressor(_Connection, BaseDocumentCompressor):
@@ -114,9 +103,9 @@ class KbRerankCompressor(_Connection, BaseDocumentCompressor):
     def compress_documents(self, documents: Sequence[Document], query: str,
                            callbacks: Callbacks | None = None) -> Sequence[Document]:
         texts = [d.page_content for d in documents]
-        return self._ranked(documents, rerank_texts(self.kb, query, texts, top_n=self.top_n))
+        return self._ranked(documents, api.rerank_texts(self.kb, query, texts, top_n=self.top_n))
 
     async def acompress_documents(self, documents: Sequence[Document], query: str,
                                   callbacks: Callbacks | None = None) -> Sequence[Document]:
         texts = [d.page_content for d in documents]
-        return self._ranked(documents, await arerank_texts(self.kb, query, texts, top_n=self.top_n))
+        return self._ranked(documents, await api.arerank_texts(self.kb, query, texts, top_n=self.top_n))

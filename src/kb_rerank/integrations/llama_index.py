@@ -28,18 +28,8 @@ from llama_index.core.callbacks import CallbackManager  # noqa: E402
 from llama_index.core.postprocessor.types import BaseNodePostprocessor  # noqa: E402
 from llama_index.core.schema import MetadataMode, NodeWithScore, QueryBundle, TextNode  # noqa: E402
 
-from kb_rerank.integrations._client import (  # noqa: E402
-    DEFAULT_TIMEOUT_S,
-    Hit,
-    KbRerankClient,
-    KbRerankError,
-    KbRerankUnavailable,
-    aretrieve,
-    arerank_texts,
-    make_client,
-    rerank_texts,
-    retrieve,
-)
+from kb_rerank.integrations import _client as api  # noqa: E402
+from kb_rerank.integrations._client import KbRerankClient, KbRerankError, KbRerankUnavailable  # noqa: E402,F401
 
 __all__ = ["KbRerankRetriever", "KbRerankPostprocessor", "KbRerankError", "KbRerankUnavailable"]
 
@@ -50,7 +40,7 @@ def _hidden(metadata: Mapping[str, Any]) -> list[str]:
     return [k for k in metadata if k not in _SHOWN]
 
 
-def _node(hit: Hit) -> NodeWithScore:
+def _node(hit: api.Hit) -> NodeWithScore:
     hidden = _hidden(hit.metadata)
     node = TextNode(text=hit.text, id_=hit.id or None, metadata=hit.metadata,
                     excluded_llm_metadata_keys=hidden, excluded_embed_metadata_keys=hidden)
@@ -64,18 +54,18 @@ class KbRerankRetriever(BaseRetriever):
     def __init__(self, base_url: str | None = None, token: str | None = None, *,
                  token_provider: Callable[[], str] | None = None, endpoint: Literal["search", "context"] = "search",
                  source: str | None = None, top_n: int | None = None, filter: Mapping[str, Any] | None = None,
-                 timeout: float = DEFAULT_TIMEOUT_S, client: KbRerankClient | None = None,
+                 timeout: float = api.DEFAULT_TIMEOUT_S, client: KbRerankClient | None = None,
                  callback_manager: CallbackManager | None = None, verbose: bool = False) -> None:
-        self.kb = make_client(client, base_url, token, token_provider, timeout)
+        self.kb = api.make_client(client, base_url, token, token_provider, timeout)
         self.options = {"endpoint": endpoint, "source": source, "top_n": top_n,
                         "filter": dict(filter) if filter is not None else None}
         super().__init__(callback_manager=callback_manager, verbose=verbose)
 
     def _retrieve(self, query_bundle: QueryBundle) -> List[NodeWithScore]:
-        return [_node(h) for h in retrieve(self.kb, query_bundle.query_str, **self.options)]
+        return [_node(h) for h in api.retrieve(self.kb, query_bundle.query_str, **self.options)]
 
     async def _aretrieve(self, query_bundle: QueryBundle) -> List[NodeWithScore]:
-        return [_node(h) for h in await aretrieve(self.kb, query_bundle.query_str, **self.options)]
+        return [_node(h) for h in await api.aretrieve(self.kb, query_bundle.query_str, **self.options)]
 
 
 class KbRerankPostprocessor(BaseNodePostprocessor):
@@ -88,7 +78,7 @@ class KbRerankPostprocessor(BaseNodePostprocessor):
     base_url: Optional[str] = None
     token: Optional[SecretStr] = None
     token_provider: Optional[Callable[[], str]] = Field(default=None, exclude=True)
-    timeout: float = DEFAULT_TIMEOUT_S
+    timeout: float = api.DEFAULT_TIMEOUT_S
     top_n: Optional[int] = None
     client: Optional[KbRerankClient] = Field(default=None, exclude=True)
     _kb: Optional[KbRerankClient] = PrivateAttr(default=None)
@@ -100,8 +90,7 @@ class KbRerankPostprocessor(BaseNodePostprocessor):
     @property
     def kb(self) -> KbRerankClient:
         if self._kb is None:
-            token = self.token.get_secret_value() if self.token is not None else None
-            self._kb = make_client(self.client, self.base_url, token, self.token_provider, self.timeout)
+            self._kb = api.make_client(self.client, self.base_url, self.token, self.token_provider, self.timeout)
         return self._kb
 
     @staticmethod
@@ -127,9 +116,9 @@ class KbRerankPostprocessor(BaseNodePostprocessor):
     def _postprocess_nodes(self, nodes: List[NodeWithScore],
                            query_bundle: Optional[QueryBundle] = None) -> List[NodeWithScore]:
         query, texts = self._inputs(nodes, query_bundle)
-        return self._ranked(nodes, rerank_texts(self.kb, query, texts, top_n=self.top_n))
+        return self._ranked(nodes, api.rerank_texts(self.kb, query, texts, top_n=self.top_n))
 
     async def _apostprocess_nodes(self, nodes: List[NodeWithScore],
                                   query_bundle: Optional[QueryBundle] = None) -> List[NodeWithScore]:
         query, texts = self._inputs(nodes, query_bundle)
-        return self._ranked(nodes, await arerank_texts(self.kb, query, texts, top_n=self.top_n))
+        return self._ranked(nodes, await api.arerank_texts(self.kb, query, texts, top_n=self.top_n))

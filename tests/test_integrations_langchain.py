@@ -7,6 +7,8 @@ are asserted here."""
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 import tomllib
 from pathlib import Path
 
@@ -221,3 +223,22 @@ def test_the_docs_example_runs(live):  # noqa: F811
     own = ["Refunds take five days.", "ERR_402: payment required.", "Hello."]
     v2 = api(live, live.token_a, "/v2/rerank", {"query": "what is ERR_402", "documents": own, "top_n": 2})
     assert lines[3:] == [f"{x['relevance_score']} {x['tier']} {own[x['index']]}" for x in v2["results"]]
+
+
+@pytest.mark.parametrize("module,package,extra", [("langchain", "langchain_core", "langchain"),
+                                                  ("llama_index", "llama_index", "llamaindex"),
+                                                  ("mcp", "mcp", "mcp")])
+def test_a_missing_framework_is_an_error_naming_its_extra(module, package, extra):
+    code = (f"import sys; sys.modules[{package!r}] = None\n"
+            "from kb_rerank.extras import MissingExtra\n"
+            f"try:\n    import kb_rerank.integrations.{module}\n"
+            "except MissingExtra as exc:\n    print(exc)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert f"pip install 'kb-rerank[{extra}]'" in out.stdout
+    if module == "mcp":  # and the command says so, without a traceback
+        code = ("import sys; sys.modules['mcp'] = None\nfrom kb_rerank.cli import main\n"
+                "sys.exit(main(['mcp', '--token', 't', '--url', 'http://127.0.0.1:9']))")
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                             stdin=subprocess.DEVNULL)
+        assert out.returncode == 1 and "pip install 'kb-rerank[mcp]'" in out.stderr and "Traceback" not in out.stderr

@@ -177,13 +177,18 @@ def serve_process(env: dict[str, str], log_path: Path, *, startup_timeout: float
             time.sleep(0.25)
         yield base, proc
     finally:
-        proc.terminate()
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
+        stop(proc)
         log.close()
+
+
+def stop(proc: subprocess.Popen, timeout: float = 20.0) -> None:
+    """End a child server: SIGTERM, then SIGKILL after ``timeout`` seconds."""
+    proc.terminate()
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(5)
 
 
 # --------------------------------------------------------------------------- probes

@@ -1156,6 +1156,10 @@ def build_parser() -> argparse.ArgumentParser:
     from kb_rerank.eval.command import add_eval_parser
 
     add_eval_parser(sub)
+
+    from kb_rerank.integrations.mcp_command import add_mcp_parser
+
+    add_mcp_parser(sub)
     return p
 
 

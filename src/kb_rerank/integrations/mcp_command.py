@@ -15,8 +15,9 @@ DEFAULT_PORT = 8765
 
 
 def add_mcp_parser(sub) -> argparse.ArgumentParser:
-    m = sub.add_parser("mcp", help="a Model Context Protocol server (stdio or streamable HTTP) over the REST API, "
-                                   "for one tenant's token (needs the mcp extra)")
+    text = ("a Model Context Protocol server (stdio or streamable HTTP) over the REST API, for one tenant's "
+            "token (needs the mcp extra)")
+    m = sub.add_parser("mcp", help=text, description=text)
     m.add_argument("--url", default=None,
                    help=f"base URL of the kb-rerank API (default KB_MCP_URL, else {DEFAULT_URL})")
     m.add_argument("--token", default=None,

@@ -69,9 +69,9 @@ as $fn$
 -- c.doc_id, so the list is the top k within the filter, before any fusion. The condition is
 -- `(c.doc_id in (select unnest($17))) is true`, a hashed subplan (one lookup a chunk; not
 -- pulled up into a join, as it is not a bare IN): `c.doc_id = any ($17)` compares each chunk
--- with every document of the array in turn (measured: 47 ms against 11.5 unfiltered for a
--- filter of 10000 documents, bench/results/filtered-recall.md), and is kept for the few-chunks
--- form below, where it is the (tenant_id, doc_id) index's condition.
+-- with every document of the array in turn (not hashed here), a cost that grows with the
+-- filter's documents; it is kept for the few-chunks form below, where it is the
+-- (tenant_id, doc_id) index's condition.
 -- The bounds above still hold (a chunk outside the filter is never scored, a chunk inside
 -- is bounded as before), so the search stays exact; N, df and avglen stay the tenant's (a
 -- filter narrows the documents, not the statistics, as a filter clause does in Lucene).

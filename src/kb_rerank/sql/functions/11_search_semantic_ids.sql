@@ -15,9 +15,8 @@
 -- top k (up to hnsw.max_scan_tuples visited, pgvector's default 20000); ef_search 100 keeps
 -- recall high. With a filter, a chunk qualifies when its document is in
 -- kb.search_filter_docs(filter): on the index scan, `(c.doc_id in (select unnest($3))) is
--- true`, a hashed subplan built once (one lookup a visited chunk; `c.doc_id = any ($3)`
--- compared each one with the whole array: 23 ms against 10 for a 120-deep scan within 10000
--- documents).
+-- true`, a hashed subplan built once (one lookup a visited chunk; `c.doc_id = any ($3)` is
+-- not hashed on the index scan and compares each visited chunk with the whole array).
 -- When the filter's documents hold at most 4000 chunks, the exact search (every such chunk's
 -- distance, through the (tenant_id, doc_id) index) is both cheaper than walking the graph
 -- for rare matches and exact: bench/results/filtered-recall.md measured the two.

@@ -386,3 +386,21 @@ def test_a_broad_filter_walks_the_indexes_and_stays_within_it(app_url, owner_con
                 recalls.append(len(set(sem) & set(exact)) / 120)
             # uniform random vectors, the hardest case for a graph index (the bench's clustered ones: higher)
             assert sum(recalls) / len(recalls) >= 0.8, recalls
+
+
+def test_the_curated_list_keeps_the_filter_documents(corpus, app_conn):
+    """manual_curation: a filter keeps the curated chunks of its documents, in curated order."""
+    from kb_rerank.store.session import AwaitedConnection, run_awaited
+
+    qh = uuid.uuid4().hex * 2  # this test's own curated list
+    with tenant_transaction(app_conn, corpus["a"]):
+        chunks = app_conn.execute("select c.chunk_id, d.source_uri from kb.chunks c join kb.documents d"
+                                  " on d.doc_id = c.doc_id order by d.source_uri").fetchall()
+        for pos, (chunk, _) in enumerate(chunks):
+            app_conn.execute("insert into kb.kb_rerank_curation (tenant_id, query_hash, position, chunk_id)"
+                             " values (kb.current_tenant(), %s, %s, %s)", [qh, pos, chunk])
+        aconn = AwaitedConnection(app_conn)
+        every = run_awaited(search.acurated(aconn, qh, 10))
+        billing = run_awaited(search.acurated(aconn, qh, 10, filter={"product": "billing"}))
+    assert [c.chunk_id for c in every] == [c for c, _ in chunks]
+    assert [c.chunk_id for c in billing] == [c for c, uri in chunks if uri.startswith("billing-")]

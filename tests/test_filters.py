@@ -404,3 +404,17 @@ def test_the_curated_list_keeps_the_filter_documents(corpus, app_conn):
         billing = run_awaited(search.acurated(aconn, qh, 10, filter={"product": "billing"}))
     assert [c.chunk_id for c in every] == [c for c, _ in chunks]
     assert [c.chunk_id for c in billing] == [c for c, uri in chunks if uri.startswith("billing-")]
+
+
+def test_metadata_keeps_scalars_and_short_lists_only():
+    from datetime import date
+
+    from kb_rerank.ingest.loader import document_metadata
+
+    assert document_metadata({
+        "nested": {"a": 1}, "long": "x" * 257, "many": list(range(101)), "mixed": ["a", {"b": 1}],
+        "bad key": 1, "title": "t", "language": "en", "authority": 2, "source_path": "x", "updated_at": "2024-01-01",
+        "nan": float("nan"), "nul": "a\x00b",
+    }) == {}
+    assert document_metadata({"ok": "x" * 256, "n": 3, "d": date(2024, 5, 1), "l": [1, "a", True]}) == {
+        "ok": "x" * 256, "n": 3, "d": "2024-05-01", "l": [1, "a", True]}

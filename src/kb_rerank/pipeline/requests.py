@@ -25,13 +25,18 @@ PosInt = Annotated[int, msgspec.Meta(ge=1)]
 # A search filter (kb_rerank.pipeline.filters, docs/filters.md): an object of fields; its
 # grammar is checked by kb_rerank.http.parse (a 422 naming the field), which replaces it by
 # its canonical form.
-Filter = dict[str, Any]
+Filter = Annotated[dict[str, Any], msgspec.Meta(description=(
+    "Metadata filter (docs/filters.md): every field must match. A field is a front-matter key or"
+    " source_path, language, title, updated_at; a value is equality (a list matches when it holds it),"
+    " {\"$in\": [...]} or a range {\"$gte\"|\"$gt\": a, \"$lte\"|\"$lt\": b} on numbers or ISO 8601 dates."
+    " Applied inside both candidate lists before fusion; a bad filter is a 422 naming the field."))]
 
 
 class RerankRequest(msgspec.Struct, forbid_unknown_fields=True):
     query: str
     source: Source = DEFAULT_SOURCE
-    top_n: PosInt | None = None  # results, 1..KB_RERANK_TOP_N (10); default 10
+    # results, 1..KB_RERANK_TOP_N (10); default 10 (a larger value is a 422 naming top_n)
+    top_n: Annotated[int, msgspec.Meta(ge=1, description="Results returned, 1..10 (default 10)")] | None = None
     filter: Filter | None = None
 
 

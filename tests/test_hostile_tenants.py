@@ -8,6 +8,7 @@ import re
 import uuid
 
 import psycopg
+from psycopg.types.json import Jsonb
 import pytest
 from litestar.testing import TestClient
 
@@ -79,6 +80,9 @@ FUNCTIONS = {
     "search_hybrid": "filters kb.current_tenant()",
     "search_lexical_ids": "filters kb.current_tenant()", "search_semantic_ids": "filters kb.current_tenant()",
     "retrieve_hybrid": "security invoker: reads under the caller's RLS, joins on kb.current_tenant()",
+    "search_filter": "checks and rewrites its argument: reads no table",
+    "search_filter_time": "checks and rewrites its argument: reads no table",
+    "search_filter_docs": "filters kb.current_tenant() (and RLS for the app role); a filter naming A reads nothing",
     "audit_append": "writes the current tenant's chain only", "audit_verify": "not executable by the app",
     "audit_add_month": "not executable by the app",
     "record_outcome": "writes the tenant it is given; refused in another tenant's transaction (test_record_outcome)",
@@ -261,6 +265,16 @@ def test_functions_as_b_return_nothing_of_a(app_conn, owner_conn, ab):
                              " 'm', %s, 0)", [f"{word} zebra", basis(3), "e" * 64])):
             got = {r[0] for r in app_conn.execute(sql, params)}
             assert ids[a]["chunk"] not in got and got <= {ids[b]["chunk"]}, sql
+        # a filter naming A's document (its source path, title, id, tenant) reads nothing of A
+        a_uri = owner_conn.execute("select source_uri from kb.documents where doc_id = %s", [ids[a]["doc"]]).fetchone()[0]
+        for f in ({"source_path": a_uri}, {"title": f"{word} title"}, {"doc_id": str(ids[a]["doc"])},
+                  {"tenant_id": str(a)}):
+            for sql, params in (("select chunk_id from kb.search_lexical(%s, 50, 1.2, 0.75, %s)", [f"{word} zebra"]),
+                                ("select chunk_id from kb.search_semantic(%s, 50, %s)", [basis(3)]),
+                                ("select chunk_id from kb.search_hybrid(%s, %s, 50, filter => %s)",
+                                 [f"{word} zebra", basis(3)]),
+                                ("select unnest(kb.search_filter_docs(%s))", [])):
+                assert app_conn.execute(sql, [*params, Jsonb(f)]).fetchall() == [], (sql, f)
         from kb_rerank.store import audit
         row = audit.append_sync(app_conn, audit.AuditRecord(kind="served", source="lexical_only", query_hash="e" * 64,
                                                             trace_id="hostile"), key=audit.AuditKey(b"h" * 32))

@@ -845,3 +845,69 @@ def test_0021_language_analysis_down_and_up(server_url):
         assert "~ книг" in again and not any(t.startswith("@language") for t in again)
         for q in ("книгами", "ประเทศไทย", "connections ERR_402"):
             assert conn.execute(scored_sql, [q]).fetchone()[0] == head_scores[q], q
+
+
+def test_0022_document_metadata_down_and_up(server_url):
+    """Up to head, documents carry metadata and every search takes a filter. Down to 0021, the
+    column and its index go, the searches are 0021's again (no filter parameter; the service
+    of 0021 calls them with its argument lists) and documents are still written; up again,
+    the documents written at 0021 have {} as metadata and the filter works on them."""
+    url, s = _new_database(server_url)
+    db.migrate(s)
+    tenant = uuid.uuid4()
+    insert_chunk = ("insert into kb.chunks (tenant_id, doc_id, position, content, content_hash, embedding)"
+                    " select %s, %s, 0, %s, repeat('0', 64), array_fill(0.1::real, array[dim])::vector"
+                    " from kb.embedding_config")
+    vec = "(select array_fill(0.1::real, array[dim])::vector from kb.embedding_config)"
+    lexical = "select array_agg(content order by rank) from kb.search_lexical('zebra', 10)"
+    filtered = ("select array_agg(content order by rank) from kb.search_lexical('zebra', 10, 1.2, 0.75,"
+                " '{\"product\": \"billing\"}')")
+    signatures = ("select array_agg(p.oid::regprocedure::text order by 1) from pg_proc p"
+                  " where p.pronamespace = 'kb'::regnamespace and p.proname in ('search_lexical', 'search_lexical_ids',"
+                  " 'search_semantic', 'search_semantic_ids', 'search_hybrid', 'retrieve_hybrid', 'search_filter',"
+                  " 'search_filter_docs', 'search_filter_time')")
+    metadata_col = ("select count(*) from pg_attribute where attrelid = 'kb.documents'::regclass"
+                    " and attname = 'metadata' and not attisdropped")
+    with psycopg.connect(url) as conn:
+        conn.execute("select set_config('auth.tenant_id', %s, false)", [str(tenant)])
+        for uri, meta in (("billing", '{"product": "billing"}'), ("other", '{"product": "other"}')):
+            doc = conn.execute("insert into kb.documents (tenant_id, source_uri, title, content_hash, metadata)"
+                               " values (%s, %s, '', repeat('0', 64), %s) returning doc_id",
+                               [tenant, uri, meta]).fetchone()[0]
+            conn.execute(insert_chunk, [tenant, doc, f"zebra {uri}"])
+        conn.commit()
+        assert conn.execute(filtered).fetchone()[0] == ["zebra billing"]
+        head_signatures = conn.execute(signatures).fetchone()[0]
+        # the six searches and the filter's two functions take jsonb (kb.search_filter_time: text)
+        assert len(head_signatures) == 9 and sum("jsonb" in sig for sig in head_signatures) == 8, head_signatures
+    db.downgrade(s, revision="0021_language_analysis")
+    with psycopg.connect(url) as conn:
+        conn.execute("select set_config('auth.tenant_id', %s, false)", [str(tenant)])
+        assert conn.execute(metadata_col).fetchone()[0] == 0
+        assert conn.execute("select to_regclass('kb.documents_tenant_metadata_idx')").fetchone()[0] is None
+        down = conn.execute(signatures).fetchone()[0]
+        assert not [sig for sig in down if "jsonb" in sig] and len(down) == 6, down
+        assert sorted(conn.execute(lexical).fetchone()[0]) == ["zebra billing", "zebra other"]
+        # the 0021 service's calls: kb.retrieve_hybrid with 13 arguments, kb.search_hybrid with 9
+        assert len(conn.execute(f"select * from kb.retrieve_hybrid('zebra', {vec}, 60, 10, 'convex', 0.7, 0.3,"
+                                " 1.2, 0.75, 40, null, null, null)").fetchall()) == 2
+        assert len(conn.execute(f"select * from kb.search_hybrid('zebra', {vec}, 20, 60, 'rrf', 1, 1, 1.2, 0.75)")
+                   .fetchall()) == 2
+        with pytest.raises(psycopg.errors.UndefinedFunction):
+            conn.execute(filtered)
+        conn.rollback()
+        conn.execute("select set_config('auth.tenant_id', %s, false)", [str(tenant)])
+        doc = conn.execute("insert into kb.documents (tenant_id, source_uri, title, content_hash)"
+                           " values (%s, 'at-0021', '', repeat('0', 64)) returning doc_id", [tenant]).fetchone()[0]
+        conn.execute(insert_chunk, [tenant, doc, "zebra at-0021"])
+        conn.commit()
+    db.migrate(s)
+    with psycopg.connect(url) as conn:
+        conn.execute("select set_config('auth.tenant_id', %s, false)", [str(tenant)])
+        assert conn.execute(signatures).fetchone()[0] == head_signatures
+        assert conn.execute("select source_uri, metadata from kb.documents order by 1").fetchall() == [
+            ("at-0021", {}), ("billing", {}), ("other", {})]  # the metadata went with the column
+        conn.execute("update kb.documents set metadata = '{\"product\": \"billing\"}' where source_uri = 'at-0021'")
+        assert conn.execute(filtered).fetchone()[0] == ["zebra at-0021"]
+        assert conn.execute("select count(*) from kb.search_lexical('zebra', 10, 1.2, 0.75,"
+                            " '{\"source_path\": \"other\"}')").fetchone()[0] == 1

@@ -18,10 +18,11 @@ from .live_server import SECRET, FakeReranker, bearer
 RERANK, CONTEXT, V2 = "/v1/kb/search/rerank", "/v1/kb/context", "/v2/rerank"
 ENDPOINTS = {
     # path: (request properties that must be documented, top-level properties of the 200 answer)
-    RERANK: ({"query", "source"},
+    RERANK: ({"query", "source", "top_n", "filter"},
              {"results", "from_cache", "rerank_duration_ms", "trace_id", "model", "fallback", "fallback_reason",
               "candidate_count", "reranked_count", "partial_reason", "ranked_by"}),
-    CONTEXT: ({"query", "top_n", "lambda", "recency_weight", "half_life_days", "authority_weight", "explain"},
+    CONTEXT: ({"query", "top_n", "lambda", "recency_weight", "half_life_days", "authority_weight", "explain",
+               "filter"},
               {"answerable", "results", "filtered", "gate", "context", "system_prompt", "model", "ranked_by",
                "fallback", "fallback_reason", "candidate_count", "reranked_count", "partial_reason",
                "rerank_duration_ms", "lambda", "injection_policy", "stages", "from_cache", "trace_id"}),
@@ -39,7 +40,8 @@ V2_DOCS = [
 ]
 # each endpoint's bodies: every optional part of its answer at least once (explain, documents, ids)
 BODIES = {
-    RERANK: [{"query": "how do I issue a refund"}, {"query": "refund", "source": "lexical_only"}],
+    RERANK: [{"query": "how do I issue a refund"}, {"query": "refund", "source": "lexical_only"},
+             {"query": "refund", "top_n": 3, "filter": {"tags": "billing", "updated_at": {"$gte": "2024-01-01"}}}],
     CONTEXT: [{"query": "how do I issue a refund", "top_n": 3, "explain": True}, {"query": "export reports"}],
     V2: [{"model": "rerank-v3.5", "query": "export reports", "documents": V2_DOCS, "return_documents": True,
           "explain": True, "top_n": 2}, {"query": "billing", "documents": V2_DOCS}],

@@ -82,12 +82,14 @@ def _queries(n: int, seed: int = 5):
     return out
 
 
-def _reference(conn, q, v, k, fusion, lim, lw=0.7, sw=0.3, rrf_k=10):
-    return conn.execute(search.HYBRID_TOP_SQL, [q, v, k, rrf_k, fusion, lw, sw, 1.2, 0.75, lim]).fetchall()
+def _reference(conn, q, v, k, fusion, lim, lw=0.7, sw=0.3, rrf_k=10, filter=None):
+    return conn.execute(search.HYBRID_TOP_SQL, [q, v, k, rrf_k, fusion, lw, sw, 1.2, 0.75, search._filter(filter),
+                                                lim]).fetchall()
 
 
-def _retrieve(conn, q, v, k, fusion, lim, lw=0.7, sw=0.3, rrf_k=10, pairs=(None, None, None)):
-    return conn.execute(search.RETRIEVE_HYBRID_SQL, [q, v, k, rrf_k, fusion, lw, sw, 1.2, 0.75, lim, *pairs]).fetchall()
+def _retrieve(conn, q, v, k, fusion, lim, lw=0.7, sw=0.3, rrf_k=10, pairs=(None, None, None), filter=None):
+    return conn.execute(search.RETRIEVE_HYBRID_SQL, [q, v, k, rrf_k, fusion, lw, sw, 1.2, 0.75, lim, *pairs,
+                                                     search._filter(filter)]).fetchall()
 
 
 @pytest.mark.parametrize("fusion", ["convex", "rrf", "interleave"])
@@ -109,6 +111,15 @@ def test_retrieve_hybrid_rows_equal_search_hybrid_cut_to_lim(app_conn, corpus, f
                 ref = _reference(app_conn, q, v, 20, fusion, 40, lw, sw, rrf_k)
                 got = _retrieve(app_conn, q, v, 20, fusion, 40, lw, sw, rrf_k)
                 assert [tuple(r[:10]) for r in got] == [tuple(r) for r in ref], (q, lw, sw, rrf_k)
+        # within a filter (issue 33): the documents of some titles, inside both lists
+        for q, v in _queries(5, seed=11):
+            for f in ({"title": {"$in": [f"Doc {d}" for d in range(0, 45, 3)]}}, {"title": "Crowd"}):
+                for k in (1, 5, 20):
+                    ref = _reference(app_conn, q, v, k, fusion, 2 * k, filter=f)
+                    got = _retrieve(app_conn, q, v, k, fusion, 2 * k, filter=f)
+                    assert [tuple(r[:10]) for r in got] == [tuple(r) for r in ref], (q, f, k)
+                    assert {r[2] for r in got} <= set(f["title"]["$in"] if "$in" in f["title"] else ["Crowd"])
+                    compared += len(ref)
     assert compared > 1000  # not vacuous
 
 
@@ -265,9 +276,9 @@ def test_the_app_role_may_run_the_read_and_sql_readers_are_not_given_it(owner_co
     """Granted to the service's role; not to PUBLIC, and not to kb_sql_reader (its searches,
     kb.search_lexical among them, call the text-free search as their owner)."""
     for fn in ("kb.retrieve_hybrid(text, vector, integer, integer, text, double precision, double precision,"
-               " double precision, double precision, integer, text, text, bigint)",
-               "kb.search_lexical_ids(text, integer, double precision, double precision)",
-               "kb.search_semantic_ids(vector, integer)"):
+               " double precision, double precision, integer, text, text, bigint, jsonb)",
+               "kb.search_lexical_ids(text, integer, double precision, double precision, jsonb)",
+               "kb.search_semantic_ids(vector, integer, jsonb)"):
         assert owner_conn.execute("select has_function_privilege('cyberos_app', %s, 'EXECUTE'),"
                                   " has_function_privilege('kb_sql_reader', %s, 'EXECUTE'),"
                                   " has_function_privilege('public', %s, 'EXECUTE')",

@@ -129,10 +129,15 @@ def rrf_tenant(app_url):
     return t, {"A": a, "B": b, "C": c}
 
 
+# RRF with rrf_k 60 and weights 1:1 (kb.search_hybrid's defaults before issue 33; its defaults
+# are now the service's convex fusion, tests/test_one_default.py)
+RRF = {"fusion": "rrf", "rrf_k": 60, "lexical_weight": 1.0, "semantic_weight": 1.0}
+
+
 def test_rrf_matches_hand_computed_values(app_conn, rrf_tenant):
     t, ids = rrf_tenant
     with tenant_transaction(app_conn, t):
-        rows = search.hybrid(app_conn, "apple banana", basis(0), k=2)
+        rows = search.hybrid(app_conn, "apple banana", basis(0), k=2, **RRF)
     # A: lexical 1              -> 1/61             = 0.0163934
     # B: lexical 2, semantic 1  -> 1/62 + 1/61      = 0.0325225
     # C: semantic 2             -> 1/62             = 0.0161290
@@ -140,7 +145,7 @@ def test_rrf_matches_hand_computed_values(app_conn, rrf_tenant):
     assert got == {"A": (1, None, 0.0163934), "B": (2, 1, 0.0325225), "C": (None, 2, 0.016129)}
     assert _titles(rows) == ["B", "A", "C"]
     with tenant_transaction(app_conn, t):
-        rows = search.hybrid(app_conn, "apple banana", basis(0), k=2, rrf_k=0)
+        rows = search.hybrid(app_conn, "apple banana", basis(0), k=2, **{**RRF, "rrf_k": 0})
     # rrf_k = 0: B = 1/2 + 1/1 = 1.5, A = 1, C = 1/2
     assert [(r.doc_title, round(r.score, 6)) for r in rows] == [("B", 1.5), ("A", 1.0), ("C", 0.5)]
 
@@ -148,7 +153,7 @@ def test_rrf_matches_hand_computed_values(app_conn, rrf_tenant):
 def test_weights_shift_fusion(app_conn, rrf_tenant):
     t, _ = rrf_tenant
     with tenant_transaction(app_conn, t):
-        rows = search.hybrid(app_conn, "apple banana", basis(0), k=2, lexical_weight=3.0, semantic_weight=1.0)
+        rows = search.hybrid(app_conn, "apple banana", basis(0), k=2, **{**RRF, "lexical_weight": 3.0})
     # A = 3/61 = 0.04918, B = 3/62 + 1/61 = 0.06478, C = 1/62 = 0.01613
     assert [(r.doc_title, round(r.score, 5)) for r in rows] == [("B", 0.06478), ("A", 0.04918), ("C", 0.01613)]
 
@@ -235,7 +240,7 @@ def test_lexical_dedups_by_document_and_hybrid_fuses_per_document(app_conn, tena
     with tenant_transaction(app_conn, tenant):
         lex = search.lexical(app_conn, "walrus", 20)
         sem = search.semantic(app_conn, basis(3), 20)
-        hyb = search.hybrid(app_conn, "walrus", basis(3), 20)
+        hyb = search.hybrid(app_conn, "walrus", basis(3), 20, **RRF)
     assert Counter(r.doc_id for r in lex).most_common(1)[0][1] == 1  # one chunk per document
     assert _titles(lex) == ["Long", "Short"]
     assert lex[0].content == "walrus two walrus"  # the document's best chunk

@@ -141,11 +141,15 @@ CALLS = {
         "select kb.bm25_tf_part(1, 1, 1, 1.2, 0.75)",
     "kb.ts_rank_tf()": "select kb.ts_rank_tf()",
     "kb.ts_rank_tf_compute()": "select kb.ts_rank_tf_compute()",
-    "kb.search_lexical(text,integer,double precision,double precision)":
+    "kb.search_lexical(text,integer,double precision,double precision,jsonb)":
         "select * from kb.search_lexical('{word} zebra invoice', 50)",
-    "kb.search_semantic(vector,integer)": "select * from kb.search_semantic(%(vec)s, 50)",
+    "kb.search_semantic(vector,integer,jsonb)": "select * from kb.search_semantic(%(vec)s, 50)",
     "kb.search_hybrid(text,vector,integer,integer,text,double precision,double precision,double precision,"
-    "double precision)": "select * from kb.search_hybrid('{word} zebra', %(vec)s, 50)",
+    "double precision,jsonb)": "select * from kb.search_hybrid('{word} zebra', %(vec)s, 50)",
+    # a filter naming A's document by its title (B's reader sees none of A's documents)
+    "kb.search_filter_docs(jsonb)": """select kb.search_filter_docs('{"title": "{word} title"}')""",
+    "kb.search_filter(jsonb)": """select kb.search_filter('{"title": "{word}"}')""",
+    "kb.search_filter_time(text,text)": "select kb.search_filter_time('2024-05-01', 'filter.x')",
     "kb.guard_flagged_share_rows()": "select * from kb.guard_flagged_share_rows()",
 }
 
@@ -196,7 +200,8 @@ def test_reader_reads_only_its_tenant_whatever_it_sets(setting, owner_conn, read
                     rows = conn.execute(stmt.replace("{word}", word), {"vec": basis(3)}).fetchall()
                 text = repr(rows)
                 # the text functions echo their input (A's word): for them, A's identifiers
-                reads = fn.startswith(("kb.search_lexical", "kb.search_semantic", "kb.search_hybrid", "kb.guard_flagged"))
+                reads = fn.startswith(("kb.search_lexical", "kb.search_semantic", "kb.search_hybrid", "kb.guard_flagged",
+                                       "kb.search_filter_docs"))
                 assert not [m for m in (markers if reads else markers[:3]) if m in text], (fn, setting, rows)
             got = {r[0] for r in conn.execute("select chunk_id from kb.search_lexical(%s, 50)",
                                                [f"{ids[b]['word']} zebra"])}

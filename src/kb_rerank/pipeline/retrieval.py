@@ -7,7 +7,8 @@ Candidate counts: ``hybrid_lexical_semantic`` fuses the lexical and semantic lis
 rows, with their pair scores when asked for, in one statement);
 ``lexical_only`` (kb.search_lexical, BM25 ``bm25_k1`` / ``bm25_b``) and ``semantic_only``
 (kb.search_semantic) keep ``candidates``; ``manual_curation`` reads the query's curated list,
-at most ``rerank_top_n``. Rows are deduplicated by chunk.
+at most ``rerank_top_n``. Rows are deduplicated by chunk. ``filter`` (a canonical search
+filter, kb_rerank.pipeline.filters) is applied inside each list, and to the curated list.
 """
 
 from __future__ import annotations
@@ -32,10 +33,11 @@ class RetrievalSpec:
     bm25_k1: float
     bm25_b: float
     details: bool = False  # the chunks' stored guard flags, embeddings and document metadata too
+    filter: Mapping[str, Any] | None = None  # canonical search filter; None: none
 
     @classmethod
     def of(cls, settings: Settings, source: str, *, candidates: int | None = None,
-           details: bool = False) -> "RetrievalSpec":
+           details: bool = False, filter: Mapping[str, Any] | None = None) -> "RetrievalSpec":
         """The service's candidates for ``source`` (``candidates``: instead of KB_CANDIDATES)."""
         cand = int(candidates or settings.candidates)
         if source == HYBRID:
@@ -46,7 +48,7 @@ class RetrievalSpec:
             limit = depth = settings.rerank_top_n
         else:
             raise ValueError(f"unknown source {source!r}")
-        return cls(source, limit, depth, dict(settings.fusion), settings.bm25_k1, settings.bm25_b, details)
+        return cls(source, limit, depth, dict(settings.fusion), settings.bm25_k1, settings.bm25_b, details, filter)
 
     def deeper(self, depth: int) -> "RetrievalSpec":
         """The same search read ``depth`` deep, every fused row kept (the eval's recall)."""
@@ -66,13 +68,14 @@ class RetrievalSpec:
         cached = None
         if self.source == HYBRID:
             rows, cached = await search.aretrieve_hybrid(conn, query, embedding, self.depth, **self.fusion,
-                                                         limit=self.limit, pairs=pairs, generation=generation)
+                                                         limit=self.limit, pairs=pairs, generation=generation,
+                                                         filter=self.filter)
         elif self.source == LEXICAL:
-            rows = await search.alexical(conn, query, self.limit, k1=self.bm25_k1, b=self.bm25_b)
+            rows = await search.alexical(conn, query, self.limit, k1=self.bm25_k1, b=self.bm25_b, filter=self.filter)
         elif self.source == SEMANTIC:
-            rows = await search.asemantic(conn, embedding, self.limit)
+            rows = await search.asemantic(conn, embedding, self.limit, filter=self.filter)
         else:
-            rows = await search.acurated(conn, query_hash or "", self.limit)
+            rows = await search.acurated(conn, query_hash or "", self.limit, filter=self.filter)
         seen: set = set()
         unique = Fetched(c for c in rows if not (c.id in seen or seen.add(c.id)))
         if self.details:

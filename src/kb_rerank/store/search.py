@@ -1,12 +1,17 @@
 """Python side of the search functions: one call each to kb.search_lexical,
 kb.search_semantic and kb.search_hybrid (or kb.retrieve_hybrid, the hybrid read with its pair
-scores), inside the caller's tenant transaction."""
+scores), inside the caller's tenant transaction.
+
+Every search takes ``filter``: a search filter (kb_rerank.pipeline.filters, docs/filters.md),
+passed as jsonb to the functions' trailing ``filter`` parameter (None: no filter), which apply
+it inside each candidate list."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Mapping
 
 import numpy as np
+from psycopg.types.json import Jsonb
 
 from kb_rerank.candidate import Candidate, from_row
 from kb_rerank.store import pair_cache
@@ -14,16 +19,16 @@ from kb_rerank.store import pair_cache
 
 LEXICAL_SQL = (
     "select chunk_id, doc_id, doc_title, snippet, content, score, rank"
-    " from kb.search_lexical(%s, %s, %s, %s)"
+    " from kb.search_lexical(%s, %s, %s, %s, %s)"
 )
 SEMANTIC_SQL = (
     "select chunk_id, doc_id, doc_title, snippet, content, score, rank"
-    " from kb.search_semantic(%s::vector, %s)"
+    " from kb.search_semantic(%s::vector, %s, %s)"
 )
 HYBRID_SQL = (
     "select chunk_id, doc_id, doc_title, snippet, content, lexical_rank, semantic_rank,"
     " lexical_score, semantic_score, score"
-    " from kb.search_hybrid(%s, %s::vector, %s, %s, %s, %s, %s, %s, %s)"
+    " from kb.search_hybrid(%s, %s::vector, %s, %s, %s, %s, %s, %s, %s, %s)"
 )
 # The best ``limit`` rows of kb.search_hybrid, in its own order (score desc, chunk_id): the
 # service keeps only 2 x ``candidates`` of the 2 x ``fusion_depth`` rows, so the rest (each
@@ -35,7 +40,7 @@ HYBRID_TOP_SQL = HYBRID_SQL + " order by score desc, chunk_id limit %s"
 RETRIEVE_HYBRID_SQL = (
     "select chunk_id, doc_id, doc_title, snippet, content, lexical_rank, semantic_rank,"
     " lexical_score, semantic_score, score, pair_score"
-    " from kb.retrieve_hybrid(%s, %s::vector, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
+    " from kb.retrieve_hybrid(%s, %s::vector, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
 )
 
 
@@ -56,38 +61,45 @@ def _vec(embedding: Any) -> np.ndarray:
     return np.asarray(embedding, dtype=np.float32).reshape(-1)
 
 
-def lexical(conn, query: str, k: int = 20, *, k1: float = 1.2, b: float = 0.75) -> list[Candidate]:
-    return _lexical_rows(conn.execute(LEXICAL_SQL, [query, k, k1, b]).fetchall())
+def _filter(filter: Mapping[str, Any] | None) -> Jsonb | None:
+    return None if filter is None else Jsonb(dict(filter))
 
 
-def semantic(conn, embedding, k: int = 20) -> list[Candidate]:
-    return _semantic_rows(conn.execute(SEMANTIC_SQL, [_vec(embedding), k]).fetchall())
+def lexical(conn, query: str, k: int = 20, *, k1: float = 1.2, b: float = 0.75,
+            filter: Mapping[str, Any] | None = None) -> list[Candidate]:
+    return _lexical_rows(conn.execute(LEXICAL_SQL, [query, k, k1, b, _filter(filter)]).fetchall())
 
 
-def hybrid(conn, query: str, embedding, k: int = 20, *, rrf_k: int = 60, fusion: str = "rrf",
-           lexical_weight: float = 1.0, semantic_weight: float = 1.0, k1: float = 1.2,
-           b: float = 0.75) -> list[Candidate]:
-    return _hybrid_rows(
-        conn.execute(HYBRID_SQL, [query, _vec(embedding), k, rrf_k, fusion, lexical_weight, semantic_weight, k1, b]).fetchall()
-    )
+def semantic(conn, embedding, k: int = 20, *, filter: Mapping[str, Any] | None = None) -> list[Candidate]:
+    return _semantic_rows(conn.execute(SEMANTIC_SQL, [_vec(embedding), k, _filter(filter)]).fetchall())
 
 
-async def alexical(conn, query: str, k: int = 20, *, k1: float = 1.2, b: float = 0.75) -> list[Candidate]:
-    cur = await conn.execute(LEXICAL_SQL, [query, k, k1, b])
+# kb.search_hybrid's own defaults, which are the service's (settings.Settings.fusion, fusion_depth)
+def hybrid(conn, query: str, embedding, k: int = 60, *, rrf_k: int = 10, fusion: str = "convex",
+           lexical_weight: float = 0.7, semantic_weight: float = 0.3, k1: float = 1.2,
+           b: float = 0.75, filter: Mapping[str, Any] | None = None) -> list[Candidate]:
+    return _hybrid_rows(conn.execute(HYBRID_SQL, [query, _vec(embedding), k, rrf_k, fusion, lexical_weight,
+                                                  semantic_weight, k1, b, _filter(filter)]).fetchall())
+
+
+async def alexical(conn, query: str, k: int = 20, *, k1: float = 1.2, b: float = 0.75,
+                   filter: Mapping[str, Any] | None = None) -> list[Candidate]:
+    cur = await conn.execute(LEXICAL_SQL, [query, k, k1, b, _filter(filter)])
     return _lexical_rows(await cur.fetchall())
 
 
-async def asemantic(conn, embedding, k: int = 20) -> list[Candidate]:
-    cur = await conn.execute(SEMANTIC_SQL, [_vec(embedding), k])
+async def asemantic(conn, embedding, k: int = 20, *, filter: Mapping[str, Any] | None = None) -> list[Candidate]:
+    cur = await conn.execute(SEMANTIC_SQL, [_vec(embedding), k, _filter(filter)])
     return _semantic_rows(await cur.fetchall())
 
 
-async def ahybrid(conn, query: str, embedding, k: int = 20, *, rrf_k: int = 60, fusion: str = "rrf",
-                  lexical_weight: float = 1.0, semantic_weight: float = 1.0, k1: float = 1.2,
-                  b: float = 0.75, limit: int | None = None) -> list[Candidate]:
+async def ahybrid(conn, query: str, embedding, k: int = 60, *, rrf_k: int = 10, fusion: str = "convex",
+                  lexical_weight: float = 0.7, semantic_weight: float = 0.3, k1: float = 1.2,
+                  b: float = 0.75, limit: int | None = None,
+                  filter: Mapping[str, Any] | None = None) -> list[Candidate]:
     """kb.search_hybrid's rows; with ``limit``, only its first ``limit`` (the same rows as
     slicing the full answer)."""
-    args = [query, _vec(embedding), k, rrf_k, fusion, lexical_weight, semantic_weight, k1, b]
+    args = [query, _vec(embedding), k, rrf_k, fusion, lexical_weight, semantic_weight, k1, b, _filter(filter)]
     if limit is None:
         cur = await conn.execute(HYBRID_SQL, args)
     else:
@@ -97,8 +109,8 @@ async def ahybrid(conn, query: str, embedding, k: int = 20, *, rrf_k: int = 60, 
 
 async def aretrieve_hybrid(conn, query: str, embedding, k: int, *, rrf_k: int, fusion: str,
                            lexical_weight: float, semantic_weight: float, k1: float, b: float, limit: int,
-                           pairs: tuple[str, str] | None = None,
-                           generation: int | None = None) -> tuple[list[Candidate], dict | None]:
+                           pairs: tuple[str, str] | None = None, generation: int | None = None,
+                           filter: Mapping[str, Any] | None = None) -> tuple[list[Candidate], dict | None]:
     """The first ``limit`` rows of kb.search_hybrid (the rows of :func:`ahybrid` with
     ``limit``) and, when ``pairs`` (the model and the query's pair hash) is given, their live
     pair scores under ``generation`` as :func:`kb_rerank.store.pair_cache.get_live` returns
@@ -106,7 +118,8 @@ async def aretrieve_hybrid(conn, query: str, embedding, k: int, *, rrf_k: int, f
     model, pair_hash = pairs if pairs is not None else (None, None)
     cur = await conn.execute(RETRIEVE_HYBRID_SQL, [
         query, _vec(embedding), k, rrf_k, fusion, lexical_weight, semantic_weight, k1, b, int(limit),
-        model, pair_hash, None if pairs is None else int(generation)])  # type: ignore[arg-type]
+        model, pair_hash, None if pairs is None else int(generation),  # type: ignore[arg-type]
+        _filter(filter)])
     rows = await cur.fetchall()
     cands = _hybrid_rows(rows)
     if pairs is None:
@@ -129,6 +142,8 @@ CURATION_SQL = (
     " join kb.chunks c on c.chunk_id = cu.chunk_id and c.tenant_id = cu.tenant_id"
     " join kb.documents d on d.doc_id = c.doc_id and d.tenant_id = c.tenant_id"
     " where cu.tenant_id = kb.current_tenant() and cu.query_hash = %s"
+    # a filter keeps the curated chunks of its documents only, as it does in the searches
+    " and (%s::jsonb is null or c.doc_id = any (kb.search_filter_docs(%s::jsonb)))"
     " order by cu.position"
     " limit %s"
 )
@@ -152,7 +167,8 @@ async def adetails(conn, cands: list[Candidate]) -> None:
         c.injection_strong, c.injection_review = bool(r[9]), r[10]
 
 
-async def acurated(conn, query_hash: str, limit: int) -> list[Candidate]:
-    """The tenant's curated list for ``query_hash``, in curated order."""
-    cur = await conn.execute(CURATION_SQL, [query_hash, limit])
+async def acurated(conn, query_hash: str, limit: int, *,
+                   filter: Mapping[str, Any] | None = None) -> list[Candidate]:
+    """The tenant's curated list for ``query_hash``, in curated order (within ``filter``)."""
+    cur = await conn.execute(CURATION_SQL, [query_hash, _filter(filter), _filter(filter), limit])
     return [from_row(*r, 0.0) for r in await cur.fetchall()]

@@ -1,6 +1,6 @@
--- kb.search_lexical(query, k): BM25 over the caller's tenant, best chunk per document.
+-- kb.search_lexical(query, k, k1, b, filter): BM25 over the caller's tenant, best chunk per document.
 --
--- Two functions: kb.search_lexical_ids(query, k, k1, b), the search itself, returns each
+-- Two functions: kb.search_lexical_ids(query, k, k1, b, filter), the search itself, returns each
 -- document's best chunk as ids, score and rank; kb.search_lexical (at the end of this file)
 -- adds the title, snippet and content by key. kb.retrieve_hybrid fuses the ids and reads the
 -- texts only of the rows it returns (sql/functions/13_retrieve_hybrid.sql).
@@ -24,11 +24,15 @@
 -- both fields live in kb.chunks.tsv, and len(d) and avglen are those of the term's field:
 -- doc_len for an exact term, stem_len for a stemmed one (migration 0011).
 -- Documents are deduplicated by doc_id: each document contributes its best chunk.
+-- the signatures before the filter (one overload each: positional calls stay unambiguous)
+drop function if exists kb.search_lexical(text, integer, double precision, double precision);
+drop function if exists kb.search_lexical_ids(text, integer, double precision, double precision);
 create or replace function kb.search_lexical_ids(
   query text,
   k integer default 20,
   k1 double precision default 1.2,
-  b double precision default 0.75
+  b double precision default 0.75,
+  filter jsonb default null
 )
 returns table (
   chunk_id uuid,
@@ -60,6 +64,20 @@ as $fn$
 -- below the blocks' min_df). A round scores only chunks no earlier round read, and merges
 -- them with the previous top k: a document outside that top k cannot enter it through a
 -- chunk already scored, since adding candidates only raises the k-th score.
+-- A filter (kb.search_filter's grammar, docs/filters.md) keeps only the chunks of its
+-- documents (kb.search_filter_docs, read once): every scoring statement has a condition on
+-- c.doc_id, so the list is the top k within the filter, before any fusion. The condition is
+-- `(c.doc_id in (select unnest($17))) is true`, a hashed subplan (one lookup a chunk; not
+-- pulled up into a join, as it is not a bare IN): `c.doc_id = any ($17)` compares each chunk
+-- with every document of the array in turn (not hashed here), a cost that grows with the
+-- filter's documents; it is kept for the few-chunks form below, where it is the
+-- (tenant_id, doc_id) index's condition.
+-- The bounds above still hold (a chunk outside the filter is never scored, a chunk inside
+-- is bounded as before), so the search stays exact; N, df and avglen stay the tenant's (a
+-- filter narrows the documents, not the statistics, as a filter clause does in Lucene).
+-- When the filter's documents hold at most 4000 chunks, the blocks are not read: one
+-- round scores every chunk of them holding a query term (through the (tenant_id, doc_id)
+-- index when that is cheaper than the terms' postings), the exhaustive form.
 declare
   v_tenant uuid := kb.current_tenant();
   v_k integer := greatest(least(k, 1000), 0);
@@ -71,6 +89,8 @@ declare
   v_w float8[];
   v_nt integer;
   v_exact boolean := k1 >= 0 and b >= 0 and b <= 1;
+  v_docs uuid[] := kb.search_filter_docs(filter);
+  v_few boolean := false;
   -- levels, flattened: term i's level L (0-based) is entry v_off[i] + L + 1 of v_lb (its
   -- bound: w * tail * widening) and of v_ln (its number of chunks, all parts)
   v_off integer[];
@@ -106,8 +126,14 @@ declare
   v_tf real[] := kb.ts_rank_tf();
   v_score text;
 begin
-  if v_tenant is null or v_k = 0 then
+  if v_tenant is null or v_k = 0 or cardinality(v_docs) = 0 then
     return;
+  end if;
+  if v_docs is not null and (select count(*) from (select 1 from kb.chunks c
+                                                   where c.tenant_id = v_tenant and c.doc_id = any (v_docs)
+                                                   limit 4001) as x) <= 4000 then
+    v_few := true;
+    v_exact := false;  -- few chunks: no blocks, every term through one exhaustive round
   end if;
   select cs.n_chunks::float8, cs.total_len::float8 / greatest(cs.n_chunks, 1),
          cs.stem_total_len::float8 / greatest(cs.n_chunks, 1)
@@ -213,7 +239,7 @@ begin
           from (select c.chunk_id, c.doc_id, c.doc_len, c.stem_len, %s as tsv
                 from kb.chunks c
                 where c.tenant_id = $1
-                  and (%s)%s%s
+                  and (%s)%s%s%s
                 offset 0) as c%s
         ),
         top as (
@@ -237,13 +263,16 @@ begin
         case when v_done_q is not null then ' and not (c.tsv @@ $11)' else '' end,
         case when v_gin_q is not null and cardinality(v_seen) > 0
              then ' and c.chunk_id not in (select unnest($13::uuid[]))' else '' end,
+        case when v_docs is null then ''
+             when v_few then ' and c.doc_id = any ($17)'
+             else ' and (c.doc_id in (select unnest($17::uuid[]))) is true' end,
         case when r_chunk is not null then $p$
           union all
           select p.chunk_id, p.doc_id, p.score
           from unnest($14::uuid[], $15::uuid[], $16::float8[]) as p(chunk_id, doc_id, score)$p$ else '' end)
       into r_chunk, r_doc, r_score, v_min
       using v_tenant, v_w, v_gin_q, v_k, k1, b, greatest(v_avglen, 1e-9), v_tq, v_tf,
-            greatest(v_stem_avglen, 1e-9), v_done_q, v_ids, v_seen, r_chunk, r_doc, r_score;
+            greatest(v_stem_avglen, 1e-9), v_done_q, v_ids, v_seen, r_chunk, r_doc, r_score, v_docs;
     end if;
     v_seen := v_seen || v_ids;
     if v_gin_q is not null then
@@ -357,9 +386,9 @@ begin
     order by t.rank;
 end
 $fn$;
-alter function kb.search_lexical_ids(text, integer, double precision, double precision) owner to kb_search;
-comment on function kb.search_lexical_ids(text, integer, double precision, double precision) is
-  'BM25 top-k chunks (best chunk per document) as ids, score and rank, for the tenant in auth.tenant_id; empty when unset';
+alter function kb.search_lexical_ids(text, integer, double precision, double precision, jsonb) owner to kb_search;
+comment on function kb.search_lexical_ids(text, integer, double precision, double precision, jsonb) is
+  'BM25 top-k chunks (best chunk per document) as ids, score and rank, for the tenant in auth.tenant_id, within a search filter''s documents when given; empty when unset';
 
 -- kb.search_lexical: kb.search_lexical_ids' rows with the chunk's title, snippet and content,
 -- in rank order. SECURITY DEFINER, owned by kb_search like the search it calls (so that a
@@ -369,7 +398,8 @@ create or replace function kb.search_lexical(
   query text,
   k integer default 20,
   k1 double precision default 1.2,
-  b double precision default 0.75
+  b double precision default 0.75,
+  filter jsonb default null
 )
 returns table (
   chunk_id uuid,
@@ -387,11 +417,11 @@ security definer
 set search_path = pg_catalog, kb, pg_temp
 as $$
   select t.chunk_id, t.doc_id, d.title, left(c.content, 300), c.content, t.score, t.rank
-  from kb.search_lexical_ids(query, k, k1, b) as t
+  from kb.search_lexical_ids(query, k, k1, b, filter) as t
   join kb.chunks c on c.chunk_id = t.chunk_id and c.tenant_id = kb.current_tenant()
   join kb.documents d on d.doc_id = t.doc_id and d.tenant_id = kb.current_tenant()
   order by t.rank
 $$;
-alter function kb.search_lexical(text, integer, double precision, double precision) owner to kb_search;
-comment on function kb.search_lexical(text, integer, double precision, double precision) is
-  'BM25 top-k chunks (best chunk per document) for the tenant in auth.tenant_id; empty when unset';
+alter function kb.search_lexical(text, integer, double precision, double precision, jsonb) owner to kb_search;
+comment on function kb.search_lexical(text, integer, double precision, double precision, jsonb) is
+  'BM25 top-k chunks (best chunk per document) for the tenant in auth.tenant_id, within a search filter''s documents when given; empty when unset';

@@ -1,9 +1,9 @@
--- kb.search_hybrid(query, query_embedding, k, rrf_k, fusion, lexical_weight, semantic_weight, k1, b)
+-- kb.search_hybrid(query, query_embedding, k, rrf_k, fusion, lexical_weight, semantic_weight, k1, b, filter)
 --
 -- Fuses per DOCUMENT: a document's lexical rank and semantic rank meet in one
 -- row, so a document found by both lists through different chunks counts once, with both
 -- ranks (fusing on chunk ids counted it twice, each time with one rank).
---   lexical list  = kb.search_lexical(query, k): the top-k documents by BM25 (it already
+--   lexical list  = kb.search_lexical(query, k, k1, b, filter): the top-k documents by BM25 (it already
 --                   returns the best chunk per document; rank = document rank)
 --   semantic list = the top-k documents by their best chunk's cosine similarity: the
 --                   first-seen order of documents in kb.search_semantic's chunk list, read
@@ -27,19 +27,32 @@
 -- sees exactly what the two search functions return for the caller's tenant.
 -- k1, b: the BM25 parameters of the lexical list (the service passes KB_BM25_K1 / KB_BM25_B,
 -- as it does to kb.search_lexical).
--- The signature before k1 / b (one overload only: callers' positional calls stay unambiguous).
+-- filter: a search filter (kb.search_filter's grammar, docs/filters.md), applied inside both
+-- lists (each is the top k within the filter's documents) before the fusion; NULL or {}: none.
+--
+-- The defaults are the service's (kb_rerank/settings.py: KB_FUSION_DEPTH 60, KB_FUSION_METHOD
+-- convex, KB_LEXICAL_WEIGHT 0.7, KB_SEMANTIC_WEIGHT 0.3, KB_RRF_K 10, KB_BM25_K1 1.2,
+-- KB_BM25_B 0.75), so `select * from kb.search_hybrid('query', embedding)` ranks as the API's
+-- first stage does with the default settings (the service keeps the first 2 x KB_CANDIDATES
+-- rows of this order: kb.retrieve_hybrid); tests/test_one_default.py compares the SQL
+-- function, `kb-rerank search`, the eval and the API.
+-- The signatures before k1 / b and before the filter (one overload only: callers' positional
+-- calls stay unambiguous).
 drop function if exists kb.search_hybrid(text, public.vector, integer, integer, text, double precision,
                                          double precision);
+drop function if exists kb.search_hybrid(text, public.vector, integer, integer, text, double precision,
+                                         double precision, double precision, double precision);
 create or replace function kb.search_hybrid(
   query text,
   query_embedding public.vector,
-  k integer default 20,
-  rrf_k integer default 60,
-  fusion text default 'rrf',
-  lexical_weight double precision default 1.0,
-  semantic_weight double precision default 1.0,
+  k integer default 60,
+  rrf_k integer default 10,
+  fusion text default 'convex',
+  lexical_weight double precision default 0.7,
+  semantic_weight double precision default 0.3,
   k1 double precision default 1.2,
-  b double precision default 0.75
+  b double precision default 0.75,
+  filter jsonb default null
 )
 returns table (
   chunk_id uuid,
@@ -97,7 +110,7 @@ begin
            array_agg(b.score order by b.rank) filter (where b.is_first)
       into n_chunks, s_doc, s_chunk, s_title, s_snippet, s_content, s_score
     from (select s.*, row_number() over (partition by s.doc_id order by s.rank) = 1 as is_first
-          from kb.search_semantic(query_embedding, depth) s) b;
+          from kb.search_semantic(query_embedding, depth, filter) s) b;
     exit when coalesce(cardinality(s_doc), 0) >= k or n_chunks < depth or depth >= 1000;
     depth := least(depth * 4, 1000);
   end loop;
@@ -105,7 +118,7 @@ begin
   return query
   with lex as (
     select l.chunk_id, l.doc_id, l.doc_title, l.snippet, l.content, l.score, l.rank
-    from kb.search_lexical(query, k, k1, b) l
+    from kb.search_lexical(query, k, k1, b, filter) l
   ),
   sem as (
     select u.doc_id, u.chunk_id, u.doc_title, u.snippet, u.content, u.score, u.rank::integer as rank
@@ -165,6 +178,7 @@ begin
 end
 $$;
 comment on function kb.search_hybrid(text, public.vector, integer, integer, text, double precision, double precision,
-                                  double precision, double precision) is
-  'Hybrid search per document: lexical (BM25) and semantic top-k documents fused by RRF (default), '
-  'convex combination of min-max normalised scores, or round-robin interleave; one chunk per document';
+                                  double precision, double precision, jsonb) is
+  'Hybrid search per document: lexical (BM25) and semantic top-k documents (within a search filter when given) fused '
+  'by a convex combination of min-max normalised scores (default, the service''s 0.7 / 0.3, 60 deep), RRF or '
+  'round-robin interleave; one chunk per document';

@@ -1,5 +1,5 @@
 -- kb.retrieve_hybrid(query, query_embedding, k, rrf_k, fusion, lexical_weight, semantic_weight,
---                    k1, b, lim, pair_model, pair_query_hash, pair_generation)
+--                    k1, b, lim, pair_model, pair_query_hash, pair_generation, filter)
 --
 -- The service's hybrid read in ONE statement: kb.search_hybrid's best `lim` rows, in its order
 -- (score desc, chunk_id), each with its live pair score (kb.kb_rerank_pair_scores) when one is
@@ -7,7 +7,7 @@
 -- (kb_rerank/pipeline/retrieval.py, kb_rerank/store/search.py).
 --
 -- Same rows as `select * from kb.search_hybrid(query, query_embedding, k, rrf_k, fusion,
--- lexical_weight, semantic_weight, k1, b) order by score desc, chunk_id limit lim`: the same
+-- lexical_weight, semantic_weight, k1, b, filter) order by score desc, chunk_id limit lim`: the same
 -- lists without their texts (kb.search_lexical_ids, the search kb.search_lexical adds the texts
 -- to, and kb.search_semantic_ids, kb.search_semantic's kNN step),
 -- the same deepening of the semantic list, the same per-document fusion written expression for
@@ -28,6 +28,11 @@
 -- SECURITY INVOKER: it reads what the caller may read, in the caller's tenant transaction
 -- (RLS on the chunks, documents and pair scores; the two list functions, definers, filter on
 -- kb.current_tenant()). Stable: it writes nothing. search_path pinned, pg_temp last.
+-- filter: kb.search_hybrid's, inside both lists before the fusion (NULL: none).
+-- The signature before the filter (one overload only: positional calls stay unambiguous).
+drop function if exists kb.retrieve_hybrid(text, public.vector, integer, integer, text, double precision,
+                                           double precision, double precision, double precision, integer, text,
+                                           text, bigint);
 create or replace function kb.retrieve_hybrid(
   query text,
   query_embedding public.vector,
@@ -41,7 +46,8 @@ create or replace function kb.retrieve_hybrid(
   lim integer,
   pair_model text,
   pair_query_hash text,
-  pair_generation bigint
+  pair_generation bigint,
+  filter jsonb default null
 )
 returns table (
   chunk_id uuid,
@@ -98,7 +104,7 @@ begin
            array_agg(b.score order by b.rank) filter (where b.is_first)
       into n_chunks, s_doc, s_chunk, s_score
     from (select s.*, row_number() over (partition by s.doc_id order by s.rank) = 1 as is_first
-          from kb.search_semantic_ids(query_embedding, depth) s) b;
+          from kb.search_semantic_ids(query_embedding, depth, filter) s) b;
     exit when coalesce(cardinality(s_doc), 0) >= k or n_chunks < depth or depth >= 1000;
     depth := least(depth * 4, 1000);
   end loop;
@@ -106,7 +112,7 @@ begin
   return query
   with lex as (
     select l.chunk_id, l.doc_id, l.score, l.rank
-    from kb.search_lexical_ids(query, k, k1, b) l
+    from kb.search_lexical_ids(query, k, k1, b, filter) l
   ),
   sem as (
     select u.doc_id, u.chunk_id, u.score, u.rank::integer as rank
@@ -176,5 +182,5 @@ end
 $$;
 comment on function kb.retrieve_hybrid(text, public.vector, integer, integer, text, double precision,
                                        double precision, double precision, double precision, integer, text,
-                                       text, bigint) is
+                                       text, bigint, jsonb) is
   'kb.search_hybrid''s best lim rows in its order, each with its live pair score under the given key (NULL: none); one statement';

@@ -30,16 +30,20 @@ grant execute on function kb.current_tenant(), kb.code_tokens(text), kb.to_tsv(t
                           kb.bm25_tf_part(double precision, double precision, double precision, double precision, double precision),
                           kb.ts_rank_tf(), kb.ts_rank_tf_compute()
   to {{app_role}}, kb_search, kb_stats;
+-- the search filter (kb.search_filter's grammar): the app role checks it through the
+-- invoker hybrid searches, kb_search reads its documents inside the definer list searches
+grant execute on function kb.search_filter(jsonb), kb.search_filter_time(text, text), kb.search_filter_docs(jsonb)
+  to {{app_role}}, kb_search;
 -- the policies of the audit tables call kb.current_tenant() as kb_audit
 grant execute on function kb.current_tenant() to kb_audit;
-grant execute on function kb.search_lexical(text, integer, double precision, double precision),
-                          kb.search_semantic(public.vector, integer),
+grant execute on function kb.search_lexical(text, integer, double precision, double precision, jsonb),
+                          kb.search_semantic(public.vector, integer, jsonb),
                           kb.search_hybrid(text, public.vector, integer, integer, text, double precision, double precision,
-                                           double precision, double precision),
-                          kb.search_lexical_ids(text, integer, double precision, double precision),
-                          kb.search_semantic_ids(public.vector, integer),
+                                           double precision, double precision, jsonb),
+                          kb.search_lexical_ids(text, integer, double precision, double precision, jsonb),
+                          kb.search_semantic_ids(public.vector, integer, jsonb),
                           kb.retrieve_hybrid(text, public.vector, integer, integer, text, double precision, double precision,
-                                             double precision, double precision, integer, text, text, bigint)
+                                             double precision, double precision, integer, text, text, bigint, jsonb)
   to {{app_role}};
 -- /readyz compares the applied migration with the code's head revision.
 do $$

@@ -26,9 +26,10 @@ grant execute on function kb.current_tenant(), kb.sql_access_tenant(),
                           kb.nospace_class(), kb.has_nospace(text), kb.nospace_grams(text), kb.query_languages(text, uuid),
                           kb.bm25_tf_part(double precision, double precision, double precision, double precision, double precision),
                           kb.ts_rank_tf(), kb.ts_rank_tf_compute(),
-                          kb.search_lexical(text, integer, double precision, double precision),
-                          kb.search_semantic(public.vector, integer),
+                          kb.search_lexical(text, integer, double precision, double precision, jsonb),
+                          kb.search_semantic(public.vector, integer, jsonb),
                           kb.search_hybrid(text, public.vector, integer, integer, text, double precision, double precision,
-                                           double precision, double precision),
+                                           double precision, double precision, jsonb),
+                          kb.search_filter(jsonb), kb.search_filter_time(text, text), kb.search_filter_docs(jsonb),
                           kb.guard_flagged_share_rows()
   to kb_sql_reader;

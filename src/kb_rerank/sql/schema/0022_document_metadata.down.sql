@@ -1,0 +1,887 @@
+-- Down of 0022: the metadata column and its index go, and the searches are put back as they
+-- were at 0021 (frozen copies below, then their grants): the head layer's searches take a
+-- filter and read kb.documents.metadata, which no longer exists.
+drop function if exists kb.retrieve_hybrid(text, public.vector, integer, integer, text, double precision,
+                                           double precision, double precision, double precision, integer, text,
+                                           text, bigint, jsonb);
+drop function if exists kb.search_hybrid(text, public.vector, integer, integer, text, double precision,
+                                         double precision, double precision, double precision, jsonb);
+drop function if exists kb.search_semantic(public.vector, integer, jsonb);
+drop function if exists kb.search_semantic_ids(public.vector, integer, jsonb);
+drop function if exists kb.search_lexical(text, integer, double precision, double precision, jsonb);
+drop function if exists kb.search_lexical_ids(text, integer, double precision, double precision, jsonb);
+drop function if exists kb.search_filter_docs(jsonb);
+drop function if exists kb.search_filter(jsonb);
+drop function if exists kb.search_filter_time(text, text);
+drop index if exists kb.documents_tenant_metadata_idx;
+alter table kb.documents drop constraint if exists documents_metadata_object;
+alter table kb.documents drop column if exists metadata;
+
+-- ---- frozen copy of sql/functions/10_search_lexical.sql as of 0021 ----
+-- kb.search_lexical(query, k): BM25 over the caller's tenant, best chunk per document.
+--
+-- Two functions: kb.search_lexical_ids(query, k, k1, b), the search itself, returns each
+-- document's best chunk as ids, score and rank; kb.search_lexical (at the end of this file)
+-- adds the title, snippet and content by key. kb.retrieve_hybrid fuses the ids and reads the
+-- texts only of the rows it returns (sql/functions/13_retrieve_hybrid.sql).
+--
+-- Why SECURITY DEFINER (owned by kb_search, which has BYPASSRLS): under RLS the planner may
+-- not evaluate `tsv @@ tsquery` before the policy's tenant check, because @@ is not
+-- leakproof, so a ranked full-text query run by the app role ignores the GIN index
+-- (measured on PostgreSQL 18: 26.7 ms through RLS against 0.4 ms here at 50k rows per
+-- tenant). This function applies the same isolation itself: every table it reads is
+-- filtered on kb.current_tenant(), the tenant of the caller's transaction, and with no
+-- tenant set it returns no rows (tenant_id = NULL is never true). search_path is pinned.
+--
+-- Scoring (Robertson/Lucene BM25):
+--   idf(t)   = ln(1 + (N - df + 0.5) / (df + 0.5))
+--   score(d) = sum over distinct query terms t in d of
+--              qtf(t) * idf(t) * tf * (k1 + 1) / (tf + k1 * (1 - b + b * len(d) / avglen))
+-- with N, df and avglen taken from the caller's tenant only (kb.corpus_stats, kb.term_stats),
+-- and qtf(t) the number of times t occurs in the query (kb.search_term_counts), as in Lucene,
+-- where a repeated query word is a repeated clause. An English query's words are stemmed
+-- terms ('~ connect', its identifiers exact), another query's are exact (kb.search_term_counts);
+-- both fields live in kb.chunks.tsv, and len(d) and avglen are those of the term's field:
+-- doc_len for an exact term, stem_len for a stemmed one (migration 0011).
+-- Documents are deduplicated by doc_id: each document contributes its best chunk.
+create or replace function kb.search_lexical_ids(
+  query text,
+  k integer default 20,
+  k1 double precision default 1.2,
+  b double precision default 0.75
+)
+returns table (
+  chunk_id uuid,
+  doc_id uuid,
+  score double precision,
+  rank integer
+)
+language plpgsql
+stable
+parallel safe
+security definer
+set search_path = pg_catalog, kb, pg_temp
+as $fn$
+-- Top-k retrieval, exact: a threshold algorithm over the term blocks (block-max
+-- MaxScore). A term with blocks (kb.term_blocks, built with this k1 and b) has its chunks in
+-- levels by descending tf_part; after reading its levels 0..L, any chunk not read through
+-- them weighs at most U = w * tail(L) * max(1, avglen now / avglen at build) for it (before
+-- any level: w * (k1 + 1), which bounds every BM25 term when k1 >= 0 and 0 <= b <= 1;
+-- after reading all its postings through the GIN index: 0). Every chunk read is scored
+-- exactly, with all query terms, and merged into the top k. A chunk never read scores at
+-- most the sum of the terms' U, so the search stops when the k-th score is above that sum.
+-- Otherwise, with terms sorted by U, those whose U add up to less than the k-th score are
+-- non-essential (MaxScore): a chunk never read can only enter the top k if it holds an
+-- essential term. When the essential terms' unread postings are few against the next
+-- levels to read, they are all scored through the (tenant_id, tsv) GIN index and the search
+-- ends; else the next level of each term whose U is at least half the largest is read (a
+-- level is 4 times its predecessor, so rounds stay few). Round 0 reads level 0 of every
+-- term with blocks and, through the GIN index, all chunks of the terms without (rare ones:
+-- below the blocks' min_df). A round scores only chunks no earlier round read, and merges
+-- them with the previous top k: a document outside that top k cannot enter it through a
+-- chunk already scored, since adding candidates only raises the k-th score.
+declare
+  v_tenant uuid := kb.current_tenant();
+  v_k integer := greatest(least(k, 1000), 0);
+  v_n float8;
+  v_avglen float8;
+  v_stem_avglen float8;
+  v_terms text[];
+  v_df bigint[];
+  v_w float8[];
+  v_nt integer;
+  v_exact boolean := k1 >= 0 and b >= 0 and b <= 1;
+  -- levels, flattened: term i's level L (0-based) is entry v_off[i] + L + 1 of v_lb (its
+  -- bound: w * tail * widening) and of v_ln (its number of chunks, all parts)
+  v_off integer[];
+  v_nlev integer[];
+  v_lb float8[] := '{}';
+  v_ln bigint[] := '{}';
+  v_read integer[];      -- levels read per term
+  v_readn bigint[];      -- chunks listed in them
+  v_gin boolean[];       -- all postings scored through the GIN index
+  v_u float8[];
+  v_e boolean[];         -- the terms read through the GIN index this round
+  v_ids uuid[];          -- chunk ids read from levels this round
+  v_seen uuid[] := '{}'; -- chunk ids read from levels so far
+  v_gin_q tsquery;
+  v_done_q tsquery;      -- terms read through the GIN index by earlier rounds
+  v_sum float8;
+  v_cum float8;
+  v_umax float8;
+  v_finish bigint;
+  v_step bigint;
+  v_cnt integer;
+  v_j integer;
+  v_last boolean := false;
+  v_sub text;
+  v_nsub integer;
+  v_subest float8;
+  v_round integer := 0;
+  r_chunk uuid[];
+  r_doc uuid[];
+  r_score float8[];
+  v_min float8;
+  v_tq tsquery[];  -- v_tq[i]: the query of term i alone
+  v_tf real[] := kb.ts_rank_tf();
+  v_score text;
+begin
+  if v_tenant is null or v_k = 0 then
+    return;
+  end if;
+  select cs.n_chunks::float8, cs.total_len::float8 / greatest(cs.n_chunks, 1),
+         cs.stem_total_len::float8 / greatest(cs.n_chunks, 1)
+    into v_n, v_avglen, v_stem_avglen
+  from kb.corpus_stats cs where cs.tenant_id = v_tenant;
+  if v_n is null then
+    return;
+  end if;
+  -- weight of a term = its count in the query (qtf) * idf
+  select array_agg(ts.term order by ts.df, ts.term),
+         array_agg(ts.df order by ts.df, ts.term),
+         array_agg(q.qtf * ln(1 + (v_n - ts.df + 0.5) / (ts.df + 0.5)) order by ts.df, ts.term)
+    into v_terms, v_df, v_w
+  from kb.search_term_counts(query) as q
+  join kb.term_stats ts on ts.tenant_id = v_tenant and ts.term = q.term
+  where ts.df > 0;
+  v_nt := coalesce(array_length(v_terms, 1), 0);
+  if v_nt = 0 then
+    return;
+  end if;
+  -- A chunk's score, one expression over its tsvector: term i contributes
+  -- v_w[i] * kb.bm25_tf_part(tf), tf read by ts_rank (see kb.ts_rank_tf; a lexeme stored
+  -- without positions, as code tokens may be, counts once), guarded by tsv @@ term: the
+  -- check costs half a ts_rank call, and a chunk holds few of a long query's terms (on
+  -- CISI's long queries the unguarded form was 6% slower on average than unnesting, the
+  -- guarded one 3% faster). Two entries of the constant are checked against this server's
+  -- ts_rank; it is computed afresh if they differ.
+  if ts_rank('{1,1,1,1}', 'x:1'::tsvector, 'x'::tsquery, 0) is distinct from v_tf[1]
+     or ts_rank('{1,1,1,1}', 'x:1,2,3'::tsvector, 'x'::tsquery, 0) is distinct from v_tf[3] then
+    v_tf := kb.ts_rank_tf_compute();
+  end if;
+  -- A stemmed term ('~ ...') is normalised by its field's length (c.stem_len, average $10),
+  -- any other by the exact field's (c.doc_len, average $7).
+  select array_agg(kb.terms_tsquery(array[t.term]) order by t.i),
+         string_agg(format('case when c.tsv @@ $8[%s] then $2[%s] * kb.bm25_tf_part(width_bucket(ts_rank('
+                           '''{1,1,1,1}'', c.tsv, $8[%s], 0), $9), %s) else 0 end', t.i, t.i, t.i,
+                           case when t.term like '~ %' then 'c.stem_len, $5, $6, $10' else 'c.doc_len, $5, $6, $7' end),
+                    ' + ' order by t.i)
+    into v_tq, v_score
+  from unnest(v_terms) with ordinality as t(term, i);
+
+  -- The levels of the query's terms built with this k1 and b (none when the bounds do not
+  -- hold: then every term is read through the GIN index, plain exhaustive scoring).
+  v_nlev := array_fill(0, array[v_nt]);
+  v_off := array_fill(0, array[v_nt]);
+  if v_exact then
+    for i in 1 .. v_nt loop
+      v_off[i] := cardinality(v_lb);
+      select v_lb || coalesce(array_agg(l.bound order by l.level), '{}'),
+             v_ln || coalesce(array_agg(l.n order by l.level), '{}'),
+             count(*)
+        into v_lb, v_ln, v_cnt
+      from (select tt.level,
+                   v_w[i] * max(tt.tail) * greatest(1, (case when v_terms[i] like '~ %' then v_stem_avglen
+                                                            else v_avglen end) / max(tt.avglen)) as bound,
+                   sum(tt.n) as n
+            from kb.term_blocks tt
+            where tt.tenant_id = v_tenant and tt.term = v_terms[i]
+              and tt.k1 = search_lexical_ids.k1 and tt.b = search_lexical_ids.b
+            group by tt.level) as l;
+      v_nlev[i] := v_cnt;
+    end loop;
+  end if;
+  v_read := array_fill(0, array[v_nt]);
+  v_readn := array_fill(0::bigint, array[v_nt]);
+  v_gin := array_fill(false, array[v_nt]);
+  v_u := array_fill(0::float8, array[v_nt]);
+  -- round 0: level 0 of the terms with levels, the others through the GIN index
+  v_e := array(select v_nlev[i] = 0 from generate_series(1, v_nt) as i);
+  for i in 1 .. v_nt loop
+    if v_nlev[i] > 0 then
+      v_read[i] := 1;
+      v_readn[i] := v_ln[v_off[i] + 1];
+    end if;
+  end loop;
+  select coalesce(array_agg(distinct x.id), '{}') into v_ids
+  from kb.term_blocks tt cross join lateral unnest(tt.chunk_ids) as x(id)
+  where tt.tenant_id = v_tenant and tt.term = any (v_terms) and tt.level = 0
+    and tt.k1 = search_lexical_ids.k1 and tt.b = search_lexical_ids.b and v_exact;
+
+  loop
+    if not v_last then
+      select kb.terms_tsquery(array_agg(v_terms[i] order by i)) into v_gin_q
+      from generate_series(1, v_nt) as i where v_e[i];
+    end if;
+
+    -- score this round's chunks (v_score), best chunk per document, top k, merged with the
+    -- previous top k. EXECUTE plans with the actual tenant and query (a custom plan): a
+    -- generic plan estimates every tenant alike and may scan a large tenant through a btree
+    -- on tenant_id instead of the (tenant_id, tsv) GIN index. Scores are rounded to 1e-9 so
+    -- that ties do not depend on summation order. A chunk read by an earlier round (through
+    -- the GIN index: $11; from a level: $13) is not scored again (v_ids excludes the latter).
+    if v_gin_q is not null or cardinality(v_ids) > 0 then
+      execute format($q$
+        with scored as materialized (
+          -- (tenant_id, tsv) GIN index and (tenant_id, chunk_id) key: index conditions
+          -- (materialized: planned alone, so that no index in doc_id order replaces it)
+          -- (with 8 terms or more, as a Thai or Chinese query's n-grams are, the tsvector
+          -- is read once per row: a large one is stored compressed, and each operator and
+          -- function call on the column itself decompresses it again; a copy costs more than
+          -- the few decompressions of a short query)
+          select c.chunk_id, c.doc_id, round((%s) * 1e9) / 1e9 as score
+          from (select c.chunk_id, c.doc_id, c.doc_len, c.stem_len, %s as tsv
+                from kb.chunks c
+                where c.tenant_id = $1
+                  and (%s)%s%s
+                offset 0) as c%s
+        ),
+        top as (
+          select x.chunk_id, x.doc_id, x.score
+          from (select distinct on (s.doc_id) s.chunk_id, s.doc_id, s.score
+                from scored s
+                order by s.doc_id, s.score desc, s.chunk_id) as x
+          order by x.score desc, x.chunk_id
+          limit $4
+        )
+        select array_agg(chunk_id order by score desc, chunk_id),
+               array_agg(doc_id order by score desc, chunk_id),
+               array_agg(score order by score desc, chunk_id),
+               min(score)
+        from top
+      $q$,
+        v_score,
+        case when v_nt >= 8 then 'c.tsv || ''''::tsvector' else 'c.tsv' end,
+        concat_ws(' or ', case when v_gin_q is not null then 'c.tsv @@ $3' end,
+                          case when cardinality(v_ids) > 0 then 'c.chunk_id = any ($12)' end),
+        case when v_done_q is not null then ' and not (c.tsv @@ $11)' else '' end,
+        case when v_gin_q is not null and cardinality(v_seen) > 0
+             then ' and c.chunk_id not in (select unnest($13::uuid[]))' else '' end,
+        case when r_chunk is not null then $p$
+          union all
+          select p.chunk_id, p.doc_id, p.score
+          from unnest($14::uuid[], $15::uuid[], $16::float8[]) as p(chunk_id, doc_id, score)$p$ else '' end)
+      into r_chunk, r_doc, r_score, v_min
+      using v_tenant, v_w, v_gin_q, v_k, k1, b, greatest(v_avglen, 1e-9), v_tq, v_tf,
+            greatest(v_stem_avglen, 1e-9), v_done_q, v_ids, v_seen, r_chunk, r_doc, r_score;
+    end if;
+    v_seen := v_seen || v_ids;
+    if v_gin_q is not null then
+      v_done_q := case when v_done_q is null then v_gin_q else v_done_q || v_gin_q end;
+    end if;
+    v_round := v_round + 1;
+    exit when v_last;
+
+    -- U per term, and the bound of a chunk not read yet: their sum
+    v_sum := 0;
+    for i in 1 .. v_nt loop
+      v_gin[i] := v_gin[i] or v_e[i];
+      v_u[i] := case when v_gin[i] then 0
+                     when v_read[i] = 0 then v_w[i] * (k1 + 1)
+                     else v_lb[v_off[i] + v_read[i]] end;
+      v_sum := v_sum + v_u[i];
+    end loop;
+    -- (the margin covers the rounding of scores to 1e-9 and a tail equal to a score)
+    exit when v_sum = 0
+           or (coalesce(cardinality(r_chunk), 0) = v_k and v_min > v_sum + 1e-8);
+    -- The last round's candidates (coverage): a chunk not read yet scores at most the sum
+    -- of U over the terms it holds (it holds none read through the GIN index), so it can
+    -- only enter the top k if it holds a set of terms whose U add up to the k-th score
+    -- (with fewer than k documents: any term). Those sets are enumerated by adding terms in
+    -- descending U until the sum reaches it (each such set holds one that is listed), a
+    -- branch dropped once even all the remaining terms cannot reach it; the GIN index then
+    -- finds the chunks holding all terms of a listed set (the expected number, as if the
+    -- terms were independent, is v_finish). When there are more than 64 sets, the MaxScore
+    -- cover instead: the essential terms, all but those (smallest U first) whose U add up
+    -- to less than the k-th score.
+    v_cum := case when coalesce(cardinality(r_chunk), 0) = v_k then v_min - 1e-8 else 0 end;
+    with recursive t as (
+      select row_number() over (order by v_u[x.i] desc, x.i) as r, x.i, v_u[x.i] as u,
+             greatest(v_df[x.i] - v_readn[x.i], 1)::float8 / v_n as p
+      from generate_series(1, v_nt) as x(i)
+      where v_u[x.i] > 0
+    ),
+    suffix as (
+      select t.*, sum(t.u) over (order by t.r desc) as rest from t
+    ),
+    sets(last, terms, su, p) as (
+      select f.r, array[f.i], f.u, f.p from suffix f where f.rest >= v_cum
+      union all
+      select f.r, s2.terms || f.i, s2.su + f.u, s2.p * f.p
+      from sets s2 join suffix f on f.r > s2.last
+      where s2.su < v_cum and s2.su + f.rest >= v_cum and cardinality(s2.terms) < 16
+    )
+    select string_agg('(' || (select string_agg(v_tq[x]::text, ' & ') from unnest(s3.terms) as x) || ')', ' | '),
+           count(*), sum(s3.p) * v_n
+      into v_sub, v_nsub, v_subest
+    from (select * from sets where sets.su >= v_cum limit 65) as s3;
+    v_e := array(select v_u[i] > 0 from generate_series(1, v_nt) as i);
+    v_cum := 0;
+    for v_j in select t.i from generate_series(1, v_nt) as t(i) order by v_u[t.i], t.i loop
+      exit when coalesce(cardinality(r_chunk), 0) < v_k or v_cum + v_u[v_j] + 1e-8 >= v_min;
+      v_cum := v_cum + v_u[v_j];
+      v_e[v_j] := false;
+    end loop;
+    v_finish := 0;
+    v_umax := 0;
+    for i in 1 .. v_nt loop
+      if v_e[i] then
+        v_finish := v_finish + greatest(v_df[i] - v_readn[i], 0);
+      end if;
+      if v_read[i] < v_nlev[i] and v_u[i] > 0 then
+        v_umax := greatest(v_umax, v_u[i]);
+      end if;
+    end loop;
+    if v_nsub between 1 and 64 then
+      v_finish := least(v_finish, v_subest);
+    else
+      v_sub := null;
+    end if;
+    -- a step: the next level of each term whose U is at least half the largest
+    v_step := 0;
+    for i in 1 .. v_nt loop
+      if v_read[i] < v_nlev[i] and v_u[i] > 0 and v_u[i] >= v_umax / 2 then
+        v_step := v_step + v_ln[v_off[i] + v_read[i] + 1];
+      end if;
+    end loop;
+    v_ids := '{}';
+    if v_step > 0 and v_finish > 2 * v_step then
+      select coalesce(array_agg(x.id), '{}') into v_ids
+      from (select u.id
+            from generate_series(1, v_nt) as t(i)
+            join kb.term_blocks tt
+              on tt.tenant_id = v_tenant and tt.term = v_terms[t.i] and tt.level = v_read[t.i]
+             and tt.k1 = search_lexical_ids.k1 and tt.b = search_lexical_ids.b
+            cross join lateral unnest(tt.chunk_ids) as u(id)
+            where v_read[t.i] < v_nlev[t.i] and v_u[t.i] > 0 and v_u[t.i] >= v_umax / 2
+            except
+            select unnest(v_seen)) as x;
+      for i in 1 .. v_nt loop
+        if v_read[i] < v_nlev[i] and v_u[i] > 0 and v_u[i] >= v_umax / 2 then
+          v_readn[i] := v_readn[i] + v_ln[v_off[i] + v_read[i] + 1];
+          v_read[i] := v_read[i] + 1;
+        end if;
+      end loop;
+      v_e := array_fill(false, array[v_nt]);
+    else
+      -- finish: the listed sets' chunks (or the essential terms') through the GIN index
+      v_last := true;
+      v_gin_q := coalesce(v_sub::tsquery, (select kb.terms_tsquery(array_agg(v_terms[i] order by i))
+                                           from generate_series(1, v_nt) as i where v_e[i]));
+    end if;
+  end loop;
+
+  return query
+    select t.chunk_id, t.doc_id, t.score, t.rank::integer
+    from unnest(r_chunk, r_doc, r_score) with ordinality as t(chunk_id, doc_id, score, rank)
+    order by t.rank;
+end
+$fn$;
+alter function kb.search_lexical_ids(text, integer, double precision, double precision) owner to kb_search;
+comment on function kb.search_lexical_ids(text, integer, double precision, double precision) is
+  'BM25 top-k chunks (best chunk per document) as ids, score and rank, for the tenant in auth.tenant_id; empty when unset';
+
+-- kb.search_lexical: kb.search_lexical_ids' rows with the chunk's title, snippet and content,
+-- in rank order. SECURITY DEFINER, owned by kb_search like the search it calls (so that a
+-- caller needs EXECUTE on this function only): both joins name kb.current_tenant(), and with
+-- no tenant set the search returns no rows. search_path pinned, pg_temp last.
+create or replace function kb.search_lexical(
+  query text,
+  k integer default 20,
+  k1 double precision default 1.2,
+  b double precision default 0.75
+)
+returns table (
+  chunk_id uuid,
+  doc_id uuid,
+  doc_title text,
+  snippet text,
+  content text,
+  score double precision,
+  rank integer
+)
+language sql
+stable
+parallel safe
+security definer
+set search_path = pg_catalog, kb, pg_temp
+as $$
+  select t.chunk_id, t.doc_id, d.title, left(c.content, 300), c.content, t.score, t.rank
+  from kb.search_lexical_ids(query, k, k1, b) as t
+  join kb.chunks c on c.chunk_id = t.chunk_id and c.tenant_id = kb.current_tenant()
+  join kb.documents d on d.doc_id = t.doc_id and d.tenant_id = kb.current_tenant()
+  order by t.rank
+$$;
+alter function kb.search_lexical(text, integer, double precision, double precision) owner to kb_search;
+comment on function kb.search_lexical(text, integer, double precision, double precision) is
+  'BM25 top-k chunks (best chunk per document) for the tenant in auth.tenant_id; empty when unset';
+
+-- ---- frozen copy of sql/functions/11_search_semantic.sql as of 0021 ----
+-- kb.search_semantic(query_embedding, k): cosine nearest neighbours in the caller's tenant.
+--
+-- SECURITY DEFINER, owned by kb_search, for the same reason as kb.search_lexical: the
+-- tenant filter is applied here, on kb.current_tenant(), so the HNSW index is used and
+-- no other tenant's rows are visible; with no tenant set it returns no rows.
+-- The kNN step is a plain `ORDER BY embedding <=> q LIMIT k` (no join or window
+-- function inside it) so the HNSW index serves it. hnsw.iterative_scan lets pgvector 0.8
+-- keep scanning the graph until k rows pass the tenant filter, so a small tenant among
+-- many still gets its full top-k; ef_search 100 keeps recall high.
+-- The document join names the chunk's tenant: kb.documents' key is (tenant_id, doc_id), and
+-- on doc_id alone each of the k lookups skip-scanned the key over every tenant (about 2 ms
+-- of a 120-deep call at 10 tenants). The rows are the same: a chunk's document is its
+-- tenant's.
+create or replace function kb.search_semantic(
+  query_embedding public.vector,
+  k integer default 20
+)
+returns table (
+  chunk_id uuid,
+  doc_id uuid,
+  doc_title text,
+  snippet text,
+  content text,
+  score double precision,
+  rank integer
+)
+language sql
+stable
+parallel safe
+security definer
+set search_path = pg_catalog, kb, pg_temp
+set hnsw.iterative_scan = relaxed_order
+set hnsw.ef_search = 100
+as $$
+  with nn as materialized (
+    select c.chunk_id, c.doc_id, c.tenant_id, c.content, c.embedding OPERATOR(public.<=>) query_embedding as distance
+    from kb.chunks c
+    where c.tenant_id = kb.current_tenant()
+    order by c.embedding OPERATOR(public.<=>) query_embedding
+    limit greatest(least(k, 1000), 0)
+  )
+  select nn.chunk_id, nn.doc_id, d.title, left(nn.content, 300), nn.content,
+         1 - nn.distance, (row_number() over (order by nn.distance, nn.chunk_id))::integer
+  from nn
+  join kb.documents d on d.tenant_id = nn.tenant_id and d.doc_id = nn.doc_id
+  order by nn.distance, nn.chunk_id
+$$;
+alter function kb.search_semantic(public.vector, integer) owner to kb_search;
+comment on function kb.search_semantic(public.vector, integer) is
+  'Cosine top-k chunks (score = cosine similarity) for the tenant in auth.tenant_id; empty when unset';
+
+-- ---- frozen copy of sql/functions/11_search_semantic_ids.sql as of 0021 ----
+-- kb.search_semantic_ids(query_embedding, k): kb.search_semantic's chunk list without the
+-- texts: chunk id, document id, score and rank only (kb.retrieve_hybrid reads it, and fetches
+-- the texts of the rows it returns only).
+--
+-- The kNN step is kb.search_semantic's (the same filter, order and limit inside a
+-- materialized CTE, the same settings hnsw.iterative_scan = relaxed_order and
+-- hnsw.ef_search = 100, the same order and ranks; only the columns it carries differ), so both return the same chunks in the same order with the same scores
+-- (tests/test_retrieval_speed_equivalence.py compares them); keep the two in step. What it
+-- leaves out is the document join (one index lookup a chunk) and the content and snippet of
+-- up to 1000 chunks, most of which the hybrid fusion drops.
+--
+-- SECURITY DEFINER, owned by kb_search, for kb.search_semantic's reason: the tenant filter is
+-- applied here, on kb.current_tenant(), so the HNSW index is used and no other tenant's rows
+-- are visible; with no tenant set it returns no rows. search_path pinned, pg_temp last.
+create or replace function kb.search_semantic_ids(
+  query_embedding public.vector,
+  k integer default 20
+)
+returns table (
+  chunk_id uuid,
+  doc_id uuid,
+  score double precision,
+  rank integer
+)
+language sql
+stable
+parallel safe
+security definer
+set search_path = pg_catalog, kb, pg_temp
+set hnsw.iterative_scan = relaxed_order
+set hnsw.ef_search = 100
+as $$
+  with nn as materialized (
+    select c.chunk_id, c.doc_id, c.embedding OPERATOR(public.<=>) query_embedding as distance
+    from kb.chunks c
+    where c.tenant_id = kb.current_tenant()
+    order by c.embedding OPERATOR(public.<=>) query_embedding
+    limit greatest(least(k, 1000), 0)
+  )
+  select nn.chunk_id, nn.doc_id, 1 - nn.distance, (row_number() over (order by nn.distance, nn.chunk_id))::integer
+  from nn
+  order by nn.distance, nn.chunk_id
+$$;
+alter function kb.search_semantic_ids(public.vector, integer) owner to kb_search;
+comment on function kb.search_semantic_ids(public.vector, integer) is
+  'kb.search_semantic''s cosine top-k chunks (id, document, score, rank) without their texts; empty when no tenant is set';
+
+-- ---- frozen copy of sql/functions/12_search_hybrid.sql as of 0021 ----
+-- kb.search_hybrid(query, query_embedding, k, rrf_k, fusion, lexical_weight, semantic_weight, k1, b)
+--
+-- Fuses per DOCUMENT: a document's lexical rank and semantic rank meet in one
+-- row, so a document found by both lists through different chunks counts once, with both
+-- ranks (fusing on chunk ids counted it twice, each time with one rank).
+--   lexical list  = kb.search_lexical(query, k): the top-k documents by BM25 (it already
+--                   returns the best chunk per document; rank = document rank)
+--   semantic list = the top-k documents by their best chunk's cosine similarity: the
+--                   first-seen order of documents in kb.search_semantic's chunk list, read
+--                   2k chunks deep and deeper (x4, up to 1000) while that holds fewer than
+--                   k documents and the tenant has more chunks, so the list is the exact
+--                   prefix of the document ranking (ranks as a per-document dense search
+--                   gives them) up to that cap.
+-- Each row carries ONE chunk of the document for the reranker: the chunk of the list that
+-- ranks the document higher (semantic on a tie); it is the evidence for its better rank.
+-- lexical_score is the document's BM25 score, semantic_score its best chunk's similarity
+-- (whichever chunk is carried), so the relevance gate still sees the best similarity.
+--   fusion = 'rrf'        score = lexical_weight / (rrf_k + lexical_rank)
+--                               + semantic_weight / (rrf_k + semantic_rank)   (missing rank: 0)
+--   fusion = 'convex'     score = (lexical_weight * lexn + semantic_weight * semn)
+--                                 / (lexical_weight + semantic_weight)
+--                         lexn / semn = min-max normalised score within the list's top-k
+--                         ((s - min) / (max - min); 1 when max = min; missing: 0)
+--   fusion = 'interleave' the spec's round-robin: lexical[1], semantic[1], lexical[2], ...
+--                         skipping documents already taken; score = 1 / position
+-- Returns up to 2k rows (documents) ordered by score desc, chunk_id. SECURITY INVOKER: it
+-- sees exactly what the two search functions return for the caller's tenant.
+-- k1, b: the BM25 parameters of the lexical list (the service passes KB_BM25_K1 / KB_BM25_B,
+-- as it does to kb.search_lexical).
+-- The signature before k1 / b (one overload only: callers' positional calls stay unambiguous).
+drop function if exists kb.search_hybrid(text, public.vector, integer, integer, text, double precision,
+                                         double precision);
+create or replace function kb.search_hybrid(
+  query text,
+  query_embedding public.vector,
+  k integer default 20,
+  rrf_k integer default 60,
+  fusion text default 'rrf',
+  lexical_weight double precision default 1.0,
+  semantic_weight double precision default 1.0,
+  k1 double precision default 1.2,
+  b double precision default 0.75
+)
+returns table (
+  chunk_id uuid,
+  doc_id uuid,
+  doc_title text,
+  snippet text,
+  content text,
+  lexical_rank integer,
+  semantic_rank integer,
+  lexical_score double precision,
+  semantic_score double precision,
+  score double precision
+)
+language plpgsql
+stable
+security invoker
+set search_path = pg_catalog, kb, pg_temp
+as $$
+#variable_conflict use_column
+declare
+  depth integer;
+  n_chunks integer;
+  s_doc uuid[];
+  s_chunk uuid[];
+  s_title text[];
+  s_snippet text[];
+  s_content text[];
+  s_score float8[];
+begin
+  if k is null or k < 1 or k > 1000 then
+    raise exception 'k must be between 1 and 1000, got %', k using errcode = '22023';
+  end if;
+  if rrf_k is null or rrf_k < 0 then
+    raise exception 'rrf_k must be >= 0, got %', rrf_k using errcode = '22023';
+  end if;
+  if fusion is null or fusion not in ('rrf', 'convex', 'interleave') then
+    raise exception 'fusion must be ''rrf'', ''convex'' or ''interleave'', got %', fusion using errcode = '22023';
+  end if;
+  if fusion = 'convex' and (lexical_weight is null or semantic_weight is null or lexical_weight < 0
+                            or semantic_weight < 0 or lexical_weight + semantic_weight <= 0) then
+    raise exception 'convex fusion needs weights >= 0 with a positive sum, got % and %',
+      lexical_weight, semantic_weight using errcode = '22023';
+  end if;
+
+  -- semantic documents: best chunk per document in chunk-rank order, read deep enough for
+  -- k documents (one kNN call in the usual case: 2k chunks rarely hold fewer than k documents)
+  depth := least(2 * k, 1000);
+  loop
+    select count(*)::integer,
+           array_agg(b.doc_id order by b.rank) filter (where b.is_first),
+           array_agg(b.chunk_id order by b.rank) filter (where b.is_first),
+           array_agg(b.doc_title order by b.rank) filter (where b.is_first),
+           array_agg(b.snippet order by b.rank) filter (where b.is_first),
+           array_agg(b.content order by b.rank) filter (where b.is_first),
+           array_agg(b.score order by b.rank) filter (where b.is_first)
+      into n_chunks, s_doc, s_chunk, s_title, s_snippet, s_content, s_score
+    from (select s.*, row_number() over (partition by s.doc_id order by s.rank) = 1 as is_first
+          from kb.search_semantic(query_embedding, depth) s) b;
+    exit when coalesce(cardinality(s_doc), 0) >= k or n_chunks < depth or depth >= 1000;
+    depth := least(depth * 4, 1000);
+  end loop;
+
+  return query
+  with lex as (
+    select l.chunk_id, l.doc_id, l.doc_title, l.snippet, l.content, l.score, l.rank
+    from kb.search_lexical(query, k, k1, b) l
+  ),
+  sem as (
+    select u.doc_id, u.chunk_id, u.doc_title, u.snippet, u.content, u.score, u.rank::integer as rank
+    from unnest(s_doc, s_chunk, s_title, s_snippet, s_content, s_score)
+           with ordinality as u(doc_id, chunk_id, doc_title, snippet, content, score, rank)
+    where u.rank <= k
+  ),
+  joined as (
+    select l.rank as lexical_rank,
+           s.rank as semantic_rank,
+           l.score as lexical_score,
+           s.score as semantic_score,
+           -- the carried chunk: from the list that ranks the document higher (semantic on a tie)
+           (s.rank is not null and (l.rank is null or s.rank <= l.rank)) as sem_chunk,
+           l.chunk_id as l_chunk, l.doc_id as l_doc, l.doc_title as l_title, l.snippet as l_snippet,
+           l.content as l_content,
+           s.chunk_id as s_chunk, s.doc_id as s_doc, s.doc_title as s_title, s.snippet as s_snippet,
+           s.content as s_content
+    from lex l
+    full outer join sem s on s.doc_id = l.doc_id
+  ),
+  normed as (
+    select j.*,
+           case when j.lexical_score is null then 0
+                when max(j.lexical_score) over () = min(j.lexical_score) over () then 1
+                else (j.lexical_score - min(j.lexical_score) over ())
+                     / (max(j.lexical_score) over () - min(j.lexical_score) over ()) end as lexn,
+           case when j.semantic_score is null then 0
+                when max(j.semantic_score) over () = min(j.semantic_score) over () then 1
+                else (j.semantic_score - min(j.semantic_score) over ())
+                     / (max(j.semantic_score) over () - min(j.semantic_score) over ()) end as semn
+    from joined j
+  ),
+  fused as (
+    select case when n.sem_chunk then n.s_chunk else n.l_chunk end as chunk_id,
+           case when n.sem_chunk then n.s_doc else n.l_doc end as doc_id,
+           case when n.sem_chunk then n.s_title else n.l_title end as doc_title,
+           case when n.sem_chunk then n.s_snippet else n.l_snippet end as snippet,
+           case when n.sem_chunk then n.s_content else n.l_content end as content,
+           n.lexical_rank, n.semantic_rank, n.lexical_score, n.semantic_score,
+           case when fusion = 'rrf' then
+                  coalesce(lexical_weight / (rrf_k + n.lexical_rank), 0)
+                + coalesce(semantic_weight / (rrf_k + n.semantic_rank), 0)
+                when fusion = 'convex' then
+                  (lexical_weight * n.lexn + semantic_weight * n.semn) / (lexical_weight + semantic_weight)
+                else 0 end as fused_score,
+           least(coalesce(2 * (n.lexical_rank - 1), 2147483647),
+                 coalesce(2 * (n.semantic_rank - 1) + 1, 2147483647)) as rr_order
+    from normed n
+  )
+  select f.chunk_id, f.doc_id, f.doc_title, f.snippet, f.content,
+         f.lexical_rank, f.semantic_rank, f.lexical_score, f.semantic_score,
+         (case when fusion = 'interleave' then 1.0 / row_number() over (order by f.rr_order, f.chunk_id)
+               else f.fused_score end)::float8
+  from fused f
+  order by 10 desc, f.chunk_id;
+end
+$$;
+comment on function kb.search_hybrid(text, public.vector, integer, integer, text, double precision, double precision,
+                                  double precision, double precision) is
+  'Hybrid search per document: lexical (BM25) and semantic top-k documents fused by RRF (default), '
+  'convex combination of min-max normalised scores, or round-robin interleave; one chunk per document';
+
+-- ---- frozen copy of sql/functions/13_retrieve_hybrid.sql as of 0021 ----
+-- kb.retrieve_hybrid(query, query_embedding, k, rrf_k, fusion, lexical_weight, semantic_weight,
+--                    k1, b, lim, pair_model, pair_query_hash, pair_generation)
+--
+-- The service's hybrid read in ONE statement: kb.search_hybrid's best `lim` rows, in its order
+-- (score desc, chunk_id), each with its live pair score (kb.kb_rerank_pair_scores) when one is
+-- kept, instead of kb.search_hybrid and then the pair-score read as a second statement
+-- (kb_rerank/pipeline/retrieval.py, kb_rerank/store/search.py).
+--
+-- Same rows as `select * from kb.search_hybrid(query, query_embedding, k, rrf_k, fusion,
+-- lexical_weight, semantic_weight, k1, b) order by score desc, chunk_id limit lim`: the same
+-- lists without their texts (kb.search_lexical_ids, the search kb.search_lexical adds the texts
+-- to, and kb.search_semantic_ids, kb.search_semantic's kNN step),
+-- the same deepening of the semantic list, the same per-document fusion written expression for
+-- expression (kb.search_hybrid's comment says what it computes), the same ties (chunk_id).
+-- tests/test_retrieval_speed_equivalence.py compares the two for every fusion; a change to
+-- kb.search_hybrid's fusion is made here too. What differs is only where the texts come
+-- from: the fusion carries ids, ranks and scores, and the title, snippet and content are
+-- read for the `lim` rows returned (two key lookups a row), not carried for the 2 x k
+-- chunks of the semantic list through the aggregation, the join and the sorts.
+--
+--   lim               rows returned, 1..2000 (kb.search_hybrid returns at most 2k)
+--   pair_model, pair_query_hash, pair_generation
+--                     the pair cache's key of this query (kb_rerank/store/pair_cache.py):
+--                     pair_score is the live score of (chunk_id, sha256 of content) under it,
+--                     NULL when none is kept or when pair_model is NULL (no pair read: a
+--                     standby, the CLI, the eval).
+--
+-- SECURITY INVOKER: it reads what the caller may read, in the caller's tenant transaction
+-- (RLS on the chunks, documents and pair scores; the two list functions, definers, filter on
+-- kb.current_tenant()). Stable: it writes nothing. search_path pinned, pg_temp last.
+create or replace function kb.retrieve_hybrid(
+  query text,
+  query_embedding public.vector,
+  k integer,
+  rrf_k integer,
+  fusion text,
+  lexical_weight double precision,
+  semantic_weight double precision,
+  k1 double precision,
+  b double precision,
+  lim integer,
+  pair_model text,
+  pair_query_hash text,
+  pair_generation bigint
+)
+returns table (
+  chunk_id uuid,
+  doc_id uuid,
+  doc_title text,
+  snippet text,
+  content text,
+  lexical_rank integer,
+  semantic_rank integer,
+  lexical_score double precision,
+  semantic_score double precision,
+  score double precision,
+  pair_score real
+)
+language plpgsql
+stable
+security invoker
+set search_path = pg_catalog, kb, pg_temp
+as $$
+#variable_conflict use_column
+declare
+  depth integer;
+  n_chunks integer;
+  s_doc uuid[];
+  s_chunk uuid[];
+  s_score float8[];
+begin
+  -- kb.search_hybrid's checks, with its messages
+  if k is null or k < 1 or k > 1000 then
+    raise exception 'k must be between 1 and 1000, got %', k using errcode = '22023';
+  end if;
+  if rrf_k is null or rrf_k < 0 then
+    raise exception 'rrf_k must be >= 0, got %', rrf_k using errcode = '22023';
+  end if;
+  if fusion is null or fusion not in ('rrf', 'convex', 'interleave') then
+    raise exception 'fusion must be ''rrf'', ''convex'' or ''interleave'', got %', fusion using errcode = '22023';
+  end if;
+  if fusion = 'convex' and (lexical_weight is null or semantic_weight is null or lexical_weight < 0
+                            or semantic_weight < 0 or lexical_weight + semantic_weight <= 0) then
+    raise exception 'convex fusion needs weights >= 0 with a positive sum, got % and %',
+      lexical_weight, semantic_weight using errcode = '22023';
+  end if;
+  if lim is null or lim < 1 or lim > 2000 then
+    raise exception 'lim must be between 1 and 2000, got %', lim using errcode = '22023';
+  end if;
+
+  -- semantic documents: best chunk per document in chunk-rank order, read deep enough for
+  -- k documents (kb.search_hybrid's loop, over ids and scores only)
+  depth := least(2 * k, 1000);
+  loop
+    select count(*)::integer,
+           array_agg(b.doc_id order by b.rank) filter (where b.is_first),
+           array_agg(b.chunk_id order by b.rank) filter (where b.is_first),
+           array_agg(b.score order by b.rank) filter (where b.is_first)
+      into n_chunks, s_doc, s_chunk, s_score
+    from (select s.*, row_number() over (partition by s.doc_id order by s.rank) = 1 as is_first
+          from kb.search_semantic_ids(query_embedding, depth) s) b;
+    exit when coalesce(cardinality(s_doc), 0) >= k or n_chunks < depth or depth >= 1000;
+    depth := least(depth * 4, 1000);
+  end loop;
+
+  return query
+  with lex as (
+    select l.chunk_id, l.doc_id, l.score, l.rank
+    from kb.search_lexical_ids(query, k, k1, b) l
+  ),
+  sem as (
+    select u.doc_id, u.chunk_id, u.score, u.rank::integer as rank
+    from unnest(s_doc, s_chunk, s_score) with ordinality as u(doc_id, chunk_id, score, rank)
+    where u.rank <= k
+  ),
+  joined as (
+    select l.rank as lexical_rank,
+           s.rank as semantic_rank,
+           l.score as lexical_score,
+           s.score as semantic_score,
+           -- the carried chunk: from the list that ranks the document higher (semantic on a tie)
+           (s.rank is not null and (l.rank is null or s.rank <= l.rank)) as sem_chunk,
+           l.chunk_id as l_chunk, l.doc_id as l_doc,
+           s.chunk_id as s_chunk, s.doc_id as s_doc
+    from lex l
+    full outer join sem s on s.doc_id = l.doc_id
+  ),
+  normed as (
+    select j.*,
+           case when j.lexical_score is null then 0
+                when max(j.lexical_score) over () = min(j.lexical_score) over () then 1
+                else (j.lexical_score - min(j.lexical_score) over ())
+                     / (max(j.lexical_score) over () - min(j.lexical_score) over ()) end as lexn,
+           case when j.semantic_score is null then 0
+                when max(j.semantic_score) over () = min(j.semantic_score) over () then 1
+                else (j.semantic_score - min(j.semantic_score) over ())
+                     / (max(j.semantic_score) over () - min(j.semantic_score) over ()) end as semn
+    from joined j
+  ),
+  fused as (
+    select case when n.sem_chunk then n.s_chunk else n.l_chunk end as chunk_id,
+           case when n.sem_chunk then n.s_doc else n.l_doc end as doc_id,
+           n.lexical_rank, n.semantic_rank, n.lexical_score, n.semantic_score,
+           case when fusion = 'rrf' then
+                  coalesce(lexical_weight / (rrf_k + n.lexical_rank), 0)
+                + coalesce(semantic_weight / (rrf_k + n.semantic_rank), 0)
+                when fusion = 'convex' then
+                  (lexical_weight * n.lexn + semantic_weight * n.semn) / (lexical_weight + semantic_weight)
+                else 0 end as fused_score,
+           least(coalesce(2 * (n.lexical_rank - 1), 2147483647),
+                 coalesce(2 * (n.semantic_rank - 1) + 1, 2147483647)) as rr_order
+    from normed n
+  ),
+  top as materialized (
+    -- kb.search_hybrid's score and order, cut to lim rows before any text is read
+    select f.chunk_id, f.doc_id, f.lexical_rank, f.semantic_rank, f.lexical_score, f.semantic_score,
+           (case when fusion = 'interleave' then 1.0 / row_number() over (order by f.rr_order, f.chunk_id)
+                 else f.fused_score end)::float8 as score
+    from fused f
+    order by 7 desc, f.chunk_id
+    limit lim
+  )
+  select t.chunk_id, t.doc_id, d.title, left(c.content, 300), c.content,
+         t.lexical_rank, t.semantic_rank, t.lexical_score, t.semantic_score, t.score, p.score
+  from top t
+  join kb.chunks c on c.tenant_id = kb.current_tenant() and c.chunk_id = t.chunk_id
+  join kb.documents d on d.tenant_id = kb.current_tenant() and d.doc_id = t.doc_id
+  left join kb.kb_rerank_pair_scores p
+    on p.tenant_id = kb.current_tenant() and p.model = pair_model and p.query_hash = pair_query_hash::bpchar
+   and p.generation = pair_generation and p.chunk_id = t.chunk_id
+   -- the pair cache's content hash: sha256 hex of the text (kb_rerank.candidate.sha256_hex)
+   and p.content_hash = pg_catalog.encode(pg_catalog.sha256(pg_catalog.convert_to(c.content, 'UTF8')), 'hex')::bpchar
+   and p.expires_at > pg_catalog.now()
+  order by t.score desc, t.chunk_id;
+end
+$$;
+comment on function kb.retrieve_hybrid(text, public.vector, integer, integer, text, double precision,
+                                       double precision, double precision, double precision, integer, text,
+                                       text, bigint) is
+  'kb.search_hybrid''s best lim rows in its order, each with its live pair score under the given key (NULL: none); one statement';
+
+-- ---- the grants of these functions as of 0021 (sql/policies/00_schema.sql, sql/views/sql_reader.sql) ----
+grant execute on function kb.search_lexical(text, integer, double precision, double precision),
+                          kb.search_semantic(public.vector, integer),
+                          kb.search_hybrid(text, public.vector, integer, integer, text, double precision, double precision,
+                                           double precision, double precision),
+                          kb.search_lexical_ids(text, integer, double precision, double precision),
+                          kb.search_semantic_ids(public.vector, integer),
+                          kb.retrieve_hybrid(text, public.vector, integer, integer, text, double precision, double precision,
+                                             double precision, double precision, integer, text, text, bigint)
+  to {{app_role}};
+grant execute on function kb.search_lexical(text, integer, double precision, double precision),
+                          kb.search_semantic(public.vector, integer),
+                          kb.search_hybrid(text, public.vector, integer, integer, text, double precision, double precision,
+                                           double precision, double precision)
+  to kb_sql_reader;

@@ -7,5 +7,9 @@ select doc_title, round(score::numeric, 3) from kb.search_lexical('ERR_402', 5);
 
 -- hybrid: query text + query embedding (384 floats from the configured embedder)
 select doc_title, lexical_rank, semantic_rank, round(score::numeric, 4)
-from kb.search_hybrid('how do I emit hóa đơn', :'qvec'::vector, 20);
+from kb.search_hybrid('how do I emit hóa đơn', :'qvec'::vector);
+
+-- the same, within a metadata filter (docs/filters.md)
+select doc_title from kb.search_hybrid('how do I emit hóa đơn', :'qvec'::vector,
+                                       filter => '{"language": "vi"}');
 commit;

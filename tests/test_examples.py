@@ -193,7 +193,8 @@ def test_readme_psql_session_runs_as_the_app_role(readme_db, embedder, tmp_path)
     assert rows[0] == [str(README_TENANT)]  # set_config's answer
     lexical = [row for row in rows[1:] if len(row) == 2]
     hybrid = [row for row in rows[1:] if len(row) == 4]
-    assert len(lexical) + len(hybrid) == len(rows) - 1
+    filtered = [row[0] for row in rows[1:] if len(row) == 1]
+    assert len(lexical) + len(hybrid) + len(filtered) == len(rows) - 1
     assert lexical and lexical[0][0] == ERR_402_TITLE
     assert len(lexical) <= 5
     # the same statements through psycopg, the embedding computed here: the same rows
@@ -204,9 +205,16 @@ def test_readme_psql_session_runs_as_the_app_role(readme_db, embedder, tmp_path)
                                 " from kb.search_lexical('ERR_402', 5)").fetchall()
         want_hyb = conn.execute(
             "select doc_title, lexical_rank::text, semantic_rank::text, round(score::numeric, 4)::text"
-            " from kb.search_hybrid('how do I emit hóa đơn', %s::vector, 20)",
+             " from kb.search_hybrid('how do I emit hóa đơn', %s::vector)",
             ["[" + ",".join(f"{x:.7g}" for x in qvec) + "]"]).fetchall()
+        want_filtered = [t for (t,) in conn.execute(
+            "select doc_title from kb.search_hybrid('how do I emit hóa đơn', %s::vector, filter => %s)",
+            ["[" + ",".join(f"{x:.7g}" for x in qvec) + "]", '{"language": "vi"}'])]
+        vietnamese = {t for (t,) in conn.execute("select title from kb.documents where language = 'vi'")}
     assert [tuple(x) for x in lexical] == want_lex
+    # the filtered search: Vietnamese documents only (every one the search finds)
+    assert filtered == want_filtered and set(filtered) <= vietnamese
+    assert set(filtered) == {row[0] for row in want_hyb if row[0] in vietnamese}
     nulls = lambda v: "" if v is None else v  # noqa: E731 - psql prints NULL as empty
     assert [tuple(x) for x in hybrid] == [tuple(nulls(v) for v in row) for row in want_hyb]
     assert len(hybrid) > 1

@@ -80,8 +80,8 @@ class Settings:
     candidates: int = 20  # top-k of each list before fusion
     # Fusion used by the service and the CLI (kb.search_hybrid): by default a convex combination
     # of min-max normalised scores, 0.7 lexical / 0.3 semantic, of lists 60 deep; the service
-    # always passes these (the SQL function's own defaults, rrf / 60 / 1:1, are not used). How
-    # the defaults were chosen: docs/tuning.md, "Fusion" (bench/results/fusion-sweep-stemmed.json).
+    # always passes these, and they are also the SQL function's own defaults (a psql caller
+    # ranks as the API does: tests/test_one_default.py). How the defaults were chosen: docs/tuning.md, "Fusion" (bench/results/fusion-sweep-stemmed.json).
     fusion_depth: int = 60  # KB_FUSION_DEPTH: top-k of each list that kb.search_hybrid fuses
     # KB_FUSION_METHOD: convex (min-max normalised scores, weighted) | rrf (rank-based) | interleave
     fusion_method: str = "convex"
@@ -127,7 +127,7 @@ class Settings:
     # of computed twice; off: single flight within each process only.
     shared_single_flight: bool = True  # KB_SHARED_SINGLE_FLIGHT
     single_flight_poll_s: float = 0.05  # KB_SINGLE_FLIGHT_POLL_S
-    rerank_top_n: int = 10
+    rerank_top_n: int = 10  # KB_RERANK_TOP_N: results of /v1/kb/search/rerank; a request's top_n is 1..this
     # Cache
     cache_ttl_s: int = 300
     evict_interval_s: int = 3600

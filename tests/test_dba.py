@@ -16,7 +16,7 @@ from kb_rerank.store import audit
 from kb_rerank.store.session import tenant_transaction
 
 KEY = b"d" * 40
-BEHIND, PENDING = "0020_sql_access", "0021_language_analysis"  # the revision before head, and head
+BEHIND, PENDING = "0021_language_analysis", "0022_document_metadata"  # the revision before head, and head
 
 
 def _row(app_conn, tenant):

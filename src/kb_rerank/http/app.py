@@ -16,6 +16,8 @@ Endpoints
 * ``POST /v1/kb/search/rerank``, ``POST /v1/kb/context``, ``POST /v2/rerank`` -- Bearer JWT
   (tenant claim; a static key or a JWKS, :mod:`kb_rerank.http.auth`); one module each under :mod:`kb_rerank.http.routes`, one handler body
   (:mod:`kb_rerank.http.serve`), one flow each under :mod:`kb_rerank.pipeline`.
+* ``GET /v1/kb/documents`` -- Bearer JWT: the tenant's documents, keyset paged
+  (:mod:`kb_rerank.http.routes.documents`).
 * ``GET /healthz`` -- 200 while the process runs.
 * ``GET /readyz`` -- ``ready`` (200) when the database answers, its schema is at the
   migrations' head with this code's idempotent layer (kb.schema_layer_version()) and the
@@ -74,6 +76,7 @@ from kb_rerank.http.body import ApiError
 from kb_rerank.http.errors import (api_error_handler, db_error_handler, http_error_handler,
                                    model_unavailable_handler, too_large_handler)
 from kb_rerank.http.routes.context import context_handler
+from kb_rerank.http.routes.documents import documents_handler
 from kb_rerank.http.routes.docs import render_plugins as docs_render_plugins
 from kb_rerank.http.routes.ops import healthz, metrics_handler, readyz
 from kb_rerank.http.routes.playground import playground_routes
@@ -368,6 +371,7 @@ def create_app(settings: Settings, *, reranker=None, embedder=None, dev: bool = 
                request_max_body_size=settings.max_body_bytes),  # POST /v1/kb/search/rerank, /v1/kb/context
         Router(path="/", route_handlers=[v2_rerank_handler],
                request_max_body_size=settings.v2_max_body_bytes),  # POST /v2/rerank
+        documents_handler,  # GET /v1/kb/documents
     ])
     return Litestar(
         # the playground page (no guard: the page holds no data; its requests carry the token)

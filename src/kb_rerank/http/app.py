@@ -83,7 +83,7 @@ from kb_rerank.http.routes.playground import playground_routes
 from kb_rerank.http.routes.rerank import rerank_handler
 from kb_rerank.http.routes.v2_rerank import v2_rerank_handler
 from kb_rerank.http.schemas import SECURITY, SECURITY_COMPONENTS
-from kb_rerank.http.telemetry import ApiMetrics, install_trace_log_records, metrics_middleware
+from kb_rerank.http.telemetry import ApiMetrics, install_trace_log_records, metrics_middleware, otel_wanted
 from kb_rerank.pipeline.compose import ModelUnavailable
 from kb_rerank.pipeline.embedding import EmbedPool
 from kb_rerank.pipeline.flow import Pipeline
@@ -237,6 +237,8 @@ async def _lifespan(app: Litestar):
                 await aclose()
             else:
                 await anyio.to_thread.run_sync(owned_reranker.close)
+        if st.tracing is not None:  # the spans still batched are sent
+            await anyio.to_thread.run_sync(st.tracing.shutdown)
 
 
 def build_embedders(settings: Settings) -> EmbedPool:
@@ -338,11 +340,19 @@ def _log_server_error(logger: logging.Logger, scope, tb: list[str]) -> None:
         logger.debug("%d %s (%s %s)", status, type(exc).__name__, scope.get("method", ""), scope.get("path", ""))
 
 
-def create_app(settings: Settings, *, reranker=None, embedder=None, dev: bool = False) -> Litestar:
+def create_app(settings: Settings, *, reranker=None, embedder=None, dev: bool = False,
+               span_exporter=None) -> Litestar:
     """A new app for ``settings``. ``reranker`` / ``embedder`` given here are used as they
     are (and not closed at shutdown); when None they are built by the lifespan. ``dev``:
-    accept the public development secret (``kb-rerank serve --dev``)."""
+    accept the public development secret (``kb-rerank serve --dev``). ``span_exporter``: an
+    OpenTelemetry SpanExporter the app's traces go to (tests); without one the app traces only
+    when the environment asks (OTEL_EXPORTER_OTLP_ENDPOINT: :mod:`kb_rerank.http.tracing`)."""
     install_trace_log_records()
+    tracing = None
+    if span_exporter is not None or otel_wanted():
+        from kb_rerank.http import tracing as otel
+
+        tracing = otel.setup(span_exporter)
     metrics = ApiMetrics()
     jwt_cfg = jwt_config(settings, allow_dev_secret=dev)
     state = State({
@@ -358,6 +368,7 @@ def create_app(settings: Settings, *, reranker=None, embedder=None, dev: bool = 
         "layer_version": sqlfiles.layer_version(embedding_dim=settings.embedding_dim,  # /readyz
                                                 app_role=settings.app_role),
         "pipeline": None,  # the pool, the replicas, the models: built by the lifespan
+        "tracing": tracing,  # kb_rerank.http.tracing.Tracing, or None (not tracing)
     })
 
     # Each body route's limit is set here from the settings, on a router of its own, so it is
@@ -378,7 +389,8 @@ def create_app(settings: Settings, *, reranker=None, embedder=None, dev: bool = 
         route_handlers=[v1, healthz, readyz, metrics_handler, *playground_routes(settings, dev=dev)],
         state=state,
         lifespan=[_lifespan],
-        middleware=[metrics_middleware(metrics)],
+        # the trace id is decided first (metrics_middleware), then the server span is opened with it
+        middleware=[metrics_middleware(metrics), *([tracing.middleware()] if tracing is not None else [])],
         exception_handlers={
             ApiError: api_error_handler,
             LimitExceeded: api_error_handler,  # 429 with Retry-After and a JSON body (kb_rerank.pipeline.limits)

@@ -238,6 +238,7 @@ def test_probes_are_not_traced_and_errors_are_named_only(traced):
     client, exporter, tenant = traced
     exporter.clear()
     assert client.get("/healthz").status_code == 200
+    assert client.get("/readyz").status_code == 200  # it runs SQL: no span of it either
     assert exporter.get_finished_spans() == ()
     # a rejected body: one server span with its status, the body's words in no span
     query = unique_query()
@@ -353,6 +354,9 @@ def test_a_served_process_exports_its_traces_by_otlp(settings, owner_url, app_ur
     # the caller's traceparent: same trace id, the server span's parent is the caller's span
     (server2,) = [s for s in collector.trace(trace_id) if s.kind == s.SPAN_KIND_SERVER]
     assert server2.parent_span_id.hex() == parent and server2.name == f"POST {CONTEXT}"
+    # no span outside a request's trace (start-up checks, /readyz probes): every trace has its server span
+    roots = {s.trace_id for _, s in collector.spans() if s.kind == s.SPAN_KIND_SERVER}
+    assert {s.trace_id for _, s in collector.spans()} == roots
     resources = {res.get("service.name") for res, _ in collector.spans()}
     assert resources == {"kb-rerank-under-test"}
     # the query text: in no name, attribute or event of anything exported

@@ -54,6 +54,7 @@ from kb_rerank.pipeline import timing  # noqa: E402
 DEFAULT_SERVICE_NAME = "kb-rerank"
 # the probes and the scrape: not requests worth a trace each
 EXCLUDED = ["^/healthz$", "^/readyz$", "^/metrics$"]
+_EXCLUDED = re.compile("|".join(EXCLUDED))
 _HEX32 = re.compile(r"^[0-9a-f]{32}$")
 
 # the trace id the next root span of this request gets (the service's trace id, as an int)
@@ -73,13 +74,17 @@ class RequestIdGenerator(RandomIdGenerator):
 
 class _RequestTracer(Tracer):
     """The tracer the psycopg instrumentation holds (it is installed once per process): the
-    current request's app's tracer, or none (a statement outside a request: start-up checks,
-    the eviction loop) -- so no SQL span is ever a root of its own."""
+    current request's app's tracer while a span of the request is current, else none (a
+    statement outside a traced request: start-up checks, /readyz, the eviction loop) -- so no
+    SQL span is ever a root of its own."""
 
     _noop = NoOpTracer()
 
     def _tracer(self) -> Tracer:
-        return _REQUEST_TRACER.get() or self._noop
+        tracer = _REQUEST_TRACER.get()
+        if tracer is None or not trace.get_current_span().is_recording():
+            return self._noop
+        return tracer
 
     def start_span(self, *args: Any, **kwargs: Any) -> Span:
         return self._tracer().start_span(*args, **kwargs)
@@ -144,7 +149,7 @@ class Tracing:
             inner = OpenTelemetryInstrumentationMiddleware(app, config)
 
             async def middleware(scope, receive, send):
-                if scope["type"] != "http":
+                if scope["type"] != "http" or _EXCLUDED.match(scope.get("path", "")):
                     await app(scope, receive, send)
                     return
                 tid = scope.get("state", {}).get("trace_id") or ""

@@ -33,6 +33,10 @@ Endpoints
   request bodies, answers and error responses (:mod:`kb_rerank.http.schemas`), and the bearer
   scheme (HTTP bearer, JWT) they require.
 
+Traces: with ``OTEL_EXPORTER_OTLP_ENDPOINT`` set (or a ``span_exporter`` given), one OpenTelemetry
+trace per request (:mod:`kb_rerank.http.tracing`, the ``[otel]`` extra); otherwise none, and the
+SDK is never imported.
+
 Errors are JSON: ``{"error": ..., ...}``, for every status (404 ``not_found``, 405
 ``method_not_allowed`` with ``Allow``, 500 ``internal_server_error``: :mod:`kb_rerank.http.errors`).
 401 ``unauthorized`` with ``reason`` (``wrong_scheme`` for another scheme than Bearer); 415

@@ -72,11 +72,10 @@ def test_stdio_tools_call_and_resources(live):  # noqa: F811
             tools = (await s.list_tools()).tools
             result = await s.call_tool(TOOL, {"query": query, "top_n": 6})
             resources = (await s.list_resources()).resources
-            with pytest.raises(MCPError) as exc:
-                await s.read_resource(DOCUMENTS_URI)
-            return tools, result, resources, exc.value
+            listed = await s.read_resource(DOCUMENTS_URI)
+            return tools, result, resources, listed
 
-    tools, result, resources, read_error = asyncio.run(run())
+    tools, result, resources, listed = asyncio.run(run())
     (tool,) = tools
     assert tool.name == TOOL and tool.annotations.read_only_hint is True
     # the arguments: query, filter, top_n; no tenant (the tenant is the token's)
@@ -104,10 +103,17 @@ def test_stdio_tools_call_and_resources(live):  # noqa: F811
     assert text.count("</context>") == 1 and text.rstrip().endswith("</context>")
     assert "Ignore all previous instructions" in out["context"]
 
-    # the document list: a read-only resource, answered by GET /v1/kb/documents, a route this
-    # server does not have yet (the read says so)
+    # the document list: a read-only resource, answered by GET /v1/kb/documents: tenant A's
+    # documents, every one of them, never B's
     assert [str(r.uri) for r in resources] == [DOCUMENTS_URI]
-    assert "/v1/kb/documents" in str(read_error) and "404" in str(read_error)
+    (content,) = listed.contents
+    assert content.mime_type == "application/json"
+    docs = json.loads(content.text)
+    assert docs["next_cursor"] is None
+    assert {d["doc_id"] for d in docs["documents"]} == live.docs_a
+    assert {"docs/refunds-hostile.md"} <= {d["source_path"] for d in docs["documents"]}
+    assert all(set(d) == {"doc_id", "title", "source_path", "language", "updated_at"} for d in docs["documents"])
+    assert WORD_B not in content.text
 
 
 def test_tenant_comes_from_the_token_never_the_arguments(live):  # noqa: F811
@@ -232,3 +238,33 @@ def test_the_docs_example_runs(live):  # noqa: F811
     ctx = api(live, live.token_a, "/v1/kb/context", {"query": "what does ERR_402 mean", "top_n": 2})
     assert "\n".join(lines[1:-1]) == ctx["context"][-400:]
     assert lines[-1] == repr([(x["citation"], x["tier"], x["doc_title"]) for x in ctx["results"]])
+
+
+def test_the_document_list_follows_the_pages_and_an_old_server_says_so():
+    from kb_rerank.integrations._client import KbRerankClient
+
+    seen: list[str] = []
+    pages = {None: ([{"doc_id": "d1"}, {"doc_id": "d2"}], "c1"), "c1": ([{"doc_id": "d3"}], None)}
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(str(request.url.query, "ascii"))
+        docs, nxt = pages[request.url.params.get("cursor")]
+        return httpx.Response(200, json={"documents": docs, "next_cursor": nxt, "trace_id": "t"})
+
+    t = httpx.MockTransport(handler)
+    client = KbRerankClient("http://kb.test", "tok", transport=t, async_transport=t)
+    old, _ = mock_client({"error": "not_found"}, status=404)
+
+    async def run():
+        async with Client(build_server(client)) as c:
+            listed = await c.read_resource(DOCUMENTS_URI)
+        async with Client(build_server(old)) as c:
+            with pytest.raises(MCPError) as exc:
+                await c.read_resource(DOCUMENTS_URI)
+        return listed, exc.value
+
+    listed, error = asyncio.run(run())
+    body = json.loads(listed.contents[0].text)
+    assert [d["doc_id"] for d in body["documents"]] == ["d1", "d2", "d3"] and body["next_cursor"] is None
+    assert seen == ["limit=200", "limit=200&cursor=c1"]
+    assert "/v1/kb/documents" in str(error) and "404" in str(error)

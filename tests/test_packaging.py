@@ -186,6 +186,10 @@ def test_extras_split_the_heavy_dependencies():
     assert names(extras["onnx"]) == {"kb-rerank", "optimum-onnx", "onnxruntime"}  # + the rerank extra
     assert names(extras["files"]) == {"markitdown"} and "markitdown" not in base  # HTML/PDF/DOCX ingestion
     assert "kb-rerank[embedded,rerank,onnx,files]" in extras["dev"] and "build" in names(extras["dev"])
+    # OpenTelemetry: an extra of its own (not in the base: the service imports it only when asked), in dev
+    assert names(extras["otel"]) == {"opentelemetry-sdk", "opentelemetry-exporter-otlp-proto-http",
+                                     "opentelemetry-instrumentation-psycopg", "opentelemetry-instrumentation-asgi"}
+    assert not base & names(extras["otel"]) and "kb-rerank[otel]" in extras["dev"]
 
 
 @pytest.mark.parametrize("name", ["0001_foundation.sql", "0010_trust_cache.down.sql"])

@@ -16,6 +16,8 @@ Endpoints
 * ``POST /v1/kb/search/rerank``, ``POST /v1/kb/context``, ``POST /v2/rerank`` -- Bearer JWT
   (tenant claim; a static key or a JWKS, :mod:`kb_rerank.http.auth`); one module each under :mod:`kb_rerank.http.routes`, one handler body
   (:mod:`kb_rerank.http.serve`), one flow each under :mod:`kb_rerank.pipeline`.
+* ``GET /v1/kb/documents`` -- Bearer JWT: the tenant's documents, keyset paged
+  (:mod:`kb_rerank.http.routes.documents`).
 * ``GET /healthz`` -- 200 while the process runs.
 * ``GET /readyz`` -- ``ready`` (200) when the database answers, its schema is at the
   migrations' head with this code's idempotent layer (kb.schema_layer_version()) and the
@@ -30,6 +32,10 @@ Endpoints
   :mod:`kb_rerank.http.routes.docs`; 404 with ``KB_DOCS_PAGE`` off): the three JSON routes'
   request bodies, answers and error responses (:mod:`kb_rerank.http.schemas`), and the bearer
   scheme (HTTP bearer, JWT) they require.
+
+Traces: with ``OTEL_EXPORTER_OTLP_ENDPOINT`` set (or a ``span_exporter`` given), one OpenTelemetry
+trace per request (:mod:`kb_rerank.http.tracing`, the ``[otel]`` extra); otherwise none, and the
+SDK is never imported.
 
 Errors are JSON: ``{"error": ..., ...}``, for every status (404 ``not_found``, 405
 ``method_not_allowed`` with ``Allow``, 500 ``internal_server_error``: :mod:`kb_rerank.http.errors`).
@@ -74,13 +80,14 @@ from kb_rerank.http.body import ApiError
 from kb_rerank.http.errors import (api_error_handler, db_error_handler, http_error_handler,
                                    model_unavailable_handler, too_large_handler)
 from kb_rerank.http.routes.context import context_handler
+from kb_rerank.http.routes.documents import documents_handler
 from kb_rerank.http.routes.docs import render_plugins as docs_render_plugins
 from kb_rerank.http.routes.ops import healthz, metrics_handler, readyz
 from kb_rerank.http.routes.playground import playground_routes
 from kb_rerank.http.routes.rerank import rerank_handler
 from kb_rerank.http.routes.v2_rerank import v2_rerank_handler
 from kb_rerank.http.schemas import SECURITY, SECURITY_COMPONENTS
-from kb_rerank.http.telemetry import ApiMetrics, install_trace_log_records, metrics_middleware
+from kb_rerank.http.telemetry import ApiMetrics, install_trace_log_records, metrics_middleware, otel_wanted
 from kb_rerank.pipeline.compose import ModelUnavailable
 from kb_rerank.pipeline.embedding import EmbedPool
 from kb_rerank.pipeline.flow import Pipeline
@@ -234,6 +241,8 @@ async def _lifespan(app: Litestar):
                 await aclose()
             else:
                 await anyio.to_thread.run_sync(owned_reranker.close)
+        if st.tracing is not None:  # the spans still batched are sent
+            await anyio.to_thread.run_sync(st.tracing.shutdown)
 
 
 def build_embedders(settings: Settings) -> EmbedPool:
@@ -335,11 +344,19 @@ def _log_server_error(logger: logging.Logger, scope, tb: list[str]) -> None:
         logger.debug("%d %s (%s %s)", status, type(exc).__name__, scope.get("method", ""), scope.get("path", ""))
 
 
-def create_app(settings: Settings, *, reranker=None, embedder=None, dev: bool = False) -> Litestar:
+def create_app(settings: Settings, *, reranker=None, embedder=None, dev: bool = False,
+               span_exporter=None) -> Litestar:
     """A new app for ``settings``. ``reranker`` / ``embedder`` given here are used as they
     are (and not closed at shutdown); when None they are built by the lifespan. ``dev``:
-    accept the public development secret (``kb-rerank serve --dev``)."""
+    accept the public development secret (``kb-rerank serve --dev``). ``span_exporter``: an
+    OpenTelemetry SpanExporter the app's traces go to (tests); without one the app traces only
+    when the environment asks (OTEL_EXPORTER_OTLP_ENDPOINT: :mod:`kb_rerank.http.tracing`)."""
     install_trace_log_records()
+    tracing = None
+    if span_exporter is not None or otel_wanted():
+        from kb_rerank.http import tracing as otel
+
+        tracing = otel.setup(span_exporter)
     metrics = ApiMetrics()
     jwt_cfg = jwt_config(settings, allow_dev_secret=dev)
     state = State({
@@ -355,6 +372,7 @@ def create_app(settings: Settings, *, reranker=None, embedder=None, dev: bool = 
         "layer_version": sqlfiles.layer_version(embedding_dim=settings.embedding_dim,  # /readyz
                                                 app_role=settings.app_role),
         "pipeline": None,  # the pool, the replicas, the models: built by the lifespan
+        "tracing": tracing,  # kb_rerank.http.tracing.Tracing, or None (not tracing)
     })
 
     # Each body route's limit is set here from the settings, on a router of its own, so it is
@@ -368,13 +386,15 @@ def create_app(settings: Settings, *, reranker=None, embedder=None, dev: bool = 
                request_max_body_size=settings.max_body_bytes),  # POST /v1/kb/search/rerank, /v1/kb/context
         Router(path="/", route_handlers=[v2_rerank_handler],
                request_max_body_size=settings.v2_max_body_bytes),  # POST /v2/rerank
+        documents_handler,  # GET /v1/kb/documents
     ])
     return Litestar(
         # the playground page (no guard: the page holds no data; its requests carry the token)
         route_handlers=[v1, healthz, readyz, metrics_handler, *playground_routes(settings, dev=dev)],
         state=state,
         lifespan=[_lifespan],
-        middleware=[metrics_middleware(metrics)],
+        # the trace id is decided first (metrics_middleware), then the server span is opened with it
+        middleware=[metrics_middleware(metrics), *([tracing.middleware()] if tracing is not None else [])],
         exception_handlers={
             ApiError: api_error_handler,
             LimitExceeded: api_error_handler,  # 429 with Retry-After and a JSON body (kb_rerank.pipeline.limits)

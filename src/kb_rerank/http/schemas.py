@@ -379,3 +379,40 @@ class RerankResponse(msgspec.Struct):
     reranked_count: RerankedCount = 0
     partial_reason: PartialReason = None
     ranked_by: RankedBy = "model"
+
+
+# --------------------------------------------------------------------------- GET /v1/kb/documents
+
+
+class DocumentItem(msgspec.Struct, forbid_unknown_fields=True):
+    doc_id: str
+    title: str
+    source_path: str  # the document's source path (kb.documents.source_uri), unique in the tenant
+    language: str | None
+    updated_at: str  # ISO 8601, with its UTC offset
+
+
+class DocumentsResponse(msgspec.Struct, forbid_unknown_fields=True):
+    """A page of the tenant's documents, in source-path order."""
+
+    documents: list[DocumentItem]
+    next_cursor: Annotated[str | None, msgspec.Meta(description=(
+        "Pass as `cursor` for the next page; null on the last page"))]
+    trace_id: str
+
+
+def query_operation(parameters: list[dict[str, Any]]) -> type[Operation]:
+    """An ``operation_class`` documenting query ``parameters`` (OpenAPI parameter objects as
+    dicts) that the handler reads and validates itself (422 ``invalid_request`` naming the
+    parameter, as the body routes answer; Litestar's own validation answers 400)."""
+    from litestar.openapi.spec import Parameter, Schema
+
+    params = [Parameter(name=p["name"], param_in="query", required=False, description=p.get("description"),
+                        schema=Schema(**p["schema"])) for p in parameters]
+
+    @dataclass
+    class QueryOperation(Operation):
+        def __post_init__(self) -> None:
+            self.parameters = [*params, *(self.parameters or [])]  # type: ignore[list-item]
+
+    return QueryOperation

@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import contextvars
 import logging
+import os
 import re
 import time
 import uuid
-from typing import Any
+from typing import Any, Mapping
 
 import psycopg
 from litestar.exceptions import HTTPException
@@ -39,6 +40,19 @@ def trace_id_from_headers(traceparent: str | None, x_trace_id: str | None) -> st
         if _TRACE_ID.match(value):
             return value
     return uuid.uuid4().hex
+
+
+def otel_wanted(env: Mapping[str, str] | None = None) -> bool:
+    """Whether the environment asks for OpenTelemetry traces (:mod:`kb_rerank.http.tracing`):
+    ``OTEL_EXPORTER_OTLP_ENDPOINT`` or ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`` set, and neither
+    ``OTEL_SDK_DISABLED=true`` nor ``OTEL_TRACES_EXPORTER=none``. Imports nothing of OpenTelemetry."""
+    env = os.environ if env is None else env
+    if env.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
+        return False
+    if env.get("OTEL_TRACES_EXPORTER", "").strip().lower() == "none":
+        return False
+    return bool(env.get("OTEL_EXPORTER_OTLP_ENDPOINT", "").strip()
+                or env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "").strip())
 
 
 TRACE_ID: contextvars.ContextVar[str | None] = contextvars.ContextVar("kb_rerank_trace_id", default=None)

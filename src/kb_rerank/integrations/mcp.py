@@ -12,9 +12,11 @@ tenant.
   never handed on unfenced: its structured entry has ``flagged: true`` and no text, the only
   copy of its words is inside the fenced block. ``filter`` and ``top_n`` are passed through
   unchanged, and only when given.
-- resource ``kb://documents`` (read-only): the tenant's document list, read from
-  ``GET /v1/kb/documents``; a server without that route answers the read with an error saying
-  so.
+- resource ``kb://documents`` (read-only): the tenant's document list (``{"documents": [{doc_id,
+  title, source_path, language, updated_at}], "next_cursor"}``), read from ``GET
+  /v1/kb/documents`` page by page (at most :data:`DOCUMENTS_MAX_PAGES` pages; ``next_cursor`` is
+  not null when the list was cut); a server without that route answers the read with an error
+  saying so.
 
 Transports: stdio (default) or streamable HTTP (bound to 127.0.0.1 by default, path ``/mcp``).
 """
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import json
 from typing import Annotated, Any
+from urllib.parse import quote
 
 from kb_rerank.extras import require
 
@@ -41,6 +44,8 @@ __all__ = ["build_server", "DOCUMENTS_URI", "DOCUMENTS_PATH", "TOOL"]
 TOOL = "search_knowledge_base"
 DOCUMENTS_URI = "kb://documents"
 DOCUMENTS_PATH = "/v1/kb/documents"
+DOCUMENTS_PAGE = 200  # the route's largest page
+DOCUMENTS_MAX_PAGES = 50  # at most 10,000 documents in one read
 
 INSTRUCTIONS = (
     "Search the organisation's knowledge base with the search_knowledge_base tool. Its answer holds a "
@@ -124,14 +129,23 @@ def build_server(client: KbRerankClient) -> MCPServer:
                      description="The tenant's documents (read-only): id, title, source path, language, updated at.",
                      mime_type="application/json")
     async def documents() -> str:
-        try:
-            answer = await client.aget(DOCUMENTS_PATH)
-        except KbRerankError as exc:
-            if exc.status in (404, 405):
-                raise ResourceError(f"this kb-rerank server has no document list ({DOCUMENTS_PATH}: {exc.status})"
-                                    ) from exc
-            raise ResourceError(str(exc)) from exc
-        return json.dumps(answer.body, ensure_ascii=False)
+        listed: list[Any] = []
+        cursor: str | None = None
+        for _ in range(DOCUMENTS_MAX_PAGES):
+            path = f"{DOCUMENTS_PATH}?limit={DOCUMENTS_PAGE}" + (f"&cursor={quote(cursor)}" if cursor else "")
+            try:
+                answer = await client.aget(path)
+            except KbRerankError as exc:
+                if exc.status in (404, 405):
+                    raise ResourceError(f"this kb-rerank server has no document list ({DOCUMENTS_PATH}: "
+                                        f"{exc.status})") from exc
+                raise ResourceError(str(exc)) from exc
+            listed.extend(answer.body.get("documents") or [])
+            cursor = answer.body.get("next_cursor")
+            if not cursor:
+                break
+        # next_cursor: not null when the list was cut at DOCUMENTS_MAX_PAGES pages
+        return json.dumps({"documents": listed, "next_cursor": cursor}, ensure_ascii=False)
 
     return server
 

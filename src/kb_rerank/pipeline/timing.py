@@ -7,6 +7,10 @@ lookup), ``embed`` (query and passage embeddings), ``retrieve`` (the candidate s
 :func:`start` / :func:`stop` are called by the HTTP layer around each request; :func:`stage` adds a stage's
 wall time to the request's dict. Outside a request (benchmarks, tests calling the pipeline
 directly) nothing is recorded. A stage that runs more than once (two embeddings) adds up.
+
+When the app traces (OpenTelemetry, :mod:`kb_rerank.http.tracing`), its middleware puts a span
+opener in :data:`SPANS` for the request, and each stage is also a span of that name; otherwise
+the only cost is one context-variable read per stage (bench/otel_overhead.py).
 """
 
 from __future__ import annotations
@@ -14,9 +18,11 @@ from __future__ import annotations
 import contextlib
 import time
 from contextvars import ContextVar, Token
-from typing import Iterator
+from typing import Any, Callable, ContextManager, Iterator
 
 _STAGES: ContextVar[dict[str, float] | None] = ContextVar("kb_rerank_stage_ms", default=None)
+# name -> a context manager that is the stage's span (set per request by a tracing app)
+SPANS: ContextVar[Callable[[str], ContextManager[Any]] | None] = ContextVar("kb_rerank_stage_spans", default=None)
 
 
 def start() -> tuple[Token, dict[str, float]]:
@@ -30,8 +36,22 @@ def stop(token: Token) -> None:
     _STAGES.reset(token)
 
 
+def stage(name: str) -> ContextManager[None]:
+    """The stage ``name``: its wall time in the request's record, and its span when traced."""
+    spans = SPANS.get()
+    if spans is None:
+        return _timed(name)
+    return _traced(spans(name), name)
+
+
 @contextlib.contextmanager
-def stage(name: str) -> Iterator[None]:
+def _traced(span: ContextManager[Any], name: str) -> Iterator[None]:
+    with span, _timed(name):
+        yield
+
+
+@contextlib.contextmanager
+def _timed(name: str) -> Iterator[None]:
     t0 = time.perf_counter()
     try:
         yield

@@ -149,7 +149,7 @@ def test_a_request_is_one_trace_of_its_stages_and_statements(traced):
     server = _one_trace(r, spans, RERANK)
     assert server.parent is None  # no traceparent came: a root, with the id the service chose
     assert server.resource.attributes["service.name"] == "kb-rerank"
-    stage_spans = [s for s in spans if s.attributes.get("kb_rerank.stage")]
+    stage_spans = [s for s in spans if s.attributes.get("kb.stage")]
     # one span per stage of the Server-Timing header, children of the server span
     assert {s.name for s in stage_spans} == _stages(r.headers["server-timing"]) >= {"cache", "embed", "retrieve",
                                                                                     "rerank", "record"}
@@ -170,7 +170,7 @@ def test_a_request_is_one_trace_of_its_stages_and_statements(traced):
     r2, spans2 = _request(client, exporter, "POST", RERANK, tenant, {"query": query})
     assert r2.json()["from_cache"] is True and r2.headers["x-trace-id"] != r.headers["x-trace-id"]
     server2 = _one_trace(r2, spans2, RERANK)
-    assert {s.name for s in spans2 if s.attributes.get("kb_rerank.stage")} == _stages(r2.headers["server-timing"])
+    assert {s.name for s in spans2 if s.attributes.get("kb.stage")} == _stages(r2.headers["server-timing"])
     assert "rerank" not in {s.name for s in spans2} and server2.parent is None
     assert_query_nowhere(spans2, query)
 
@@ -180,13 +180,13 @@ def test_every_route_traces_its_stages(traced):
     query = unique_query()
     r, spans = _request(client, exporter, "POST", CONTEXT, tenant, {"query": query})
     _one_trace(r, spans, CONTEXT)
-    assert {s.name for s in spans if s.attributes.get("kb_rerank.stage")} == _stages(r.headers["server-timing"])
+    assert {s.name for s in spans if s.attributes.get("kb.stage")} == _stages(r.headers["server-timing"])
     assert_query_nowhere(spans, query)
     # /v2/rerank: the caller's documents, through the guard
     docs = [f"{query} passage one about invoices", "a second passage about refunds"]
     r, spans = _request(client, exporter, "POST", V2, tenant, {"query": query, "documents": docs})
     _one_trace(r, spans, V2)
-    names = {s.name for s in spans if s.attributes.get("kb_rerank.stage")}
+    names = {s.name for s in spans if s.attributes.get("kb.stage")}
     assert "guard" in names and names == _stages(r.headers["server-timing"])
     assert_query_nowhere(spans, query)
     # the document list: its statements are children of the server span
@@ -224,13 +224,13 @@ def test_x_trace_id_becomes_the_trace_id_when_it_can(traced):
     r, spans = _request(client, exporter, "POST", RERANK, tenant, {"query": unique_query()},
                         headers={"X-Trace-Id": given})
     server = _one_trace(r, spans, RERANK)
-    assert r.headers["x-trace-id"] == given and "kb_rerank.trace_id" not in server.attributes
+    assert r.headers["x-trace-id"] == given and "kb.trace_id" not in server.attributes
     # not 32 hex digits: no W3C trace id; the service keeps it, the server span carries it
     r, spans = _request(client, exporter, "POST", RERANK, tenant, {"query": unique_query()},
                         headers={"X-Trace-Id": "order-1234"})
     assert r.headers["x-trace-id"] == "order-1234"
     (server,) = [s for s in spans if s.kind == SpanKind.SERVER]
-    assert server.attributes["kb_rerank.trace_id"] == "order-1234"
+    assert server.attributes["kb.trace_id"] == "order-1234"
     assert len({s.context.trace_id for s in spans}) == 1
 
 
@@ -346,7 +346,7 @@ def test_a_served_process_exports_its_traces_by_otlp(settings, owner_url, app_ur
     spans = collector.trace(tid)
     (server,) = [s for s in spans if s.kind == s.SPAN_KIND_SERVER]
     assert server.name == f"POST {RERANK}" and server.parent_span_id == b""
-    stage = {s.name: s for s in spans if "kb_rerank.stage" in _attrs(s)}
+    stage = {s.name: s for s in spans if "kb.stage" in _attrs(s)}
     assert set(stage) == _stages(r.headers["server-timing"]) >= {"cache", "embed", "retrieve", "rerank", "record"}
     assert all(s.parent_span_id == server.span_id for s in stage.values())
     sql = [s for s in spans if s.kind == s.SPAN_KIND_CLIENT]

@@ -11,7 +11,7 @@ What a trace holds:
   (the same trace id, kb_rerank.http.telemetry.trace_id_from_headers agrees); otherwise the
   root span's trace id is the id the service decided (a new one, or a 32-hex ``X-Trace-Id``),
   fed to the SDK by the id generator below. An ``X-Trace-Id`` that is not 32 hex digits cannot
-  be a trace id: the span carries it as ``kb_rerank.trace_id``.
+  be a trace id: the span carries it as ``kb.trace_id``.
 * a span per stage ``Server-Timing`` names (``cache``, ``embed``, ``retrieve``, ``guard``,
   ``rerank``, ``record``): :func:`kb_rerank.pipeline.timing.stage` opens them, children of the
   server span.
@@ -182,7 +182,7 @@ def _span_details(scope) -> tuple[str, dict[str, Any]]:
 def _server_hook(span: Span, scope) -> None:
     tid = scope.get("state", {}).get("trace_id")
     if tid and span.get_span_context().is_valid and format(span.get_span_context().trace_id, "032x") != tid:
-        span.set_attribute("kb_rerank.trace_id", tid)  # an X-Trace-Id that is no W3C trace id
+        span.set_attribute("kb.trace_id", tid)  # an X-Trace-Id that is no W3C trace id
 
 
 def setup(exporter: SpanExporter | None = None, *, processors: Sequence[Any] = ()) -> Tracing:
@@ -213,7 +213,7 @@ class _StageSpan:
         self.tracer, self.name = tracer, name
 
     def __enter__(self) -> Span:
-        self.span = self.tracer.start_span(self.name, kind=SpanKind.INTERNAL, attributes={"kb_rerank.stage": self.name})
+        self.span = self.tracer.start_span(self.name, kind=SpanKind.INTERNAL, attributes={"kb.stage": self.name})
         self.token = otel_context.attach(trace.set_span_in_context(self.span))
         return self.span
 

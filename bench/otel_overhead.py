@@ -56,14 +56,13 @@ import psycopg  # noqa: E402
 from kb_rerank.admin import database as db  # noqa: E402
 from kb_rerank.http.app import create_app  # noqa: E402
 from kb_rerank.http.auth import JwtConfig, mint_token  # noqa: E402
-from kb_rerank.ingest.loader import ingest_paths  # noqa: E402
 from kb_rerank.models.embedders import get_embedder  # noqa: E402
 from kb_rerank.pipeline import timing  # noqa: E402
 from kb_rerank.settings import Settings  # noqa: E402
+from pair_cache_bench import load_tenant  # noqa: E402  (bench/: the sample KB in a fresh tenant)
 
 ROOT = Path(__file__).resolve().parents[1]
 SECRET = "kb-rerank-bench-secret-0123456789abcdef"
-EXAMPLES = ROOT / "src" / "kb_rerank" / "demo_kb"
 URL = "/v1/kb/search/rerank"
 QUERIES = ["how do I issue a refund", "API rate limits", "change the account owner", "create a credit note",
            "data retention", "ERR_402", "export reports to csv", "recurring invoices", "reset my password",
@@ -140,14 +139,6 @@ def start(args) -> Settings:
     owner = db.migrate(base)
     return base.with_(database_url=owner, jwt_secret=SECRET, rate_limit_per_minute=0,
                      address_rate_limit_per_minute=0, cache_ttl_s=3600)
-
-
-def load_tenant(settings: Settings, embedder) -> uuid.UUID:
-    tenant = uuid.uuid4()
-    with psycopg.connect(db.app_url(settings)) as conn:
-        report = ingest_paths(conn, tenant, [EXAMPLES], embedder, settings)
-    print(f"ingested the sample KB into tenant {tenant}: {report.summary()}", file=sys.stderr)
-    return tenant
 
 
 async def timed_requests(client, headers, n: int, rng: random.Random) -> list[float]:

@@ -174,3 +174,18 @@ def test_model_tiny_writes_a_folder_the_service_loads(home):
     assert len(scores) == 2 and all(0.0 <= s <= 1.0 for s in scores) and scores[0] != scores[1]
     assert one_line_error(kb(home, "model", "tiny", "tiny-ce")) == \
         f"kb-rerank: error: model tiny: {folder} exists and is not an empty folder"
+
+
+def test_demo_from_an_empty_folder_answers_over_http_and_says_the_answer_is_degraded(home):
+    """`kb-rerank demo` without a cross-encoder: /readyz is 503 `degraded` (KB_READY_WHEN_DEGRADED
+    off), which the demo's wait reads as started, so its HTTP call runs and shows the fallback as
+    one (no model, ranked by the fused order) instead of waiting out its deadline."""
+    r = kb(home, "demo", env={"KB_RERANKER_MODEL": str(home / "no-model-here")}, timeout=600)
+    try:
+        assert r.returncode == 0, r.stderr
+        assert "did not become ready" not in r.stdout
+        assert re.search(r"^HTTP API on http://127\.0\.0\.1:\d+ .*: failed \(", r.stdout, re.M), r.stdout
+        assert '"model": null' in r.stdout and '"ranked_by": "fused"' in r.stdout and '"fallback": true' in r.stdout
+        assert re.search(r"^demo done in \d+\.\ds$", r.stdout, re.M)
+    finally:
+        kb(home, "db", "stop")

@@ -439,9 +439,15 @@ def _demo_http(settings: Settings) -> None:
             try:
                 probe = urllib.request.Request(base + "/readyz",
                                                headers={"Authorization": "Bearer " + env["KB_OPS_TOKEN"]})
-                with urllib.request.urlopen(probe, timeout=2) as r:
-                    ready = json.loads(r.read())
-                if ready.get("model", {}).get("state") not in ("loading", "not_loaded"):
+                try:
+                    with urllib.request.urlopen(probe, timeout=2) as r:
+                        info = json.loads(r.read())
+                except urllib.error.HTTPError as exc:  # 503: degraded (no model) or not ready yet
+                    info = json.loads(exc.read())
+                # ready, or degraded (the model failed or is absent: the demo shows the fallback)
+                if info.get("status") in ("ready", "degraded") and \
+                        info.get("model", {}).get("state") not in ("loading", "not_loaded"):
+                    ready = info
                     break
             except (urllib.error.URLError, OSError, ValueError):
                 pass

@@ -197,9 +197,13 @@ def test_sample_kb_shape_tiers_metadata_explain_trace(api_tiny, sample_tenant, r
         assert r["source_path"].endswith(".md") and r["doc_title"]
         assert set(r["scores"]) == set(r["ranks"]) == {"lexical", "semantic", "fused", "rerank", "final"}
         assert r["scores"]["final"] == r["final_score"] and 0 <= r["scores"]["rerank"] <= 1
-    # context: numbered passages with their sources
+    # context: numbered passages with their sources; each result's text is its whole passage,
+    # as the block holds it (the snippet is only its first 300 characters)
     for i, r in enumerate(res, start=1):
-        assert f"[{i}] source: {r['source_path']} | title: {r['doc_title']}" in body["context"]
+        assert f"[{i}] source: {r['source_path']} | title: {r['doc_title']}\n<passage id=\"{i}\">\n{r['text']}\n" \
+               "</passage>" in body["context"]
+        assert r["text"].startswith(r["snippet"].strip()[:200])
+    assert any(len(r["text"]) > len(r["snippet"]) >= 300 for r in res)
     assert "[1]..[4]" in body["system_prompt"]
     # explain: the stage table covers every candidate, the selected ones flagged
     stages = body["stages"]
@@ -234,7 +238,7 @@ def test_cache_hit_on_repeat_and_miss_when_a_parameter_changes(api_tiny, sample_
             [[first["trace_id"], again["trace_id"], changed["trace_id"]]]).fetchall()]
         n_cache = app_conn.execute(
             "select count(*) from kb.kb_rerank_cache where source = 'hybrid_lexical_semantic'"
-            " and results_jsonb->>'kind' = 'kb_context_v1'").fetchone()[0]
+            " and results_jsonb->>'kind' = 'kb_context_v2'").fetchone()[0]
     assert kinds == ["served", "cache_hit", "served"]
     assert n_cache >= 3
     # the plaintext query is nowhere in the cache

@@ -1,12 +1,12 @@
 """kb_rerank.integrations.langchain against a real `kb-rerank serve` process (two tenants, the tiny
 cross-encoder; tests/integrations_live.py), plus the request bodies and degraded answers through
-an httpx.MockTransport. The `filter` end-to-end test (a live server accepting `filter` and
-`top_n` on /v1/kb/search/rerank) comes after the merge of issue 33; until then the bodies sent
-are asserted here."""
+an httpx.MockTransport. Filters end to end, for the three integrations at once:
+tests/test_integrations_filters.py."""
 
 from __future__ import annotations
 
 import asyncio
+import os
 import subprocess
 import sys
 import tomllib
@@ -53,21 +53,36 @@ def test_each_integration_is_an_extra_the_dev_extra_installs():
 def test_retriever_returns_the_services_results_as_documents(live):  # noqa: F811
     query = f"recurring invoice {WORD_A}"
     docs = KbRerankRetriever(base_url=live.base, token=live.token_a).invoke(query)
-    direct = api(live, live.token_a, "/v1/kb/search/rerank", {"query": query})
+    direct = api(live, live.token_a, "/v1/kb/context", {"query": query})  # the default route
     assert docs and all(isinstance(d, Document) for d in docs)
     assert [d.metadata["chunk_id"] for d in docs] == [r["chunk_id"] for r in direct["results"]]
     for d, r in zip(docs, direct["results"]):
-        assert d.page_content == r["snippet"] and d.id == r["chunk_id"]
+        # the whole passage, as the context block holds it
+        assert d.page_content == r["text"] and f"\n{r['text']}\n</passage>" in direct["context"]
+        assert d.id == r["chunk_id"]
         m = d.metadata
-        assert (m["doc_id"], m["title"], m["rerank_score"], m["scored_by"], m["source"]) == \
-               (r["doc_id"], r["doc_title"], r["rerank_score"], r["scored_by"], r["source"])
+        assert (m["doc_id"], m["title"], m["rerank_score"], m["scored_by"], m["source_path"], m["tier"],
+                m["citation"]) == (r["doc_id"], r["doc_title"], r["rerank_score"], r["scored_by"], r["source_path"],
+                                   r["tier"], r["citation"])
         assert m["doc_id"] in live.docs_a
         assert m["model"] == direct["model"] and m["fallback"] is False and m["fallback_reason"] is None
         assert len(m["trace_id"]) >= 16
     assert all(WORD_A in d.page_content for d in docs)
-    assert any(d.metadata["title"].startswith("Billing and invoices") for d in docs)
+    billing = [d for d in docs if d.metadata["title"].startswith("Billing and invoices")]
+    # a passage longer than the snippet comes whole (the search route would cut it at 300 characters)
+    assert billing and len(billing[0].page_content) > 300 and billing[0].page_content.endswith("due date.")
     # the trace id is the answer's own (one id for every document of a call)
     assert len({d.metadata["trace_id"] for d in docs}) == 1
+
+
+def test_the_search_endpoint_gives_its_snippets_and_sources(live):  # noqa: F811
+    query = f"recurring invoice {WORD_A}"
+    docs = KbRerankRetriever(base_url=live.base, token=live.token_a, endpoint="search").invoke(query)
+    direct = api(live, live.token_a, "/v1/kb/search/rerank", {"query": query})
+    assert [d.metadata["chunk_id"] for d in docs] == [r["chunk_id"] for r in direct["results"]] and docs
+    for d, r in zip(docs, direct["results"]):
+        assert d.page_content == r["snippet"] and len(d.page_content) <= 300
+        assert (d.metadata["source"], d.metadata["rerank_score"]) == (r["source"], r["rerank_score"])
 
 
 def test_retriever_async_and_token_provider(live):  # noqa: F811
@@ -77,7 +92,8 @@ def test_retriever_async_and_token_provider(live):  # noqa: F811
         calls.append(1)
         return live.token_a
 
-    retriever = KbRerankRetriever(base_url=live.base, token_provider=provider, source="lexical_only")
+    retriever = KbRerankRetriever(base_url=live.base, token_provider=provider, endpoint="search",
+                                  source="lexical_only")
     query = f"export CSV {WORD_A}"
     docs = asyncio.run(retriever.ainvoke(query))
     again = retriever.invoke(query)
@@ -119,9 +135,12 @@ def test_context_endpoint_tiers_and_a_flagged_passage_fenced(live):  # noqa: F81
     assert "<|im_start|>" not in f.page_content and "</context>" not in f.page_content
     assert "Ignore all previous instructions" in f.page_content  # fenced, not dropped
     assert all("flagged" not in d.metadata for d in docs if d is not f)
-    with pytest.raises(ValueError, match="source"):
-        KbRerankRetriever(base_url=live.base, token=live.token_a, endpoint="context",
-                          source="lexical_only").invoke(query)
+    # a source belongs to the search route: refused when the retriever is built
+    for endpoint in ({"endpoint": "context"}, {}):
+        with pytest.raises(ValueError, match="source applies to endpoint=\"search\""):
+            KbRerankRetriever(base_url=live.base, token=live.token_a, source="lexical_only", **endpoint)
+    with pytest.raises(ValueError, match="endpoint"):
+        KbRerankRetriever(base_url=live.base, token=live.token_a, endpoint="rerank")
 
 
 def test_errors_carry_status_body_and_trace_id(live):  # noqa: F811
@@ -146,18 +165,18 @@ def test_errors_carry_status_body_and_trace_id(live):  # noqa: F811
 def test_filter_and_top_n_are_passed_through_only_when_set():
     client, sent = mock_client(FALLBACK_SEARCH)
     flt = {"tags": "billing", "updated_at": {"$gte": "2026-01-01"}, "product": {"$in": ["a", "b"]}}
-    KbRerankRetriever(client=client, top_n=3, filter=flt, source="lexical_only").invoke("q")
-    asyncio.run(KbRerankRetriever(client=client, endpoint="context", top_n=2, filter=flt).ainvoke("q"))
+    KbRerankRetriever(client=client, endpoint="search", top_n=3, filter=flt, source="lexical_only").invoke("q")
+    asyncio.run(KbRerankRetriever(client=client, top_n=2, filter=flt).ainvoke("q"))
     KbRerankRetriever(client=client).invoke("q")
     assert sent[0] == {"path": "/v1/kb/search/rerank", "auth": "Bearer tok",
                        "body": {"query": "q", "source": "lexical_only", "top_n": 3, "filter": flt}}
     assert sent[1]["path"] == "/v1/kb/context" and sent[1]["body"] == {"query": "q", "top_n": 2, "filter": flt}
-    assert sent[2]["body"] == {"query": "q"}  # nothing unset is sent
+    assert sent[2] == {"path": "/v1/kb/context", "auth": "Bearer tok", "body": {"query": "q"}}  # nothing unset
 
 
 def test_a_fallback_answer_is_read_as_given():
     client, _ = mock_client(FALLBACK_SEARCH, headers={"X-KB-Fallback": "model_not_ready"})
-    (doc,) = KbRerankRetriever(client=client).invoke("q")
+    (doc,) = KbRerankRetriever(client=client, endpoint="search").invoke("q")
     m = doc.metadata
     assert m["rerank_score"] is None and m["fused_score"] == 0.42 and m["scored_by"] == "fused"
     assert m["model"] is None and m["fallback"] is True and m["fallback_reason"] == "model_not_ready"
@@ -214,15 +233,26 @@ def test_the_docs_example_runs(live):  # noqa: F811
     r = run_doc_example("LangChain", live.base, live.token_a)
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
-    assert len(lines) == 5
-    direct = api(live, live.token_a, "/v1/kb/search/rerank", {"query": "what does ERR_402 mean",
-                                                             "source": "hybrid_lexical_semantic"})
-    for line, res in zip(lines[:3], direct["results"]):
-        assert line.startswith(f"{res['rerank_score']} {res['scored_by']} {res['doc_title']} | trace ")
+    direct = api(live, live.token_a, "/v1/kb/context", {"query": "what does ERR_402 mean", "top_n": 3})
+    assert len(lines) == len(direct["results"]) + 2 and len(direct["results"]) == 3
+    for line, res in zip(lines, direct["results"]):
+        assert line.startswith(f"{res['citation']} {res['tier']} {res['rerank_score']} {res['doc_title']} | trace ")
         assert line.endswith("| fallback False")
     own = ["Refunds take five days.", "ERR_402: payment required.", "Hello."]
     v2 = api(live, live.token_a, "/v2/rerank", {"query": "what is ERR_402", "documents": own, "top_n": 2})
     assert lines[3:] == [f"{x['relevance_score']} {x['tier']} {own[x['index']]}" for x in v2["results"]]
+
+
+def test_the_readme_example_runs(live):  # noqa: F811
+    readme = (ROOT / "README.md").read_text("utf-8")
+    block = readme.split("\n## LangChain, LlamaIndex, MCP", 1)[1].split("```python\n", 1)[1].split("\n```", 1)[0]
+    env = {**os.environ, "KB_BASE_URL": live.base, "KB_TOKEN": live.token_a}
+    r = subprocess.run([sys.executable, "-c", block], capture_output=True, text=True, timeout=180, env=env)
+    assert r.returncode == 0, r.stderr
+    direct = api(live, live.token_a, "/v1/kb/context", {"query": "what does ERR_402 mean", "top_n": 5,
+                                                         "filter": {"language": "en"}})
+    assert direct["results"] and r.stdout.splitlines() == [
+        f"{x['rank']} {x['tier']} {x['doc_title']} {x['scored_by']} False" for x in direct["results"]]
 
 
 @pytest.mark.parametrize("module,package,extra", [("langchain", "langchain_core", "langchain"),

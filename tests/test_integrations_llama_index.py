@@ -1,7 +1,7 @@
 """kb_rerank.integrations.llama_index against a real `kb-rerank serve` process (two tenants, the
 tiny cross-encoder; tests/integrations_live.py), plus the request bodies and degraded answers
-through an httpx.MockTransport. The `filter` end-to-end test comes after the merge of issue 33
-(today's server refuses `filter` and search `top_n`); until then the bodies sent are asserted."""
+through an httpx.MockTransport. Filters end to end, for the three integrations at once:
+tests/test_integrations_filters.py."""
 
 from __future__ import annotations
 
@@ -24,20 +24,25 @@ def test_the_module_imports_llama_index_only():
 def test_retriever_returns_nodes_with_the_services_scores(live):  # noqa: F811
     query = f"two-factor authentication {WORD_A}"
     nodes = KbRerankRetriever(live.base, live.token_a).retrieve(query)
-    direct = api(live, live.token_a, "/v1/kb/search/rerank", {"query": query})
+    direct = api(live, live.token_a, "/v1/kb/context", {"query": query})  # the default route
     assert nodes and all(isinstance(n, NodeWithScore) for n in nodes)
     assert [n.node.node_id for n in nodes] == [r["chunk_id"] for r in direct["results"]]
     for n, r in zip(nodes, direct["results"]):
-        assert n.score == r["rerank_score"] and n.node.get_content() == r["snippet"]
+        assert n.score == r["rerank_score"] and n.node.get_content() == r["text"]  # the whole passage
         m = n.node.metadata
-        assert (m["doc_id"], m["title"], m["scored_by"], m["source"]) == (r["doc_id"], r["doc_title"],
-                                                                          r["scored_by"], r["source"])
+        assert (m["doc_id"], m["title"], m["scored_by"], m["source_path"], m["tier"]) == \
+               (r["doc_id"], r["doc_title"], r["scored_by"], r["source_path"], r["tier"])
         assert m["fallback"] is False and m["model"] == direct["model"] and m["trace_id"]
         # the language model sees the title with the passage, not the ids and scores
         llm = n.node.get_content(metadata_mode=MetadataMode.LLM)
         assert r["doc_title"] in llm and r["chunk_id"] not in llm and "trace_id" not in llm
-    scores = [n.score for n in nodes]
-    assert scores == sorted(scores, reverse=True)
+    # the search route: its snippets, its own order
+    searched = KbRerankRetriever(live.base, live.token_a, endpoint="search").retrieve(query)
+    direct = api(live, live.token_a, "/v1/kb/search/rerank", {"query": query})
+    assert [(n.node.node_id, n.node.get_content(), n.score, n.node.metadata["source"]) for n in searched] == \
+           [(r["chunk_id"], r["snippet"], r["rerank_score"], r["source"]) for r in direct["results"]]
+    with pytest.raises(ValueError, match="source"):
+        KbRerankRetriever(live.base, live.token_a, source="lexical_only")  # a search-route option
 
 
 def test_async_retrieve_context_endpoint_and_token_provider(live):  # noqa: F811
@@ -48,7 +53,7 @@ def test_async_retrieve_context_endpoint_and_token_provider(live):  # noqa: F811
         return live.token_a
 
     query = f"transfer workspace ownership {WORD_A}"
-    retriever = KbRerankRetriever(live.base, token_provider=provider, endpoint="context", top_n=3)
+    retriever = KbRerankRetriever(live.base, token_provider=provider, top_n=3)
     nodes = asyncio.run(retriever.aretrieve(query))
     direct = api(live, live.token_a, "/v1/kb/context", {"query": query, "top_n": 3})
     assert calls == [1]
@@ -73,13 +78,13 @@ def test_tenant_a_never_gets_tenant_bs_passages(live):  # noqa: F811
 def test_errors_and_bodies():
     client, sent = mock_client(FALLBACK_SEARCH, headers={"X-KB-Fallback": "model_timeout"})
     flt = {"tags": {"$in": ["billing"]}, "version": "2"}
-    (n,) = KbRerankRetriever(client=client, top_n=4, filter=flt).retrieve("q")
-    assert sent[0]["body"] == {"query": "q", "top_n": 4, "filter": flt}
+    (n,) = KbRerankRetriever(client=client, endpoint="search", top_n=4, filter=flt).retrieve("q")
+    assert sent[0]["path"] == "/v1/kb/search/rerank" and sent[0]["body"] == {"query": "q", "top_n": 4, "filter": flt}
     # a fallback: no relevance to give, so none is invented; every field as the answer had it
     assert n.score is None and n.node.metadata["fused_score"] == 0.42 and n.node.metadata["rerank_score"] is None
     assert n.node.metadata["fallback_reason"] == "model_timeout" and n.node.metadata["model"] is None
     KbRerankRetriever(client=client).retrieve("q")
-    assert sent[1]["body"] == {"query": "q"}
+    assert sent[1] == {"path": "/v1/kb/context", "auth": "Bearer tok", "body": {"query": "q"}}
     with pytest.raises(ValueError):
         KbRerankRetriever()  # neither base URL nor client
 
@@ -140,7 +145,7 @@ def test_the_docs_example_runs(live):  # noqa: F811
     ctx = api(live, live.token_a, "/v1/kb/context", {"query": "how do I pause a recurring invoice", "top_n": 3})
     first = [f"{x['citation']} {x['tier']} {x['rerank_score']} {x['doc_title']}" for x in ctx["results"]]
     assert lines[:len(first)] == first and len(first) == 3
-    texts = [x["snippet"] for x in ctx["results"]]
+    texts = [x["text"] for x in ctx["results"]]  # the nodes' text: the whole passages
     v2 = api(live, live.token_a, "/v2/rerank", {"query": "when are payment reminders sent", "documents": texts, "top_n": 2})
     titles = [x["doc_title"] for x in ctx["results"]]
     assert lines[3:] == [f"{x['relevance_score']} {x['tier']} {titles[x['index']]}" for x in v2["results"]]

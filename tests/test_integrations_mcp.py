@@ -1,9 +1,9 @@
 """`kb-rerank mcp` (kb_rerank.integrations.mcp) through the official SDK's own client: over stdio
 (the command as a child process, token from KB_MCP_TOKEN) and over streamable HTTP (`--transport
-http`, loopback), against a real `kb-rerank serve` process with two tenants
-(tests/integrations_live.py); request bodies and degraded answers in-process against an
-httpx.MockTransport. The `filter` end-to-end test comes after the merge of issue 33 (today's
-/v1/kb/context refuses `filter`); until then the body sent is asserted."""
+http`, loopback, the key its clients must send), against a real `kb-rerank serve` process with two
+tenants (tests/integrations_live.py); request bodies and degraded answers in-process against an
+httpx.MockTransport. Filters end to end, for the three integrations at once:
+tests/test_integrations_filters.py."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -18,6 +19,7 @@ import tempfile
 import time
 
 import httpx
+import httpx2
 import pytest
 from mcp import Client
 from mcp.client.session import ClientSession
@@ -98,7 +100,10 @@ def test_stdio_tools_call_and_resources(live):  # noqa: F811
     # the flagged passage: served (doubtful evidence, demoted), its words only inside the fence
     (flagged,) = [p for p in out["passages"] if p["chunk_id"] == live.flagged_chunk]
     assert flagged["flagged"] is True and flagged["text"] is None
-    assert all(p["text"] for p in out["passages"] if p is not flagged)
+    # every other passage: its snippet beside the scores (the whole passage is in the block, once)
+    assert [p["text"] for p in out["passages"] if p is not flagged] == \
+           [r["snippet"] for r in direct["results"] if r["chunk_id"] != live.flagged_chunk]
+    assert all(p["text"] and len(p["text"]) <= 300 for p in out["passages"] if p is not flagged)
     assert "<|im_start|>" not in _everything(result)
     assert text.count("</context>") == 1 and text.rstrip().endswith("</context>")
     assert "Ignore all previous instructions" in out["context"]
@@ -137,12 +142,19 @@ def test_tenant_comes_from_the_token_never_the_arguments(live):  # noqa: F811
     assert b_docs and b_docs <= live.docs_b and WORD_B in b_plain.structured_content["context"]
 
 
+HTTP_KEY = "mcp-test-key-" + "x" * 24  # what KB_MCP_HTTP_KEY would hold
+
+
 @contextlib.contextmanager
-def http_server(base: str, token: str):
+def http_server(base: str, token: str, key: str | None = HTTP_KEY):
+    """``kb-rerank mcp --transport http`` on a free loopback port; yields (url, port, the key
+    its clients must send: ``key``, or when None the random one it printed)."""
     port = free_port()
     log = tempfile.TemporaryFile()
+    env = {k: v for k, v in os.environ.items() if k != "KB_MCP_HTTP_KEY"}
     proc = subprocess.Popen([sys.executable, "-m", "kb_rerank.cli", "mcp", "--transport", "http", "--port", str(port),
-                             "--url", base, "--token", token], env={**os.environ, **ENV},
+                             "--url", base, "--token", token],
+                            env={**env, **ENV, **({"KB_MCP_HTTP_KEY": key} if key else {})},
                             stdout=subprocess.DEVNULL, stderr=log, stdin=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 60
@@ -155,31 +167,66 @@ def http_server(base: str, token: str):
                     break
             assert time.monotonic() < deadline, "the MCP server did not listen"
             time.sleep(0.2)
-        yield f"http://127.0.0.1:{port}/mcp", port
+        log.seek(0)
+        printed = log.read().decode()
+        url = f"http://127.0.0.1:{port}/mcp"
+        assert f"streamable HTTP at {url}" in printed, printed
+        if key is None:
+            key = re.search(r"Authorization: Bearer (\S+)' \(a random key for this run", printed).group(1)
+        else:
+            assert key not in printed  # a key the operator chose is not echoed
+        yield url, port, key
     finally:
         stop(proc)
         log.close()
 
 
-def test_streamable_http_on_loopback(live):  # noqa: F811
-    query = f"{WORD_A} {WORD_B} account security two-factor"
-
-    async def run(url):
-        async with streamable_http_client(url) as (read, write):
+async def _http_session_call(url: str, key: str, query: str):
+    async with httpx2.AsyncClient(headers={"Authorization": f"Bearer {key}"}) as http:
+        async with streamable_http_client(url, http_client=http) as (read, write):
             async with ClientSession(read, write) as s:
                 await s.initialize()
                 names = [t.name for t in (await s.list_tools()).tools]
                 return names, await s.call_tool(TOOL, {"query": query, "top_n": 2})
 
-    with http_server(live.base, live.token_b) as (url, port):
-        names, result = asyncio.run(run(url))
-        # bound to loopback: a request naming another host is refused (DNS-rebinding protection)
-        r = httpx.post(url, json={}, headers={"Host": f"evil.example:{port}"}, timeout=10)
+
+def test_streamable_http_on_loopback_needs_the_key(live):  # noqa: F811
+    query = f"{WORD_A} {WORD_B} account security two-factor"
+    hello = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {}}
+    with http_server(live.base, live.token_b) as (url, port, key):
+        names, result = asyncio.run(_http_session_call(url, key, query))
+        # no key, a wrong one, another scheme: 401 before the MCP transport, the tenant's data unseen
+        for headers in ({}, {"Authorization": "Bearer " + key[:-1] + "y"}, {"Authorization": "Basic " + key},
+                        {"Authorization": f"Bearer {key}x"}):
+            r = httpx.post(url, json=hello, headers={"Accept": "application/json, text/event-stream", **headers},
+                           timeout=10)
+            assert r.status_code == 401 and r.json()["error"] == "unauthorized", (headers, r.status_code)
+            assert r.headers["www-authenticate"] == "Bearer"
+        # with the key, bound to loopback: a request naming another host is refused (DNS-rebinding protection)
+        r = httpx.post(url, json={}, headers={"Host": f"evil.example:{port}", "Authorization": f"Bearer {key}"},
+                       timeout=10)
         assert r.status_code in (403, 421), r.status_code
     assert names == [TOOL] and result.is_error is False
     passages = result.structured_content["passages"]
     assert len(passages) == 2 and {p["doc_id"] for p in passages} <= live.docs_b
     assert WORD_A not in _everything(result)
+
+
+def test_streamable_http_without_a_chosen_key_prints_a_random_one(live):  # noqa: F811
+    with http_server(live.base, live.token_a, key=None) as (url, _port, key):
+        assert len(key) >= 32
+        names, result = asyncio.run(_http_session_call(url, key, f"{WORD_A} invoices"))
+        r = httpx.post(url, json={}, timeout=10)
+        assert r.status_code == 401
+    assert names == [TOOL] and {p["doc_id"] for p in result.structured_content["passages"]} <= live.docs_a
+
+
+def test_a_short_chosen_key_is_refused():
+    env = {**os.environ, **ENV, "KB_MCP_HTTP_KEY": "short"}
+    out = subprocess.run([sys.executable, "-m", "kb_rerank.cli", "mcp", "--transport", "http", "--token", "t",
+                          "--url", "http://127.0.0.1:9"], capture_output=True, text=True, timeout=120, env=env,
+                         stdin=subprocess.DEVNULL)
+    assert out.returncode == 2 and "KB_MCP_HTTP_KEY must be at least 24 characters" in out.stderr
 
 
 def test_api_errors_are_tool_errors_with_the_trace_id(live):  # noqa: F811

@@ -200,7 +200,10 @@ class ContextResult(msgspec.Struct, forbid_unknown_fields=True):
     doc_id: str
     doc_title: str
     source_path: str
-    snippet: str
+    snippet: str  # the passage's first 300 characters
+    text: Annotated[str, msgspec.Meta(description=(
+        "The whole passage as the `context` block holds it (chat-role tokens and context tags defused):"
+        " what a client that builds its own prompt puts in it"))]
     final_score: FinalScore
     tier: Tier
     rerank_score: float | None  # null when the model did not score it (scored_by: fused)

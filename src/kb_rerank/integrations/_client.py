@@ -92,6 +92,7 @@ class Hit:
     metadata: dict[str, Any] = field(default_factory=dict)
     score: float | None = None
     id: str | None = None
+    snippet: str | None = None  # the API's snippet (the passage's first 300 characters), when it sent one
 
 
 TokenProvider = Callable[[], str]
@@ -265,7 +266,9 @@ def _relevance(result: Mapping[str, Any]) -> float | None:
 
 def _kb_hit(result: Mapping[str, Any], answer: Answer, extra: Mapping[str, Any]) -> Hit:
     flagged = bool((result.get("flags") or {}).get("injection"))
-    text = result.get("snippet") or ""
+    # the whole passage (/v1/kb/context's text); the search route has only the snippet (its
+    # first 300 characters), as has a context answer of a server older than the field
+    text = result.get("text") or result.get("snippet") or ""
     if flagged:
         from kb_rerank.pipeline.prompt import fence_safe
 
@@ -278,7 +281,8 @@ def _kb_hit(result: Mapping[str, Any], answer: Answer, extra: Mapping[str, Any])
     if flagged:
         meta["flagged"] = True
     meta.update(answer.summary())
-    return Hit(text=text, metadata=meta, score=_relevance(result), id=result.get("chunk_id"))
+    return Hit(text=text, metadata=meta, score=_relevance(result), id=result.get("chunk_id"),
+               snippet=result.get("snippet"))
 
 
 def search_hits(answer: Answer) -> list[Hit]:
@@ -323,23 +327,31 @@ def make_client(client: KbRerankClient | None, base_url: str | None, token: Any,
     return KbRerankClient(base_url, token, token_provider=token_provider, timeout=timeout)
 
 
-def _retrieve_call(client: KbRerankClient, endpoint: str, source: str | None):
+def check_endpoint(endpoint: str, source: str | None) -> bool:
+    """Whether the options name the search endpoint (ValueError when they do not fit; the
+    adapters call it when they are built, so a mistake fails there, not at the first query)."""
     if endpoint not in ENDPOINTS:
         raise ValueError(f"kb-rerank: endpoint must be one of {ENDPOINTS}, not {endpoint!r}")
     if endpoint == "context" and source is not None:
-        raise ValueError("kb-rerank: source applies to the search endpoint only (/v1/kb/context is hybrid)")
+        raise ValueError("kb-rerank: source applies to endpoint=\"search\" only (/v1/kb/context, the default, "
+                         "is hybrid)")
     return endpoint == "search"
 
 
-def retrieve(client: KbRerankClient, query: str, *, endpoint: str = "search", source: str | None = None,
+def _retrieve_call(client: KbRerankClient, endpoint: str, source: str | None):
+    return check_endpoint(endpoint, source)
+
+
+def retrieve(client: KbRerankClient, query: str, *, endpoint: str = "context", source: str | None = None,
              top_n: int | None = None, filter: Mapping[str, Any] | None = None) -> list[Hit]:
-    """The hits of ``/v1/kb/search/rerank`` (``endpoint="search"``) or ``/v1/kb/context``."""
+    """The hits of ``/v1/kb/context`` (the default: the guarded route, whole passages) or
+    ``/v1/kb/search/rerank`` (``endpoint="search"``: snippets, no guard policy)."""
     if _retrieve_call(client, endpoint, source):
         return search_hits(client.search(query, source=source, top_n=top_n, filter=filter))
     return context_hits(client.context(query, top_n=top_n, filter=filter))
 
 
-async def aretrieve(client: KbRerankClient, query: str, *, endpoint: str = "search", source: str | None = None,
+async def aretrieve(client: KbRerankClient, query: str, *, endpoint: str = "context", source: str | None = None,
                     top_n: int | None = None, filter: Mapping[str, Any] | None = None) -> list[Hit]:
     if _retrieve_call(client, endpoint, source):
         return search_hits(await client.asearch(query, source=source, top_n=top_n, filter=filter))

@@ -1,10 +1,12 @@
 """LangChain integration (``pip install 'kb-rerank[langchain]'``).
 
-- :class:`KbRerankRetriever`: a ``BaseRetriever`` (sync and async) over
-  ``POST /v1/kb/search/rerank`` (default) or ``POST /v1/kb/context`` (``endpoint="context"``:
-  tiers, guard flags, citations); each result is a ``Document`` whose ``page_content`` is the
-  passage and whose ``metadata`` holds the chunk and document ids, title, scores as the API
-  gave them, tier, source, trace id, model and fallback (:mod:`kb_rerank.integrations._client`).
+- :class:`KbRerankRetriever`: a ``BaseRetriever`` (sync and async) over ``POST /v1/kb/context``
+  (default: the route for prompts, with the tenant's injection policy, tiers, citations and
+  the whole passage) or ``POST /v1/kb/search/rerank`` (``endpoint="search"``: a ``source`` of
+  its own, no guard policy, the first 300 characters of each passage); each result is a
+  ``Document`` whose ``page_content`` is the passage and whose ``metadata`` holds the chunk and
+  document ids, title, scores as the API gave them, tier, source path, trace id, model and
+  fallback (:mod:`kb_rerank.integrations._client`).
 - :class:`KbRerankCompressor`: a ``BaseDocumentCompressor`` over ``POST /v2/rerank`` for chains
   that bring their own candidates (e.g. in a ``ContextualCompressionRetriever``): the documents
   come back in the service's order with its scores added to their metadata; a 503 (no model can
@@ -29,7 +31,7 @@ from langchain_core.callbacks import (  # noqa: E402
 )
 from langchain_core.documents import BaseDocumentCompressor, Document  # noqa: E402
 from langchain_core.retrievers import BaseRetriever  # noqa: E402
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, SecretStr  # noqa: E402
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, SecretStr, model_validator  # noqa: E402
 
 from kb_rerank.integrations import _client as api  # noqa: E402
 from kb_rerank.integrations._client import KbRerankClient, KbRerankError, KbRerankUnavailable  # noqa: E402,F401
@@ -63,14 +65,19 @@ def _document(hit: api.Hit) -> Document:
 class KbRerankRetriever(_Connection, BaseRetriever):
     """Documents of the tenant's knowledge base ranked by kb-rerank.
 
-    ``source`` (search endpoint: ``hybrid_lexical_semantic``, ``lexical_only``, ...), ``top_n``
-    and ``filter`` are sent as the API defines them, and only when set.
+    ``top_n``, ``filter`` and (``endpoint="search"`` only) ``source`` (``hybrid_lexical_semantic``,
+    ``lexical_only``, ...) are sent as the API defines them, and only when set.
     """
 
-    endpoint: Literal["search", "context"] = "search"
+    endpoint: Literal["search", "context"] = "context"
     source: str | None = None
     top_n: int | None = None
     filter: dict[str, Any] | None = None
+
+    @model_validator(mode="after")
+    def _fits(self) -> "KbRerankRetriever":
+        api.check_endpoint(self.endpoint, self.source)
+        return self
 
     def _options(self) -> dict[str, Any]:
         return {"endpoint": self.endpoint, "source": self.source, "top_n": self.top_n, "filter": self.filter}

@@ -1,8 +1,9 @@
 """LlamaIndex integration (``pip install 'kb-rerank[llamaindex]'``).
 
 - :class:`KbRerankRetriever`: a ``BaseRetriever`` (``retrieve`` / ``aretrieve``) over
-  ``POST /v1/kb/search/rerank`` (default) or ``POST /v1/kb/context`` (``endpoint="context"``),
-  returning ``NodeWithScore``: a ``TextNode`` per passage (id = the chunk id; metadata: ids,
+  ``POST /v1/kb/context`` (default: the tenant's injection policy, the whole passage) or
+  ``POST /v1/kb/search/rerank`` (``endpoint="search"``: no guard policy, the first 300
+  characters of each passage), returning ``NodeWithScore``: a ``TextNode`` per passage (id = the chunk id; metadata: ids,
   title, scores as the API gave them, tier, source, trace id, model, fallback) whose score is
   the model's relevance, or None on a fallback answer (the fused order is not a relevance).
 - :class:`KbRerankPostprocessor`: a ``BaseNodePostprocessor`` over ``POST /v2/rerank`` that
@@ -48,14 +49,15 @@ def _node(hit: api.Hit) -> NodeWithScore:
 
 
 class KbRerankRetriever(BaseRetriever):
-    """Passages of the tenant's knowledge base ranked by kb-rerank. ``source`` (search
-    endpoint), ``top_n`` and ``filter`` are sent as the API defines them, only when set."""
+    """Passages of the tenant's knowledge base ranked by kb-rerank. ``top_n``, ``filter`` and
+    (``endpoint="search"`` only) ``source`` are sent as the API defines them, only when set."""
 
     def __init__(self, base_url: str | None = None, token: str | None = None, *,
-                 token_provider: Callable[[], str] | None = None, endpoint: Literal["search", "context"] = "search",
+                 token_provider: Callable[[], str] | None = None, endpoint: Literal["search", "context"] = "context",
                  source: str | None = None, top_n: int | None = None, filter: Mapping[str, Any] | None = None,
                  timeout: float = api.DEFAULT_TIMEOUT_S, client: KbRerankClient | None = None,
                  callback_manager: CallbackManager | None = None, verbose: bool = False) -> None:
+        api.check_endpoint(endpoint, source)
         self.kb = api.make_client(client, base_url, token, token_provider, timeout)
         self.options = {"endpoint": endpoint, "source": source, "top_n": top_n,
                         "filter": dict(filter) if filter is not None else None}

@@ -19,11 +19,17 @@ tenant.
   saying so.
 
 Transports: stdio (default) or streamable HTTP (bound to 127.0.0.1 by default, path ``/mcp``).
+Over HTTP every request must carry ``Authorization: Bearer <key>`` (:func:`http_app`): the
+server holds a tenant's token, and a loopback port is open to every local user and process
+of the machine, so the port alone must not be the key to that tenant's knowledge base.
 """
 
 from __future__ import annotations
 
+import hmac
 import json
+import secrets
+import sys
 from typing import Annotated, Any
 from urllib.parse import quote
 
@@ -39,13 +45,16 @@ from pydantic import BaseModel, Field  # noqa: E402
 from kb_rerank.integrations._client import Hit, KbRerankClient, KbRerankError, context_hits  # noqa: E402
 from kb_rerank.pipeline.prompt import fence_safe  # noqa: E402
 
-__all__ = ["build_server", "DOCUMENTS_URI", "DOCUMENTS_PATH", "TOOL"]
+__all__ = ["build_server", "http_app", "new_http_key", "DOCUMENTS_URI", "DOCUMENTS_PATH", "TOOL", "HTTP_PATH",
+           "MIN_HTTP_KEY"]
 
 TOOL = "search_knowledge_base"
 DOCUMENTS_URI = "kb://documents"
 DOCUMENTS_PATH = "/v1/kb/documents"
 DOCUMENTS_PAGE = 200  # the route's largest page
 DOCUMENTS_MAX_PAGES = 50  # at most 10,000 documents in one read
+HTTP_PATH = "/mcp"
+MIN_HTTP_KEY = 24  # characters of a key chosen by the operator (KB_MCP_HTTP_KEY)
 
 INSTRUCTIONS = (
     "Search the organisation's knowledge base with the search_knowledge_base tool. Its answer holds a "
@@ -69,7 +78,8 @@ class PassageOut(BaseModel):
     scored_by: str | None = None
     flagged: bool = Field(False, description="flagged by the prompt-injection guard: its text is only in the"
                                              " fenced <context> block")
-    text: str | None = Field(None, description="the passage's snippet, sanitised; null when flagged")
+    text: str | None = Field(None, description="the passage's first 300 characters, sanitised (the whole passage"
+                                               " is in the <context> block); null when flagged")
 
 
 class SearchOutput(BaseModel):
@@ -88,7 +98,8 @@ def _passage(hit: Hit) -> PassageOut:
     return PassageOut(citation=m.get("citation"), chunk_id=m.get("chunk_id"), doc_id=m.get("doc_id"),
                       title=m.get("title"), source_path=m.get("source_path"), tier=m.get("tier"),
                       final_score=m.get("final_score"), rerank_score=m.get("rerank_score"), scores=m.get("scores"),
-                      scored_by=m.get("scored_by"), flagged=flagged, text=None if flagged else fence_safe(hit.text))
+                      scored_by=m.get("scored_by"), flagged=flagged,
+                      text=None if flagged else fence_safe(hit.snippet if hit.snippet is not None else hit.text))
 
 
 def build_server(client: KbRerankClient) -> MCPServer:
@@ -150,12 +161,58 @@ def build_server(client: KbRerankClient) -> MCPServer:
     return server
 
 
-def run(client: KbRerankClient, transport: str = "stdio", *, host: str = "127.0.0.1", port: int = 8765) -> None:
-    """Serve until stopped: ``stdio`` or ``http`` (streamable HTTP at http://HOST:PORT/mcp)."""
+def new_http_key() -> str:
+    """A random key for one run of the HTTP transport (256 bits)."""
+    return secrets.token_urlsafe(32)
+
+
+class _RequireKey:
+    """ASGI middleware: an HTTP request without ``Authorization: Bearer <key>`` is answered 401
+    (the API's error body) before the MCP transport sees it; lifespan events pass through."""
+
+    def __init__(self, app: Any, key: str) -> None:
+        if len(key) < MIN_HTTP_KEY:
+            raise ValueError(f"the HTTP key must be at least {MIN_HTTP_KEY} characters")
+        self.app, self._want = app, f"Bearer {key}".encode()
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            given = next((v for k, v in scope["headers"] if k == b"authorization"), b"")
+            if not hmac.compare_digest(given, self._want):
+                body = json.dumps({"error": "unauthorized", "detail": "this MCP server needs Authorization: Bearer "
+                                   "<its key> (KB_MCP_HTTP_KEY, or the key it printed when it started)"}).encode()
+                await send({"type": "http.response.start", "status": 401,
+                            "headers": [(b"content-type", b"application/json"), (b"www-authenticate", b"Bearer"),
+                                        (b"content-length", str(len(body)).encode())]})
+                await send({"type": "http.response.body", "body": body})
+                return
+        await self.app(scope, receive, send)
+
+
+def http_app(server: MCPServer, key: str, *, host: str = "127.0.0.1") -> Any:
+    """The streamable-HTTP ASGI app at :data:`HTTP_PATH`, every request checked against ``key``
+    (the SDK's DNS-rebinding protection is on when ``host`` is a loopback name)."""
+    return _RequireKey(server.streamable_http_app(streamable_http_path=HTTP_PATH, host=host), key)
+
+
+def run(client: KbRerankClient, transport: str = "stdio", *, host: str = "127.0.0.1", port: int = 8765,
+        http_key: str | None = None) -> None:
+    """Serve until stopped: ``stdio`` or ``http`` (streamable HTTP at http://HOST:PORT/mcp; clients
+    send ``Authorization: Bearer <http_key>``, a random key printed on stderr when none is given)."""
     server = build_server(client)
     if transport == "stdio":
         server.run("stdio")
     elif transport == "http":
-        server.run("streamable-http", host=host, port=port)
+        import uvicorn
+
+        chosen = bool(http_key)
+        key = http_key or new_http_key()
+        app = http_app(server, key, host=host)
+        where = f"http://{host if ':' not in host else f'[{host}]'}:{port}{HTTP_PATH}"
+        print(f"kb-rerank mcp: streamable HTTP at {where}; clients send 'Authorization: Bearer "
+              f"{'<KB_MCP_HTTP_KEY>' if chosen else key}'"
+              + ("" if chosen else " (a random key for this run; set KB_MCP_HTTP_KEY to choose one)"),
+              file=sys.stderr, flush=True)
+        uvicorn.run(app, host=host, port=port, log_level="warning")
     else:
         raise ValueError(f"unknown transport {transport!r}: stdio or http")

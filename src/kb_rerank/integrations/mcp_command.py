@@ -24,7 +24,10 @@ def add_mcp_parser(sub) -> argparse.ArgumentParser:
                    help="the tenant's bearer token (default KB_MCP_TOKEN); the tenant is the token's")
     m.add_argument("--transport", choices=["stdio", "http"], default="stdio",
                    help="stdio (default) or http: streamable HTTP at http://HOST:PORT/mcp")
-    m.add_argument("--host", default="127.0.0.1", help="http: address to bind (default 127.0.0.1, loopback)")
+    m.add_argument("--host", default="127.0.0.1",
+                   help="http: address to bind (default 127.0.0.1, loopback); clients send 'Authorization: Bearer"
+                        " <key>' with the key KB_MCP_HTTP_KEY names (at least 24 characters), else a random one"
+                        " printed on stderr at start")
     m.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"http: port (default {DEFAULT_PORT})")
     m.add_argument("--timeout", type=float, default=30.0, help="seconds per API call (default 30)")
     m.set_defaults(func=cmd_mcp)
@@ -38,7 +41,13 @@ def cmd_mcp(args, settings: Settings) -> int:
         return 2
     url = args.url or os.environ.get("KB_MCP_URL") or DEFAULT_URL
     from kb_rerank.integrations._client import KbRerankClient
-    from kb_rerank.integrations.mcp import run
+    from kb_rerank.integrations.mcp import MIN_HTTP_KEY, run
 
-    run(KbRerankClient(url, token, timeout=args.timeout), args.transport, host=args.host, port=args.port)
+    key = os.environ.get("KB_MCP_HTTP_KEY") or None
+    if args.transport == "http" and key is not None and len(key) < MIN_HTTP_KEY:
+        print(f"kb-rerank: error: KB_MCP_HTTP_KEY must be at least {MIN_HTTP_KEY} characters (e.g. `python -c "
+              "'import secrets; print(secrets.token_urlsafe(32))'`)", file=sys.stderr)
+        return 2
+    run(KbRerankClient(url, token, timeout=args.timeout), args.transport, host=args.host, port=args.port,
+        http_key=key)
     return 0

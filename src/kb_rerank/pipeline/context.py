@@ -1,6 +1,6 @@
 """The flow behind ``POST /v1/kb/context``: ranked, guarded context for a language model
 (run by :class:`kb_rerank.pipeline.flow.Pipeline`). The cache row holds
-``{"kind": "kb_context_v1", "response": ...}``; the key adds the tenant's injection policy.
+``{"kind": "kb_context_v2", "response": ...}``; the key adds the tenant's injection policy.
 
 1. Candidates: kb.search_hybrid with the chunks' stored guard flags, embeddings and document
    metadata (:class:`~kb_rerank.pipeline.retrieval.RetrievalSpec`, ``details``).
@@ -41,7 +41,7 @@ from kb_rerank.pipeline.scoring import Scored
 from kb_rerank.settings import Settings
 
 SOURCE = "hybrid_lexical_semantic"
-CACHE_KIND = "kb_context_v1"
+CACHE_KIND = "kb_context_v2"  # a new kind whenever the stored answer changes shape: older rows miss
 
 
 class ContextFlow(StoredResponse):
@@ -145,7 +145,7 @@ class ContextFlow(StoredResponse):
             results.append({
                 "rank": pos + 1,
                 "chunk_id": c.id, "doc_id": str(c.doc_id), "doc_title": c.doc_title,
-                "source_path": c.source_uri, "snippet": c.snippet,
+                "source_path": c.source_uri, "snippet": c.snippet, "text": prompt.passage_text(c.content),
                 "final_score": reported_score(r.final_score, c.scored_by),
                 "tier": reported_tier(r.final_score, c.scored_by, self.settings),
                 "rerank_score": reported_score(c.relevance, c.scored_by),

@@ -31,7 +31,7 @@ from typing import Sequence
 from kb_rerank.ingest.detectors import sanitize_for_prompt
 
 __all__ = ["Passage", "SYSTEM_PROMPT_TEMPLATE", "NO_CONTEXT_NOTE", "build_context_block", "system_prompt",
-           "fence_safe"]
+           "fence_safe", "passage_text"]
 
 SYSTEM_PROMPT_TEMPLATE = (
     "You answer questions using the reference passages in the <context> block below.\n"
@@ -60,6 +60,12 @@ def fence_safe(text: str) -> str:
     return _TAG.sub(lambda m: "\u2039" + m.group(1), sanitize_for_prompt(text or ""))
 
 
+def passage_text(text: str) -> str:
+    """A passage's text as the ``<context>`` block holds it (also each ``/v1/kb/context``
+    result's ``text``)."""
+    return fence_safe(text).strip()
+
+
 def _one_line(text: str) -> str:
     return _LINE.sub(" ", fence_safe(text)).strip()
 
@@ -77,7 +83,7 @@ def build_context_block(passages: Sequence[Passage]) -> str:
     for i, p in enumerate(passages, start=1):
         lines.append(f"[{i}] source: {_one_line(p.source)} | title: {_one_line(p.title)}")
         lines.append(f'<passage id="{i}">')
-        lines.append(fence_safe(p.text).strip())
+        lines.append(passage_text(p.text))
         lines.append("</passage>")
     lines.append("</context>")
     return "\n".join(lines)

@@ -10,7 +10,6 @@ import asyncio
 from dataclasses import dataclass
 from typing import Any, Callable
 
-import httpx
 import pytest
 from mcp import Client
 
@@ -56,9 +55,8 @@ INTEGRATIONS: dict[str, Callable[..., list[Passage]]] = {"langchain": _langchain
 
 def _documents(base: str, token: str) -> dict[str, dict]:
     """The tenant's documents by title (GET /v1/kb/documents)."""
-    r = httpx.get(base + "/v1/kb/documents?limit=200", headers={"Authorization": f"Bearer {token}"}, timeout=30)
-    assert r.status_code == 200, r.text
-    return {d["title"]: d for d in r.json()["documents"]}
+    with KbRerankClient(base, token) as client:
+        return {d["title"]: d for d in client.get("/v1/kb/documents?limit=200").body["documents"]}
 
 
 def _one(docs: dict[str, dict], prefix: str) -> dict:

@@ -338,22 +338,18 @@ def check_endpoint(endpoint: str, source: str | None) -> bool:
     return endpoint == "search"
 
 
-def _retrieve_call(client: KbRerankClient, endpoint: str, source: str | None):
-    return check_endpoint(endpoint, source)
-
-
 def retrieve(client: KbRerankClient, query: str, *, endpoint: str = "context", source: str | None = None,
              top_n: int | None = None, filter: Mapping[str, Any] | None = None) -> list[Hit]:
     """The hits of ``/v1/kb/context`` (the default: the guarded route, whole passages) or
     ``/v1/kb/search/rerank`` (``endpoint="search"``: snippets, no guard policy)."""
-    if _retrieve_call(client, endpoint, source):
+    if check_endpoint(endpoint, source):
         return search_hits(client.search(query, source=source, top_n=top_n, filter=filter))
     return context_hits(client.context(query, top_n=top_n, filter=filter))
 
 
 async def aretrieve(client: KbRerankClient, query: str, *, endpoint: str = "context", source: str | None = None,
                     top_n: int | None = None, filter: Mapping[str, Any] | None = None) -> list[Hit]:
-    if _retrieve_call(client, endpoint, source):
+    if check_endpoint(endpoint, source):
         return search_hits(await client.asearch(query, source=source, top_n=top_n, filter=filter))
     return context_hits(await client.acontext(query, top_n=top_n, filter=filter))
 

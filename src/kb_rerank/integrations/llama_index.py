@@ -3,8 +3,9 @@
 - :class:`KbRerankRetriever`: a ``BaseRetriever`` (``retrieve`` / ``aretrieve``) over
   ``POST /v1/kb/context`` (default: the tenant's injection policy, the whole passage) or
   ``POST /v1/kb/search/rerank`` (``endpoint="search"``: no guard policy, the first 300
-  characters of each passage), returning ``NodeWithScore``: a ``TextNode`` per passage (id = the chunk id; metadata: ids,
-  title, scores as the API gave them, tier, source, trace id, model, fallback) whose score is
+  characters of each passage), returning ``NodeWithScore``: a ``TextNode`` per passage (id =
+  the chunk id; metadata: ids, title, scores as the API gave them, tier, source path, trace
+  id, model, fallback) whose score is
   the model's relevance, or None on a fallback answer (the fused order is not a relevance).
 - :class:`KbRerankPostprocessor`: a ``BaseNodePostprocessor`` over ``POST /v2/rerank`` that
   reranks the nodes a pipeline brings; a 503 (no model can score) raises

@@ -45,8 +45,8 @@ from pydantic import BaseModel, Field  # noqa: E402
 from kb_rerank.integrations._client import Hit, KbRerankClient, KbRerankError, context_hits  # noqa: E402
 from kb_rerank.pipeline.prompt import fence_safe  # noqa: E402
 
-__all__ = ["build_server", "http_app", "new_http_key", "DOCUMENTS_URI", "DOCUMENTS_PATH", "TOOL", "HTTP_PATH",
-           "MIN_HTTP_KEY"]
+__all__ = ["build_server", "check_http_key", "http_app", "new_http_key", "DOCUMENTS_URI", "DOCUMENTS_PATH", "TOOL",
+           "HTTP_PATH", "MIN_HTTP_KEY"]
 
 TOOL = "search_knowledge_base"
 DOCUMENTS_URI = "kb://documents"
@@ -99,7 +99,7 @@ def _passage(hit: Hit) -> PassageOut:
                       title=m.get("title"), source_path=m.get("source_path"), tier=m.get("tier"),
                       final_score=m.get("final_score"), rerank_score=m.get("rerank_score"), scores=m.get("scores"),
                       scored_by=m.get("scored_by"), flagged=flagged,
-                      text=None if flagged else fence_safe(hit.snippet if hit.snippet is not None else hit.text))
+                      text=None if flagged else fence_safe(hit.snippet or hit.text))
 
 
 def build_server(client: KbRerankClient) -> MCPServer:
@@ -161,6 +161,14 @@ def build_server(client: KbRerankClient) -> MCPServer:
     return server
 
 
+def check_http_key(key: str) -> str:
+    """``key`` when it is long enough to be an HTTP key (ValueError otherwise)."""
+    if len(key) < MIN_HTTP_KEY:
+        raise ValueError(f"KB_MCP_HTTP_KEY must be at least {MIN_HTTP_KEY} characters (e.g. `python -c "
+                         "'import secrets; print(secrets.token_urlsafe(32))'`)")
+    return key
+
+
 def new_http_key() -> str:
     """A random key for one run of the HTTP transport (256 bits)."""
     return secrets.token_urlsafe(32)
@@ -171,9 +179,7 @@ class _RequireKey:
     (the API's error body) before the MCP transport sees it; lifespan events pass through."""
 
     def __init__(self, app: Any, key: str) -> None:
-        if len(key) < MIN_HTTP_KEY:
-            raise ValueError(f"the HTTP key must be at least {MIN_HTTP_KEY} characters")
-        self.app, self._want = app, f"Bearer {key}".encode()
+        self.app, self._want = app, f"Bearer {check_http_key(key)}".encode()
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         if scope["type"] == "http":
@@ -205,14 +211,11 @@ def run(client: KbRerankClient, transport: str = "stdio", *, host: str = "127.0.
     elif transport == "http":
         import uvicorn
 
-        chosen = bool(http_key)
         key = http_key or new_http_key()
-        app = http_app(server, key, host=host)
         where = f"http://{host if ':' not in host else f'[{host}]'}:{port}{HTTP_PATH}"
-        print(f"kb-rerank mcp: streamable HTTP at {where}; clients send 'Authorization: Bearer "
-              f"{'<KB_MCP_HTTP_KEY>' if chosen else key}'"
-              + ("" if chosen else " (a random key for this run; set KB_MCP_HTTP_KEY to choose one)"),
-              file=sys.stderr, flush=True)
-        uvicorn.run(app, host=host, port=port, log_level="warning")
+        said = ("'Authorization: Bearer <KB_MCP_HTTP_KEY>'" if http_key else
+                f"'Authorization: Bearer {key}' (a random key for this run; set KB_MCP_HTTP_KEY to choose one)")
+        print(f"kb-rerank mcp: streamable HTTP at {where}; clients send {said}", file=sys.stderr, flush=True)
+        uvicorn.run(http_app(server, key, host=host), host=host, port=port, log_level="warning")
     else:
         raise ValueError(f"unknown transport {transport!r}: stdio or http")

@@ -41,13 +41,15 @@ def cmd_mcp(args, settings: Settings) -> int:
         return 2
     url = args.url or os.environ.get("KB_MCP_URL") or DEFAULT_URL
     from kb_rerank.integrations._client import KbRerankClient
-    from kb_rerank.integrations.mcp import MIN_HTTP_KEY, run
+    from kb_rerank.integrations.mcp import check_http_key, run
 
     key = os.environ.get("KB_MCP_HTTP_KEY") or None
-    if args.transport == "http" and key is not None and len(key) < MIN_HTTP_KEY:
-        print(f"kb-rerank: error: KB_MCP_HTTP_KEY must be at least {MIN_HTTP_KEY} characters (e.g. `python -c "
-              "'import secrets; print(secrets.token_urlsafe(32))'`)", file=sys.stderr)
-        return 2
+    if args.transport == "http" and key is not None:
+        try:
+            check_http_key(key)
+        except ValueError as exc:
+            print(f"kb-rerank: error: {exc}", file=sys.stderr)
+            return 2
     run(KbRerankClient(url, token, timeout=args.timeout), args.transport, host=args.host, port=args.port,
         http_key=key)
     return 0

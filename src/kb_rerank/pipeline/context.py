@@ -142,10 +142,12 @@ class ContextFlow(StoredResponse):
         results, passages = [], []
         for pos, r in enumerate(ranked[:top_n]):
             c = cut[r.index]
+            passage = prompt.Passage(text=c.content, source=c.source_uri, title=c.doc_title)
+            passages.append(passage)
             results.append({
                 "rank": pos + 1,
                 "chunk_id": c.id, "doc_id": str(c.doc_id), "doc_title": c.doc_title,
-                "source_path": c.source_uri, "snippet": c.snippet, "text": prompt.passage_text(c.content),
+                "source_path": c.source_uri, "snippet": c.snippet, "text": passage.fenced,
                 "final_score": reported_score(r.final_score, c.scored_by),
                 "tier": reported_tier(r.final_score, c.scored_by, self.settings),
                 "rerank_score": reported_score(c.relevance, c.scored_by),
@@ -160,7 +162,6 @@ class ContextFlow(StoredResponse):
                 "citation": pos + 1,
                 "scored_by": c.scored_by,
             })
-            passages.append(prompt.Passage(text=c.content, source=c.source_uri, title=c.doc_title))
         return results, passages
 
     def _stages(self, ranked, cut, kept, cands, filtered, fused_rank: dict[str, int], rerank_rank: dict[str, int],

@@ -26,12 +26,13 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Sequence
 
 from kb_rerank.ingest.detectors import sanitize_for_prompt
 
 __all__ = ["Passage", "SYSTEM_PROMPT_TEMPLATE", "NO_CONTEXT_NOTE", "build_context_block", "system_prompt",
-           "fence_safe", "passage_text"]
+           "fence_safe"]
 
 SYSTEM_PROMPT_TEMPLATE = (
     "You answer questions using the reference passages in the <context> block below.\n"
@@ -60,12 +61,6 @@ def fence_safe(text: str) -> str:
     return _TAG.sub(lambda m: "\u2039" + m.group(1), sanitize_for_prompt(text or ""))
 
 
-def passage_text(text: str) -> str:
-    """A passage's text as the ``<context>`` block holds it (also each ``/v1/kb/context``
-    result's ``text``)."""
-    return fence_safe(text).strip()
-
-
 def _one_line(text: str) -> str:
     return _LINE.sub(" ", fence_safe(text)).strip()
 
@@ -76,6 +71,11 @@ class Passage:
     source: str  # documents.source_uri
     title: str
 
+    @cached_property
+    def fenced(self) -> str:
+        """The text as the ``<context>`` block holds it (also a ``/v1/kb/context`` result's ``text``)."""
+        return fence_safe(self.text).strip()
+
 
 def build_context_block(passages: Sequence[Passage]) -> str:
     """The ``<context>`` block with passages numbered [1]..[n] (empty block for none)."""
@@ -83,7 +83,7 @@ def build_context_block(passages: Sequence[Passage]) -> str:
     for i, p in enumerate(passages, start=1):
         lines.append(f"[{i}] source: {_one_line(p.source)} | title: {_one_line(p.title)}")
         lines.append(f'<passage id="{i}">')
-        lines.append(passage_text(p.text))
+        lines.append(p.fenced)
         lines.append("</passage>")
     lines.append("</context>")
     return "\n".join(lines)

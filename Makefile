@@ -27,7 +27,7 @@ serve: install
 	@echo "playground: http://127.0.0.1:8000/playground; /metrics: the 'metrics:' line below (Ctrl-C stops)"
 	$(BIN)/kb-rerank serve --dev
 
-# The playground's browser tests (tests/test_playground_browser.py) drive Debian's `chromium`
+# The playground's browser tests (tests/endpoints/test_playground_browser.py) drive Debian's `chromium`
 # through Playwright (the dev extra). Installed here as root where apt-get exists; otherwise, or
 # when the install fails, those tests skip with a message naming the package.
 chromium:
@@ -38,7 +38,7 @@ chromium:
 	    echo "WARNING: apt-get install chromium failed: the browser tests will be skipped"; \
 	  else echo "WARNING: chromium is not installed (as root: apt-get install chromium): the browser tests will be skipped"; fi; }
 
-# tests/test_pgbouncer.py runs the service through Debian's `pgbouncer` (pool_mode=transaction).
+# tests/db/test_pgbouncer.py runs the service through Debian's `pgbouncer` (pool_mode=transaction).
 # Installed here as root where apt-get exists; otherwise, or when the install fails, that test
 # skips with a message naming the package.
 pgbouncer:
@@ -61,7 +61,7 @@ wheel-test: install
 
 # 32 clients for 60 s against a real server process (loopback), then the invariants
 soak: install
-	KB_LOAD_SECONDS=60 $(BIN)/python -m pytest -q -s tests/test_load.py
+	KB_LOAD_SECONDS=60 $(BIN)/python -m pytest -q -s tests/project/test_load.py
 
 # SQL-level latency and recall (10k chunks), service overhead, model cost, guard detector
 bench-quick: install
@@ -78,13 +78,13 @@ bench: install
 	$(BIN)/python bench/guard_eval.py
 
 # the README's figures (docs/img/*.png) from the committed bench/results/*.json (matplotlib, Agg);
-# tests/test_figures.py draws them again into a temporary folder
+# tests/eval/test_figures.py draws them again into a temporary folder
 figures: install
 	MPLBACKEND=Agg $(BIN)/python bench/figures.py --results bench/results --out docs/img
 
-# the README's settings table and .env.example, from the code (tests/test_settings.py checks both)
+# the README's settings table and .env.example, from the code (tests/core/test_settings.py checks both)
 settings-docs: install
-	$(BIN)/python -m kb_rerank.settings --write .
+	$(BIN)/python -m kb_rerank.core.settings --write .
 
 db-stop: install
 	$(BIN)/kb-rerank db stop

@@ -20,10 +20,10 @@ from pathlib import Path
 import numpy as np
 import psycopg
 
-from kb_rerank.admin import database as db
-from kb_rerank.admin import sql_access
-from kb_rerank.settings import Settings
-from kb_rerank.store.session import configure_connection, tenant_transaction
+from kb_rerank.db import database as db
+from kb_rerank.db import sql_access
+from kb_rerank.core.settings import Settings
+from kb_rerank.core.session import configure_connection, tenant_transaction
 
 BEFORE = ("create or replace function kb.current_tenant() returns uuid language sql stable parallel safe"
           " security invoker as $$ select nullif(pg_catalog.current_setting('auth.tenant_id', true), '')"

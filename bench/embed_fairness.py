@@ -36,10 +36,10 @@ import psycopg  # noqa: E402
 import uvicorn  # noqa: E402
 
 import kb_rerank  # noqa: E402
-from kb_rerank.admin import database as db  # noqa: E402
-from kb_rerank.http.app import create_app  # noqa: E402
+from kb_rerank.db import database as db  # noqa: E402
+from kb_rerank.app import create_app  # noqa: E402
 from kb_rerank.http.auth import JwtConfig, mint_token  # noqa: E402
-from kb_rerank.settings import Settings  # noqa: E402
+from kb_rerank.core.settings import Settings  # noqa: E402
 
 SECRET = "kb-rerank-bench-secret-0123456789abcdef"
 WORDS = ("invoice customer payment subscription report export settings account owner webhook signature tax "
@@ -98,7 +98,7 @@ def main() -> int:
     tenant_b, tenant_a = uuid.uuid4(), uuid.uuid4()
     from kb_rerank.ingest.loader import ingest_paths
     from kb_rerank.models.embedders import get_embedder
-    from kb_rerank.store.session import configure_connection
+    from kb_rerank.core.session import configure_connection
 
     kb = Path(kb_rerank.__file__).parent / "demo_kb"
     with psycopg.connect(db.app_url(settings), autocommit=True) as conn:

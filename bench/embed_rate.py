@@ -12,7 +12,7 @@ import time
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 from kb_rerank.models.embedders import get_embedder  # noqa: E402
-from kb_rerank.settings import Settings  # noqa: E402
+from kb_rerank.core.settings import Settings  # noqa: E402
 
 WORDS = ("invoice customer payment subscription report export settings account owner webhook "
          "signature tax rate currency refund credit note password security role admin member").split()

@@ -56,10 +56,10 @@ def load(path: Path) -> dict:
 
 
 def default_fusion() -> tuple[str, int, float, float]:
-    """The service's default fusion (kb_rerank.settings), so the figure shows what ships."""
+    """The service's default fusion (kb_rerank.core.settings), so the figure shows what ships."""
     try:
-        from kb_rerank.settings import Settings
-    except ImportError:  # the package not installed: the values of settings.py at the time of writing
+        from kb_rerank.core.settings import Settings
+    except ImportError:  # the package not installed: the values of core/settings.py at the time of writing
         return ("convex", 60, 0.7, 0.3)
     s = Settings()
     return (s.fusion_method, s.fusion_depth, s.lexical_weight, s.semantic_weight)

@@ -29,9 +29,9 @@ import psycopg
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-from kb_rerank.admin import database as db  # noqa: E402
-from kb_rerank.settings import Settings  # noqa: E402
-from kb_rerank.store import session  # noqa: E402
+from kb_rerank.db import database as db  # noqa: E402
+from kb_rerank.core.settings import Settings  # noqa: E402
+from kb_rerank.core import session  # noqa: E402
 
 BASE = "cb6e903"
 FILES = ["10_search_lexical.sql", "11_search_semantic.sql", "11_search_semantic_ids.sql", "12_search_hybrid.sql",

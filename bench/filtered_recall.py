@@ -47,9 +47,9 @@ from psycopg.types.json import Jsonb
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-from kb_rerank.admin import database as db  # noqa: E402
-from kb_rerank.settings import Settings  # noqa: E402
-from kb_rerank.store import session  # noqa: E402
+from kb_rerank.db import database as db  # noqa: E402
+from kb_rerank.core.settings import Settings  # noqa: E402
+from kb_rerank.core import session  # noqa: E402
 
 DIM = 384
 CHUNKS_PER_DOC = 2

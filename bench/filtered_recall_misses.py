@@ -13,9 +13,9 @@ sys.path.insert(0, str(ROOT / "bench")); sys.path.insert(0, str(ROOT / "src"))
 import numpy as np, psycopg
 from psycopg.types.json import Jsonb
 import filtered_recall as fr
-from kb_rerank.admin import database as db
-from kb_rerank.settings import Settings
-from kb_rerank.store import session
+from kb_rerank.db import database as db
+from kb_rerank.core.settings import Settings
+from kb_rerank.core import session
 settings = Settings(data_dir=Path("/tmp/kb-filtered-recall"), database_name="kb_filtered_recall")
 owner = db.migrate(settings); app = db.app_url(settings)
 D = lambda sql: sql.replace("select chunk_id from nn", "select chunk_id, distance from nn")

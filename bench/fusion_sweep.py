@@ -73,10 +73,10 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-from kb_rerank.store import search  # noqa: E402
+from kb_rerank.retrieval import store as search  # noqa: E402
 from kb_rerank.eval.runs import CachedEmbedder, _default_conn_factory, _doc_map, embed_cache_dir, load_collection
 from kb_rerank.eval.measures import evaluate_run, load_beir  # noqa: E402
-from kb_rerank.settings import Settings  # noqa: E402
+from kb_rerank.core.settings import Settings  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
 DEPTH = 100
@@ -229,7 +229,7 @@ def _read_lists(conn, query: str, qemb, ks=CANDIDATES):
 
 def fetch_lists(settings: Settings, path: Path, embedder, conn_factory, verify: int, verify_configs):
     """Load (idempotent) and fetch both lists per query at DEPTH; check fusion against the SQL."""
-    from kb_rerank.store.session import tenant_transaction
+    from kb_rerank.core.session import tenant_transaction
 
     coll = load_beir(path)
     qids = sorted(q for q in coll.queries if q in coll.qrels)

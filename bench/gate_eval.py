@@ -1,6 +1,6 @@
 """The "nothing relevant" gate of /v1/context (KB_GATE_MIN_SIMILARITY), measured on BEIR collections.
 
-The gate (``kb_rerank.pipeline.context.ContextFlow.compute``): over the fused candidates the service reranks
+The gate (``kb_rerank.endpoints.context.flow.ContextFlow.compute``): over the fused candidates the service reranks
 (``kb.search_hybrid`` with the production fusion, lists ``KB_FUSION_DEPTH`` deep, the best
 ``2 x KB_CANDIDATES`` kept), if no candidate has a lexical rank and the best semantic similarity
 is below the threshold, the answer is ``answerable: false`` with no results.
@@ -43,11 +43,11 @@ import numpy as np  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-from kb_rerank.store import search  # noqa: E402
+from kb_rerank.retrieval import store as search  # noqa: E402
 from kb_rerank.eval.runs import CachedEmbedder, _default_conn_factory, embed_cache_dir, load_collection
 from kb_rerank.eval.measures import load_beir  # noqa: E402
-from kb_rerank.pipeline.query import normalize_query  # noqa: E402
-from kb_rerank.settings import Settings  # noqa: E402
+from kb_rerank.core.query import normalize_query  # noqa: E402
+from kb_rerank.core.settings import Settings  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
 THRESHOLDS = [round(0.70 + 0.01 * i, 2) for i in range(21)]  # 0.70 .. 0.90
@@ -69,7 +69,7 @@ def spaced(items: list, limit: int | None) -> list:
 
 def signals(conn, tenant, settings: Settings, embedder, texts: list[str]) -> list[tuple[float | None, int]]:
     """(best similarity, lexical hits) over the service's fused candidates, per query text."""
-    from kb_rerank.store.session import tenant_transaction
+    from kb_rerank.core.session import tenant_transaction
 
     out = []
     for text in texts:

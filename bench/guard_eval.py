@@ -1,4 +1,4 @@
-"""Evaluate kb_rerank.ingest.detectors on the labelled sets in tests/data.
+"""Evaluate kb_rerank.guard.detectors on the labelled sets in tests/data.
 
 Prints precision, recall, F1 and the confusion matrix for the injection detector on the
 whole set, on the holdout split and per language, and the same for the stuffing detector.
@@ -14,7 +14,7 @@ import json
 import time
 from pathlib import Path
 
-from kb_rerank.ingest.detectors import detect_injection, detect_stuffing, sanitize_for_prompt
+from kb_rerank.guard.detectors import detect_injection, detect_stuffing, sanitize_for_prompt
 
 DATA = Path(__file__).resolve().parents[1] / "tests" / "data"
 

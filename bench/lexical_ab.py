@@ -106,7 +106,7 @@ def main(argv=None) -> int:
             hyb = "select chunk_id, round(score::numeric, 7) from kb.search_hybrid(%s, %s::vector, {})"
             new_args = base_args = "%s"  # k = --k, the function's own fusion defaults
             if args.production:
-                from kb_rerank.settings import Settings
+                from kb_rerank.core.settings import Settings
 
                 s = Settings()
                 f = s.fusion

@@ -37,10 +37,10 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT / "src") not in sys.path:
     sys.path.insert(0, str(ROOT / "src"))
 
-from kb_rerank.ingest.chunking import chunk_text  # noqa: E402
+from kb_rerank.core.chunking import chunk_text  # noqa: E402
 from kb_rerank.ingest.readers import SourceDoc, iter_documents  # noqa: E402
 from kb_rerank.models.cross_encoder import plan_batches  # noqa: E402
-from kb_rerank.settings import Settings  # noqa: E402
+from kb_rerank.core.settings import Settings  # noqa: E402
 
 MAX_LENGTHS = (256, 384, 512)
 N_PAIRS = 40

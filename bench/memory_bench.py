@@ -27,7 +27,7 @@ from pathlib import Path
 import psutil
 
 from kb_rerank.http.auth import JwtConfig, mint_token
-from kb_rerank.cli import DEMO_TENANT
+from kb_rerank.cli.main import DEMO_TENANT
 from kb_rerank.testing.tiny_model import build_tiny_cross_encoder
 
 SECRET = "kb-rerank-bench-secret-0123456789abcdef"
@@ -43,7 +43,7 @@ def measure(model: str, requests: int = 20) -> dict:
     port = free_port()
     env = {**os.environ, "KB_JWT_SECRET": SECRET, "KB_RERANKER_MODEL": model, "HF_HUB_OFFLINE": "1",
            "KB_RATE_LIMIT_PER_MINUTE": "0"}
-    proc = subprocess.Popen([sys.executable, "-m", "kb_rerank.cli", "serve", "--port", str(port)],
+    proc = subprocess.Popen([sys.executable, "-m", "kb_rerank.cli.main", "serve", "--port", str(port)],
                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     base = f"http://127.0.0.1:{port}"
     try:

@@ -3,7 +3,7 @@ with and without MMR, on BEIR folders already loaded by `kb-rerank eval` / bench
 
 Relevance = fused score / best fused score of the query (the service's fallback relevance:
 the real cross-encoder is not available offline), MMR over the chunk embeddings stored in
-Postgres (kb_rerank.pipeline.diversify.composite), documents deduplicated after ranking.
+Postgres (kb_rerank.rerank.diversify.composite), documents deduplicated after ranking.
 
     KB_DATA_DIR=/tmp/kb-eval python bench/mmr_quality.py ../shared/datasets/cisi ... [--lambdas 1,0.7,0.6]
 """
@@ -22,15 +22,15 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 import numpy as np  # noqa: E402
 import psycopg  # noqa: E402
 
-from kb_rerank.store import session
-from kb_rerank.admin import database as db  # noqa: E402
-from kb_rerank.candidate import Candidate
-from kb_rerank.pipeline import diversify as ranking
-from kb_rerank.store import search
+from kb_rerank.core import session
+from kb_rerank.db import database as db  # noqa: E402
+from kb_rerank.core.candidate import Candidate
+from kb_rerank.rerank import diversify as ranking
+from kb_rerank.retrieval import store as search
 from kb_rerank.models.embedders import get_embedder  # noqa: E402
 from kb_rerank.eval.runs import CachedEmbedder, _dedup, _doc_map, embed_cache_dir, load_collection  # noqa: E402
 from kb_rerank.eval.measures import evaluate_run, load_beir  # noqa: E402
-from kb_rerank.settings import Settings  # noqa: E402
+from kb_rerank.core.settings import Settings  # noqa: E402
 
 
 def main() -> int:

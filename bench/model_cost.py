@@ -898,7 +898,7 @@ def main(argv: list[str] | None = None) -> int:
 
         if not args.skip_big:
             if args.model == "configured":
-                from kb_rerank.settings import Settings
+                from kb_rerank.core.settings import Settings
 
                 big_name, label = Settings.from_env().reranker_model, "configured"
             elif args.model:

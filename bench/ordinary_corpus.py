@@ -812,10 +812,10 @@ _STOP_SETS = {k: frozenset(v) for k, v in _STOPWORDS.items()}
 def chunk_passages(doc: Doc) -> list[str]:
     """The document's chunks as ingestion indexes them (the product's chunker and settings, the
     title before each chunk), those under MIN_CHARS dropped."""
-    from kb_rerank.ingest.chunking import chunk_text
+    from kb_rerank.core.chunking import chunk_text
     from kb_rerank.ingest.loader import _passage_text
     from kb_rerank.ingest.readers import SourceDoc, _normalise
-    from kb_rerank.settings import Settings
+    from kb_rerank.core.settings import Settings
 
     st = Settings()
     text = _normalise(doc.text).strip()

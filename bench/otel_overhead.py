@@ -4,7 +4,7 @@ cache hits of POST /v1/kb/search/rerank, in process (ASGI, no network), one requ
 Three arms, interleaved in rounds (each round runs every arm in a shuffled order, ``--per-round``
 requests each, the same queries), so that drift of the machine falls on every arm alike:
 
-* ``before`` -- tracing off, with ``kb_rerank.pipeline.timing.stage`` swapped for the code of
+* ``before`` -- tracing off, with ``kb_rerank.core.timing.stage`` swapped for the code of
   main before this change (325d84f: no span hook at all);
 * ``off`` -- tracing off, today's code: the hook's off path (one context-variable read per stage);
 * ``on`` -- tracing on as ``OTEL_EXPORTER_OTLP_ENDPOINT`` turns it on (server span, stage spans,
@@ -53,12 +53,12 @@ for _k in [k for k in os.environ if k.startswith("OTEL_")]:
 
 import psycopg  # noqa: E402
 
-from kb_rerank.admin import database as db  # noqa: E402
-from kb_rerank.http.app import create_app  # noqa: E402
+from kb_rerank.db import database as db  # noqa: E402
+from kb_rerank.app import create_app  # noqa: E402
 from kb_rerank.http.auth import JwtConfig, mint_token  # noqa: E402
 from kb_rerank.models.embedders import get_embedder  # noqa: E402
-from kb_rerank.pipeline import timing  # noqa: E402
-from kb_rerank.settings import Settings  # noqa: E402
+from kb_rerank.core import timing  # noqa: E402
+from kb_rerank.core.settings import Settings  # noqa: E402
 from pair_cache_bench import load_tenant  # noqa: E402  (bench/: the sample KB in a fresh tenant)
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -72,7 +72,7 @@ QUERIES = ["how do I issue a refund", "API rate limits", "change the account own
 # ----------------------------------------------------------------- the stage of main before the change
 @contextlib.contextmanager
 def stage_before(name: str) -> Iterator[None]:
-    """kb_rerank.pipeline.timing.stage at 325d84f, verbatim."""
+    """kb_rerank.core.timing.stage at 325d84f, verbatim."""
     t0 = time.perf_counter()
     try:
         yield
@@ -261,7 +261,7 @@ def markdown(o: dict) -> str:
         f"- informative, **tracing on** (server, stage and SQL spans, batched OTLP/HTTP export to a loopback sink:"
         f" {o['otlp_posts_received']} exports received): `on / off` {o['on_over_off']:.4f}, per round"
         f" {r2['median_ratio']:.4f} ({r2['p05']:.3f}..{r2['p95']:.3f}).", "",
-        "`before` is tracing off with `kb_rerank.pipeline.timing.stage` swapped for main's code before the"
+        "`before` is tracing off with `kb_rerank.core.timing.stage` swapped for main's code before the"
         " change (325d84f); `off` is today's code with tracing off; the arms alternate in shuffled rounds"
         " on the same app, queries and cache rows. `on` is a second app in the same process, created with"
         " `OTEL_EXPORTER_OTLP_ENDPOINT` set, after phase 1 (psycopg's instrumentation is process-wide).", ""])

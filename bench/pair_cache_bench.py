@@ -36,16 +36,16 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import psycopg  # noqa: E402
 
-from kb_rerank.admin import database as db  # noqa: E402
-from kb_rerank.http.app import create_app  # noqa: E402
+from kb_rerank.db import database as db  # noqa: E402
+from kb_rerank.app import create_app  # noqa: E402
 from kb_rerank.http.auth import JwtConfig, mint_token  # noqa: E402
-from kb_rerank.store.session import tenant_transaction  # noqa: E402
+from kb_rerank.core.session import tenant_transaction  # noqa: E402
 from kb_rerank.models.embedders import get_embedder  # noqa: E402
 from kb_rerank.ingest.loader import ingest_paths  # noqa: E402
 from kb_rerank.models.cross_encoder import Reranker  # noqa: E402
-from kb_rerank.settings import Settings  # noqa: E402
+from kb_rerank.core.settings import Settings  # noqa: E402
 from kb_rerank.testing.tiny_model import build_tiny_cross_encoder  # noqa: E402
-from kb_rerank.store import session
+from kb_rerank.core import session
 
 SECRET = "kb-rerank-bench-secret-0123456789abcdef"
 EXAMPLES = Path(__file__).resolve().parents[1] / "src" / "kb_rerank" / "demo_kb"

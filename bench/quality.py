@@ -87,7 +87,7 @@ from kb_rerank.eval.runs import (  # noqa: E402
     passage_texts,
     source_docs,
 )
-from kb_rerank.settings import Settings  # noqa: E402
+from kb_rerank.core.settings import Settings  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
 DEPTH = 100

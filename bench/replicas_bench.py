@@ -51,9 +51,9 @@ import httpx  # noqa: E402
 import psutil  # noqa: E402
 import psycopg  # noqa: E402
 
-from kb_rerank.admin import database as db  # noqa: E402
+from kb_rerank.db import database as db  # noqa: E402
 from kb_rerank.http.auth import JwtConfig, mint_token  # noqa: E402
-from kb_rerank.settings import Settings  # noqa: E402
+from kb_rerank.core.settings import Settings  # noqa: E402
 
 SECRET = "kb-rerank-bench-secret-0123456789abcdef"
 OPS_TOKEN = "kb-rerank-bench-ops-token-0123456789"
@@ -71,7 +71,7 @@ def free_port() -> int:
 
 def start_server(env: dict, log: Path) -> tuple[str, subprocess.Popen]:
     port = free_port()
-    code = f"import sys; from kb_rerank.cli import main; sys.exit(main(['serve', '--host', '127.0.0.1', '--port', '{port}']))"
+    code = f"import sys; from kb_rerank.cli.main import main; sys.exit(main(['serve', '--host', '127.0.0.1', '--port', '{port}']))"
     proc = subprocess.Popen([sys.executable, "-c", code],
                             env=env, stdout=open(log, "wb"), stderr=subprocess.STDOUT)
     base = f"http://127.0.0.1:{port}"
@@ -269,7 +269,7 @@ def main() -> None:
                "KB_OPS_TOKEN": OPS_TOKEN, "KB_RERANKER_MODEL": str(model_dir), "KB_RATE_LIMIT_PER_MINUTE": "0",
                "KB_ADDRESS_RATE_LIMIT_PER_MINUTE": "0", "KB_TENANT_WAIT_S": "60", "KB_CACHE_TTL_S": "7200", "KB_DATA_DIR": str(data),
                "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT / "src")}
-        from kb_rerank import keys
+        from kb_rerank.core import keys
 
         env.update({"KB_AUDIT_KEY": keys.server_key(settings, "audit", None).decode(),
                     "KB_QUERY_HASH_KEY": keys.server_key(settings, "query_hash", None).decode()})

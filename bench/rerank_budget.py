@@ -1,7 +1,7 @@
 """Does the rerank step keep its budget (``KB_RERANK_BUDGET_MS``)? p50/p95 of the rerank time
 against the budget, and the share of the candidates the model ranked, per model and budget.
 
-Every request goes through the service's step (:func:`kb_rerank.pipeline.scoring.score` over
+Every request goes through the service's step (:func:`kb_rerank.rerank.scoring.score` over
 the service's ``Reranker``, calibrated at load, ``KB_RERANK_UNIT_MS`` turns): 40 candidates a
 request at ``--max-length`` tokens (``mixed`` lengths of bench/model_cost.py: 16-480 tokens),
 no pair cache (every request a new query). Models: the tiny test model and the random-weight
@@ -54,7 +54,7 @@ def build(model: str, tmp: Path) -> str:
 
 
 async def requests(r, query: str, texts: list[str], budget_ms: float, count: int, burst: int) -> list:
-    from kb_rerank.pipeline import scoring
+    from kb_rerank.rerank import scoring
 
     out, serial = [], 0
 

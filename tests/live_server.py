@@ -135,10 +135,10 @@ def run_server(server, *, startup_timeout: float = 60.0, on_loop=None, stop_time
 
 def server_keys_env() -> dict[str, str]:
     """KB_AUDIT_KEY and KB_QUERY_HASH_KEY for a server process (`serve` requires them when it is
-    given the app role's URL): the keys the in-process test apps use (kb_rerank.keys' default
+    given the app role's URL): the keys the in-process test apps use (kb_rerank.core.keys' default
     files), so tests can compute the hashes the server stores."""
-    from kb_rerank import keys
-    from kb_rerank.settings import Settings
+    from kb_rerank.core import keys
+    from kb_rerank.core.settings import Settings
 
     s = Settings()
     return {"KB_AUDIT_KEY": keys.server_key(s, "audit", None).decode(),
@@ -152,7 +152,7 @@ def serve_process(env: dict[str, str], log_path: Path, *, startup_timeout: float
     ``--log-format text``, at INFO, to ``log_path``); wait until /readyz is 200 with the
     model loaded; yield (base URL, process)."""
     port = free_port()
-    code = ("import sys; from kb_rerank.cli import main; "
+    code = ("import sys; from kb_rerank.cli.main import main; "
             f"sys.exit(main(['serve', '--host', '127.0.0.1', '--port', '{port}', *{list(args)!r}]))")
     full_env = {**os.environ, "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
                 "KB_OPS_TOKEN": OPS_TOKEN, **server_keys_env(), **env}

@@ -6,8 +6,8 @@ mode form one run; splitting them would spread one procedure over three files.
 ``evaluate_collection`` loads a BEIR folder (``corpus.jsonl``, ``queries.jsonl``,
 ``qrels/test.tsv``) into a *scratch tenant* with the normal ingestion
 (:func:`kb_rerank.ingest.loader.ingest_documents`), runs every query through the service's
-retrieval (:class:`kb_rerank.pipeline.retrieval.RetrievalSpec`) and, in ``rerank`` mode, its
-scoring step (:mod:`kb_rerank.pipeline.scoring`), maps chunk results back to BEIR doc ids and
+retrieval (:class:`kb_rerank.retrieval.spec.RetrievalSpec`) and, in ``rerank`` mode, its
+scoring step (:mod:`kb_rerank.rerank.scoring`), maps chunk results back to BEIR doc ids and
 scores the run with :func:`kb_rerank.eval.measures.evaluate_run` (nDCG@10, MRR@10,
 Recall@100, trec_eval definitions).
 
@@ -51,11 +51,11 @@ Guard policy (``res["guard"]``)
     The figures above rank without the prompt-injection guard. Beside them, the evaluated
     list of each query goes through the tenant's policy as ``/v1/kb/context`` applies it
     (:func:`guarded_ranking`): each candidate's stored verdict is loaded by the service's
-    own loader (:func:`kb_rerank.store.search.adetails`), the policy applied by
-    :func:`kb_rerank.pipeline.guard_policy.apply` (excluded candidates removed, ``demote``
+    own loader (:func:`kb_rerank.retrieval.store.adetails`), the policy applied by
+    :func:`kb_rerank.guard.policy.apply` (excluded candidates removed, ``demote``
     set), the relevance (the cross-encoder's score in ``rerank`` mode, else the fallback
     relevance of the first-stage scores, as the context flow without a model) multiplied by
-    ``demote`` (:func:`kb_rerank.pipeline.diversify.demoted_relevance`) and the list
+    ``demote`` (:func:`kb_rerank.rerank.diversify.demoted_relevance`) and the list
     re-sorted (stable: ties keep the evaluated order, so with nothing flagged the guarded
     list is the evaluated one). ``guard["ndcg@k"]`` is nDCG@k of what remains. The policy is
     the tenant's ``kb.tenant_policy`` (the service's default, ``exclude``, when it has none)
@@ -86,10 +86,11 @@ from typing import Any, Callable, Iterable, Sequence
 import numpy as np
 
 from kb_rerank.ingest.readers import SourceDoc, guess_language
-from kb_rerank.ingest.chunking import chunk_text
+from kb_rerank.core.chunking import chunk_text
 from kb_rerank.eval.measures import BeirCollection, evaluate_run, load_beir
-from kb_rerank.settings import Settings
-from kb_rerank.store import documents, session
+from kb_rerank.core.settings import Settings
+from kb_rerank.endpoints.documents import store as documents
+from kb_rerank.core import session
 
 log = logging.getLogger(__name__)
 
@@ -264,7 +265,7 @@ def collection_tenant(path: Path, settings: Settings, digest: str | None = None)
 def _default_conn_factory(settings: Settings) -> Callable[[], Any]:
     import psycopg
 
-    from kb_rerank.admin import database as db
+    from kb_rerank.db import database as db
 
     url = db.app_url(settings)
 
@@ -279,7 +280,7 @@ def _default_conn_factory(settings: Settings) -> Callable[[], Any]:
 def load_collection(conn, path: Path, settings: Settings, embedder, *, coll: BeirCollection | None = None,
                     progress: bool = False) -> dict[str, Any]:
     """Ingest the collection into its scratch tenant (idempotent); return tenant and counts."""
-    from kb_rerank.store.session import tenant_transaction
+    from kb_rerank.core.session import tenant_transaction
     from kb_rerank.ingest.loader import ingest_documents
 
     path = Path(path)
@@ -302,7 +303,7 @@ def load_collection(conn, path: Path, settings: Settings, embedder, *, coll: Bei
 
 
 def _doc_map(conn, tenant) -> dict[Any, str]:
-    from kb_rerank.store.session import tenant_transaction
+    from kb_rerank.core.session import tenant_transaction
 
     with tenant_transaction(conn, tenant):
         rows = documents.sources(conn)
@@ -352,11 +353,11 @@ def _run_async(coro):
 
 
 def rerank(reranker, query: str, rows: list) -> list:
-    """``rows`` reordered as the service orders them (:mod:`kb_rerank.pipeline.scoring`: the
+    """``rows`` reordered as the service orders them (:mod:`kb_rerank.rerank.scoring`: the
     same model call, pair deduplication and tie-break), each with its ``relevance``. A model
     failure is an :class:`EvaluationError` (the service would serve a fallback)."""
-    from kb_rerank.pipeline import scoring
-    from kb_rerank.pipeline.retrieval import pair_keys
+    from kb_rerank.rerank import scoring
+    from kb_rerank.retrieval.spec import pair_keys
 
     scored = _run_async(scoring.score(reranker, query, [r.content for r in rows], pair_keys(rows)))
     if scored.scores is None:
@@ -368,15 +369,15 @@ def rerank(reranker, query: str, rows: list) -> list:
 
 def load_details(conn, cands: list) -> None:
     """Fill the candidates' stored guard verdicts (and the rest the service loads with them)
-    through :func:`kb_rerank.store.search.adetails`, on the caller's tenant transaction."""
-    from kb_rerank.store import search
+    through :func:`kb_rerank.retrieval.store.adetails`, on the caller's tenant transaction."""
+    from kb_rerank.retrieval import store as search
 
     session.run_awaited(search.adetails(session.AwaitedConnection(conn), cands))
 
 
 def tenant_policy(conn) -> str:
     """The current tenant's injection policy, read as the service reads it."""
-    from kb_rerank.store.guard_reviews import tenant_policy as read_policy
+    from kb_rerank.guard.reviews import tenant_policy as read_policy
 
     return read_policy(conn)
 
@@ -387,13 +388,14 @@ def _where(c) -> dict[str, Any]:
 
 def guarded_ranking(cands: list, policy: str, demote_factor: float, *, scored: bool) -> tuple[list, list]:
     """``cands`` (the evaluated order, verdicts loaded) as the context flow hands them on
-    under ``policy``: :func:`kb_rerank.pipeline.guard_policy.apply`, then relevance x demote,
+    under ``policy``: :func:`kb_rerank.guard.policy.apply`, then relevance x demote,
     re-sorted (stable). ``scored``: the candidates' ``relevance`` holds the cross-encoder's
     scores; otherwise it is set to the fallback relevance of the kept candidates' first-stage
-    scores (:func:`kb_rerank.pipeline.compose.fallback_relevance`). Returns (the guarded
+    scores (:func:`kb_rerank.rerank.compose.fallback_relevance`). Returns (the guarded
     order, ``apply``'s report)."""
-    from kb_rerank.pipeline import diversify, guard_policy
-    from kb_rerank.pipeline.compose import fallback_relevance
+    from kb_rerank.rerank import diversify
+    from kb_rerank.guard import policy as guard_policy
+    from kb_rerank.rerank.compose import fallback_relevance
 
     kept, filtered = guard_policy.apply(cands, policy, demote_factor, _where)
     if not scored:
@@ -406,8 +408,8 @@ def guarded_ranking(cands: list, policy: str, demote_factor: float, *, scored: b
 def relevant_guard(conn, tenant, docmap: dict[Any, str], qrels: dict[str, dict[str, int]], policy: str,
                    demote_factor: float) -> dict[str, Any]:
     """The guard's verdicts on the judged-relevant documents (module docstring)."""
-    from kb_rerank.pipeline import guard_policy
-    from kb_rerank.store.session import tenant_transaction
+    from kb_rerank.guard import policy as guard_policy
+    from kb_rerank.core.session import tenant_transaction
 
     relevant = sorted({d for judged in qrels.values() for d, g in judged.items() if g > 0})
     by_beir = {b: d for d, b in docmap.items()}
@@ -447,11 +449,11 @@ def _bar(items: list, progress: bool, desc: str, unit: str):
 
 
 def first_stage(settings: Settings, mode: str, depth: int, candidates: int):
-    """The eval's retrieval for ``mode``: the service's (:class:`~kb_rerank.pipeline.retrieval.RetrievalSpec`),
+    """The eval's retrieval for ``mode``: the service's (:class:`~kb_rerank.retrieval.spec.RetrievalSpec`),
     with ``candidates`` as KB_CANDIDATES for hybrid, lexical and semantic lists read ``depth``
-    deep (as deep as the run is scored). tests/test_one_default.py compares its order with
+    deep (as deep as the run is scored). tests/retrieval/test_one_default.py compares its order with
     the API's, the CLI's and the SQL function's."""
-    from kb_rerank.pipeline.retrieval import HYBRID, LEXICAL, SEMANTIC, RetrievalSpec
+    from kb_rerank.retrieval.spec import HYBRID, LEXICAL, SEMANTIC, RetrievalSpec
 
     source = {"lexical": LEXICAL, "semantic": SEMANTIC}.get(mode, HYBRID)
     return RetrievalSpec.of(settings, source, candidates=depth if source != HYBRID else candidates)
@@ -493,15 +495,15 @@ def evaluate_collection(
     ``relevant`` (:func:`relevant_guard`), ``per_query`` and ``changed_run`` (the guarded
     list of each query whose list changed).
     """
-    from kb_rerank.pipeline.query import normalize_query
-    from kb_rerank.pipeline.retrieval import HYBRID
-    from kb_rerank.store.guard_reviews import POLICIES
+    from kb_rerank.core.query import normalize_query
+    from kb_rerank.retrieval.spec import HYBRID
+    from kb_rerank.guard.reviews import POLICIES
 
     if mode not in MODES:
         raise EvaluationError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
     if guard_policy is not None and guard_policy not in POLICIES:
         raise EvaluationError(f"guard_policy must be one of {', '.join(POLICIES)}, got {guard_policy!r}")
-    from kb_rerank.store.session import tenant_transaction
+    from kb_rerank.core.session import tenant_transaction
 
     path = Path(path)
     t_start = time.perf_counter()

@@ -26,7 +26,7 @@ Security rules enforced here:
   (``lifetime_too_long``): a leaked long-lived token would otherwise work for years.
 * The nil UUID and the max UUID are not tenants (``bad_tenant``): they are sentinels
   (``pair_cache.NO_CHUNK`` is the nil UUID), never a real tenant's id.
-* :func:`check_secret` (in :mod:`kb_rerank.keys`, re-exported here) refuses placeholder and low-entropy secrets (the example
+* :func:`check_secret` (in :mod:`kb_rerank.core.keys`, re-exported here) refuses placeholder and low-entropy secrets (the example
   deployment's, the development secret, one repeated character...); the API and
   ``kb-rerank serve`` call it at start-up.
 
@@ -58,8 +58,8 @@ from litestar.handlers import BaseRouteHandler
 
 from kb_rerank.http.body import ApiError
 from kb_rerank.http.telemetry import TENANT_ID, trace_id_from_headers
-from kb_rerank.keys import check_secret  # noqa: F401 - part of this module's interface
-from kb_rerank.pipeline.limits import Limits
+from kb_rerank.core.keys import check_secret  # noqa: F401 - part of this module's interface
+from kb_rerank.core.limits import Limits
 
 __all__ = [
     "REASONS",
@@ -500,5 +500,5 @@ async def auth_guard(connection: ASGIConnection, _: BaseRouteHandler) -> None:
                              "detail": "the identity provider's keys (KB_JWT_JWKS_URL) could not be fetched"},
                        headers={"Retry-After": "5", "X-Trace-Id": tid}) from None
     scope_state["tenant"] = tenant
-    TENANT_ID.set(str(tenant))  # every log record of the rest of the request (kb_rerank.logs)
+    TENANT_ID.set(str(tenant))  # every log record of the rest of the request (kb_rerank.core.logs)
     limits.charge(tenant)  # 1 token: the whole cost of a cache hit; costly work is charged before it starts

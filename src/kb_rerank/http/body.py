@@ -12,7 +12,7 @@ body gets the same answer on all of them:
   ``field`` is the path of the offending value (``documents[3].text``, ``top_n``, ...).
 
 The size limit is not checked here: it is enforced while the body is read (the route's
-``request_max_body_size``, see ``kb_rerank.http.app.create_app``), before any decoding.
+``request_max_body_size``, see ``kb_rerank.app.create_app``), before any decoding.
 """
 
 from __future__ import annotations

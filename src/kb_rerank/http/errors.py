@@ -15,7 +15,7 @@ from litestar.exceptions.http_exceptions import RequestEntityTooLarge
 
 from kb_rerank.http.body import ApiError
 from kb_rerank.http.telemetry import trace_id_from_headers
-from kb_rerank.pipeline.compose import ModelUnavailable
+from kb_rerank.rerank.compose import ModelUnavailable
 
 log = logging.getLogger(__name__)
 

@@ -34,9 +34,9 @@ import h11
 import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from kb_rerank.settings import Settings
+from kb_rerank.core.settings import Settings
 
-APP_FACTORY = "kb_rerank.http.app:app_from_env"
+APP_FACTORY = "kb_rerank.app:app_from_env"
 
 
 class ServeConfig(uvicorn.Config):
@@ -103,7 +103,7 @@ def server_config(app: Any, settings: Settings, *, host: str | None = None, port
                   log_config: dict[str, Any] | None = None, **extra: Any) -> ServeConfig:
     """The uvicorn config of ``kb-rerank serve`` for ``app`` (an app, or an import string
     with ``factory=True`` in ``extra``). ``log_config`` None leaves the process's logging as it
-    is (the tests); ``serve`` passes :func:`kb_rerank.logs.log_config`."""
+    is (the tests); ``serve`` passes :func:`kb_rerank.core.logs.log_config`."""
     allow = forwarded_ips(settings.forwarded_allow_ips)
     return ServeConfig(
         app,

@@ -17,8 +17,8 @@ from litestar.exceptions import HTTPException
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from kb_rerank.http.body import ApiError
-from kb_rerank.pipeline.flow import PipelineMetrics
-from kb_rerank.pipeline.limits import LimitExceeded
+from kb_rerank.core.metrics import PipelineMetrics
+from kb_rerank.core.limits import LimitExceeded
 
 
 _TRACEPARENT = re.compile(r"^([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})(-.*)?$")
@@ -67,7 +67,7 @@ _factory_installed = False
 def install_trace_log_records() -> None:
     """Give every LogRecord ``trace_id`` and ``tenant_id`` attributes (the current request's,
     or None), via the record factory, so they reach every handler (caplog included) and the
-    JSON formatter (:mod:`kb_rerank.logs`). Idempotent."""
+    JSON formatter (:mod:`kb_rerank.core.logs`). Idempotent."""
     global _factory_installed
     if _factory_installed:
         return

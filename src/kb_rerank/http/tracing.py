@@ -13,7 +13,7 @@ What a trace holds:
   fed to the SDK by the id generator below. An ``X-Trace-Id`` that is not 32 hex digits cannot
   be a trace id: the span carries it as ``kb.trace_id``.
 * a span per stage ``Server-Timing`` names (``cache``, ``embed``, ``retrieve``, ``guard``,
-  ``rerank``, ``record``): :func:`kb_rerank.pipeline.timing.stage` opens them, children of the
+  ``rerank``, ``record``): :func:`kb_rerank.core.timing.stage` opens them, children of the
   server span.
 * a span per SQL statement (opentelemetry-instrumentation-psycopg), children of the stage
   that ran it: ``db.statement`` is the SQL text with its placeholders; the parameters (the
@@ -36,7 +36,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Iterator, Sequence
 
-from kb_rerank.extras import require
+from kb_rerank.core.extras import require
 
 require("opentelemetry.sdk.trace", "otel", "OpenTelemetry tracing (OTEL_EXPORTER_OTLP_ENDPOINT)")
 
@@ -49,7 +49,7 @@ from opentelemetry.sdk.trace.id_generator import RandomIdGenerator  # noqa: E402
 from opentelemetry.trace import NoOpTracer, Span, SpanKind, Status, StatusCode, Tracer  # noqa: E402
 
 from kb_rerank import __version__  # noqa: E402
-from kb_rerank.pipeline import timing  # noqa: E402
+from kb_rerank.core import timing  # noqa: E402
 
 DEFAULT_SERVICE_NAME = "kb-rerank"
 # the probes and the scrape: not requests worth a trace each
@@ -203,7 +203,7 @@ def setup(exporter: SpanExporter | None = None, *, processors: Sequence[Any] = (
 
 
 class _StageSpan:
-    """A stage's span (kb_rerank.pipeline.timing.stage), current while the stage runs: an
+    """A stage's span (kb_rerank.core.timing.stage), current while the stage runs: an
     exception marks it failed with its type name only (an exception's message might quote a
     value)."""
 

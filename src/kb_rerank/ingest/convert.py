@@ -121,7 +121,7 @@ def converter(kind: str):
     use :class:`Sandbox`."""
     conv = _CONVERTERS.get(kind)
     if conv is None:
-        from kb_rerank.extras import require
+        from kb_rerank.core.extras import require
 
         converters = require("markitdown.converters", "files", f"reading {kind.upper()} files")
         conv = {"html": converters.HtmlConverter, "pdf": converters.PdfConverter,

@@ -23,19 +23,19 @@ import numpy as np
 import psycopg
 from psycopg.types.json import Jsonb
 
-from kb_rerank.candidate import sha256_hex
+from kb_rerank.core.candidate import sha256_hex
 from kb_rerank.ingest.readers import BadFile, ReadLimits, SourceDoc, iter_documents, list_source_files
-from kb_rerank.ingest.chunking import chunk_text
-from kb_rerank.store.session import configure_connection, tenant_transaction
+from kb_rerank.core.chunking import chunk_text
+from kb_rerank.core.session import configure_connection, tenant_transaction
 from kb_rerank.models.embedders import Embedder
-from kb_rerank.ingest.guard_classifier import GuardClassifier, classifier_for
-# the decision stored per chunk is the one rule of kb_rerank.ingest.verdict (also /v2/rerank's)
-from kb_rerank.ingest.verdict import ChunkFlags, chunk_flags, guard_classifier  # noqa: F401 - re-exported
-from kb_rerank.pipeline.filters import FIELD_NAME, MAX_IN, MAX_STRING, RESERVED
-from kb_rerank.pipeline.guard_policy import injection_decision
-from kb_rerank.settings import Settings
-from kb_rerank.store.guard_reviews import tenant_policy
-from kb_rerank.store import term_blocks
+from kb_rerank.guard.classifier import GuardClassifier, classifier_for
+# the decision stored per chunk is the one rule of kb_rerank.guard.verdict (also /v2/rerank's)
+from kb_rerank.guard.verdict import ChunkFlags, chunk_flags, guard_classifier  # noqa: F401 - re-exported
+from kb_rerank.filters.grammar import FIELD_NAME, MAX_IN, MAX_STRING, RESERVED
+from kb_rerank.guard.policy import injection_decision
+from kb_rerank.core.settings import Settings
+from kb_rerank.guard.reviews import tenant_policy
+from kb_rerank.retrieval import term_blocks
 
 log = logging.getLogger(__name__)
 
@@ -296,7 +296,7 @@ def _write_chunks(conn, doc_id, pieces: Sequence[str], hashes: Sequence[str], ve
                   classifier: GuardClassifier | None = None, threshold: float = 1.0, embed=None) -> None:
     # COPY is not allowed under row-level security; executemany pipelines the inserts.
     # ``embed``: the embedder's embed_passages, for the spans of the chunks the classifier
-    # finds doubtful (span-level scoring, kb_rerank.ingest.verdict.chunk_flags)
+    # finds doubtful (span-level scoring, kb_rerank.guard.verdict.chunk_flags)
     rows = []
     for pos, (piece, ch, vec) in enumerate(zip(pieces, hashes, vectors)):
         f = chunk_flags(piece, vec, classifier, threshold, embed)

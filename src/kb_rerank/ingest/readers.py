@@ -1,4 +1,4 @@
-"""Reading knowledge-base documents from disk (the chunker is :mod:`kb_rerank.ingest.chunking`).
+"""Reading knowledge-base documents from disk (the chunker is :mod:`kb_rerank.core.chunking`).
 
 Long on purpose: Markdown, text, converted (HTML, PDF, DOCX) and BEIR readers share the
 front-matter, decoding and bad-file rules written here once.
@@ -52,7 +52,8 @@ import yaml
 
 from kb_rerank.ingest.convert import MIB, ConvertLimits, Sandbox, SandboxError, converter, zip_problem
 from kb_rerank.ingest.language import detect_language, normalize_language_code
-from kb_rerank.settings import Settings
+from kb_rerank.core.markdown import heading as _heading, iter_lines_outside_fences as _iter_lines_outside_fences, normalise as _normalise
+from kb_rerank.core.settings import Settings
 
 __all__ = [
     "BadFile",
@@ -203,39 +204,7 @@ def _authority_from(meta: dict[str, Any]) -> float:
 
 
 # --------------------------------------------------------------------------
-# Markdown helpers shared by reading and chunking
-
-_FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,})")
-_HEADING = re.compile(r"^ {0,3}(#{1,6})(?:[ \t]+(.*?))?[ \t]*$")
-
-
-def _heading(line: str) -> tuple[int, str] | None:
-    """(level, text) when *line* is an ATX heading, else None."""
-    m = _HEADING.match(line)
-    if m is None:
-        return None
-    title = (m.group(2) or "").strip()
-    # optional closing sequence: "## Title ##"
-    title = re.sub(r"(?:^|[ \t]+)#+$", "", title).strip()
-    return len(m.group(1)), title
-
-
-def _iter_lines_outside_fences(lines: list[str]) -> Iterator[tuple[int, str, bool]]:
-    """Yield (index, line, inside_fence) for each line; fence lines count as inside."""
-    fence: str | None = None
-    for i, line in enumerate(lines):
-        m = _FENCE.match(line)
-        if fence is None:
-            if m:
-                fence = m.group(1)
-                yield i, line, True
-                continue
-            yield i, line, False
-        else:
-            if m and m.group(1)[0] == fence[0] and len(m.group(1)) >= len(fence) and not line.strip()[len(m.group(1)) :].strip():
-                fence = None
-            yield i, line, True
-
+# Markdown
 
 def _first_h1(text: str) -> str | None:
     lines = text.split("\n")
@@ -246,11 +215,6 @@ def _first_h1(text: str) -> str | None:
         if h and h[0] == 1 and h[1]:
             return h[1]
     return None
-
-
-def _normalise(text: str) -> str:
-    text = text.replace("\r\n", "\n").replace("\r", "\n")
-    return unicodedata.normalize("NFC", text)
 
 
 # --------------------------------------------------------------------------

@@ -15,7 +15,7 @@ framework adapters wrap in their own types, so the mapping is written once:
 - :attr:`Hit.score` is the model's relevance (``rerank_score`` / ``relevance_score``) or None
   when the answer has none (a fallback's fused order is not a relevance);
 - a passage the ingestion guard flagged (``flags.injection``) is only ever handed on fenced
-  (:func:`kb_rerank.pipeline.prompt.fence_safe`), with ``flagged: true`` in its metadata.
+  (:func:`kb_rerank.endpoints.context.prompt.fence_safe`), with ``flagged: true`` in its metadata.
 
 Only httpx is imported here: no framework.
 """
@@ -270,7 +270,7 @@ def _kb_hit(result: Mapping[str, Any], answer: Answer, extra: Mapping[str, Any])
     # first 300 characters), as has a context answer of a server older than the field
     text = result.get("text") or result.get("snippet") or ""
     if flagged:
-        from kb_rerank.pipeline.prompt import fence_safe
+        from kb_rerank.endpoints.context.prompt import fence_safe
 
         text = fence_safe(text)
     meta: dict[str, Any] = {"chunk_id": result.get("chunk_id"), "doc_id": result.get("doc_id"),

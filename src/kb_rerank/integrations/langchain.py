@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Literal, Sequence
 
-from kb_rerank.extras import require
+from kb_rerank.core.extras import require
 
 require("langchain_core", "langchain", "kb_rerank.integrations.langchain")
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, List, Literal, Mapping, Optional
 
-from kb_rerank.extras import require
+from kb_rerank.core.extras import require
 
 require("llama_index.core", "llamaindex", "kb_rerank.integrations.llama_index")
 

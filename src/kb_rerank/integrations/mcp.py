@@ -33,7 +33,7 @@ import sys
 from typing import Annotated, Any
 from urllib.parse import quote
 
-from kb_rerank.extras import require
+from kb_rerank.core.extras import require
 
 require("mcp.server.mcpserver", "mcp", "kb-rerank mcp")
 
@@ -43,7 +43,7 @@ from mcp_types import CallToolResult, TextContent, ToolAnnotations  # noqa: E402
 from pydantic import BaseModel, Field  # noqa: E402
 
 from kb_rerank.integrations._client import Hit, KbRerankClient, KbRerankError, context_hits  # noqa: E402
-from kb_rerank.pipeline.prompt import fence_safe  # noqa: E402
+from kb_rerank.endpoints.context.prompt import fence_safe  # noqa: E402
 
 __all__ = ["build_server", "check_http_key", "http_app", "new_http_key", "DOCUMENTS_URI", "DOCUMENTS_PATH", "TOOL",
            "HTTP_PATH", "MIN_HTTP_KEY"]

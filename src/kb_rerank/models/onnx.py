@@ -148,7 +148,7 @@ def export_model(model: str, root: Path | str, *, quantize: str = "none", force:
     a folder the service does not load; for the benchmark's comparison).
     Returns the folder the service loads for ``quantize``. An existing complete export is
     reused unless ``force``."""
-    from kb_rerank.extras import require
+    from kb_rerank.core.extras import require
 
     require("optimum.exporters.onnx", "onnx", "exporting the cross-encoder to ONNX")
     fp32 = export_dir_for(root, model, "none")
@@ -161,7 +161,7 @@ def export_model(model: str, root: Path | str, *, quantize: str = "none", force:
         t0 = time.perf_counter()
         log(f"exporting {model} to {fp32} ...")
         # do_validation=False: the check re-runs both models on random inputs (minutes for the
-        # big model); agreement is tested by tests/test_onnx_reranker.py and bench/model_cost.py.
+        # big model); agreement is tested by tests/models/test_onnx_reranker.py and bench/model_cost.py.
         main_export(model, fp32, task="text-classification", device="cpu", do_validation=False,
                     local_files_only=os.environ.get("HF_HUB_OFFLINE") == "1")
         _write_manifest(fp32, model=model, quantize="none", seconds=round(time.perf_counter() - t0, 1),
@@ -238,7 +238,7 @@ class OnnxReranker(Reranker):
                 "onnx_threads": self.threads}
 
     def _load_model(self) -> None:
-        from kb_rerank.extras import require
+        from kb_rerank.core.extras import require
 
         ort = require("onnxruntime", "onnx", "the ONNX cross-encoder")
         if not (self.export_dir / MANIFEST).exists():

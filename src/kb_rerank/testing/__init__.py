@@ -1,5 +1,5 @@
 """Helpers for tests and benchmarks (a tiny offline cross-encoder). The runtime never
-imports this package (tests/test_packaging.py checks it); building a model needs the
+imports this package (tests/project/test_packaging.py checks it); building a model needs the
 ``[rerank]`` extra (torch, transformers), imported only when a builder runs.
 
     from pathlib import Path

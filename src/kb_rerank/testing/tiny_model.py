@@ -270,7 +270,7 @@ class ArchitectureUnavailable(ValueError):
 # 256 buckets), checked against each model's published parameter count (``published_params``: the
 # hub page's count, 278M for bge-reranker-base also on its third-party listings, and mixedbread's
 # "Parameters 70M" at https://www.mixedbread.com/docs/reranking/models/mxbai-rerank-xsmall-v1;
-# tests/test_model_fit.py holds the built models to 2% of them). ``tokenizer``: how the offline
+# tests/models/test_model_fit.py holds the built models to 2% of them). ``tokenizer``: how the offline
 # WordPiece tokenizer frames a pair (_build_tokenizer); its ~1k ids fall inside every vocabulary.
 CROSS_ENCODER_ARCHS: dict[str, dict] = {
     "cross-encoder/ms-marco-MiniLM-L-6-v2": {

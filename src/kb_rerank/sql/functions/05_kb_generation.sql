@@ -1,7 +1,7 @@
 -- kb.bump_generation(): the trigger function that moves a tenant's knowledge-base generation
 -- (kb.kb_generation, migration 0010_trust_cache) on every statement that changes its
--- documents or chunks. The generation is part of every cache key (kb_rerank.store.result_cache,
--- kb_rerank.store.pair_cache), so a delete, a changed document or a re-ingest makes the tenant's
+-- documents or chunks. The generation is part of every cache key (kb_rerank.cache.store,
+-- kb_rerank.rerank.pair_cache), so a delete, a changed document or a re-ingest makes the tenant's
 -- cached answers and pair scores miss from the moment it commits.
 --
 -- Why SECURITY DEFINER: the app role may read its tenant's generation but must never set

@@ -3,7 +3,7 @@
 -- or its hash or review column is: a re-ingested chunk whose text did not change gets its
 -- review back, a changed text (a new hash) has none and is judged afresh, and the column
 -- cannot be set to anything but the review. Materialised on the chunk row so that the query
--- path (kb_rerank.store.search.DETAILS_SQL) reads it with the verdict, without a join.
+-- path (kb_rerank.retrieval.store.DETAILS_SQL) reads it with the verdict, without a join.
 -- SECURITY INVOKER: the writer's RLS applies to kb.guard_reviews (the app role writes only
 -- its tenant's chunks, and reads only its tenant's reviews). One primary-key probe a row.
 create or replace function kb.chunks_take_review()

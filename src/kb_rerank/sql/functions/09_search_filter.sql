@@ -1,6 +1,6 @@
 -- kb.search_filter(filter): a search filter checked against the grammar and written in its
 -- canonical form, or NULL for no filter (NULL, JSON null or {}). docs/filters.md is the
--- grammar; kb_rerank/pipeline/filters.py checks the same grammar for the REST API (a 422
+-- grammar; kb_rerank/filters/grammar.py checks the same grammar for the REST API (a 422
 -- naming the field) and tests/test_filters.py runs one table of bad filters through both.
 --
 -- A filter is a JSON object of at most 16 fields, all of which must match (AND):

@@ -3,7 +3,7 @@
 -- 'yyyy-mm-ddThh:mm:ss.ffffff+00:00' (the form jsonpath's .datetime() reads, and one text
 -- for one instant, so that the canonical filter is one key); no offset means UTC. Anything
 -- else (PostgreSQL's other date inputs too: 'now', 'Jan 1', a 13th month) raises 22023
--- naming `field`. The pattern is kb_rerank/pipeline/filters.py's ISO_DATE.
+-- naming `field`. The pattern is kb_rerank/filters/grammar.py's ISO_DATE.
 create or replace function kb.search_filter_time(value text, field text)
 returns text
 language plpgsql

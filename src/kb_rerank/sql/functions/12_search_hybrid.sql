@@ -30,7 +30,7 @@
 -- filter: a search filter (kb.search_filter's grammar, docs/filters.md), applied inside both
 -- lists (each is the top k within the filter's documents) before the fusion; NULL or {}: none.
 --
--- The defaults are the service's (kb_rerank/settings.py: KB_FUSION_DEPTH 60, KB_FUSION_METHOD
+-- The defaults are the service's (kb_rerank/core/settings.py: KB_FUSION_DEPTH 60, KB_FUSION_METHOD
 -- convex, KB_LEXICAL_WEIGHT 0.7, KB_SEMANTIC_WEIGHT 0.3, KB_RRF_K 10, KB_BM25_K1 1.2,
 -- KB_BM25_B 0.75), so `select * from kb.search_hybrid('query', embedding)` ranks as the API's
 -- first stage does with the default settings (the service keeps the first 2 x KB_CANDIDATES

@@ -4,7 +4,7 @@
 -- The service's hybrid read in ONE statement: kb.search_hybrid's best `lim` rows, in its order
 -- (score desc, chunk_id), each with its live pair score (kb.kb_rerank_pair_scores) when one is
 -- kept, instead of kb.search_hybrid and then the pair-score read as a second statement
--- (kb_rerank/pipeline/retrieval.py, kb_rerank/store/search.py).
+-- (kb_rerank/retrieval/spec.py, kb_rerank/retrieval/store.py).
 --
 -- Same rows as `select * from kb.search_hybrid(query, query_embedding, k, rrf_k, fusion,
 -- lexical_weight, semantic_weight, k1, b, filter) order by score desc, chunk_id limit lim`: the same
@@ -20,7 +20,7 @@
 --
 --   lim               rows returned, 1..2000 (kb.search_hybrid returns at most 2k)
 --   pair_model, pair_query_hash, pair_generation
---                     the pair cache's key of this query (kb_rerank/store/pair_cache.py):
+--                     the pair cache's key of this query (kb_rerank/rerank/pair_cache.py):
 --                     pair_score is the live score of (chunk_id, sha256 of content) under it,
 --                     NULL when none is kept or when pair_model is NULL (no pair read: a
 --                     standby, the CLI, the eval).
@@ -174,7 +174,7 @@ begin
   left join kb.kb_rerank_pair_scores p
     on p.tenant_id = kb.current_tenant() and p.model = pair_model and p.query_hash = pair_query_hash::bpchar
    and p.generation = pair_generation and p.chunk_id = t.chunk_id
-   -- the pair cache's content hash: sha256 hex of the text (kb_rerank.candidate.sha256_hex)
+   -- the pair cache's content hash: sha256 hex of the text (kb_rerank.core.candidate.sha256_hex)
    and p.content_hash = pg_catalog.encode(pg_catalog.sha256(pg_catalog.convert_to(c.content, 'UTF8')), 'hex')::bpchar
    and p.expires_at > pg_catalog.now()
   order by t.score desc, t.chunk_id;

@@ -13,7 +13,7 @@
 -- locale- or setting-dependent field (UTC timestamp, integers, text).
 -- The MAC: HMAC-SHA256 with the audit key (KB_AUDIT_KEY), which the database
 -- never holds, over the caller-supplied fields, the tenant and a random nonce; canonical
--- form in kb_rerank/store/audit.py, checked by `kb-rerank audit verify`. The SQL chain proves
+-- form in kb_rerank/audit/store.py, checked by `kb-rerank audit verify`. The SQL chain proves
 -- order and completeness; the MAC proves that the service wrote the row.
 create or replace function kb.audit_row_hash(r kb.kb_rerank_audit)
 returns text
@@ -43,7 +43,7 @@ comment on function kb.audit_row_hash(kb.kb_rerank_audit) is
 -- cannot execute kb.audit_row_hash, so this function is the only way a row is written:
 -- seq, prev_hash, row_hash and created_at (the database clock) are never caller-supplied,
 -- so no back-dated or out-of-chain row. The caller supplies the MAC of the row (see
--- kb_rerank/store/audit.py), its nonce and the key's fingerprint; a replayed MAC (one already in
+-- kb_rerank/audit/store.py), its nonce and the key's fingerprint; a replayed MAC (one already in
 -- the tenant's log) is refused with unique_violation: looked up under the head lock, since
 -- the log is partitioned by month (0015) and a unique index holds within a month only.
 -- search_path pinned, pg_temp last.

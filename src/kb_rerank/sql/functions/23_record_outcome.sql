@@ -1,4 +1,4 @@
--- kb.record_outcome: the record step of a computed answer (kb_rerank/pipeline/flow.py) in ONE
+-- kb.record_outcome: the record step of a computed answer (kb_rerank/endpoints/runner.py) in ONE
 -- statement: the result-cache row, the pair scores the model computed and the audit row,
 -- so a miss writes everything in one round trip and one transaction.
 --
@@ -18,14 +18,14 @@
 --                  the pair scores the model computed (NULL or empty arrays: none, as on a
 --                  fallback), keyed by the audit row's model.
 --   kind .. key_id the arguments of kb.audit_append, passed through unchanged: the MAC is
---                  computed by the service with its audit key (kb_rerank/store/audit.py).
+--                  computed by the service with its audit key (kb_rerank/audit/store.py).
 --   claimant       the single-flight claim on the key this answer releases (kb.kb_rerank_inflight,
---                  kb_rerank/store/inflight.py); NULL: none. Released with the cache row, so a
+--                  kb_rerank/core/inflight.py); NULL: none. Released with the cache row, so a
 --                  waiting process sees the row and the release at once.
 -- Returns whether this call inserted the cache row, how many pair scores it inserted, and the
 -- audit row's seq.
 --
--- The writes keep the rules of the statements they replace (kb_rerank/store/result_cache.py,
+-- The writes keep the rules of the statements they replace (kb_rerank/cache/store.py,
 -- pair_cache.py): delete the key's expired rows and those of older generations, then insert
 -- with ON CONFLICT DO NOTHING (a live row written concurrently is kept). One statement, so
 -- all or nothing: a failure in any part (the audit append's checks, a constraint, the

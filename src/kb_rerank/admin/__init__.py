@@ -1,1 +1,0 @@
-"""Administration: the database server (embedded or given), migrations and the SQL files."""

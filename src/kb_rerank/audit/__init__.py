@@ -1,0 +1,1 @@
+"""The audit log: rows, the record step, chain verification and archive."""

@@ -1,0 +1,1 @@
+"""The answer cache (kb.kb_rerank_cache) and its eviction."""

@@ -1,0 +1,1 @@
+"""The ``kb-rerank`` command line."""

@@ -1,0 +1,1 @@
+"""The endpoints: one folder each (route, flow), the request runner they share, their request and response types."""

@@ -1,0 +1,1 @@
+"""``GET /schema``: the API reference page."""

@@ -1,0 +1,1 @@
+"""``/healthz``, ``/readyz``, ``/metrics``."""

@@ -1,0 +1,1 @@
+"""``GET /playground``: the search playground."""

@@ -1,0 +1,126 @@
+"""The flow behind ``POST /v1/kb/search/rerank`` (run by :class:`kb_rerank.endpoints.runner.Pipeline`).
+
+Candidates: the source's search (:class:`~kb_rerank.retrieval.spec.RetrievalSpec`), or
+the curated list (``manual_curation``: curated order, no model call, rank scores
+``1 - i/(n+1)``). Every candidate goes to the cross-encoder; the top ``rerank_top_n`` by score
+(then chunk id) are returned with the model's score in 0..1 rounded to 6 decimals. On a
+fallback the candidates keep their first-stage order (AC19); a fallback is not cached.
+The cache row holds the ``results`` list.
+
+Within the rerank budget (``KB_RERANK_BUDGET_MS``) the model may score only the first
+candidates in fused order: those rank first by their scores, the rest follow in fused order
+(a partial answer, not cached; each result says ``scored_by``: model | fused | curation).
+
+Response fields: ``rerank_duration_ms`` is the time of this request's rerank step, the model
+slot included (0 when the model was not called); ``candidate_count`` the candidates retrieved
+by this request (0 on a hit); ``reranked_count`` those of them ranked by a model score (pair
+cache or model); ``partial_reason`` ``"budget"`` when the budget ended first; ``model`` the reranker's name (the cached row's on a hit, ``manual_curation`` for
+curated lists, null on a fallback); ``ranked_by`` ``model`` | ``fused`` (a fallback) |
+``curation``. A result the model did not score (``scored_by: fused``: a fallback, or past the
+budget) has ``rerank_score`` null and its first-stage ``fused_score``
+(:mod:`kb_rerank.rerank.compose`, the rule of degraded answers).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kb_rerank.core.candidate import Candidate
+from kb_rerank.rerank import scoring
+from kb_rerank.rerank.compose import (FUSED, answer_model, clamped, fallback_relevance, ranked_by,
+                                        reported_score, rounded)
+from kb_rerank.core.costs import Work
+from kb_rerank.endpoints.runner import Lookup, Outcome, Selection, Served
+from kb_rerank.core.query import normalize_query
+from kb_rerank.endpoints.requests import RerankRequest
+from kb_rerank.retrieval.spec import CURATED, RetrievalSpec
+from kb_rerank.core.settings import Settings
+from kb_rerank.cache import store as result_cache
+
+CURATION_MODEL = "manual_curation"
+
+
+def _result(c: Candidate, score: float, source: str, scored_by: str) -> dict[str, Any]:
+    """A result; one the model did not score reports no ``rerank_score`` but its first-stage
+    ``fused_score`` (:func:`~kb_rerank.rerank.compose.reported_score`: such results are
+    never cached, so a cache row keeps the fields of a whole answer)."""
+    out = {"chunk_id": str(c.chunk_id), "doc_id": str(c.doc_id), "doc_title": c.doc_title, "snippet": c.snippet,
+           "rerank_score": reported_score(clamped(score), scored_by), "source": source, "scored_by": scored_by}
+    if scored_by == FUSED:
+        out["fused_score"] = rounded(c.score)
+    return out
+
+
+class SearchFlow:
+    """``POST /v1/kb/search/rerank``."""
+
+    tag = None
+    fixed_generation = None
+    keyed_on_policy = False
+    admission = Work()
+
+    def __init__(self, req: RerankRequest, settings: Settings, model: str, classifier: Any = None) -> None:
+        self.req, self.settings, self.model = req, settings, model
+        self.source = req.source
+        self.normalized = normalize_query(req.query)
+        self.top_n = int(req.top_n or settings.rerank_top_n)
+        self.retrieval = RetrievalSpec.of(settings, req.source, filter=req.filter)
+        curated = req.source == CURATED
+        # the whole miss: its query embedding and every candidate's pair, at most
+        self.miss = Work(embeddings=int(self.retrieval.needs_embedding), pairs=0 if curated else self.retrieval.limit)
+
+    def params(self, policy: str | None) -> dict[str, Any]:
+        # the query, the source and the configuration key the answer too; the filter is canonical
+        return {"endpoint": "search/v1", "top_n": self.top_n, "filter": self.req.filter}
+
+    def candidates(self) -> list[Candidate]:
+        return []
+
+    async def inspect(self, tools, cands: list[Candidate]) -> None:
+        return None  # knowledge-base chunks were judged at ingestion; this endpoint applies no policy
+
+    def select(self, cands: list[Candidate], policy: str) -> Selection:
+        return Selection(cands, [] if self.source == CURATED else cands)
+
+    def compose(self, look: Lookup, sel: Selection, scored: scoring.Scored) -> Outcome:
+        cands, n, top_n = sel.candidates, len(sel.candidates), self.top_n
+        if self.source == CURATED:
+            ranks = fallback_relevance([None] * n)
+            results = [_result(c, ranks[i], self.source, "curation") for i, c in enumerate(cands[:top_n])]
+            return Outcome({"results": results}, n, len(results), CURATION_MODEL)
+        rel, by = scoring.relevance(scored, [c.score for c in cands])
+        if scored.scores is None:
+            order = list(range(min(n, top_n)))
+            return Outcome({"results": [_result(cands[i], rel[i], self.source, by[i]) for i in order]}, n,
+                           len(order), self.model, fallback_reason=scored.reason, rerank_ms=scored.ms)
+        order = scoring.order([c.id for c in cands], rel)[:top_n]
+        return Outcome({"results": [_result(cands[i], rel[i], self.source, by[i]) for i in order]}, n,
+                       len(order), self.model, rerank_ms=scored.ms, new_pairs=scored.new_pairs)
+
+    def encode(self, body: dict[str, Any]) -> list[dict[str, Any]]:
+        return body["results"]
+
+    def decode(self, payload: Any) -> dict[str, Any] | None:
+        return {"results": payload} if result_cache.valid_results(payload, self.settings.rerank_top_n) else None
+
+    def returned(self, body: dict[str, Any]) -> int:
+        return len(body["results"])
+
+    def answer(self, served: Served, trace_id: str) -> dict[str, Any]:
+        out = served.outcome
+        # a row cached before scored_by existed is a whole answer: the model's, or a curated list
+        whole = "curation" if served.model == CURATION_MODEL else "model"
+        return {
+            "results": [r if "scored_by" in r else {**r, "scored_by": whole}
+                        for r in served.body["results"][: self.settings.rerank_top_n]],
+            "from_cache": served.from_cache,
+            "rerank_duration_ms": max(0, int(out.rerank_ms)) if out else 0,
+            "trace_id": trace_id,
+            "model": answer_model(served.model, out.fallback_reason if out else None),
+            "ranked_by": ranked_by(out.fallback_reason if out else None, curated=served.model == CURATION_MODEL),
+            "fallback": bool(out and out.fallback_reason),
+            "fallback_reason": out.fallback_reason if out else None,
+            "candidate_count": out.candidate_count if out else 0,
+            "reranked_count": out.reranked_count if out else 0,
+            "partial_reason": out.partial if out else None,
+        }

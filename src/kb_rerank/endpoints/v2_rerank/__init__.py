@@ -1,0 +1,1 @@
+"""``POST /v2/rerank`` (Cohere v2 shape)."""

@@ -1,0 +1,76 @@
+"""Comments and docstrings under src/kb_rerank say what the code does now; the history of a
+change (which issue asked for it) belongs in CHANGELOG.md and git log. No database."""
+
+from __future__ import annotations
+
+import io
+import re
+import tokenize
+from pathlib import Path
+
+SRC = Path(__file__).resolve().parents[2] / "src" / "kb_rerank"
+ISSUE = re.compile(r"\bissue \d+", re.IGNORECASE)
+
+
+def _python_prose(text: str) -> list[tuple[int, str]]:
+    """(line, text) of every comment and of every string that is a statement of its own
+    (docstrings)."""
+    out: list[tuple[int, str]] = []
+    tokens = list(tokenize.generate_tokens(io.StringIO(text).readline))
+    starts_line = True
+    for k, tok in enumerate(tokens):
+        if tok.type == tokenize.COMMENT:
+            out.append((tok.start[0], tok.string))
+        elif tok.type == tokenize.STRING and starts_line:
+            nxt = next((t for t in tokens[k + 1:] if t.type not in (tokenize.COMMENT, tokenize.NL)), None)
+            if nxt is None or nxt.type in (tokenize.NEWLINE, tokenize.ENDMARKER):
+                out.append((tok.start[0], tok.string))
+        if tok.type not in (tokenize.COMMENT, tokenize.NL):
+            starts_line = tok.type in (tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT)
+    return out
+
+
+def _sql_comments(text: str) -> list[tuple[int, str]]:
+    """(line, text) of every ``--`` comment and ``/* */`` block (outside quoted strings)."""
+    out: list[tuple[int, str]] = []
+    pattern = re.compile(r"""'(?:[^']|'')*'|"(?:[^"]|"")*"|(--[^\n]*)|(/\*.*?\*/)""", re.S)
+    for m in pattern.finditer(text):
+        comment = m.group(1) or m.group(2)
+        if comment:
+            out.append((text.count("\n", 0, m.start()) + 1, comment))
+    return out
+
+
+def _offenders(root: Path) -> list[str]:
+    found = []
+    for path in sorted(root.rglob("*")):
+        if path.suffix not in (".py", ".sql") or "__pycache__" in path.parts:
+            continue
+        text = path.read_text("utf-8")
+        prose = _python_prose(text) if path.suffix == ".py" else _sql_comments(text)
+        for line, chunk in prose:
+            for m in ISSUE.finditer(chunk):
+                found.append(f"{path.relative_to(root.parent)}:{line + chunk.count(chr(10), 0, m.start())}: "
+                             f"{m.group(0)}")
+    return found
+
+
+def test_no_issue_numbers_in_source_comments():
+    """A comment or docstring under src/kb_rerank (.py and .sql) that names an issue ("issue 13")
+    tells the reader why the code once changed, not what it does: say what it does and why,
+    and put the history in CHANGELOG.md."""
+    offenders = _offenders(SRC)
+    assert offenders == [], "comments naming an issue (move the history to CHANGELOG.md):\n" + "\n".join(offenders)
+
+
+def test_the_scan_finds_comments_and_docstrings_only(tmp_path):
+    pkg = tmp_path / "kb_rerank"
+    pkg.mkdir()
+    (pkg / "a.py").write_text('"""Module (Issue 7)."""\nx = "issue 8 in a value"  # since issue 9\n'
+                              'def f():\n    """Function, issue 10."""\n    return "issue 11"\n', "utf-8")
+    (pkg / "b.sql").write_text("-- issue 12: a comment\nselect 'issue 13 in a literal';\n"
+                               "/* block\n   issue 14 */ select 1;\n", "utf-8")
+    (pkg / "c.md").write_text("issue 15\n", "utf-8")
+    assert _offenders(pkg) == ["kb_rerank/a.py:1: Issue 7", "kb_rerank/a.py:2: issue 9",
+                               "kb_rerank/a.py:4: issue 10", "kb_rerank/b.sql:1: issue 12",
+                               "kb_rerank/b.sql:4: issue 14"]

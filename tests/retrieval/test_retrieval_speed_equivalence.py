@@ -1,0 +1,310 @@
+"""The faster read of a hybrid miss returns what the functions it replaces return.
+
+kb.retrieve_hybrid (sql/functions/13_retrieve_hybrid.sql) is the service's hybrid read in one
+statement: kb.search_hybrid's first ``lim`` rows with their live pair scores. It fuses the
+text-free lists kb.search_lexical_ids and kb.search_semantic_ids and reads the texts of the
+rows it returns only. Here, on a seeded corpus built to have ties (repeated texts, repeated
+vectors, one document with many close chunks, term blocks for its common words), every
+column of every row is compared with the reference: kb.search_hybrid (whose values other
+tests check by hand) cut to ``lim`` rows, for every fusion, several k and lim; the split
+lexical search with its old one-function form (its texts), the text-free semantic list with
+kb.search_semantic; and the pair scores read in the statement with pair_cache.get_live.
+No timing: speed is measured by bench/service_bench.py only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import random
+import uuid
+
+import numpy as np
+import psycopg
+import pytest
+
+from kb_rerank.retrieval.spec import HYBRID, LEXICAL, RetrievalSpec
+from kb_rerank.core.settings import Settings
+from kb_rerank.rerank import pair_cache
+from kb_rerank.retrieval import store as search
+from kb_rerank.core.session import AwaitedConnection, configure_connection, run_awaited, tenant_transaction
+
+from tests.helpers import basis, insert_doc, unit
+
+WORDS = ("walrus otter heron badger lynx marten stoat vole shrew ferret beaver mink"
+         " river delta marsh reed stone cliff ridge glacier tundra taiga").split()
+DIM = 384
+
+
+def _corpus(conn, tenant, seed: int) -> None:
+    rng = random.Random(seed)
+    nrng = np.random.default_rng(seed)
+    centres = [unit(nrng.normal(size=DIM)) for _ in range(6)]
+    shared_vec = unit(centres[0] + 0.1 * nrng.normal(size=DIM))
+    for d in range(45):
+        n = rng.randint(1, 6)
+        texts, vecs = [], []
+        for i in range(n):
+            if d % 9 == 0:  # repeated texts across documents: lexical ties
+                texts.append("walrus otter river walrus")
+            else:
+                texts.append(" ".join(rng.choice(WORDS) for _ in range(rng.randint(3, 12))))
+            if d % 7 == 0 and i == 0:  # repeated vectors: semantic ties
+                vecs.append(shared_vec)
+            else:
+                c = centres[rng.randrange(len(centres))]
+                vecs.append(unit(c + 0.8 * nrng.normal(size=DIM) / np.sqrt(DIM) * 10))
+        insert_doc(conn, tenant, f"Doc {d}", texts, vecs)
+    # many close chunks of one document: the semantic list must read deeper for small k
+    insert_doc(conn, tenant, "Crowd", [f"crowd part {i} heron" for i in range(12)],
+               [unit(basis(30) + 0.01 * (i + 1) * basis(40 + i)) for i in range(12)])
+    with tenant_transaction(conn, tenant):
+        conn.execute("select kb.refresh_term_blocks(4, 3)")
+
+
+@pytest.fixture(scope="module")
+def corpus(app_url):
+    """Two tenants with seeded corpora (the second one's rows must never show)."""
+    a, other = uuid.uuid4(), uuid.uuid4()
+    with psycopg.connect(app_url) as conn:
+        configure_connection(conn)
+        _corpus(conn, a, 1)
+        _corpus(conn, other, 2)
+    return a, other
+
+
+def _queries(n: int, seed: int = 5):
+    rng = random.Random(seed)
+    nrng = np.random.default_rng(seed)
+    out = [("walrus otter river", unit(nrng.normal(size=DIM))), ("heron", unit(basis(30) + basis(31))),
+           ("zyxwv nothing matches", unit(nrng.normal(size=DIM))), ("", unit(nrng.normal(size=DIM)))]
+    for _ in range(n):
+        out.append((" ".join(rng.sample(WORDS, rng.randint(1, 4))), unit(nrng.normal(size=DIM))))
+    return out
+
+
+def _reference(conn, q, v, k, fusion, lim, lw=0.7, sw=0.3, rrf_k=10, filter=None):
+    return conn.execute(search.HYBRID_TOP_SQL, [q, v, k, rrf_k, fusion, lw, sw, 1.2, 0.75, search._filter(filter),
+                                                lim]).fetchall()
+
+
+def _retrieve(conn, q, v, k, fusion, lim, lw=0.7, sw=0.3, rrf_k=10, pairs=(None, None, None), filter=None):
+    return conn.execute(search.RETRIEVE_HYBRID_SQL, [q, v, k, rrf_k, fusion, lw, sw, 1.2, 0.75, lim, *pairs,
+                                                     search._filter(filter)]).fetchall()
+
+
+@pytest.mark.parametrize("fusion", ["convex", "rrf", "interleave"])
+def test_retrieve_hybrid_rows_equal_search_hybrid_cut_to_lim(app_conn, corpus, fusion):
+    tenant, _ = corpus
+    compared = 0
+    with tenant_transaction(app_conn, tenant):
+        for q, v in _queries(25):
+            for k in (1, 2, 5, 20, 60):
+                for lim in (1, 3, 2 * k):
+                    ref = _reference(app_conn, q, v, k, fusion, lim)
+                    got = _retrieve(app_conn, q, v, k, fusion, lim)
+                    assert [tuple(r[:10]) for r in got] == [tuple(r) for r in ref], (q, k, lim)
+                    assert all(r[10] is None for r in got)  # no pair key given: no pair score
+                    compared += len(ref)
+        # other weights and RRF constants
+        for q, v in _queries(5, seed=9):
+            for lw, sw, rrf_k in ((1.0, 1.0, 60), (0.0, 1.0, 0), (2.5, 0.5, 3)):
+                ref = _reference(app_conn, q, v, 20, fusion, 40, lw, sw, rrf_k)
+                got = _retrieve(app_conn, q, v, 20, fusion, 40, lw, sw, rrf_k)
+                assert [tuple(r[:10]) for r in got] == [tuple(r) for r in ref], (q, lw, sw, rrf_k)
+        # within a filter (issue 33): the documents of some titles, inside both lists
+        for q, v in _queries(5, seed=11):
+            for f in ({"title": {"$in": [f"Doc {d}" for d in range(0, 45, 3)]}}, {"title": "Crowd"}):
+                for k in (1, 5, 20):
+                    ref = _reference(app_conn, q, v, k, fusion, 2 * k, filter=f)
+                    got = _retrieve(app_conn, q, v, k, fusion, 2 * k, filter=f)
+                    assert [tuple(r[:10]) for r in got] == [tuple(r) for r in ref], (q, f, k)
+                    assert {r[2] for r in got} <= set(f["title"]["$in"] if "$in" in f["title"] else ["Crowd"])
+                    compared += len(ref)
+    assert compared > 1000  # not vacuous
+
+
+def test_the_crowded_document_is_read_deeper_as_in_search_hybrid(app_conn, corpus):
+    tenant, _ = corpus
+    v = unit(basis(30) + basis(31))
+    with tenant_transaction(app_conn, tenant):
+        crowd = app_conn.execute("select count(*) from kb.search_semantic(%s::vector, 4) where doc_title = 'Crowd'",
+                                 [v]).fetchone()[0]
+        got = _retrieve(app_conn, "zyxwv", v, 2, "convex", 4)
+        ref = _reference(app_conn, "zyxwv", v, 2, "convex", 4)
+    assert crowd == 4  # the first 2k chunks hold one document: the list is read deeper
+    assert [tuple(r[:10]) for r in got] == [tuple(r) for r in ref] and len(got) == 2
+
+
+def test_text_free_lists_equal_the_lists_with_texts(app_conn, corpus):
+    tenant, _ = corpus
+    with tenant_transaction(app_conn, tenant):
+        for q, v in _queries(20):
+            for k in (1, 7, 60):
+                lex = app_conn.execute("select chunk_id, doc_id, score, rank from kb.search_lexical(%s, %s)",
+                                       [q, k]).fetchall()
+                ids = app_conn.execute("select chunk_id, doc_id, score, rank from kb.search_lexical_ids(%s, %s)",
+                                       [q, k]).fetchall()
+                assert ids == lex
+                sem = app_conn.execute("select chunk_id, doc_id, score, rank from kb.search_semantic(%s::vector, %s)",
+                                       [v, k]).fetchall()
+                sem_ids = app_conn.execute("select * from kb.search_semantic_ids(%s::vector, %s)", [v, k]).fetchall()
+                assert sem_ids == sem
+        # the texts kb.search_lexical adds are the chunk's and its document's
+        rows = app_conn.execute(
+            "select l.doc_title = d.title, l.content = c.content, l.snippet = left(c.content, 300)"
+            " from kb.search_lexical('walrus otter', 60) l join kb.chunks c on c.chunk_id = l.chunk_id"
+            " join kb.documents d on d.doc_id = l.doc_id").fetchall()
+    assert rows and all(all(r) for r in rows)
+
+
+def test_nothing_without_a_tenant_and_nothing_of_another_tenant(app_conn, corpus):
+    tenant, other = corpus
+    v = unit(basis(30) + basis(31))
+    with app_conn.transaction():
+        assert _retrieve(app_conn, "walrus", v, 20, "convex", 40) == []
+        assert app_conn.execute("select count(*) from kb.search_lexical_ids('walrus', 20)").fetchone()[0] == 0
+        assert app_conn.execute("select count(*) from kb.search_semantic_ids(%s::vector, 20)", [v]).fetchone()[0] == 0
+    with tenant_transaction(app_conn, tenant):
+        mine = {r[0] for r in _retrieve(app_conn, "walrus otter heron", v, 60, "convex", 120)}
+    with tenant_transaction(app_conn, other):
+        theirs = {r[0] for r in _retrieve(app_conn, "walrus otter heron", v, 60, "convex", 120)}
+    assert mine and theirs and not mine & theirs
+
+
+def _pair_row(conn, model, qh, generation, chunk_id, content, score, *, ttl="1 hour", content_hash=None):
+    conn.execute(
+        "insert into kb.kb_rerank_pair_scores (tenant_id, model, query_hash, generation, chunk_id, content_hash,"
+        " score, expires_at) values (kb.current_tenant(), %s, %s, %s, %s, %s, %s, now() + %s::interval)",
+        [model, qh, generation, chunk_id, content_hash or hashlib.sha256(content.encode()).hexdigest(), score, ttl])
+
+
+def test_pair_scores_read_in_the_statement_equal_get_live(app_conn, corpus):
+    """Live rows only: not expired, this model, query hash and generation, the chunk's current
+    text; and through RetrievalSpec.fetch (the service's read) the same dict as
+    pair_cache.get_live over the same candidates."""
+    tenant, other = corpus
+    q, v = "walrus otter river", unit(basis(30) + basis(31))
+    model, qh, gen = "tiny-model", "f" * 64, 3
+    with tenant_transaction(app_conn, tenant):
+        rows = _retrieve(app_conn, q, v, 20, "convex", 40)
+        assert len(rows) >= 8
+        c = [(r[0], r[4]) for r in rows]
+        _pair_row(app_conn, model, qh, gen, *c[0], 0.25)                   # live
+        _pair_row(app_conn, model, qh, gen, *c[1], 0.75)                   # live
+        _pair_row(app_conn, model, qh, gen, *c[2], 0.5, ttl="-1 second")   # expired
+        _pair_row(app_conn, model, qh, gen - 1, *c[3], 0.5)                # older generation
+        _pair_row(app_conn, "other-model", qh, gen, *c[4], 0.5)            # another model
+        _pair_row(app_conn, model, "e" * 64, gen, *c[5], 0.5)              # another query
+        _pair_row(app_conn, model, qh, gen, *c[6], 0.5, content_hash="0" * 64)  # text changed since
+    with tenant_transaction(app_conn, other):  # another tenant's row for the same chunk id and key
+        _pair_row(app_conn, model, qh, gen, *c[7], 0.5)
+    app_conn.commit()
+
+    with tenant_transaction(app_conn, tenant):
+        got = _retrieve(app_conn, q, v, 20, "convex", 40, pairs=(model, qh, gen))
+        assert [tuple(r[:10]) for r in got] == [tuple(r[:10]) for r in rows]
+        assert [r[10] for r in got[:8]] == [0.25, 0.75, None, None, None, None, None, None]
+        assert all(r[10] is None for r in got[8:])
+
+        spec = RetrievalSpec.of(Settings(), HYBRID)
+        aconn = AwaitedConnection(app_conn)
+        cands = run_awaited(spec.fetch(aconn, q, v, pairs=(model, qh), generation=gen))
+        cached = cands.pair_scores
+        keys = [pair_cache.content_key(x.chunk_id, x.content) for x in cands]
+        live = run_awaited(pair_cache.get_live(aconn, model, qh, keys, generation=gen))
+        assert cached == live == {pair_cache.content_key(*c[0]): 0.25, pair_cache.content_key(*c[1]): 0.75}
+        # without a pair key: no pair read at all
+        plain = run_awaited(spec.fetch(aconn, q, v))
+        assert plain.pair_scores is None and [x.chunk_id for x in plain] == [x.chunk_id for x in cands]
+        # another source reads the pair scores with its own statement, the same way
+        lex = RetrievalSpec.of(Settings(), LEXICAL)
+        lcands = run_awaited(lex.fetch(aconn, q, v, pairs=(model, qh), generation=gen))
+        lcached = lcands.pair_scores
+        lkeys = [pair_cache.content_key(x.chunk_id, x.content) for x in lcands]
+        assert lcached == run_awaited(pair_cache.get_live(aconn, model, qh, lkeys, generation=gen))
+
+
+def test_the_service_reads_candidates_and_pair_scores_in_one_statement(app_conn, corpus):
+    """retrieval.read on the primary: one statement for the hybrid candidates and their pair
+    scores (kb.retrieve_hybrid), the candidates those of RetrievalSpec.fetch."""
+    from kb_rerank.retrieval import spec as retrieval
+
+    tenant, _ = corpus
+    q, v = "heron badger", unit(basis(30) + basis(31))
+    seen: list[str] = []
+
+    class Counting(AwaitedConnection):
+        async def execute(self, query, params=None):
+            seen.append(query)
+            return await super().execute(query, params)
+
+    spec = RetrievalSpec.of(Settings(), HYBRID)
+    with tenant_transaction(app_conn, tenant):
+        cands, cached = run_awaited(retrieval.read(Counting(app_conn), spec, q, v, generation=0, on_primary=True,
+                                                   query_hash="h", pairs=("m", "d" * 64)))
+        plain = run_awaited(spec.fetch(AwaitedConnection(app_conn), q, v))
+    assert seen == [search.RETRIEVE_HYBRID_SQL]
+    assert cached == {} and [c.id for c in cands] == [c.id for c in plain] and len(cands) == spec.limit
+
+
+@pytest.mark.parametrize("lim", [0, -1, 2001, None])
+def test_lim_is_checked(app_conn, corpus, lim):
+    tenant, _ = corpus
+    with pytest.raises(psycopg.errors.InvalidParameterValue, match="lim must be between 1 and 2000"):
+        with tenant_transaction(app_conn, tenant):
+            _retrieve(app_conn, "walrus", basis(0), 20, "convex", lim)
+
+
+@pytest.mark.parametrize("args, message", [
+    ((0, 10, "rrf"), "k must be between 1 and 1000"),
+    ((20, -1, "rrf"), "rrf_k must be >= 0"),
+    ((20, 10, "bogus"), "fusion must be"),
+])
+def test_arguments_are_checked_as_search_hybrid_checks_them(app_conn, corpus, args, message):
+    tenant, _ = corpus
+    k, rrf_k, fusion = args
+    for fn in (_reference, _retrieve):
+        with pytest.raises(psycopg.errors.InvalidParameterValue, match=message):
+            with tenant_transaction(app_conn, tenant):
+                fn(app_conn, "walrus", basis(0), k, fusion, 5, rrf_k=rrf_k)
+        with pytest.raises(psycopg.errors.InvalidParameterValue, match="convex fusion needs weights"):
+            with tenant_transaction(app_conn, tenant):
+                fn(app_conn, "walrus", basis(0), 20, "convex", 5, lw=0.0, sw=0.0)
+
+
+def test_the_app_role_may_run_the_read_and_sql_readers_are_not_given_it(owner_conn):
+    """Granted to the service's role; not to PUBLIC, and not to kb_sql_reader (its searches,
+    kb.search_lexical among them, call the text-free search as their owner)."""
+    for fn in ("kb.retrieve_hybrid(text, vector, integer, integer, text, double precision, double precision,"
+               " double precision, double precision, integer, text, text, bigint, jsonb)",
+               "kb.search_lexical_ids(text, integer, double precision, double precision, jsonb)",
+               "kb.search_semantic_ids(vector, integer, jsonb)"):
+        assert owner_conn.execute("select has_function_privilege('cyberos_app', %s, 'EXECUTE'),"
+                                  " has_function_privilege('kb_sql_reader', %s, 'EXECUTE'),"
+                                  " has_function_privilege('public', %s, 'EXECUTE')",
+                                  [fn, fn, fn]).fetchone() == (True, False, False), fn
+    rows = owner_conn.execute(
+        "select p.proname, p.prosecdef, r.rolname, p.provolatile from pg_proc p join pg_roles r on r.oid = p.proowner"
+        " where p.pronamespace = 'kb'::regnamespace"
+        " and p.proname in ('retrieve_hybrid', 'search_lexical_ids', 'search_semantic_ids', 'search_lexical')"
+        " order by 1").fetchall()
+    assert rows == [("retrieve_hybrid", False, rows[0][2], "s"), ("search_lexical", True, "kb_search", "s"),
+                    ("search_lexical_ids", True, "kb_search", "s"), ("search_semantic_ids", True, "kb_search", "s")]
+
+
+def test_async_read_path_runs_on_a_real_async_connection(app_url, corpus):
+    """RetrievalSpec.fetch on psycopg's AsyncConnection (the service's), not only through
+    the synchronous adapter the CLI and eval use."""
+    tenant, _ = corpus
+    from kb_rerank.core.session import aconfigure_connection, atenant_transaction
+
+    async def go():
+        async with await psycopg.AsyncConnection.connect(app_url, autocommit=True) as conn:
+            await aconfigure_connection(conn)
+            async with atenant_transaction(conn, tenant):
+                return await RetrievalSpec.of(Settings(), HYBRID).fetch(
+                    conn, "walrus otter", unit(basis(30) + basis(31)), pairs=("m", "c" * 64), generation=0)
+
+    cands = asyncio.run(go())
+    assert cands and cands.pair_scores == {}

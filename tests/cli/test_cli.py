@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from kb_rerank.cli.main import main as cli
+from kb_rerank.cli import main as cli
 
 
 def test_embed_prints_a_pgvector_literal_of_the_configured_dimension(capsys, monkeypatch, settings, app_conn):

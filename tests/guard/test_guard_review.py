@@ -16,7 +16,7 @@ import uuid
 
 import pytest
 
-from kb_rerank.cli.main import main as cli
+from kb_rerank.cli import main as cli
 from kb_rerank.core.session import tenant_transaction
 
 from tests.endpoints.test_rerank_route import bearer

@@ -397,7 +397,7 @@ def _no_server(*args, **kwargs):
 def test_both_keys_configured_is_a_startup_error(rsa_keys, monkeypatch, capsys):
     """Both KB_JWT_SECRET and KB_JWT_PUBLIC_KEY set silently chose HS256; now the app and
     `kb-rerank serve` refuse to start, naming both."""
-    from kb_rerank.cli.main import main as cli
+    from kb_rerank.cli import main as cli
     from kb_rerank.app import create_app, jwt_config
     from kb_rerank.core.settings import Settings
 
@@ -461,7 +461,7 @@ def test_random_secrets_accepted():
 
 
 def test_serve_refuses_placeholder_secret_but_dev_mode_keeps_working(monkeypatch, capsys):
-    from kb_rerank.cli.main import main as cli
+    from kb_rerank.cli import main as cli
 
     monkeypatch.delenv("KB_JWT_PUBLIC_KEY", raising=False)
     monkeypatch.delenv("KB_SERVE_DEV", raising=False)
@@ -492,7 +492,7 @@ def test_serve_requires_strong_server_keys_in_a_deployment(monkeypatch, capsys, 
     restarted without a volume) would disagree. A set key must not be a placeholder."""
     import secrets
 
-    from kb_rerank.cli.main import main as cli
+    from kb_rerank.cli import main as cli
 
     started = []
     monkeypatch.setattr("kb_rerank.http.server.run", lambda *a, **kw: started.append(kw) or 0)
@@ -520,7 +520,7 @@ def test_serve_requires_strong_server_keys_in_a_deployment(monkeypatch, capsys, 
 
 
 def test_token_command_refuses_a_lifetime_the_server_would_refuse(monkeypatch, capsys):
-    from kb_rerank.cli.main import main as cli
+    from kb_rerank.cli import main as cli
 
     monkeypatch.delenv("KB_JWT_MAX_LIFETIME_S", raising=False)
     tenant = "6f1c2a4e-0000-4000-8000-000000000001"

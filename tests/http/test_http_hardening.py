@@ -30,7 +30,7 @@ import uvicorn
 from litestar import get
 from litestar.testing import TestClient
 
-from kb_rerank.cli.main import main as cli
+from kb_rerank.cli import main as cli
 from kb_rerank.http import server
 from kb_rerank.app import create_app
 from kb_rerank.core.logs import JsonFormatter

@@ -11,7 +11,7 @@ import uuid
 import httpx
 import psycopg
 
-from kb_rerank.cli.main import main as cli
+from kb_rerank.cli import main as cli
 from kb_rerank.eval.runs import first_stage
 from kb_rerank.app import create_app
 from kb_rerank.core.query import normalize_query

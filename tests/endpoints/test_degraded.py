@@ -1,4 +1,4 @@
-"""Issue 33, part 1: a degraded answer must not look like a real one. Every test runs a real
+"""A degraded answer must not look like a real one. Every test runs a real
 server (uvicorn on a loopback port, :func:`tests.live_server.serve_in_thread`) and talks HTTP
 to it; ``/v2/rerank`` is also read by the official Cohere Python SDK.
 

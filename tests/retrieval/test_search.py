@@ -924,8 +924,7 @@ def test_pruned_bm25_top_k_equals_exhaustive_scoring_on_the_stemmed_field(app_co
 
 
 def test_hybrid_scores_its_lexical_list_with_the_given_bm25_parameters(app_conn, rrf_tenant):
-    """Kb.search_hybrid did not take KB_BM25_K1 / KB_BM25_B while lexical_only did.
-    Its lexical scores are kb.search_lexical's at the same k1 and b, and the service passes
+    """kb.search_hybrid takes KB_BM25_K1 / KB_BM25_B as lexical_only does: its lexical scores are kb.search_lexical's at the same k1 and b, and the service passes
     the settings' values to both (Settings.fusion)."""
     from kb_rerank.core.settings import Settings
 

@@ -306,6 +306,7 @@ def fmt_cfg(cfg) -> str:
 
 
 def main(argv=None) -> int:
+    global GRID, SQL_K1, SQL_B
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--datasets", nargs="+", type=Path, required=True)
     ap.add_argument("--verify", type=int, default=8, help="queries per collection checked against kb.search_hybrid")
@@ -316,7 +317,6 @@ def main(argv=None) -> int:
     ap.add_argument("--k1", type=float, default=SQL_K1, help="BM25 k1 of the lexical list (default: the service's)")
     ap.add_argument("--b", type=float, default=SQL_B, help="BM25 b of the lexical list (default: the service's)")
     args = ap.parse_args(argv)
-    global GRID, SQL_K1, SQL_B
     SQL_K1, SQL_B = args.k1, args.b
     GRID = make_grid(args.fusions)
     if PRODUCTION not in GRID:

@@ -476,7 +476,7 @@ def test_19_model_failure_falls_back(kind, settings, embedder, sample_tenant, ow
                 body = check(r.json())
                 assert body["fallback"] is True and body["fallback_reason"] == reasons[kind]
                 assert body["from_cache"] is False and len(body["results"]) == 10
-                # the candidate order (AC19), said to be the first stage's: no relevance, no model
+                # the candidate order, said to be the first stage's: no relevance, no model
                 assert body["model"] is None and body["ranked_by"] == "fused"
                 assert {x["scored_by"] for x in body["results"]} == {"fused"}
                 fused = [x["fused_score"] for x in body["results"]]

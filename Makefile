@@ -77,12 +77,12 @@ bench: install
 	$(BIN)/python bench/model_cost.py
 	$(BIN)/python bench/guard_eval.py
 
-# the README's figures (docs/img/*.png) from the committed bench/results/*.json (matplotlib, Agg);
+# the docs' figures (docs/img/*.png: docs/quality.md, docs/scaling.md) from the committed bench/results/*.json (matplotlib, Agg);
 # tests/eval/test_figures.py draws them again into a temporary folder
 figures: install
 	MPLBACKEND=Agg $(BIN)/python bench/figures.py --results bench/results --out docs/img
 
-# the README's settings table and .env.example, from the code (tests/core/test_settings.py checks both)
+# .env.example (and a settings table between its markers in README.md), from the code (tests/core/test_settings.py checks both)
 settings-docs: install
 	$(BIN)/python -m kb_rerank.core.settings --write .
 

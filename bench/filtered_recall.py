@@ -1,4 +1,4 @@
-"""Filtered search (issue 33): recall of the filtered semantic list against the exact filtered
+"""Filtered search: recall of the filtered semantic list against the exact filtered
 search, at several filter selectivities, and the lexical list's exactness within a filter.
 
 Corpus (synthetic, one tenant, loaded once into ``--data-dir``, reused on later runs):

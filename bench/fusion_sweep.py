@@ -7,7 +7,7 @@ two lists are fetched **once** (``kb.search_lexical`` at depth 100: documents, b
 counts: 2k, and deeper where 2k chunks hold fewer than k documents; HNSW is approximate, so the
 prefix of a deeper read is not always the shallower read), the functions ``kb.search_hybrid``
 calls, and fused in Python exactly as
-``sql/functions/12_search_hybrid.sql`` does (per document, issue 15):
+``sql/functions/12_search_hybrid.sql`` does (per document):
 
     lexical documents = the top-k of the lexical list (rank = position);
     semantic documents = first-seen documents of the first n chunks, n = 2k, then x4 (up to
@@ -28,7 +28,7 @@ shallower list (exact top-k, same tie-break). This is checked: ``--verify N`` qu
 ``kb.search_hybrid`` for several configurations and the chunk order must be identical (scores
 equal to 1e-12); the script exits non-zero otherwise.
 
-``chunk rrf`` is the fusion before issue 15 (full outer join on chunk_id of the top-k lexical
+``chunk rrf`` is the earlier chunk-id fusion (full outer join on chunk_id of the top-k lexical
 documents and the top-k semantic *chunks*; a document reached through two chunks counts twice),
 computed in Python only, for the before/after comparison on the same lists.
 
@@ -163,7 +163,7 @@ def fuse(lex, sems, fusion: str, k: int, rrf_k: int, lw: float, sw: float):
     """Python twin of kb.search_hybrid: [(chunk_id, doc_id, score)] in SQL order.
 
     ``lex``: [(chunk_id, doc_id, rank, score)] documents at depth >= k; ``sems``: the chunk
-    lists by depth. fusion ``chunk`` is the chunk-id fusion before issue 15 (RRF; its semantic
+    lists by depth. fusion ``chunk`` is the earlier chunk-id fusion (RRF; its semantic
     top-k chunks are the prefix of the 2k-deep read).
     """
     if fusion == "chunk":
@@ -306,6 +306,7 @@ def fmt_cfg(cfg) -> str:
 
 
 def main(argv=None) -> int:
+    global GRID, SQL_K1, SQL_B
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--datasets", nargs="+", type=Path, required=True)
     ap.add_argument("--verify", type=int, default=8, help="queries per collection checked against kb.search_hybrid")
@@ -316,7 +317,6 @@ def main(argv=None) -> int:
     ap.add_argument("--k1", type=float, default=SQL_K1, help="BM25 k1 of the lexical list (default: the service's)")
     ap.add_argument("--b", type=float, default=SQL_B, help="BM25 b of the lexical list (default: the service's)")
     args = ap.parse_args(argv)
-    global GRID, SQL_K1, SQL_B
     SQL_K1, SQL_B = args.k1, args.b
     GRID = make_grid(args.fusions)
     if PRODUCTION not in GRID:

@@ -1,4 +1,4 @@
-"""Score the frozen injection detector on an after-freeze set (issue 19, 4c).
+"""Score the frozen injection detector on an after-freeze set (texts written after the weights were frozen).
 
 Sets (tests/data/injection/): ``after_freeze.jsonl`` (v1: 102 hostile, 102 benign of which
 54 hard negatives; en, vi, fr, es, de, zh), written after the 2026-11-30.1 weights were

@@ -4,7 +4,7 @@ Prints precision, recall, F1 and the confusion matrix for the injection detector
 whole set, on the holdout split and per language, and the same for the stuffing detector.
 
     python bench/guard_eval.py [--verbose]   # --verbose lists misses and false alarms
-    python bench/guard_eval.py --timing      # also: each detector on the issue-13 inputs
+    python bench/guard_eval.py --timing      # also: each detector on inputs that once backtracked
 """
 
 from __future__ import annotations
@@ -66,7 +66,7 @@ def main() -> None:
 
 
 def timing() -> None:
-    """Seconds per call on the inputs of issue 13 (the backtracking ones before the fix)."""
+    """Seconds per call on inputs that made the earlier patterns backtrack."""
     print("== timing (s per call) ==")
     cases = {f"'\\n' * {n} + 'x'": "\n" * n + "x" for n in (250, 500, 1000, 19_999)}
     cases["'user:\\n' * 4000"] = "user:\n" * 4000

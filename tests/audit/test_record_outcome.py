@@ -1,4 +1,4 @@
-"""kb.record_outcome (issue 16, item 3): the record step's cache row, pair scores and audit
+"""kb.record_outcome: the record step's cache row, pair scores and audit
 row in one statement, as the app role: what it writes, that it is all or nothing, that it
 keeps the tenant to the call, and that it lets the app role forge no audit row."""
 

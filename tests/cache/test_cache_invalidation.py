@@ -1,4 +1,4 @@
-"""Issue 13, item 4: a change to a tenant's documents invalidates its cached answers and pair
+"""A change to a tenant's documents invalidates its cached answers and pair
 scores (per-tenant knowledge-base generation, kb.kb_generation, bumped by the document and
 chunk triggers in the same transaction; sql/functions/05_kb_generation.sql).
 

@@ -37,7 +37,7 @@ def test_term_blocks_rebuilds_a_tenants_bm25_term_blocks(capsys, monkeypatch, se
     monkeypatch.setenv("KB_DATABASE_URL", settings.database_url)
     monkeypatch.setenv("KB_TERM_LIST_MIN_DF", "2")
     assert cli.main(["term-blocks", "--tenant", str(tenant), "--quiet"]) == 0
-    # the exact term and its stem (issue 15: the stemmed field has blocks of its own)
+    # the exact term and its stem (the stemmed field has blocks of its own)
     out = capsys.readouterr()
     assert out.out.startswith(f"term blocks of 2 words rebuilt for tenant {tenant}")
     assert "deprecated" not in out.err
@@ -51,7 +51,7 @@ def test_term_blocks_rebuilds_a_tenants_bm25_term_blocks(capsys, monkeypatch, se
             ("zebra", 2), ("~ zebra", 2)]
 
 
-# --------------------------------------------------------------------------- issue 33: a CLI that behaves
+# --------------------------------------------------------------------------- a CLI that behaves
 
 
 def _parsers(parser, path=("kb-rerank",)):

@@ -1,4 +1,4 @@
-"""`kb-rerank` as a newcomer meets it (issue 33, part 4): the command run as a subprocess from an
+"""`kb-rerank` as a newcomer meets it: the command run as a subprocess from an
 empty temporary folder, HOME pointed there too, no KB_* variable and no XDG_RUNTIME_DIR, its
 stdout, stderr and exit status read as a person would."""
 

@@ -1,4 +1,4 @@
-"""Limits and fairness (issue 13 item 6; kb_rerank.limits): cost-based token buckets, the
+"""Limits and fairness (kb_rerank.core.limits): cost-based token buckets, the
 per-tenant caps on model work and pool connections, the per-address bucket before
 authentication. Unit tests use a fake clock (no sleeps); the HTTP tests run the app.
 The load test (one tenant floods misses, another's cache hits stay fast) is in
@@ -429,7 +429,7 @@ def test_v2_many_documents_cannot_slip_in_on_one_token(settings, embedder):
     tenant = uuid.uuid4()
     docs = [f"document number {i} about invoices" for i in range(1000)]
     # lambda 1: no MMR, but the learned injection detector embeds the scored documents (at
-    # most rerank_max_candidates), charged with the documents (issue 19, item 3)
+    # most rerank_max_candidates), charged with the documents
     s = settings
     cost = round(s.rate_cost_per_document * 1000 + s.rate_cost_per_embedding * min(1000, s.rerank_max_candidates), 3)
     assert cost == 300.0
@@ -478,8 +478,8 @@ def test_per_tenant_model_cap_refuses_the_flooder_and_serves_the_others(settings
 
 
 # --------------------------------------------------------------------------- /v2/rerank spans, charged after the fact
-# The guard embeds the spans of the documents the classifier finds doubtful (issue 19,
-# span-level scoring): admission charges the documents and the passages only (as before span
+# The guard embeds the spans of the documents the classifier finds doubtful (span-level
+# scoring): admission charges the documents and the passages only (as before span
 # scoring), and the spans actually embedded are debited when the request ends, whatever the
 # bucket holds (it may go negative: a debt the tenant's next requests wait out). DOUBTFUL:
 # tests/guard/test_guard_classifier.py's PARAPHRASED_MISSED after an ordinary sentence, long enough to

@@ -1,4 +1,4 @@
-"""Logs of `kb-rerank serve` (issue 17, item 2): by default one JSON object a line, each with
+"""Logs of `kb-rerank serve`: by default one JSON object a line, each with
 `trace_id` and `tenant_id`, an access record per request with route, method, status and
 duration, never the query text; plain text with `--log-format text`; INFO by default. Run
 against a real `kb-rerank serve` process with the tiny cross-encoder."""

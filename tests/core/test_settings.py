@@ -1,7 +1,6 @@
-"""Settings checked at start-up (issue 17, item 4): every KB_* variable typed and bounded, the
-rules between variables, a clear error naming the variable (and `kb-rerank` exiting non-zero
-without a traceback), and the documentation generated from the code: the README's settings
-table and .env.example cannot go stale."""
+"""Settings checked at start-up: every KB_* variable typed and bounded, the rules between
+variables, a clear error naming the variable (and `kb-rerank` exiting non-zero without a
+traceback), and the documentation generated from the code: .env.example cannot go stale."""
 
 from __future__ import annotations
 
@@ -14,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from kb_rerank.core import settings as settings_mod
-from kb_rerank.core.settings import RULES, Settings, SettingsError, env_example, markdown_table, readme_table
+from kb_rerank.core.settings import RULES, Settings, SettingsError, env_example, markdown_table, write_docs
 
 ROOT = Path(__file__).resolve().parents[2]
 FIELDS = [f for f in fields(Settings) if f.name != "extra"]
@@ -32,9 +31,16 @@ def test_the_defaults_are_valid_and_pass_their_own_rules():
     Settings.from_env({})
 
 
-def test_readme_settings_table_is_the_generated_one():
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    assert readme_table(readme) == markdown_table(), "README is stale: run `make settings-docs`"
+def test_settings_docs_writes_env_example_and_leaves_a_readme_without_the_table_alone(tmp_path):
+    """`make settings-docs` on a README that no longer holds the settings table (it links the
+    generated page instead) rewrites .env.example and leaves the README as it was."""
+    readme = "# kb-rerank\n\nSettings: docs/settings.md\n"
+    (tmp_path / "README.md").write_text(readme, encoding="utf-8")
+    (tmp_path / ".env.example").write_text("stale\n", encoding="utf-8")
+    write_docs(tmp_path)
+    assert (tmp_path / "README.md").read_text(encoding="utf-8") == readme
+    assert (tmp_path / ".env.example").read_text(encoding="utf-8") == env_example()
+    assert "| `KB_APP_ROLE` |" in markdown_table()  # the table itself is still generated
 
 
 def test_env_example_is_the_generated_one_and_lists_every_variable():
@@ -137,7 +143,7 @@ def test_settings_module_checks_the_environment():
     assert r.returncode == 2 and "KB_LOG_FORMAT='xml' is invalid: choose one of json, text" in r.stderr
 
 
-# --------------------------------------------------------------------------- where settings come from (issue 33)
+# --------------------------------------------------------------------------- where settings come from
 
 
 @pytest.fixture

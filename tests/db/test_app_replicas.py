@@ -1,4 +1,4 @@
-"""Two app replicas over one database (issue 18, item 1): two real ``kb-rerank serve`` processes
+"""Two app replicas over one database: two real ``kb-rerank serve`` processes
 on loopback ports, with the cross-encoder on a shared inference server (the remote backend,
 a test server speaking text-embeddings-inference's API with the tiny model, one second per
 call, counting its calls).

@@ -1,4 +1,4 @@
-"""The app role is a setting (issue 17, item 5): KB_APP_ROLE. Two databases on ONE server
+"""The app role is a setting: KB_APP_ROLE. Two databases on ONE server
 (the test server), migrated with KB_APP_ROLE=kb_one_app and kb_two_app: each role connects
 to its own database only and reads its tenant's rows under RLS there; neither is superuser,
 BYPASSRLS or owner; the idempotent layer's grants went to the configured role, and

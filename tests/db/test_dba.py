@@ -1,4 +1,4 @@
-"""The DBA surface (issue 17, item 5): `kb-rerank audit verify` never prints OK over
+"""The DBA surface: `kb-rerank audit verify` never prints OK over
 nothing, `kb-rerank migrate --sql` prints without applying."""
 
 from __future__ import annotations

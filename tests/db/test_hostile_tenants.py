@@ -31,7 +31,7 @@ TABLES = {
     "corpus_stats": None,
     "term_blocks": None,
     "audit_heads": None,  # no privilege at all: only kb.audit_append (owner kb_audit) reaches it
-    "kb_generation": None,  # written only by the trigger function kb.bump_generation (issue 13, item 4)
+    "kb_generation": None,  # written only by the trigger function kb.bump_generation
     "embedding_config": None,  # no tenant_id: global configuration, read-only for the app
     "kb_rerank_cache": "insert into kb.kb_rerank_cache (cache_id, tenant_id, query_hash, source, results_jsonb,"
                        " expires_at) values (gen_random_uuid(), %(t)s, repeat('a', 64), 'lexical_only', '[]',"

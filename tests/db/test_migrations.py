@@ -1,6 +1,6 @@
 """Migrations: down to base and up again; the rebuilt schema equals a fresh one.
 
-Issue 14, item 5 (migrations that cannot drift): shipped versioned files are frozen by
+Migrations that cannot drift: shipped versioned files are frozen by
 hash; every step is .sql files (upgrade and .down.sql beside it); no revision applies a live
 idempotent file mid-upgrade; an upgrade from every earlier revision, and from every head
 released in the git history with the layer it shipped, ends in a fresh install's catalog;
@@ -247,7 +247,7 @@ def test_0009_upgrade_installs_the_tf_table_the_search_needs(server_url):
     assert [r[0] for r in rows] == ["zebra zebra crossing"] and rows[0][1] > 0
 
 
-# --------------------------------------------------------------------------- issue 14, item 5
+# --------------------------------------------------------------------------- migrations that cannot drift
 
 
 def _revisions() -> list[str]:

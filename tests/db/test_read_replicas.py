@@ -1,4 +1,4 @@
-"""Reads on a hot standby (issue 18, item 2), against a real streaming replica of the test
+"""Reads on a hot standby, against a real streaming replica of the test
 server made with the embedded server's pg_basebackup -R (kb_rerank.testing.standby).
 
 The app gets KB_READ_DATABASE_URL; candidate retrieval runs there, everything else on the

@@ -1,4 +1,4 @@
-"""Sharding readiness (issue 18, item 3): every primary key, unique constraint and unique
+"""Sharding readiness: every primary key, unique constraint and unique
 index in schema kb leads with tenant_id, so that on a database distributed by tenant
 (docs/scaling.md) each of them contains the distribution column and routes to one shard.
 Catalog-wide: a table added later without a tenant-leading key fails here."""

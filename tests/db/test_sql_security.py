@@ -1,4 +1,4 @@
-"""Issue 13, SQL side, tried as an attacker holding the app role (cyberos_app):
+"""The SQL side tried as an attacker holding the app role (cyberos_app):
 item 1 (temp-schema hijack of SECURITY DEFINER functions), item 3 (forged audit rows),
 item 9 (eviction counts of other tenants), item 12 (another tenant's lock).
 The catalog tests cover every object of its kind, found in the catalog."""
@@ -229,7 +229,7 @@ def _calls(b):
 
 
 def _attack(app_url, b):
-    """Run the payload of issue 13 item 1 as cyberos_app; return (payload created?, notices,
+    """Run the privilege-escalation payload as cyberos_app; return (payload created?, notices,
     errors by statement)."""
     notices: list[str] = []
     errors: dict[str, str] = {}

@@ -1,4 +1,4 @@
-"""Issue 33, part 1: a degraded answer must not look like a real one. Every test runs a real
+"""A degraded answer must not look like a real one. Every test runs a real
 server (uvicorn on a loopback port, :func:`tests.live_server.serve_in_thread`) and talks HTTP
 to it; ``/v2/rerank`` is also read by the official Cohere Python SDK.
 
@@ -86,8 +86,8 @@ def test_a_fallback_answer_says_so_on_every_endpoint(endpoint, settings, embedde
     """The one rule, against the three endpoints (``/v2/rerank`` with ``KB_V2_FALLBACK=fused``):
     no relevance and no tier from a fused score, no model named, the reason in a header; the
     answer is not cached (asked twice: the same, the header again) and matches the OpenAPI
-    document; the search endpoint keeps the candidate order and its severity-2 audit row
-    (AC19)."""
+    document; the search endpoint keeps the candidate order and writes a severity-2 audit
+    row."""
     path, body, meta_of, relevance = ENDPOINTS[endpoint]
     tenant = sample_tenant if path != V2 else uuid.uuid4()
     with server(settings, embedder, NotReady(), v2_fallback="fused") as (_app, base):
@@ -113,7 +113,7 @@ def test_a_fallback_answer_says_so_on_every_endpoint(endpoint, settings, embedde
             assert x.get("tier") is None and x.get("final_score") is None
         if path == V1_SEARCH:
             fused = [x["fused_score"] for x in results]
-            assert all(isinstance(f, float) for f in fused) and fused == sorted(fused, reverse=True)  # AC19
+            assert all(isinstance(f, float) for f in fused) and fused == sorted(fused, reverse=True)  # the first-stage order
             assert audit_of(owner_conn, tenant, trace_id) == [("fallback", 2, "model_not_ready")]
         if path == V1_CONTEXT:
             assert all(x["scores"]["rerank"] is None and x["ranks"]["rerank"] is None for x in results)

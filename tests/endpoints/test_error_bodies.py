@@ -1,4 +1,4 @@
-"""Issue 33, part 4 (HTTP): every error status in the API's own body (``{"error", "detail", ...}``,
+"""Every error status in the API's own body (``{"error", "detail", ...}``,
 never Litestar's ``{"status_code", "detail"}``), a wrong authorization scheme named as such,
 and a body whose Content-Type is not JSON refused with 415. Over HTTP against a real server
 (uvicorn on a loopback port), each answer checked against the OpenAPI document's error body."""

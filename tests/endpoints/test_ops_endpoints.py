@@ -1,4 +1,4 @@
-"""Issue 13 item 9 (HTTP part) and item 7 (the example deployment).
+"""The operations endpoints (health, readiness, metrics) and the example deployment.
 
 * /metrics and /readyz's detail (model name, ``last_error``, revisions, exception names)
   were public. They now need ``Authorization: Bearer <KB_OPS_TOKEN>``: without it /metrics

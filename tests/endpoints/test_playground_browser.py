@@ -207,7 +207,7 @@ def test_v2_rerank_with_pasted_documents(page, server, corpus_tenant):
 
 
 def test_a_fallback_answer_shows_no_model_and_no_relevance(page, settings, embedder, corpus_tenant):
-    """Issue 33: with no model (loading), the page says what ranked the answer (no model, the
+    """With no model (loading), the page says what ranked the answer (no model, the
     first stage), gives no tier to a fused score and marks each row as scored by the fused
     order, on the search endpoint and on /v2/rerank (KB_V2_FALLBACK=fused)."""
     from tests.endpoints.test_degraded import NotReady

@@ -388,7 +388,7 @@ def test_13_evict_function_and_cli(app_conn, settings, monkeypatch, capsys):
     assert int(capsys.readouterr().out.split()[1]) >= 2  # "evicted N expired cache rows"
     left = tenant_rows(app_conn, t, "select count(*), count(*) filter (where expires_at <= now()) from kb.kb_rerank_cache")
     assert left[0] == (1, 0)
-    with pytest.raises(psycopg.errors.InsufficientPrivilege):  # the app role may not evict (issue 13)
+    with pytest.raises(psycopg.errors.InsufficientPrivilege):  # the app role may not evict
         app_conn.execute("select kb.evict_expired_cache()")
     app_conn.rollback()
 
@@ -476,7 +476,7 @@ def test_19_model_failure_falls_back(kind, settings, embedder, sample_tenant, ow
                 body = check(r.json())
                 assert body["fallback"] is True and body["fallback_reason"] == reasons[kind]
                 assert body["from_cache"] is False and len(body["results"]) == 10
-                # the candidate order (AC19), said to be the first stage's: no relevance, no model
+                # the candidate order, said to be the first stage's: no relevance, no model
                 assert body["model"] is None and body["ranked_by"] == "fused"
                 assert {x["scored_by"] for x in body["results"]} == {"fused"}
                 fused = [x["fused_score"] for x in body["results"]]

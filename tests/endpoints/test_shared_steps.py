@@ -1,4 +1,4 @@
-"""Behaviour the three endpoints share, tested once against all three (issue 14, item 1):
+"""Behaviour the three endpoints share, tested once against all three:
 POST /v1/kb/search/rerank, POST /v1/kb/context and POST /v2/rerank."""
 
 from __future__ import annotations
@@ -107,7 +107,7 @@ def _tenant_for(endpoint: str, sample_tenant):
 @pytest.mark.parametrize("endpoint", list(ENDPOINTS))
 def test_single_flight_identical_concurrent_misses_call_the_model_once(endpoint, settings, embedder, sample_tenant,
                                                                         owner_conn):
-    """Issue 14: only the search endpoint had single flight. Eight identical misses at once:
+    """Every endpoint has single flight. Eight identical misses at once:
     one model call, one cache row, every request answered the same and audited."""
     path, _, report, source = ENDPOINTS[endpoint]
     tenant = _tenant_for(endpoint, sample_tenant)
@@ -133,7 +133,7 @@ def test_single_flight_identical_concurrent_misses_call_the_model_once(endpoint,
 
 @pytest.mark.parametrize("endpoint", list(ENDPOINTS))
 def test_deeply_nested_json_is_a_400_naming_no_field(endpoint, settings, reranker, embedder, sample_tenant):
-    """Issue 14: a 400 on the search endpoint, a 500 on the other two."""
+    """JSON nested too deeply is the same 400 on every endpoint, naming no field."""
     path = ENDPOINTS[endpoint][0]
     raw = '{"query": "x", "deep": ' + "[" * 5000 + "]" * 5000 + "}"
     with client_for(settings, reranker, embedder) as client:
@@ -146,7 +146,7 @@ def test_deeply_nested_json_is_a_400_naming_no_field(endpoint, settings, reranke
 @pytest.mark.parametrize("endpoint", list(ENDPOINTS))
 def test_a_malformed_cache_row_is_a_miss_and_is_replaced(endpoint, settings, reranker, embedder, sample_tenant,
                                                          owner_conn):
-    """Issue 14: the context and caller-documents endpoints bypassed the cache's row check.
+    """Every endpoint checks a cached row before serving it.
     A cached row edited into garbage (by a DBA, a bad migration) is never served: it is
     deleted, the request computes afresh and writes a good row."""
     path, _, report, source = ENDPOINTS[endpoint]

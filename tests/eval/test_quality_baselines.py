@@ -1,4 +1,4 @@
-"""bench/quality.py's per-language baselines (issue 32): the collection's language, and the bm25s
+"""bench/quality.py's per-language baselines: the collection's language, and the bm25s
 analyser users run for it (stemmer, stop words, segmenter). No database, no data sets."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Issue 33, part 2: metadata filters and the result size, as every search API has them.
+"""Metadata filters and the result size, as every search API has them.
 
 Documents carry their front-matter keys (kb.documents.metadata, migration 0022), written by
 the real ingestion; the filter (docs/filters.md) is applied inside both candidate lists

@@ -1,4 +1,4 @@
-"""Issue 19 item 3: caller documents (/v2/rerank) are judged by the rule ingestion stores per
+"""Caller documents (/v2/rerank) are judged by the rule ingestion stores per
 chunk (patterns OR the learned detector over the document's embedding), within the guard
 budget; /v1/kb/context reads the stored verdict, the classifier's included. Item 5: the
 DBA view kb.guard_flagged_share.

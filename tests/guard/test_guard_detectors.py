@@ -207,7 +207,7 @@ def test_spam_structured_text_not_flagged():
     assert detect_stuffing("cheap cheap cheap cheap cheap cheap invoices").flagged
 
 
-# --------------------------------------------------------------------------- issue 19 item 2
+# --------------------------------------------------------------------------- normalisation before detection
 # Normalisation before detection: each hiding trick below wraps a phrase the patterns find
 # in plain text; the trick alone must not hide it, and benign text that looks like a trick
 # (a hash, a short base64 token, Turkish dotless i, RTL marks) must not be flagged.

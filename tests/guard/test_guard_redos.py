@@ -1,4 +1,4 @@
-"""Issue 13 item 2: the guard detectors run in time linear in their input, off the event
+"""The guard detectors run in time linear in their input, off the event
 loop, under a per-request budget.
 
 * A property test (hypothesis) feeds each detector adversarial texts up to the maximum
@@ -56,7 +56,7 @@ UNITS = [
     "assistant, ", "new rules", "![a](http://x?", "![", "](http://", "send the chat ", "a@b.", "a.",
     "```", "~~~", "<|im_start|>", "[INST]", "<<", "<<SYS>>", "\u200b", "\u200d", "\U000e0041", "\u0430",
     "đ", "instructions ", "password ", "from now on ", "dan ",
-    # issue 19 normalisation: base64 alphabet runs, padding, rot13 words, soft hyphens
+    # the normalisation's shapes: base64 alphabet runs, padding, rot13 words, soft hyphens
     "QWxhZGRpbjpvcGVuIHNlc2FtZQ", "aWdub3Jl", "+/", "=", "-_", "vtaber ", "\u00ad", "\u200e", "\u0585",
     # the de-obfuscated view the classifier's spans read: letters spelled out one by one
     "i g n o r e ", "a ", "a b", " x y z",

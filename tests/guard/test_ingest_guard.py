@@ -46,7 +46,7 @@ def test_ingest_stores_flags_and_recomputes_them_on_reuse(app_conn, embedder, se
     assert report.added == 3
     rows = _flags(app_conn, tenant)
     assert rows["genuine.md"][0] is False and rows["genuine.md"][3] is False
-    # sub-threshold pattern signals are kept, then the learned detector's probability (issue 19)
+    # sub-threshold pattern signals are kept, then the learned detector's probability
     pattern_reasons = list(detect_injection(GENUINE).reasons)
     assert rows["genuine.md"][2][: len(pattern_reasons)] == pattern_reasons
     assert [r for r in rows["genuine.md"][2][len(pattern_reasons):] if not r.startswith("classifier_p=")] == []

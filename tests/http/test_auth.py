@@ -336,7 +336,7 @@ def test_auth_error_reason_and_message(hs_cfg):
     assert "missing_token" in str(ei.value)
 
 
-# --------------------------------------------------------------------------- issue 13 item 11
+# --------------------------------------------------------------------------- token lifetime, audience and issuer
 
 
 DAY = 86400
@@ -417,7 +417,7 @@ def test_both_keys_configured_is_a_startup_error(rsa_keys, monkeypatch, capsys):
     assert jwt_config(Settings(jwt_public_key=rsa_keys[1])).algorithm == "RS256"
 
 
-# --------------------------------------------------------------------------- issue 13 item 7: secrets
+# --------------------------------------------------------------------------- secrets
 
 
 PLACEHOLDERS = [

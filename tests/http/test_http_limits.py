@@ -1,4 +1,4 @@
-"""Issue 13, items 5, 10 and the serving half of 7: one body decoder and real body limits on
+"""One body decoder and real body limits on
 every JSON route, and `kb-rerank serve` with nothing but the app role's URL.
 
 * Item 10: deeply nested JSON answered 500 on /v2/rerank and /v1/kb/context (the rerank

@@ -1,4 +1,4 @@
-"""Identity that fits real providers (issue 17, item 3): keys from a JWKS served on loopback
+"""Identity that fits real providers: keys from a JWKS served on loopback
 (fetched off the event loop, cached, rotation by ``kid`` with a bounded refetch), ES256 and
 EdDSA besides HS256/RS256, the tenant at a dotted claim path, audience and issuer required
 when configured, secrets from ``*_FILE`` variables."""

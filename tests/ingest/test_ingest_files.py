@@ -1,4 +1,4 @@
-"""Issue 17, item 6: ingestion of real files (HTML, PDF, DOCX, YAML front matter), bad files
+"""Ingestion of real files (HTML, PDF, DOCX, YAML front matter), bad files
 reported without stopping the batch, `kb-rerank delete` and `kb-rerank ingest --sync`.
 
 The PDF and DOCX fixtures are built here at runtime (a one-page PDF with exact xref offsets,

@@ -93,7 +93,7 @@ def mock_client(answer: dict, status: int = 200, headers: dict | None = None) ->
     return KbRerankClient("http://kb.test", "tok", transport=t, async_transport=t), sent
 
 
-# a degraded /v1/kb/search/rerank answer as issue 33 makes them: model null, rerank_score null
+# a degraded /v1/kb/search/rerank answer as the service makes them: model null, rerank_score null
 # beside a fused_score, the reason in the X-KB-Fallback header (sent with it by the tests)
 FALLBACK_SEARCH = {"results": [{"chunk_id": "c1", "doc_id": "d1", "doc_title": "T1", "snippet": "one",
                                 "rerank_score": None, "fused_score": 0.42, "source": "hybrid_lexical_semantic",

@@ -1,4 +1,4 @@
-"""bench/gpu_check.sh (issue 16): refuses clearly without a GPU; its Python part measures the
+"""bench/gpu_check.sh: refuses clearly without a GPU; its Python part measures the
 service's Reranker and prints p50/p95 JSON (smoke run on the CPU with the tiny model)."""
 
 from __future__ import annotations

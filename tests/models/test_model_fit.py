@@ -1,4 +1,4 @@
-"""Which model fits which machine (issue 31, bench/model_cost.py --fit): the published
+"""Which model fits which machine (bench/model_cost.py --fit): the published
 architectures of kb_rerank.testing.tiny_model.CROSS_ENCODER_ARCHS build with their published
 sizes, the one transformers cannot build says so, and the fit arithmetic is right."""
 

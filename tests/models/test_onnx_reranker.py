@@ -1,4 +1,4 @@
-"""The ONNX cross-encoder (issue 16, item 1, ``KB_RERANKER_BACKEND=onnx``): ``kb-rerank model
+"""The ONNX cross-encoder (``KB_RERANKER_BACKEND=onnx``): ``kb-rerank model
 export`` of the tiny model, agreement with the in-process (flag) backend, the shared
 tokenisation and length-sorted batching, int8 made from the fused graph (ONNX Runtime's
 transformer fusions: the graph it quantises agrees with fp32 like the export itself), and the fallbacks of the service (export

@@ -1,4 +1,4 @@
-"""The remote cross-encoder (issue 16, item 1, ``KB_RERANKER_BACKEND=remote``): its contract
+"""The remote cross-encoder (``KB_RERANKER_BACKEND=remote``): its contract
 with a test inference server that implements the published APIs (text-embeddings-inference
 ``POST /rerank`` and the Cohere-compatible ``POST /v2/rerank``) with the tiny cross-encoder,
 its budget, retries and fallbacks, and the app's use of it."""

@@ -297,7 +297,7 @@ def test_client_disconnect_and_cancellation_leave_nothing_behind(settings, embed
 
         for delay in (0.0, 0.01, 0.05, 0.2, 0.6):
             run_in_app(cancel_at, delay, f"cancelled at {delay} export csv")
-        # the tenant's audit lock is its kb.audit_heads row (issue 13: no advisory key); the
+        # the tenant's audit lock is its kb.audit_heads row (no advisory key); the
         # owner (superuser in tests) holds it
         with psycopg.connect(settings.database_url) as locker:
             locker.execute(  # the head row, as kb.audit_append starts it when missing

@@ -243,7 +243,7 @@ def test_load_32_clients(settings, owner_url, app_url, load_tenants, tmp_path):
     assert max(last) <= max(first) * 1.5 + 50 * 2**20
 
 
-# --------------------------------------------------------------------------- fairness (issue 13 item 6)
+# --------------------------------------------------------------------------- fairness
 #
 # Tenant A floods expensive cache misses from 127.0.0.1 (24 concurrent clients: /v1/kb/search/rerank
 # with distinct queries, and with KB_FAIRNESS_V2=1 /v2/rerank with 200 documents; each client sending its next request
@@ -260,7 +260,7 @@ FLOOD_CLIENTS = 24
 V2_DOCS = 200
 # KB_FAIRNESS_V2=1: half of A's clients send /v2/rerank with V2_DOCS documents instead. Off by
 # default: each admitted one runs the guard detectors on 50 documents on the event loop (~40 ms
-# here), a stall for every tenant that issue 13 item 2 removes, not a matter of fairness.
+# here), a stall for every tenant that running the detectors off the loop removes, not a matter of fairness.
 FLOOD_V2 = os.environ.get("KB_FAIRNESS_V2", "0") == "1"
 RETRY_429_S = float(os.environ.get("KB_FAIRNESS_RETRY_S", "-1"))  # < 0: what Retry-After says
 
@@ -278,7 +278,7 @@ def _flood_main(base: str, headers: dict[str, str], seconds: float, clients: int
         docs = [" ".join(rng.choice(NEW_WORDS + ["alpha", "beta", "gamma", "delta"]) for _ in range(60)) + f" d{j}"
                 for j in range(V2_DOCS)]
         # lambda 1: no MMR, so the cross-encoder is the work (MMR embeds up to 50 documents on the
-        # embedder, whose OpenMP threads take every core: see the report of issue 13 item 6)
+        # embedder, whose OpenMP threads take every core)
         v2_tail = (',"lambda":1.0,"documents":' + json.dumps(docs) + "}").encode()
         post_headers = {**headers, "Content-Type": "application/json"}
         deadline = time.monotonic() + seconds

@@ -1,4 +1,4 @@
-"""kb-rerank is a package (issue 14, item 4): its SQL, migrations and demo knowledge base ship
+"""kb-rerank is a package: its SQL, migrations and demo knowledge base ship
 inside it and are found with importlib.resources; the base install imports no optional
 dependency; a missing extra is an error that names it; test helpers are not runtime code.
 
@@ -52,7 +52,7 @@ def test_runtime_imports_no_optional_dependency_and_no_test_helper():
 
 
 # The one runtime place that names kb_rerank.testing: `kb-rerank model tiny DIR` writes the tiny
-# offline model for a user who asks for it (issue 33), importing it inside that command only.
+# offline model for a user who asks for it, importing it inside that command only.
 ASKED_FOR = {("cli/main.py", "cmd_model_tiny")}
 
 
@@ -308,7 +308,7 @@ def test_import_cycle_detector_finds_a_cycle():
 
 
 def test_no_import_cycle_among_kb_rerank_modules():
-    """Issue 29: the modules of kb_rerank form no import circle, counting the imports inside
+    """The modules of kb_rerank form no import circle, counting the imports inside
     functions too (a lazy import hides a circle from the interpreter, not from the design):
     what two layers share lives in a module below both (e.g. kb_rerank.core.keys, kb_rerank.core.dev)."""
     graph = _module_import_graph(ROOT / "src" / "kb_rerank")

@@ -1,5 +1,6 @@
-"""Comments and docstrings under src/kb_rerank say what the code does now; the history of a
-change (which issue asked for it) belongs in CHANGELOG.md and git log. No database."""
+"""Comments and docstrings under src/kb_rerank, tests/ and bench/ say what the code does now;
+the history of a change (which issue asked for it) belongs in CHANGELOG.md and git log. No
+database."""
 
 from __future__ import annotations
 
@@ -8,8 +9,9 @@ import re
 import tokenize
 from pathlib import Path
 
-SRC = Path(__file__).resolve().parents[2] / "src" / "kb_rerank"
-ISSUE = re.compile(r"\bissue \d+", re.IGNORECASE)
+ROOT = Path(__file__).resolve().parents[2]
+SRC = ROOT / "src" / "kb_rerank"
+ISSUE = re.compile(r"\bissues? #?\d+|\bissue-\d+", re.IGNORECASE)
 
 
 def _python_prose(text: str) -> list[tuple[int, str]]:
@@ -56,11 +58,18 @@ def _offenders(root: Path) -> list[str]:
 
 
 def test_no_issue_numbers_in_source_comments():
-    """A comment or docstring under src/kb_rerank (.py and .sql) that names an issue ("issue 13")
+    """A comment or docstring under src/kb_rerank (.py and .sql) that names an issue by its number
     tells the reader why the code once changed, not what it does: say what it does and why,
     and put the history in CHANGELOG.md."""
     offenders = _offenders(SRC)
     assert offenders == [], "comments naming an issue (move the history to CHANGELOG.md):\n" + "\n".join(offenders)
+
+
+def test_no_issue_numbers_in_test_and_benchmark_comments():
+    """The same rule for tests/ and bench/: a test's docstring states the behaviour it checks
+    (a reader of a failure has the behaviour, not the issue tracker)."""
+    offenders = _offenders(ROOT / "tests") + _offenders(ROOT / "bench")
+    assert offenders == [], "comments naming an issue (state the behaviour instead):\n" + "\n".join(offenders)
 
 
 def test_the_scan_finds_comments_and_docstrings_only(tmp_path):
@@ -71,6 +80,8 @@ def test_the_scan_finds_comments_and_docstrings_only(tmp_path):
     (pkg / "b.sql").write_text("-- issue 12: a comment\nselect 'issue 13 in a literal';\n"
                                "/* block\n   issue 14 */ select 1;\n", "utf-8")
     (pkg / "c.md").write_text("issue 15\n", "utf-8")
+    (pkg / "d.py").write_text('# issues 16 and 17, issue #18, the issue-19 inputs\nissue = 20  # an issue tracker\n', "utf-8")
     assert _offenders(pkg) == ["kb_rerank/a.py:1: Issue 7", "kb_rerank/a.py:2: issue 9",
                                "kb_rerank/a.py:4: issue 10", "kb_rerank/b.sql:1: issue 12",
-                               "kb_rerank/b.sql:4: issue 14"]
+                               "kb_rerank/b.sql:4: issue 14", "kb_rerank/d.py:1: issues 16",
+                               "kb_rerank/d.py:1: issue #18", "kb_rerank/d.py:1: issue-19"]

@@ -188,7 +188,7 @@ def test_changed_content_is_rescored(settings, reranker, embedder, small_tenant,
         drop_result_cache(app_conn, small_tenant)
         before = reranker.pairs_scored
         again = ask(client, small_tenant, query, "lexical_only")
-        # a change to the tenant's chunks moves its generation (issue 13, item 4): every pair
+        # a change to the tenant's chunks moves its generation: every pair
         # is scored again, not only the changed chunk's
         assert reranker.pairs_scored - before == 4
         got = dict(served(again))
@@ -216,7 +216,7 @@ def test_expired_pair_scores_are_not_used_and_are_evicted(settings, reranker, em
         assert len(rows) == 4 and all(r[5] for r in rows)  # expired rows replaced, not duplicated
     owner_conn.execute("update kb.kb_rerank_pair_scores set expires_at = now() - interval '1 second'"
                        " where tenant_id = %s", [small_tenant])
-    # a maintenance call (the owner; the app role may not evict since issue 13): cross-tenant eviction
+    # a maintenance call (the owner; the app role may not evict): cross-tenant eviction
     n = owner_conn.execute("select kb.evict_expired_cache()").fetchone()[0]
     assert n >= 4
     assert owner_conn.execute("select count(*) from kb.kb_rerank_pair_scores where tenant_id = %s",

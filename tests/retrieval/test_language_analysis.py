@@ -1,4 +1,4 @@
-"""Issue 32: every language analysed (migration 0021, sql/functions/01_language.sql and
+"""Every language analysed (migration 0021, sql/functions/01_language.sql and
 01_text_analysis.sql), through the real migrations as the app role.
 
 Each analyser: a stemmed match in the language (an inflected query word finds the document),

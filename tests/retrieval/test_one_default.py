@@ -1,4 +1,4 @@
-"""Issue 33, part 3: one default everywhere. kb.search_hybrid's own defaults are the service's
+"""One default everywhere. kb.search_hybrid's own defaults are the service's
 (convex 0.7 / 0.3 of lists 60 deep, rrf_k 10, BM25 1.2 / 0.75), so the same query gets the
 same order from a psql caller writing `select * from kb.search_hybrid(q, embedding)` (as the
 app role), from `kb-rerank search` (the CLI's search path), from the eval's first stage and

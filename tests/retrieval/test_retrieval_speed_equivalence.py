@@ -112,7 +112,7 @@ def test_retrieve_hybrid_rows_equal_search_hybrid_cut_to_lim(app_conn, corpus, f
                 ref = _reference(app_conn, q, v, 20, fusion, 40, lw, sw, rrf_k)
                 got = _retrieve(app_conn, q, v, 20, fusion, 40, lw, sw, rrf_k)
                 assert [tuple(r[:10]) for r in got] == [tuple(r) for r in ref], (q, lw, sw, rrf_k)
-        # within a filter (issue 33): the documents of some titles, inside both lists
+        # within a filter: the documents of some titles, inside both lists
         for q, v in _queries(5, seed=11):
             for f in ({"title": {"$in": [f"Doc {d}" for d in range(0, 45, 3)]}}, {"title": "Crowd"}):
                 for k in (1, 5, 20):

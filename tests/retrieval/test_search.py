@@ -129,8 +129,8 @@ def rrf_tenant(app_url):
     return t, {"A": a, "B": b, "C": c}
 
 
-# RRF with rrf_k 60 and weights 1:1 (kb.search_hybrid's defaults before issue 33; its defaults
-# are now the service's convex fusion, tests/retrieval/test_one_default.py)
+# RRF with rrf_k 60 and weights 1:1 (a fixed configuration; kb.search_hybrid's defaults
+# are the service's convex fusion, tests/retrieval/test_one_default.py)
 RRF = {"fusion": "rrf", "rrf_k": 60, "lexical_weight": 1.0, "semantic_weight": 1.0}
 
 
@@ -719,7 +719,7 @@ def test_query_term_counts(app_conn):
     assert english == [("cache", 3)]
 
 
-# --------------------------------------------------------------------------- issue 15, item 1:
+# ---------------------------------------------------------------------------
 # the stemmed field ('~ ' lexemes, kb.stem_tsv) beside the exact one
 
 
@@ -924,8 +924,7 @@ def test_pruned_bm25_top_k_equals_exhaustive_scoring_on_the_stemmed_field(app_co
 
 
 def test_hybrid_scores_its_lexical_list_with_the_given_bm25_parameters(app_conn, rrf_tenant):
-    """Issue 14: kb.search_hybrid did not take KB_BM25_K1 / KB_BM25_B while lexical_only did.
-    Its lexical scores are kb.search_lexical's at the same k1 and b, and the service passes
+    """kb.search_hybrid takes KB_BM25_K1 / KB_BM25_B as lexical_only does: its lexical scores are kb.search_lexical's at the same k1 and b, and the service passes
     the settings' values to both (Settings.fusion)."""
     from kb_rerank.core.settings import Settings
 

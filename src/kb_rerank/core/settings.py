@@ -114,7 +114,7 @@ class Settings:
     rerank_max_length: int = 512
     rerank_batch_size: int = 32
     rerank_timeout_s: float = 30.0
-    # KB_RERANK_BUDGET_MS: the rerank step's time per request (the spec's 300 ms): the in-process
+    # KB_RERANK_BUDGET_MS: the rerank step's time per request (300 ms): the in-process
     # model scores the candidates in fused order while it lasts, the rest follow in fused order
     # (a partial answer, kb_rerank.rerank.scoring); 0 scores every candidate within KB_RERANK_TIMEOUT_S
     rerank_budget_ms: int = 300
@@ -763,8 +763,9 @@ def readme_table(readme: str) -> str:
 
 def write_docs(root: Path) -> None:
     readme = (root / "README.md").read_text(encoding="utf-8")
-    old = readme_table(readme)
-    (root / "README.md").write_text(readme.replace(TABLE_START + old, TABLE_START + markdown_table()), encoding="utf-8")
+    if TABLE_START in readme:  # a page that holds the table between the markers gets it rewritten
+        old = readme_table(readme)
+        (root / "README.md").write_text(readme.replace(TABLE_START + old, TABLE_START + markdown_table()), encoding="utf-8")
     (root / ".env.example").write_text(env_example(), encoding="utf-8")
 
 

@@ -15,7 +15,7 @@ need the guard. No flow calls back into the runner.
    injection policy, the cache key (:func:`cache_key`: the query, the flow's parameters and
    every setting that changes an answer), the tenant's knowledge-base generation and the key's
    live row. A hit writes its ``cache_hit`` audit row in the same transaction.
-4. **Compute** a miss: the query embedding (when the spec needs one), the candidates (on a
+4. **Compute** a miss: the query embedding (when the retrieval spec needs one), the candidates (on a
    standby when read replicas are set, else on the primary, with their pair scores in the same
    snapshot), the flow's ``inspect`` and ``select``, the cross-encoder (:mod:`.scoring`), the
    flow's ``compose``.

@@ -138,7 +138,7 @@ def body_operation(typ: type, extra: dict[str, dict[str, Any]] | None = None) ->
     @dataclass
     class BodyOperation(Operation):
         def __post_init__(self) -> None:
-            # the schema as a plain dict: the spec's serializer passes dicts through
+            # the schema as a plain dict: the OpenAPI document's serializer passes dicts through
             self.request_body = RequestBody(required=True, content={
                 "application/json": OpenAPIMediaType(schema=schema)})  # type: ignore[arg-type]
 

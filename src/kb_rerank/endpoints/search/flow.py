@@ -4,7 +4,7 @@ Candidates: the source's search (:class:`~kb_rerank.retrieval.spec.RetrievalSpec
 the curated list (``manual_curation``: curated order, no model call, rank scores
 ``1 - i/(n+1)``). Every candidate goes to the cross-encoder; the top ``rerank_top_n`` by score
 (then chunk id) are returned with the model's score in 0..1 rounded to 6 decimals. On a
-fallback the candidates keep their first-stage order (AC19); a fallback is not cached.
+fallback the candidates keep their first-stage order; a fallback is not cached.
 The cache row holds the ``results`` list.
 
 Within the rerank budget (``KB_RERANK_BUDGET_MS``) the model may score only the first

@@ -21,7 +21,7 @@
 --                                 / (lexical_weight + semantic_weight)
 --                         lexn / semn = min-max normalised score within the list's top-k
 --                         ((s - min) / (max - min); 1 when max = min; missing: 0)
---   fusion = 'interleave' the spec's round-robin: lexical[1], semantic[1], lexical[2], ...
+--   fusion = 'interleave' a round-robin: lexical[1], semantic[1], lexical[2], ...
 --                         skipping documents already taken; score = 1 / position
 -- Returns up to 2k rows (documents) ordered by score desc, chunk_id. SECURITY INVOKER: it
 -- sees exactly what the two search functions return for the caller's tenant.

@@ -1,4 +1,4 @@
--- kb.kb_rerank_cache: the spec's policy, rewritten once-per-statement and fail-closed
+-- kb.kb_rerank_cache: the tenant policy, rewritten once-per-statement and fail-closed
 -- (same meaning: a tenant sees and writes only its own rows). Append-only for the app:
 -- SELECT, INSERT, DELETE; no UPDATE (an expired row is deleted, then a new one inserted).
 alter table kb.kb_rerank_cache enable row level security;

@@ -32,14 +32,14 @@ def chunks_of(conn, doc_ids: list[Any]) -> list[Candidate]:
 
 # ``GET /v1/kb/documents``: the current tenant's documents (row-level security), keyset paged by
 # source_uri (unique per tenant: the (tenant_id, source_uri) index answers the order and the seek)
-_LIST = ("select doc_id, title, source_uri, language, updated_at from kb.documents{after}"
+_LIST = ("select doc_id, title, source_uri, language, updated_at, ingested_at from kb.documents{after}"
          " order by source_uri limit %s")
 LIST_FIRST = _LIST.format(after="")
 LIST_AFTER = _LIST.format(after=" where source_uri > %s")
 
 
 async def alist_page(conn, limit: int, after: str | None = None) -> tuple[list[tuple], bool]:
-    """Up to ``limit`` documents (doc_id, title, source_uri, language, updated_at) after the
+    """Up to ``limit`` documents (doc_id, title, source_uri, language, updated_at, ingested_at) after the
     source path ``after`` (None: from the first), in source-path order, and whether more follow."""
     if after is None:
         cur = await conn.execute(LIST_FIRST, [limit + 1])

@@ -203,3 +203,11 @@ def canonical(filter: Any) -> dict[str, Any] | None:
         else:
             out[field] = _range(cond, path, field)
     return out
+
+
+def terms(canonical_filter: dict[str, Any] | None) -> int:
+    """A canonical filter's terms, what its cost grows with: each value of an equality or
+    ``$in`` (one predicate each over the documents), each range (one index range scan)."""
+    if not canonical_filter:
+        return 0
+    return sum(len(c["$in"]) if "$in" in c else 1 for c in canonical_filter.values())

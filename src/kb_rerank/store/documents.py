@@ -1,5 +1,5 @@
-"""Reads of the current tenant's documents and chunks outside the request path (``kb-rerank
-eval``'s scratch tenants), inside the caller's tenant transaction."""
+"""Reads of the current tenant's documents and chunks (``kb-rerank eval``'s scratch tenants,
+``GET /v1/kb/documents``, a filter's price), inside the caller's tenant transaction."""
 
 from __future__ import annotations
 
@@ -18,6 +18,12 @@ CHUNKS_OF = (
 
 def count(conn) -> int:
     return conn.execute(COUNT).fetchone()[0]
+
+
+async def acount(conn) -> int:
+    """The tenant's documents: what a search filter can touch (its price, before it runs)."""
+    cur = await conn.execute(COUNT)
+    return (await cur.fetchone())[0]
 
 
 def sources(conn) -> list[tuple[Any, str]]:

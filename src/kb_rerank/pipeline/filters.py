@@ -1,14 +1,18 @@
 """The search filter of ``/v1/kb/search/rerank``, ``/v1/kb/context`` and the SQL searches
 (``filter jsonb``): its grammar checked before any work, and its canonical form, the one the
 database checks again (kb.search_filter, sql/functions/09_search_filter.sql) and the cache
-key includes. docs/filters.md is the grammar; tests/test_filters.py runs one table of bad
-filters through this module (the REST 422) and through kb.search_filter (SQLSTATE 22023),
-each naming the same field.
+key includes. docs/filters.md is the grammar. The limits and patterns here are the SQL
+twin's too: :func:`sql_constants` renders them into the idempotent layer, and
+tests/test_filter_parity.py runs one table of filters through this module (the REST 422)
+and through kb.search_filter (SQLSTATE 22023): the same accept or refuse, the same field,
+the same words, the same canonical form.
 
 A filter is a JSON object of at most :data:`MAX_FIELDS` fields, all of which must match:
 ``"f": v`` (equality; a list value of the document matches when it holds v), ``{"$eq": v}``
 (the same), ``{"$in": [v, ...]}`` (1..100 values), ``{"$gte"|"$gt": a, "$lte"|"$lt": b}`` (a
-range on numbers or on ISO 8601 dates). Fields are front-matter keys (kb.documents.metadata)
+range on numbers or on ISO 8601 dates). Numbers are doubles (finite, at most 1e308 in
+magnitude, an integer of at most 40 significant digits), dates lie within years 1 to 9999
+in UTC, a language is normalised as ingestion normalises it. Fields are front-matter keys (kb.documents.metadata)
 and the reserved :data:`RESERVED` read from the document's columns.
 """
 

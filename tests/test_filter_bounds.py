@@ -106,6 +106,8 @@ def test_typed_values_follow_the_metadata(app_conn):
         rows = app_conn.execute("select key, num, ts::text from kb.document_values order by key, num, ts").fetchall()
         assert rows == [("huge", 1e300, None), ("released", None, "2024-05-01 00:00:00+00"),
                         ("released", None, "2024-07-01 08:00:00+00"), ("v", 2.0, None)]
+        # equality on a large number: its double's text is the jsonpath literal (1e+300)
+        assert app_conn.execute("select kb.search_filter_docs(%s)", [Jsonb({"huge": 1e300})]).fetchone()[0] == [doc]
         f = {"released": {"$gte": "2024-06-01"}}
         assert app_conn.execute("select kb.search_filter_docs(%s)", [Jsonb(f)]).fetchone()[0] == [doc]
         app_conn.execute("update kb.documents set metadata = %s where doc_id = %s", [Jsonb({"v": 5}), doc])

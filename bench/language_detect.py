@@ -1,4 +1,4 @@
-"""Accuracy and speed of the document-language detector (kb_rerank.ingest.language) on the
+"""Accuracy and speed of the document-language detector (kb_rerank.core.language) on the
 shared collections, against the former Vietnamese letter rule and, optionally, other libraries.
 
     .venv/bin/python bench/language_detect.py [--shared ../shared/datasets]
@@ -41,7 +41,7 @@ from pathlib import Path
 
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
-from kb_rerank.ingest import language as lang  # noqa: E402
+from kb_rerank.core import language as lang  # noqa: E402
 from kb_rerank.core.chunking import chunk_text  # noqa: E402
 from kb_rerank.ingest.readers import SourceDoc, iter_documents  # noqa: E402
 

@@ -332,12 +332,15 @@ def _log_server_error(logger: logging.Logger, scope, tb: list[str]) -> None:
     """Litestar's exception logging (called while the exception is handled): a 5xx is logged
     at ERROR with its traceback (a 503 ``model_unavailable`` at INFO, one line: a model still
     loading is a state, not a bug, and would flood the log); a 4xx only at DEBUG, one line without traceback (its access
-    record, kb_rerank.access, already says route and status)."""
+    record, kb_rerank.access, already says route and status). A database error (unavailable,
+    statement timeout) is logged by its handler, one line, without traceback."""
     exc = sys.exc_info()[1]
     status = _status_of(exc) if exc is not None else 500
     if isinstance(exc, ModelUnavailable):  # no model could score: the score step logged why, once
         logger.info("503 model_unavailable reason=%s (%s %s)", exc.reason, scope.get("method", ""),
                     scope.get("path", ""))
+    elif isinstance(exc, psycopg.OperationalError):  # db_error_handler logged it, one line
+        logger.debug("503 %s (%s %s)", type(exc).__name__, scope.get("method", ""), scope.get("path", ""))
     elif status >= 500:
         logger.exception("unhandled error %d (%s %s)", status, scope.get("method", ""), scope.get("path", ""))
     else:

@@ -16,7 +16,7 @@ from kb_rerank.audit import store as audit
 from kb_rerank.core.session import tenant_transaction
 
 KEY = b"d" * 40
-BEHIND, PENDING = "0021_language_analysis", "0022_document_metadata"  # the revision before head, and head
+BEHIND, PENDING = "0022_document_metadata", "0026_filter_typed"  # the revision before head, and head
 
 
 def _row(app_conn, tenant):

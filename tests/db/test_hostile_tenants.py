@@ -48,6 +48,8 @@ TABLES = {
     "kb_rerank_inflight": "insert into kb.kb_rerank_inflight (tenant_id, query_hash, source, generation, claimant,"
                           " expires_at) values (%(t)s, repeat('a', 64), 'lexical_only', 0, gen_random_uuid(),"
                           " now() + interval '1 minute')",
+    "document_values": "insert into kb.document_values (tenant_id, doc_id, key, num)"
+                       " values (%(t)s, %(doc)s, 'hostile', 1)",
     "kb_rerank_pair_scores": "insert into kb.kb_rerank_pair_scores (tenant_id, model, query_hash, chunk_id,"
                              " content_hash, score, expires_at) values (%(t)s, 'hostile', repeat('a', 64),"
                              " %(chunk)s, repeat('0', 64), 0.5, now() + interval '1 hour')",
@@ -73,7 +75,7 @@ FUNCTIONS = {
     "chunks_derive": "trigger", "documents_rederive_chunks": "trigger", "chunks_maintain_stats": "trigger", "chunks_maintain_term_blocks": "trigger",
     "apply_stats_delta": "not executable by the app",
     "bump_generation": "trigger",
-    "chunks_take_review": "trigger", "guard_reviews_apply": "trigger",
+    "chunks_take_review": "trigger", "guard_reviews_apply": "trigger", "documents_typed_values": "trigger",
     "bm25_tf_part": "pure arithmetic", "ts_rank_tf": "a constant array", "ts_rank_tf_compute": "pure: ts_rank of constants",
     "refresh_term_blocks": "rebuilds kb.current_tenant()'s lists only",
     "search_lexical": "filters kb.current_tenant()", "search_semantic": "filters kb.current_tenant()",
@@ -82,6 +84,9 @@ FUNCTIONS = {
     "retrieve_hybrid": "security invoker: reads under the caller's RLS, joins on kb.current_tenant()",
     "search_filter": "checks and rewrites its argument: reads no table",
     "search_filter_time": "checks and rewrites its argument: reads no table",
+    "search_filter_number": "checks and rewrites its argument: reads no table",
+    "search_filter_language": "checks and rewrites its argument: reads no table",
+    "metadata_values": "reads its argument: no table",
     "search_filter_docs": "filters kb.current_tenant() (and RLS for the app role); a filter naming A reads nothing",
     "audit_append": "writes the current tenant's chain only", "audit_verify": "not executable by the app",
     "audit_add_month": "not executable by the app",

@@ -150,6 +150,8 @@ CALLS = {
     "kb.search_filter_docs(jsonb)": """select kb.search_filter_docs('{"title": "{word} title"}')""",
     "kb.search_filter(jsonb)": """select kb.search_filter('{"title": "{word}"}')""",
     "kb.search_filter_time(text,text)": "select kb.search_filter_time('2024-05-01', 'filter.x')",
+    "kb.search_filter_number(jsonb,text)": "select kb.search_filter_number('2', 'filter.x')",
+    "kb.search_filter_language(text,text)": "select kb.search_filter_language('JA', 'filter.x')",
     "kb.guard_flagged_share_rows()": "select * from kb.guard_flagged_share_rows()",
 }
 

@@ -75,7 +75,7 @@ def test_each_tenant_lists_its_own_documents_in_pages(client, tenants):
     flat = [d for p in got for d in p]
     assert [d["source_path"] for d in flat] == sorted(docs_a)  # source-path order, no repeat, none missing
     for d in flat:
-        assert set(d) == {"doc_id", "title", "source_path", "language", "updated_at"}
+        assert set(d) == {"doc_id", "title", "source_path", "language", "updated_at", "ingested_at"}
         assert d["doc_id"] == docs_a[d["source_path"]] and d["title"] == f"Title of {d['source_path']}"
         assert d["language"] == "en" and datetime.fromisoformat(d["updated_at"]).tzinfo is not None
     # B: its three, never A's (same path guides/a.md in both: B's doc id)

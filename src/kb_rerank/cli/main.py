@@ -55,7 +55,7 @@ def _uuid(value: str) -> UUID:
 
 def _language_code(value: str) -> str:
     """``--language``: the ISO 639-1 code of *value* (argparse names the option in its error)."""
-    from kb_rerank.ingest.language import normalize_language_code
+    from kb_rerank.core.language import normalize_language_code
 
     try:
         return normalize_language_code(value)

@@ -10,6 +10,11 @@ A flow declares two :class:`Work` figures (:class:`~kb_rerank.endpoints.runner.F
   use (pairs the pair cache held, a refused slot, a failure) is given back when the request
   ends.
 
+A search filter's work is charged once its size is known, before it runs
+(:meth:`Bill.filter`): its terms (each value of ``$eq`` / ``$in``, each range:
+:func:`kb_rerank.filters.grammar.terms`) times the thousands of documents of the tenant it
+can touch, at ``rate_cost_per_filter_kdoc``; never given back (the filter ran).
+
 Work beyond what was declared (the guard's spans and the further chunks of long caller
 documents, known only once embedded) is debited after the fact when the request ends, never
 refused: the bucket may go negative and the tenant's next requests wait the debt out
@@ -39,6 +44,11 @@ class Work:
                 + limits.cost_per_pair * self.pairs)
 
 
+def filter_price(limits: Limits, terms: int, documents: int) -> float:
+    """A search filter's price: its terms times the thousands of documents it can touch."""
+    return limits.cost_per_filter_kdoc * terms * max(1.0, documents / 1000.0)
+
+
 class Bill:
     """One request's account with its tenant's bucket: :meth:`admit`, :meth:`reserve`, the
     slots that consume what was paid, and :meth:`settle` once when the request ends."""
@@ -51,17 +61,22 @@ class Bill:
         self._owed = 0  # embeddings done beyond what was paid
         self._slot: tuple[int, tuple[int, int, int]] = (0, (0, 0, 0))  # the last model slot's pairs
         self._settled = False
+        self._paid = REQUEST_COST  # charged so far (the auth guard's token first): "a full bucket" is before it
 
     def admit(self, work: Work) -> None:
         """Before the cache read (429 when short): the work the body tells."""
-        self.limits.charge(self.tenant, work.price(self.limits), paid=REQUEST_COST)
+        price = work.price(self.limits)
+        self.limits.charge(self.tenant, price, paid=REQUEST_COST)
+        self._paid += price
         # a document's price includes its pair
         self._admitted = Work(embeddings=self._admitted.embeddings + work.embeddings,
                               pairs=self._admitted.pairs + work.documents + work.pairs)
 
     def reserve(self, work: Work) -> None:
         """When a miss starts (429 when short): the most it can do, in one charge."""
-        self.limits.charge(self.tenant, work.price(self.limits), paid=REQUEST_COST)
+        price = work.price(self.limits)
+        self.limits.charge(self.tenant, price, paid=REQUEST_COST)
+        self._paid += price
         self._reserved = Work(embeddings=self._reserved.embeddings + work.embeddings,
                               pairs=self._reserved.pairs + work.pairs)
 
@@ -130,6 +145,13 @@ class Bill:
         excess = price - self.limits.cost_per_document
         if pa > 0 and excess > 0:
             self.limits.tenant_rate.debit(self.tenant, excess * min(pa, pairs))
+
+    def filter(self, terms: int, documents: int) -> None:
+        """Before a search filter runs (429 when short): ``terms`` terms over ``documents``
+        documents, kept (the filter runs once paid)."""
+        price = filter_price(self.limits, terms, documents)
+        self.limits.charge(self.tenant, price, paid=self._paid)
+        self._paid += price
 
     def settle(self) -> None:
         """Once, when the request ends however it ends: the unused reservation back, the

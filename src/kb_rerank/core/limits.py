@@ -220,7 +220,7 @@ class Limits:
     def __init__(self, *, tenant_rate: RateLimiter | None = None, address_rate: RateLimiter | None = None,
                  model_slots: int = 0, pool_slots: int = 0, wait_s: float = 0.0, cost_per_pair: float = 0.0,
                  cost_per_document: float = 0.0, cost_per_embedding: float = 0.0,
-                 cost_per_model_second: float = 0.0, on_reject: Callable[[str], None] | None = None) -> None:
+                 cost_per_filter_kdoc: float = 0.0, cost_per_model_second: float = 0.0, on_reject: Callable[[str], None] | None = None) -> None:
         # (`is None`: an empty RateLimiter is falsy, it has a length)
         self.tenant_rate = tenant_rate if tenant_rate is not None else RateLimiter(0, 1)
         self.address_rate = address_rate if address_rate is not None else RateLimiter(0, 1)
@@ -230,6 +230,7 @@ class Limits:
         self.fixed_cost_per_pair = max(0.0, float(cost_per_pair))
         self.cost_per_document = max(0.0, float(cost_per_document))
         self.cost_per_embedding = max(0.0, float(cost_per_embedding))
+        self.cost_per_filter_kdoc = max(0.0, float(cost_per_filter_kdoc))
         self.cost_per_model_second = max(0.0, float(cost_per_model_second))
         self.pair_cost: Any = None  # the model's ForwardCost (kb_rerank.models.forward_cost), once it is loaded
         self.on_reject = on_reject or (lambda reason: None)
@@ -256,7 +257,7 @@ class Limits:
                                      settings.address_rate_limit_burst * share),
             model_slots=settings.tenant_model_slots, pool_slots=pool_slots, wait_s=settings.tenant_wait_s,
             cost_per_pair=settings.rate_cost_per_pair, cost_per_document=settings.rate_cost_per_document,
-            cost_per_embedding=settings.rate_cost_per_embedding,
+            cost_per_embedding=settings.rate_cost_per_embedding, cost_per_filter_kdoc=settings.rate_cost_per_filter_kdoc,
             cost_per_model_second=settings.rate_cost_per_model_second,
             on_reject=on_reject,
         )

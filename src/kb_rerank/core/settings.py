@@ -203,6 +203,9 @@ class Settings:
     # 400: one token buys 2.5 ms, a cache hit's time (bench/results/service-quiet-2026-12-01.md); 0: the fixed price
     rate_cost_per_model_second: float = 400.0
     rate_cost_per_document: float = 0.1  # KB_RATE_COST_PER_DOCUMENT: tokens per /v2/rerank document, up front
+    # KB_RATE_COST_PER_FILTER_KDOC: tokens per search filter term (a value of $eq / $in, a range)
+    # per 1000 documents of the tenant, charged before the filter runs
+    rate_cost_per_filter_kdoc: float = 0.05
     rate_cost_per_embedding: float = 4.0  # KB_RATE_COST_PER_EMBEDDING: tokens per text embedded (a query on a miss; /v2/rerank passages for MMR and the injection classifier)
     tenant_model_slots: int = 2  # KB_TENANT_MODEL_SLOTS: cross-encoder (and embedder) calls one tenant may have queued or running; 0 disables
     tenant_pool_slots: int = 0  # KB_TENANT_POOL_SLOTS: pool connections one tenant may hold at once; 0 -> half of pool_max; <0 disables
@@ -596,6 +599,9 @@ RULES: dict[str, Rule] = {
                                        " seconds per pair times this (at least `KB_RATE_COST_PER_PAIR`); 0: the fixed"
                                        " price", ge=0),
     "rate_cost_per_document": Rule("extra tokens per `/v2/rerank` document, up front (1000 documents: 101)", ge=0),
+    "rate_cost_per_filter_kdoc": Rule("extra tokens per search filter term (each value of `$eq` / `$in`, each range)"
+                                      " per 1000 documents of the tenant, charged before the filter runs (16 ranges over"
+                                      " 20,000 documents: 16)", ge=0),
     "rate_cost_per_embedding": Rule("extra tokens per text embedded (the query of a miss; `/v2/rerank` passages, for MMR"
                                     " and the injection classifier, and the spans of the documents the classifier finds"
                                     " doubtful: those actually embedded, charged after the request as a debt, the"

@@ -11,8 +11,10 @@ no revision applies them in the middle of an upgrade. The layer carries a versio
 hash of its rendered files, that ``kb.schema_layer_version()`` returns and /readyz checks.
 
 Placeholders, filled by :func:`render` in every file: ``{{embedding_dim}}`` (the embedder's
-dimension) and ``{{app_role}}`` (the service's role, KB_APP_ROLE, as a quoted identifier;
-migrations get both from ``config.attributes``: ``kb_embedding_dim``, ``kb_app_role``).
+dimension), ``{{app_role}}`` (the service's role, KB_APP_ROLE, as a quoted identifier;
+migrations get both from ``config.attributes``: ``kb_embedding_dim``, ``kb_app_role``) and
+the search filter's limits and patterns (``{{filter_*}}``: the Python grammar's constants,
+:func:`kb_rerank.filters.grammar.sql_constants`).
 
 The files are read with importlib.resources, so an installed wheel finds them as well as a
 checkout does.
@@ -44,13 +46,19 @@ def app_role_sql(app_role: str) -> str:
 
 
 def render(path: Traversable, *, embedding_dim: int, app_role: str = DEFAULT_APP_ROLE) -> str:
-    """A file's SQL with its placeholders filled: ``{{embedding_dim}}`` (an integer) and
-    ``{{app_role}}`` (the service's role, KB_APP_ROLE, as a quoted identifier)."""
+    """A file's SQL with its placeholders filled: ``{{embedding_dim}}`` (an integer),
+    ``{{app_role}}`` (the service's role, KB_APP_ROLE, as a quoted identifier) and the
+    search filter's ``{{filter_*}}`` constants."""
     if not isinstance(embedding_dim, int) or isinstance(embedding_dim, bool) or not 0 < embedding_dim <= 16000:
         raise ValueError(f"embedding_dim must be an integer in 1..16000, got {embedding_dim!r}")
+    from kb_rerank.filters.grammar import sql_constants
+
     role = app_role_sql(app_role)
-    return (path.read_text(encoding="utf-8").replace("{{embedding_dim}}", str(embedding_dim))
-            .replace("{{app_role}}", role))
+    text = path.read_text(encoding="utf-8").replace("{{embedding_dim}}", str(embedding_dim)).replace("{{app_role}}", role)
+    if "{{filter_" in text:
+        for name, value in sql_constants().items():
+            text = text.replace(name, value)
+    return text
 
 
 def versioned_file(name: str) -> Traversable:

@@ -42,6 +42,7 @@ import numpy as np
 from kb_rerank.core.candidate import Candidate
 from kb_rerank.guard import classifier as guard_classifier, verdict
 from kb_rerank.models import CrossEncoder
+from kb_rerank.filters import grammar as filters
 from kb_rerank.rerank import scoring
 from kb_rerank.core import timing
 from kb_rerank.core.costs import Bill, Work
@@ -50,9 +51,10 @@ from kb_rerank.core.flights import Claim, Flights
 from kb_rerank.core.limits import UNLIMITED, Limits
 from kb_rerank.core.metrics import PipelineMetrics
 from kb_rerank.core.query import query_hash, query_hash_key
-from kb_rerank.retrieval.spec import RetrievalSpec, pair_keys, read
+from kb_rerank.retrieval.spec import RetrievalSpec, pair_keys, read as read_spec
 from kb_rerank.core.settings import Settings
 from kb_rerank.audit import store as audit, record
+from kb_rerank.endpoints.documents import store as documents
 from kb_rerank.rerank import pair_cache
 from kb_rerank.db import replicas as replica_reads
 from kb_rerank.cache import store as result_cache
@@ -337,7 +339,7 @@ class Pipeline:
             embedding = None
             if spec.needs_embedding:
                 embedding = (await self._embed(bill, [flow.normalized], query=True))[0]
-            cands, cached = await self.retrieve(look, spec, flow.normalized, embedding)
+            cands, cached = await self.retrieve(look, spec, flow.normalized, embedding, bill)
         await flow.inspect(GuardTools(self.embedder, lambda texts: self._embed(bill, texts)), cands)
         sel = flow.select(cands, look.policy)
         scored = await self.score(flow, bill, look, sel.chosen, cached)
@@ -366,11 +368,21 @@ class Pipeline:
                 return await self.embedding.embed_passages(bill.tenant, texts)
 
     async def retrieve(self, look: Lookup, spec: RetrievalSpec, query: str,
-                       embedding: Any) -> tuple[list[Candidate], dict | None]:
+                       embedding: Any, bill: Bill | None = None) -> tuple[list[Candidate], dict | None]:
         """The candidates and, read on the primary, their live pair scores: on a healthy
         standby when read replicas are set (the primary when none is, it is behind the
-        request's generation, or it fails), within the tenant's share of either pool."""
+        request's generation, or it fails), within the tenant's share of either pool. A
+        search filter is paid for first, in the same transaction (:meth:`Bill.filter`: its
+        terms over the tenant's documents; 429 when short)."""
         tenant = look.tenant
+        terms = filters.terms(spec.filter)
+        unpaid = [bill] if terms and bill is not None else []
+
+        async def read(conn, **kw):
+            if unpaid:
+                unpaid.pop().filter(terms, await documents.acount(conn))
+            return await read_spec(conn, spec, query, embedding, **kw)
+
         query_key = self.hash_query(query)  # the query alone: its curated list and its pair scores
         pairs = (self.model_name, query_key) if self.settings.pair_cache else None
         args = dict(generation=look.generation, query_hash=query_key, pairs=pairs)
@@ -380,14 +392,14 @@ class Pipeline:
                 try:
                     async with self.limits.connection(standby.pool, tenant) as conn:
                         async with atenant_transaction(conn, tenant):
-                            return await read(conn, spec, query, embedding, on_primary=False, **args)
+                            return await read(conn, on_primary=False, **args)
                 except replica_reads.StandbyBehind:
                     log.debug("standby %s behind the request's generation: read on the primary", standby.name)
                 except replica_reads.RETRY_ON_PRIMARY as exc:
                     self.replicas.failed(standby, exc)
             async with self.connection(tenant) as conn:
                 async with atenant_transaction(conn, tenant):
-                    return await read(conn, spec, query, embedding, on_primary=True, **args)
+                    return await read(conn, on_primary=True, **args)
 
     async def score(self, flow: Flow, bill: Bill, look: Lookup, chosen: list[Candidate],
                     cached: dict | None) -> scoring.Scored:

@@ -392,7 +392,8 @@ class DocumentItem(msgspec.Struct, forbid_unknown_fields=True):
     title: str
     source_path: str  # the document's source path (kb.documents.source_uri), unique in the tenant
     language: str | None
-    updated_at: str  # ISO 8601, with its UTC offset
+    updated_at: str  # the document's own date (front matter updated_at or date, else ingested_at): ISO 8601 with offset
+    ingested_at: str  # when ingestion last wrote the document: ISO 8601 with its UTC offset
 
 
 class DocumentsResponse(msgspec.Struct, forbid_unknown_fields=True):

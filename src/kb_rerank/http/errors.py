@@ -9,6 +9,8 @@ from __future__ import annotations
 import logging
 from http import HTTPStatus
 
+import psycopg
+
 from litestar import MediaType, Request, Response
 from litestar.exceptions import HTTPException
 from litestar.exceptions.http_exceptions import RequestEntityTooLarge
@@ -47,6 +49,15 @@ def too_large_handler(request: Request, exc: RequestEntityTooLarge) -> Response:
 
 
 def db_error_handler(request: Request, exc: Exception) -> Response:
+    """503, one warning line, no traceback: the database unavailable, or a statement that ran
+    past KB_STATEMENT_TIMEOUT_MS (``statement_timeout``: the request's work was too large for
+    the database now; the tenant's next ones pay for theirs before they run)."""
+    if isinstance(exc, psycopg.errors.QueryCanceled):
+        log.warning("statement timeout (%s %s)", request.method, request.url.path)
+        return Response({"error": "statement_timeout", "field": None,
+                         "detail": "the search ran past the database's statement timeout; retry later or narrow"
+                                   " the filter"}, status_code=503,
+                        headers={"Retry-After": "5", **_trace_headers(request)}, media_type=MediaType.JSON)
     log.warning("database unavailable: %s", type(exc).__name__)
     return Response({"error": "database_unavailable"}, status_code=503,
                     headers={"Retry-After": "5", **_trace_headers(request)}, media_type=MediaType.JSON)

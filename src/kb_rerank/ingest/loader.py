@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import dataclass, field
-from datetime import date, datetime
+from datetime import date, datetime, time, timezone
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 from uuid import UUID
@@ -40,8 +40,8 @@ from kb_rerank.retrieval import term_blocks
 log = logging.getLogger(__name__)
 
 
-# Front-matter keys kept in kb.documents' columns (title, language, authority) or read from
-# them by the filter (source_path, updated_at): not metadata.
+# Front-matter keys kept in kb.documents' columns (title, language, authority, the date:
+# updated_at) or read from them by the filter (source_path, ingested_at): not metadata.
 COLUMN_KEYS = frozenset({"title", "language", "authority", *RESERVED})
 MAX_METADATA_KEYS = 64
 MAX_METADATA_CHARS = 16384  # of the values' text, all keys together (the column allows 64 KiB)
@@ -87,6 +87,30 @@ def document_metadata(front_matter: Mapping[str, Any]) -> dict[str, Any]:
             break
         out[key] = value
     return out
+
+
+# Front-matter keys that give the document's own date, first found wins: it is
+# kb.documents.updated_at (the filter's `updated_at`), else the ingestion time.
+DATE_KEYS = ("updated_at", "date")
+
+
+def document_date(front_matter: Mapping[str, Any]) -> datetime | None:
+    """The document's own date from its front matter (:data:`DATE_KEYS`: a YAML date or time,
+    or ISO 8601 text; a date alone is its midnight UTC, a time without offset is UTC), or
+    None when it names none (or none that reads as a date)."""
+    for key in DATE_KEYS:
+        v = front_matter.get(key)
+        if isinstance(v, str):
+            try:
+                v = datetime.fromisoformat(v.strip().replace(" ", "T", 1))
+            except ValueError:
+                log.warning("front matter %s %r is not an ISO 8601 date; ignored", key, v[:64])
+                continue
+        if isinstance(v, datetime):
+            return v if v.tzinfo is not None else v.replace(tzinfo=timezone.utc)
+        if isinstance(v, date):
+            return datetime.combine(v, time(0), tzinfo=timezone.utc)
+    return None
 
 
 def document_hash(doc: SourceDoc) -> str:
@@ -220,15 +244,16 @@ def _ingest_one(conn, tenant_id, doc: SourceDoc, embedder: Embedder, settings: S
     h = document_hash(doc)
     with tenant_transaction(conn, tenant_id):
         metadata = document_metadata(doc.front_matter)
+        dated = document_date(doc.front_matter)
         row = conn.execute(
-            "select doc_id, content_hash, title, metadata from kb.documents where source_uri = %s", [doc.source_uri]
-        ).fetchone()
+            "select doc_id, content_hash, title, metadata, updated_at from kb.documents where source_uri = %s",
+            [doc.source_uri]).fetchone()
         if row is not None and row[1] == h:
-            if row[3] == metadata:
+            if row[3] == metadata and (dated is None or dated == row[4]):
                 report.unchanged += 1
-            else:  # the front matter alone changed: its metadata, no chunk rewritten
-                conn.execute("update kb.documents set metadata = %s, updated_at = now() where doc_id = %s",
-                             [Jsonb(metadata), row[0]])
+            else:  # the front matter alone changed: its metadata and date, no chunk rewritten
+                conn.execute("update kb.documents set metadata = %s, updated_at = coalesce(%s, now()),"
+                             " ingested_at = now() where doc_id = %s", [Jsonb(metadata), dated, row[0]])
                 report.updated += 1
             return
         pieces = chunk_text(doc.text, settings.chunk_max_chars, settings.chunk_overlap)
@@ -262,14 +287,15 @@ def _ingest_one(conn, tenant_id, doc: SourceDoc, embedder: Embedder, settings: S
         doc_id = conn.execute(
             """
             insert into kb.documents as d (tenant_id, source_uri, title, language, authority, content_hash,
-                                           metadata, updated_at)
-            values (kb.current_tenant(), %s, %s, %s, %s, %s, %s, now())
+                                           metadata, updated_at, ingested_at)
+            values (kb.current_tenant(), %s, %s, %s, %s, %s, %s, coalesce(%s, now()), now())
             on conflict (tenant_id, source_uri) do update
               set title = excluded.title, language = excluded.language, authority = excluded.authority,
-                  content_hash = excluded.content_hash, metadata = excluded.metadata, updated_at = now()
+                  content_hash = excluded.content_hash, metadata = excluded.metadata,
+                  updated_at = excluded.updated_at, ingested_at = excluded.ingested_at
             returning doc_id
             """,
-            [doc.source_uri, doc.title, doc.language, doc.authority, h, Jsonb(metadata)],
+            [doc.source_uri, doc.title, doc.language, doc.authority, h, Jsonb(metadata), dated],
         ).fetchone()[0]
         _write_chunks(conn, doc_id, pieces, hashes, vectors, guard_classifier(embedder),
                       settings.guard_classifier_threshold, embedder.embed_passages)

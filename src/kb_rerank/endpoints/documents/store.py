@@ -1,5 +1,5 @@
-"""Reads of the current tenant's documents and chunks outside the request path (``kb-rerank
-eval``'s scratch tenants), inside the caller's tenant transaction."""
+"""Reads of the current tenant's documents and chunks (``kb-rerank eval``'s scratch tenants,
+``GET /v1/kb/documents``, a filter's price), inside the caller's tenant transaction."""
 
 from __future__ import annotations
 
@@ -20,6 +20,12 @@ def count(conn) -> int:
     return conn.execute(COUNT).fetchone()[0]
 
 
+async def acount(conn) -> int:
+    """The tenant's documents: what a search filter can touch (its price, before it runs)."""
+    cur = await conn.execute(COUNT)
+    return (await cur.fetchone())[0]
+
+
 def sources(conn) -> list[tuple[Any, str]]:
     """(doc_id, source_uri) of every document."""
     return conn.execute(SOURCES).fetchall()
@@ -32,14 +38,14 @@ def chunks_of(conn, doc_ids: list[Any]) -> list[Candidate]:
 
 # ``GET /v1/kb/documents``: the current tenant's documents (row-level security), keyset paged by
 # source_uri (unique per tenant: the (tenant_id, source_uri) index answers the order and the seek)
-_LIST = ("select doc_id, title, source_uri, language, updated_at from kb.documents{after}"
+_LIST = ("select doc_id, title, source_uri, language, updated_at, ingested_at from kb.documents{after}"
          " order by source_uri limit %s")
 LIST_FIRST = _LIST.format(after="")
 LIST_AFTER = _LIST.format(after=" where source_uri > %s")
 
 
 async def alist_page(conn, limit: int, after: str | None = None) -> tuple[list[tuple], bool]:
-    """Up to ``limit`` documents (doc_id, title, source_uri, language, updated_at) after the
+    """Up to ``limit`` documents (doc_id, title, source_uri, language, updated_at, ingested_at) after the
     source path ``after`` (None: from the first), in source-path order, and whether more follow."""
     if after is None:
         cur = await conn.execute(LIST_FIRST, [limit + 1])

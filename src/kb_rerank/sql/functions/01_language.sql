@@ -3,7 +3,7 @@
 -- (kb.search_term_counts) alike, so both sides analyse a word the same way.
 --
 -- A document's language is kb.documents.language (an ISO 639-1 code detected at ingestion by
--- kb_rerank.ingest.language, or set by the caller); each of its words is stemmed by the
+-- kb_rerank.core.language, or set by the caller); each of its words is stemmed by the
 -- dictionary of the word's script: the document language's own Snowball stemmer when the
 -- word is written in that language's script, else the script's default (Latin: English,
 -- Cyrillic: Russian, Greek, Arabic, Devanagari: Hindi, Armenian, Tamil), so that the English

@@ -438,7 +438,7 @@ as $$
   stemmed as (
     -- a word as kb.stem_tsv stems it (the same expression: a helper function per word would
     -- not be inlined, its search_path being pinned, and would cost the documents' side a call
-    -- per word; tests/test_language_analysis.py checks both sides agree in every analyser)
+    -- per word; tests/retrieval/test_language_analysis.py checks both sides agree in every analyser)
     select case when g.dict = 'pg_catalog.english_stem'::regdictionary
                 then case when f.folded <> all (kb.stop_words_en())
                           then (ts_lexize(g.dict, f.folded))[1] end

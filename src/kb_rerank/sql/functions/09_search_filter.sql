@@ -1,20 +1,23 @@
 -- kb.search_filter(filter): a search filter checked against the grammar and written in its
 -- canonical form, or NULL for no filter (NULL, JSON null or {}). docs/filters.md is the
 -- grammar; kb_rerank/filters/grammar.py checks the same grammar for the REST API (a 422
--- naming the field) and tests/test_filters.py runs one table of bad filters through both.
+-- naming the field), and its constants are the limits and patterns here (its
+-- placeholders, filled when the layer is rendered); tests/filters/test_filter_parity.py runs one table of filters
+-- through both.
 --
--- A filter is a JSON object of at most 16 fields, all of which must match (AND):
---   "f": v                       equality (v a string of at most 256 characters, a number or
---                                a boolean); a list value of the document matches when it
---                                holds v
+-- A filter is a JSON object of at most {{filter_max_fields}} fields, all of which must match (AND):
+--   "f": v                       equality (v a string of at most {{filter_max_string}} characters,
+--                                a number (kb.search_filter_number) or a boolean); a list
+--                                value of the document matches when it holds v
 --   "f": {"$eq": v}              the same
---   "f": {"$in": [v, ...]}       any of 1..100 such values
+--   "f": {"$in": [v, ...]}       any of 1..{{filter_max_in}} such values
 --   "f": {"$gte"|"$gt": a, "$lte"|"$lt": b}   a range, one or two bounds, both numbers or
 --                                both ISO 8601 dates / times (yyyy-mm-dd[Thh:mm[:ss[.ffffff]][Z|+hh:mm]],
 --                                no offset: UTC)
 -- Fields: a front-matter key (kb.documents.metadata) or one of the document's columns:
--- source_path (source_uri), language, title (strings: equality and $in), updated_at (dates:
--- a range, equality or $in). Field names match ^[A-Za-z_][A-Za-z0-9_.-]{0,63}$.
+-- source_path (source_uri), language (normalised: kb.search_filter_language), title
+-- (strings: equality and $in), updated_at (the document's own date) and ingested_at (dates:
+-- a range, equality or $in). Field names match {{filter_field_name}}.
 --
 -- Canonical form: {"f": {"$in": [v, ...]}} for equality and $in, {"f": {"$gte": a, "$lt": b}}
 -- for a range (one lower and one upper bound at most), every date written as UTC
@@ -49,14 +52,19 @@ begin
     return null;
   end if;
   if jsonb_typeof(filter) <> 'object' then
-    raise exception 'filter: a filter is a JSON object of fields' using errcode = '22023', column = 'filter';
+    raise exception 'filter: a filter is a JSON object of fields, got %', jsonb_typeof(filter)
+      using errcode = '22023', column = 'filter';
   end if;
-  if (select count(*) from jsonb_object_keys(filter)) > 16 then
-    raise exception 'filter: at most 16 fields' using errcode = '22023', column = 'filter';
+  if (select count(*) from jsonb_object_keys(filter)) > {{filter_max_fields}} then
+    raise exception 'filter: at most {{filter_max_fields}} fields' using errcode = '22023', column = 'filter';
   end if;
-  for v_field, v_cond in select e.key, e.value from jsonb_each(filter) as e order by e.key loop
-    if v_field !~ '^[A-Za-z_][A-Za-z0-9_.-]{0,63}$' then
-      raise exception 'filter: field names match ^[A-Za-z_][A-Za-z0-9_.-]{0,63}$, got %', left(v_field, 80)
+  for v_field, v_cond in select e.key, e.value from jsonb_each(filter) as e order by e.key collate "C" loop
+    if left(v_field, 1) = '$' then
+      raise exception '%: % is not supported: a filter is fields that all must match; for alternatives of one field use {"field": {"$in": [...]}}',
+        'filter.' || left(v_field, 40), left(v_field, 40) using errcode = '22023', column = 'filter.' || left(v_field, 40);
+    end if;
+    if v_field !~ {{filter_field_name}} then
+      raise exception 'filter: %, got %', {{filter_field_rule}}, left(v_field, 80)
         using errcode = '22023', column = 'filter';
     end if;
     v_path := 'filter.' || v_field;
@@ -67,10 +75,14 @@ begin
     if v_cond = '{}'::jsonb then
       raise exception '%: an empty condition', v_path using errcode = '22023', column = v_path;
     end if;
-    for v_op in select jsonb_object_keys(v_cond) loop
+    for v_op in select k from jsonb_object_keys(v_cond) as k order by k collate "C" loop
+      if left(v_op, 1) <> '$' then
+        raise exception '%: a condition is a value or an object of operators (%); nested fields are not supported',
+          v_path || '.' || left(v_op, 40), {{filter_operators}} using errcode = '22023', column = v_path || '.' || left(v_op, 40);
+      end if;
       if v_op not in ('$eq', '$in', '$gte', '$gt', '$lte', '$lt') then
-        raise exception '%: unknown operator % (use $eq, $in, $gte, $gt, $lte, $lt)', v_path || '.' || left(v_op, 40),
-          left(v_op, 40) using errcode = '22023', column = v_path || '.' || left(v_op, 40);
+        raise exception '%: unknown operator %; allowed: %', v_path || '.' || left(v_op, 40),
+          left(v_op, 40), {{filter_operators}} using errcode = '22023', column = v_path || '.' || left(v_op, 40);
       end if;
     end loop;
     if v_cond ? '$eq' or v_cond ? '$in' then
@@ -80,8 +92,8 @@ begin
       if v_cond ? '$in' then
         v_path := v_path || '.$in';
         v_vals := v_cond -> '$in';
-        if jsonb_typeof(v_vals) <> 'array' or jsonb_array_length(v_vals) not between 1 and 100 then
-          raise exception '%: a list of 1 to 100 values', v_path using errcode = '22023', column = v_path;
+        if jsonb_typeof(v_vals) <> 'array' or jsonb_array_length(v_vals) not between 1 and {{filter_max_in}} then
+          raise exception '%: a list of 1 to {{filter_max_in}} values', v_path using errcode = '22023', column = v_path;
         end if;
       else
         v_vals := jsonb_build_array(v_cond -> '$eq');
@@ -92,14 +104,18 @@ begin
           raise exception '%: a value is a string, a number or a boolean, got %', v_path, jsonb_typeof(v_val)
             using errcode = '22023', column = v_path;
         end if;
-        if jsonb_typeof(v_val) = 'string' and length(v_val #>> '{}') > 256 then
-          raise exception '%: a string of at most 256 characters', v_path using errcode = '22023', column = v_path;
+        if jsonb_typeof(v_val) = 'string' and length(v_val #>> '{}') > {{filter_max_string}} then
+          raise exception '%: a string of at most {{filter_max_string}} characters', v_path using errcode = '22023', column = v_path;
         end if;
-        if v_field in ('source_path', 'language', 'title', 'updated_at') and jsonb_typeof(v_val) <> 'string' then
+        if v_field in ('source_path', 'language', 'title', 'updated_at', 'ingested_at') and jsonb_typeof(v_val) <> 'string' then
           raise exception '%: % takes strings', v_path, v_field using errcode = '22023', column = v_path;
         end if;
-        if v_field = 'updated_at' then
+        if v_field in ('updated_at', 'ingested_at') then
           v_val := to_jsonb(kb.search_filter_time(v_val #>> '{}', v_path));
+        elsif v_field = 'language' then
+          v_val := to_jsonb(kb.search_filter_language(v_val #>> '{}', v_path));
+        elsif jsonb_typeof(v_val) = 'number' then
+          v_val := kb.search_filter_number(v_val, v_path);
         end if;
         v_canon := v_canon || jsonb_build_array(v_val);
       end loop;
@@ -116,15 +132,16 @@ begin
     end if;
     v_kind := null;
     v_canon := '{}';
-    for v_op, v_val in select e.key, e.value from jsonb_each(v_cond) as e order by e.key loop
-      if jsonb_typeof(v_val) = 'number' and v_field <> 'updated_at' then
+    for v_op, v_val in select e.key, e.value from jsonb_each(v_cond) as e order by e.key collate "C" loop
+      if jsonb_typeof(v_val) = 'number' and v_field not in ('updated_at', 'ingested_at') then
         v_this := 'number';
-      elsif jsonb_typeof(v_val) = 'string' and length(v_val #>> '{}') <= 256 then
+        v_val := kb.search_filter_number(v_val, v_path || '.' || v_op);
+      elsif jsonb_typeof(v_val) = 'string' and length(v_val #>> '{}') <= {{filter_max_string}} then
         v_this := 'time';
         v_val := to_jsonb(kb.search_filter_time(v_val #>> '{}', v_path || '.' || v_op));
       else
         raise exception '%: a bound is %', v_path || '.' || v_op,
-          case when v_field = 'updated_at' then 'an ISO 8601 date or time' else 'a number or an ISO 8601 date or time' end
+          case when v_field in ('updated_at', 'ingested_at') then 'an ISO 8601 date or time' else 'a number or an ISO 8601 date or time' end
           using errcode = '22023', column = v_path || '.' || v_op;
       end if;
       if v_kind is not null and v_kind <> v_this then

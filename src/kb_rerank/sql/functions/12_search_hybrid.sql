@@ -34,7 +34,7 @@
 -- convex, KB_LEXICAL_WEIGHT 0.7, KB_SEMANTIC_WEIGHT 0.3, KB_RRF_K 10, KB_BM25_K1 1.2,
 -- KB_BM25_B 0.75), so `select * from kb.search_hybrid('query', embedding)` ranks as the API's
 -- first stage does with the default settings (the service keeps the first 2 x KB_CANDIDATES
--- rows of this order: kb.retrieve_hybrid); tests/test_one_default.py compares the SQL
+-- rows of this order: kb.retrieve_hybrid); tests/retrieval/test_one_default.py compares the SQL
 -- function, `kb-rerank search`, the eval and the API.
 -- The signatures before k1 / b and before the filter (one overload only: callers' positional
 -- calls stay unambiguous).

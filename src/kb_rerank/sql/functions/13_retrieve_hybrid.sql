@@ -12,7 +12,7 @@
 -- to, and kb.search_semantic_ids, kb.search_semantic's kNN step),
 -- the same deepening of the semantic list, the same per-document fusion written expression for
 -- expression (kb.search_hybrid's comment says what it computes), the same ties (chunk_id).
--- tests/test_retrieval_speed_equivalence.py compares the two for every fusion; a change to
+-- tests/retrieval/test_retrieval_speed_equivalence.py compares the two for every fusion; a change to
 -- kb.search_hybrid's fusion is made here too. What differs is only where the texts come
 -- from: the fusion carries ids, ranks and scores, and the title, snippet and content are
 -- read for the `lim` rows returned (two key lookups a row), not carried for the 2 x k

@@ -32,8 +32,11 @@ grant execute on function kb.current_tenant(), kb.code_tokens(text), kb.to_tsv(t
   to {{app_role}}, kb_search, kb_stats;
 -- the search filter (kb.search_filter's grammar): the app role checks it through the
 -- invoker hybrid searches, kb_search reads its documents inside the definer list searches
-grant execute on function kb.search_filter(jsonb), kb.search_filter_time(text, text), kb.search_filter_docs(jsonb)
+grant execute on function kb.search_filter(jsonb), kb.search_filter_time(text, text), kb.search_filter_docs(jsonb),
+                          kb.search_filter_number(jsonb, text), kb.search_filter_language(text, text)
   to {{app_role}}, kb_search;
+-- the typed values of a document's metadata, written by the trigger on kb.documents as the writer
+grant execute on function kb.metadata_values(jsonb) to {{app_role}};
 -- the policies of the audit tables call kb.current_tenant() as kb_audit
 grant execute on function kb.current_tenant() to kb_audit;
 grant execute on function kb.search_lexical(text, integer, double precision, double precision, jsonb),

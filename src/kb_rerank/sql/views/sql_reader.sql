@@ -10,7 +10,7 @@
 -- kb.current_tenant() themselves.
 revoke all on all tables in schema kb from kb_sql_reader;
 revoke all on all routines in schema kb from kb_sql_reader;
-grant select on kb.embedding_config, kb.documents, kb.chunks, kb.term_stats, kb.corpus_stats, kb.term_blocks,
+grant select on kb.embedding_config, kb.documents, kb.document_values, kb.chunks, kb.term_stats, kb.corpus_stats, kb.term_blocks,
                 kb.guard_reviews, kb.tenant_policy, kb.kb_generation, kb.kb_rerank_cache,
                 kb.kb_rerank_pair_scores, kb.kb_rerank_curation, kb.kb_rerank_audit,
                 kb.cache_stats, kb.audit_summary, kb.cache_hit_ratio, kb.guard_flagged_share
@@ -31,5 +31,6 @@ grant execute on function kb.current_tenant(), kb.sql_access_tenant(),
                           kb.search_hybrid(text, public.vector, integer, integer, text, double precision, double precision,
                                            double precision, double precision, jsonb),
                           kb.search_filter(jsonb), kb.search_filter_time(text, text), kb.search_filter_docs(jsonb),
+                          kb.search_filter_number(jsonb, text), kb.search_filter_language(text, text),
                           kb.guard_flagged_share_rows()
   to kb_sql_reader;

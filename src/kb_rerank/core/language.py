@@ -135,7 +135,7 @@ _RENAMED = {"iw": "he", "in": "id", "ji": "yi"}
 
 _MAX_CODE_CHARS = 35  # the longest BCP 47 tag anyone writes in practice
 _TAG = re.compile(r"[a-z]{2,3}(?:-[a-z0-9]{1,8})*")
-_ACCEPTED = ("expected an ISO 639-1 code such as 'en' or 'pt-BR', a 3-letter code such as 'eng', "
+ACCEPTED_LANGUAGES = _ACCEPTED = ("expected an ISO 639-1 code such as 'en' or 'pt-BR', a 3-letter code such as 'eng', "
              "or an English language name such as 'Russian'")
 
 
@@ -161,3 +161,15 @@ def normalize_language_code(value: object) -> str:
         if primary in _ISO_639_3:
             return _ISO_639_3[primary]
     raise ValueError(f"unknown language {value!r}: {_ACCEPTED}")
+
+
+def language_aliases() -> dict[str, str]:
+    """Every lower-case form :func:`normalize_language_code` maps as a whole or by its primary
+    subtag (ISO 639-1 codes, renamed codes, 3-letter codes, English names) -> its code: the
+    table the search filter's SQL twin reads (kb.search_filter_language) to normalise as this
+    module does."""
+    out = {code: code for code in _ISO_639_1}
+    out.update(_ISO_639_3)
+    out.update(_NAMES)
+    out.update({old: new for old, new in _RENAMED.items()})
+    return out

@@ -149,6 +149,15 @@ class ApiMetrics(PipelineMetrics):
         self.latency.labels(source).observe(seconds)
 
 
+def route_of(scope) -> str:
+    """What the access log and the traces record of a request's URL: its route template
+    (``/v1/kb/documents/{document_id:str}``), never the path's values or the query string
+    (a cursor, a filter); ``other`` where no route matched."""
+    handler = scope.get("route_handler")
+    paths = sorted(getattr(handler, "paths", None) or []) if handler is not None else []
+    return paths[0] if paths else "other"
+
+
 def metrics_middleware(metrics: ApiMetrics):
     """Counts and times every HTTP request, and writes its access record (logger
     ``kb_rerank.access``: route template, method, status, duration; never the URL's query
@@ -179,9 +188,7 @@ def metrics_middleware(metrics: ApiMetrics):
                 raise
             finally:
                 seconds = time.perf_counter() - t0
-                handler = scope.get("route_handler")
-                paths = sorted(getattr(handler, "paths", None) or []) if handler is not None else []
-                route = paths[0] if paths else "other"
+                route = route_of(scope)
                 metrics.requests.labels(route, scope.get("method", ""), str(status["code"])).inc()
                 metrics.http_latency.labels(route).observe(seconds)
                 access_log.info("%s %s %d %.1f ms", scope.get("method", ""), route, status["code"], seconds * 1000,

@@ -111,6 +111,8 @@ class ApiMetrics(PipelineMetrics):
                                 "answers the cross-encoder ranked only in part (reason: budget)", ["source", "reason"],
                                 registry=r)
         self.rejected = Counter("kb_rerank_rejected_total", "rejected requests", ["reason"], registry=r)
+        self.abandoned = Counter("kb_rerank_abandoned_total", "requests whose client disconnected before the"
+                                 " answer: their work cancelled (answered 499 to nobody)", ["route"], registry=r)
         self.model_seconds = Histogram("kb_rerank_model_batch_seconds", "cross-encoder scoring time per request",
                                        registry=r, buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30))
         self.model_pairs = Counter("kb_rerank_model_pairs_total", "pairs sent to the cross-encoder", registry=r)

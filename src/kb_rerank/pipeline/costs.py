@@ -131,6 +131,16 @@ class Bill:
         if pa > 0 and excess > 0:
             self.limits.tenant_rate.debit(self.tenant, excess * min(pa, pairs))
 
+    def unrun(self, embeddings: int) -> None:
+        """``embeddings`` counted when their slot was held never ran (the request was abandoned
+        before their units started): not charged (given back at :meth:`settle`)."""
+        if self._settled or embeddings <= 0:
+            return
+        owed = min(embeddings, self._owed)
+        self._owed -= owed
+        self._reserved = Work(embeddings=self._reserved.embeddings + embeddings - owed,
+                              pairs=self._reserved.pairs)
+
     def settle(self) -> None:
         """Once, when the request ends however it ends: the unused reservation back, the
         owed embeddings debited."""

@@ -178,7 +178,8 @@ def new_http_key() -> str:
 
 class _RequireKey:
     """ASGI middleware: an HTTP request without ``Authorization: Bearer <key>`` is answered 401
-    (the API's error body) before the MCP transport sees it; lifespan events pass through."""
+    (the API's error body) before the MCP transport sees it; a WebSocket upgrade is refused
+    here (the transport has none: 403 from the server); lifespan events pass through."""
 
     def __init__(self, app: Any, key: str) -> None:
         self.app, self._want = app, f"Bearer {check_http_key(key)}".encode()
@@ -194,6 +195,9 @@ class _RequireKey:
                                         (b"content-length", str(len(body)).encode())]})
                 await send({"type": "http.response.body", "body": body})
                 return
+        elif scope["type"] == "websocket":
+            await send({"type": "websocket.close", "code": 1008})
+            return
         await self.app(scope, receive, send)
 
 

@@ -136,7 +136,7 @@ class _Once:
         return np.stack(rows) if rows else np.zeros((0, 0), dtype=np.float32)
 
     def cancel(self) -> None:
-        for call, _ in self.started.values():
+        for call in {call for call, _ in self.started.values()}:
             if not call.done():
                 call.cancel()
             call.add_done_callback(_read)

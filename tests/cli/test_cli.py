@@ -92,7 +92,7 @@ def test_log_lines_are_written_above_the_progress_bar_not_into_it(tmp_path):
     script = (
         "import logging, sys\n"
         "from tqdm import tqdm\n"
-        "from kb_rerank import cli\n"
+        "from kb_rerank.cli import main as cli\n"
         "def fake(args, settings):\n"
         "    bar = tqdm(total=2, desc='ingest', file=sys.stderr)\n"
         "    bar.update(1)\n"

@@ -152,8 +152,8 @@ def test_dotenv_is_read_and_the_environment_wins(home):
     assert NO_SERVER.match(line)["dir"] == str(home / "mine")  # the environment's, relative to the current folder
     (home / ".env").write_text("KB_POOL_MAX=10\nthis line is no assignment\n", encoding="utf-8")  # the nearest
     line = one_line_error(kb(home, "ingest", ".", "--tenant", TENANT))
-    assert line == f"kb-rerank: error: {home / '.env'} line 2: cannot parse 'this line is no assignment' " \
-                   "(expected KB_NAME=value)"
+    assert line == f"kb-rerank: error: {home / '.env'} line 2: cannot parse a line that is not KEY=value " \
+                   "(expected KB_NAME=value)"  # the line itself is never echoed (it may hold a secret)
     (home / ".env").write_text("KB_POOL_MAX=0\n", encoding="utf-8")
     assert one_line_error(kb(home, "db", "url")) == \
         "kb-rerank: error: KB_POOL_MAX=0 is invalid: Expected `int` >= 1"

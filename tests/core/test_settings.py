@@ -201,8 +201,8 @@ def test_dotenv_values_apply_under_the_environment(project, monkeypatch):
 
 
 @pytest.mark.parametrize("text,message", [
-    ("KB_PORT=9001\nnot an assignment\n", "line 2: cannot parse 'not an assignment' (expected KB_NAME=value)"),
-    ("KB_PORT='9001\n", "line 1: cannot parse"),  # an unterminated quote
+    ("KB_PORT=9001\nnot an assignment\n", "line 2: cannot parse a line that is not KEY=value (expected KB_NAME=value)"),
+    ("KB_PORT='9001\n", "line 1: cannot parse the value of KB_PORT"),  # an unterminated quote
     ("KB_PORT=ninety\n", "KB_PORT='ninety' is not a valid int"),  # values are checked as the environment's
 ])
 def test_a_malformed_dotenv_is_an_error_naming_the_file_and_line(project, text, message):

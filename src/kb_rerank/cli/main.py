@@ -53,6 +53,17 @@ def _uuid(value: str) -> UUID:
         raise argparse.ArgumentTypeError(f"not a UUID: {value!r}") from None
 
 
+REVIEWER_LABEL = "operator"  # `guard allow/block --by`: stored as reviewed_by, which the tenant's SQL reader sees
+
+
+def _reviewer_label(value: str) -> str:
+    """``--by``: a label the operator chooses (a team, a ticket), 1-64 printable characters."""
+    value = value.strip()
+    if not 1 <= len(value) <= 64 or not value.isprintable():
+        raise argparse.ArgumentTypeError("a reviewer label is 1 to 64 printable characters")
+    return value
+
+
 def _language_code(value: str) -> str:
     """``--language``: the ISO 639-1 code of *value* (argparse names the option in its error)."""
     from kb_rerank.core.language import normalize_language_code
@@ -260,15 +271,10 @@ def cmd_guard_list(args, settings: Settings) -> int:
 def cmd_guard_review(args, settings: Settings) -> int:
     """`guard allow` / `guard block`: record a person's review for every chunk of a document
     or for one chunk; an id the tenant does not have is an error (exit 1, nothing written)."""
-    import getpass
-
     from kb_rerank.guard.reviews import UnknownTarget, record_review
 
     decision = args.guard_command  # allow | block
-    try:
-        by = getpass.getuser()
-    except (KeyError, OSError):
-        by = None
+    by = args.by
     with _app_conn(settings) as conn:
         try:
             with session.tenant_transaction(conn, args.tenant):
@@ -1035,6 +1041,9 @@ def build_parser() -> argparse.ArgumentParser:
         target.add_argument("--doc", type=_uuid, help="document id (doc_id): every chunk of it")
         target.add_argument("--chunk", type=_uuid, help="chunk id")
         gr.add_argument("--note", default=None, help="why (stored with the review)")
+        gr.add_argument("--by", type=_reviewer_label, default=REVIEWER_LABEL,
+                        help=f"reviewer label stored with the review, which the tenant's SQL reader can read"
+                             f" (default {REVIEWER_LABEL!r}; never the OS user name)")
         gr.set_defaults(func=cmd_guard_review)
 
     for name, func, text in (

@@ -153,6 +153,16 @@ class Bill:
         self.limits.charge(self.tenant, price, paid=self._paid)
         self._paid += price
 
+    def unrun(self, embeddings: int) -> None:
+        """``embeddings`` counted when their slot was held never ran (the request was abandoned
+        before their units started): not charged (given back at :meth:`settle`)."""
+        if self._settled or embeddings <= 0:
+            return
+        owed = min(embeddings, self._owed)
+        self._owed -= owed
+        self._reserved = Work(embeddings=self._reserved.embeddings + embeddings - owed,
+                              pairs=self._reserved.pairs)
+
     def settle(self) -> None:
         """Once, when the request ends however it ends: the unused reservation back, the
         owed embeddings debited."""

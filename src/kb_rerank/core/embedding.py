@@ -21,7 +21,7 @@ import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -43,6 +43,7 @@ class _Unit:
     query: bool
     texts: list[str]
     future: asyncio.Future = field(repr=False, default=None)  # type: ignore[assignment]
+    started: bool = False
 
 
 class EmbedPool:
@@ -79,10 +80,12 @@ class EmbedPool:
         rows = await self._run(tenant, True, [text])
         return rows[0]
 
-    async def embed_passages(self, tenant: Any, texts: Sequence[str]) -> np.ndarray:
+    async def embed_passages(self, tenant: Any, texts: Sequence[str], *,
+                             dropped: Callable[[int], None] | None = None) -> np.ndarray:
+        """``dropped``: told how many of ``texts`` never ran when the call is cancelled."""
         if not texts:
             return np.zeros((0, self.dim), dtype=np.float32)
-        return await self._run(tenant, False, list(texts))
+        return await self._run(tenant, False, list(texts), dropped)
 
     def units(self, texts: Sequence[str]) -> list[list[str]]:
         """``texts`` in units of at most ``unit_chars`` characters (at least one text each)."""
@@ -97,7 +100,8 @@ class EmbedPool:
                 size = len(t)
         return out
 
-    async def _run(self, tenant: Any, query: bool, texts: list[str]) -> np.ndarray:
+    async def _run(self, tenant: Any, query: bool, texts: list[str],
+                   dropped: Callable[[int], None] | None = None) -> np.ndarray:
         loop = asyncio.get_running_loop()
         units = [_Unit(tenant, query, u, loop.create_future()) for u in self.units(texts)]
         self._waiting.setdefault(tenant, collections.deque()).extend(units)
@@ -108,6 +112,8 @@ class EmbedPool:
             for u in units:  # not started: dropped; running: finishes, its result unread
                 if not u.future.done():
                     u.future.cancel()
+            if dropped is not None:
+                dropped(sum(len(u.texts) for u in units if not u.started))
             raise
         return np.concatenate([np.asarray(p, dtype=np.float32).reshape(-1, self.dim) for p in parts])
 
@@ -145,6 +151,7 @@ class EmbedPool:
             if unit is None:
                 return
             embedder = self._free.pop()
+            unit.started = True
             self._running[unit.tenant] += 1
             fn = embedder.embed_query if unit.query else embedder.embed_passages
             arg = unit.texts[0] if unit.query else unit.texts

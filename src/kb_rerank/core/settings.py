@@ -320,29 +320,58 @@ def env_name(name: str) -> str:
     return "KB_" + name.upper()
 
 
+def untrusted_reason(path: Path) -> str | None:
+    """Why a settings file or data folder found by the upward walk is not this user's to read
+    (as git's ``safe.directory`` refuses a repository another user owns), or None: it must be
+    owned by the current user and not writable by group or others."""
+    try:
+        st = path.stat()
+    except OSError as exc:
+        return f"cannot be checked ({exc.strerror or exc})"
+    if st.st_uid != os.geteuid():
+        return f"owned by uid {st.st_uid}, not by this user (uid {os.geteuid()})"
+    if st.st_mode & 0o022:
+        return f"writable by group or others (mode {st.st_mode & 0o777:o})"
+    return None
+
+
 def find_project_path(name: str, start: Path, *, folder: bool) -> Path | None:
     """The nearest ``name`` (a folder, or a file) in ``start`` or one of its parents, as git
-    finds ``.git``. The search stops at the home folder when ``start`` is inside it (a project
-    under the home folder never picks up one from above it, e.g. from /tmp or /)."""
+    finds ``.git``. Inside the home folder the walk stops at the home folder; outside it (e.g.
+    under /tmp, where other users write) only ``start`` itself is looked at. A candidate that is
+    not the user's (:func:`untrusted_reason`) is skipped with a one-line warning naming it."""
     try:
         home = Path.home().resolve()
-    except RuntimeError:  # no home folder known
+    except (RuntimeError, KeyError):  # no home folder known
         home = None
     start = start.resolve()
-    for candidate in (start, *start.parents):
+    if home is None or home == Path(home.anchor) or (start != home and home not in start.parents):
+        candidates: tuple[Path, ...] = (start,)
+    else:
+        candidates = (start, *start.parents[: len(start.parents) - len(home.parents)])
+    for candidate in candidates:
         path = candidate / name
         if path.is_dir() if folder else path.is_file():
-            return path
-        if candidate == home:
-            break
+            reason = untrusted_reason(path)
+            if reason is None:
+                return path
+            logging.getLogger(__name__).warning("ignoring %s: %s", path, reason)
     return None
+
+
+def _dotenv_error(path: Path, line: int, text: str) -> SettingsError:
+    """A ``.env`` line that cannot be parsed, named by file, line and key; never its value
+    (the line may hold a secret, or be another program's)."""
+    match = re.match(r"\s*(?:export\s+)?([A-Za-z_][A-Za-z0-9_.-]*)\s*=", text)
+    what = f"the value of {match.group(1)}" if match else "a line that is not KEY=value"
+    return SettingsError(f"{path} line {line}: cannot parse {what} (expected KB_NAME=value)")
 
 
 def read_dotenv(path: Path) -> dict[str, str]:
     """The ``KB_*`` variables of a ``.env`` file (python-dotenv's syntax: ``KEY=value``,
     ``export KEY=value``, quotes, ``# comments``, ``${VAR}`` expansion). A line it cannot parse
-    is an error naming the file and the line, as a bad value is: a setting silently skipped
-    would be a setting silently at its default."""
+    is an error naming the file, the line and its key (never its value), as a bad value is: a
+    setting silently skipped would be a setting silently at its default."""
     from dotenv import dotenv_values
     from dotenv.parser import parse_stream
 
@@ -352,8 +381,7 @@ def read_dotenv(path: Path) -> dict[str, str]:
         raise SettingsError(f"{path}: cannot read it ({getattr(exc, 'strerror', None) or exc})") from None
     for binding in parse_stream(io.StringIO(text)):
         if binding.error:
-            line = binding.original.string.strip().splitlines()[0] if binding.original.string.strip() else ""
-            raise SettingsError(f"{path} line {binding.original.line}: cannot parse {line!r} (expected KB_NAME=value)")
+            raise _dotenv_error(path, binding.original.line, binding.original.string)
     values = dotenv_values(stream=io.StringIO(text))
     return {k: v for k, v in values.items() if k.startswith("KB_") and v is not None}
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import stat
 import subprocess
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -68,12 +69,31 @@ def _embedded(module: str, purpose: str):
     ssh without a login session): the folder platformdirs falls back to, /tmp/runtime-<uid> (mode 0700),
     is set first, so every process (and the server) agrees on it and nothing warns."""
     if not os.environ.get("XDG_RUNTIME_DIR"):
-        runtime = Path("/tmp") / f"runtime-{os.getuid()}"
-        runtime.mkdir(mode=0o700, parents=True, exist_ok=True)
-        os.environ["XDG_RUNTIME_DIR"] = str(runtime)
+        os.environ["XDG_RUNTIME_DIR"] = str(private_folder(Path("/tmp") / f"runtime-{os.getuid()}"))
     from kb_rerank.core.extras import require
 
     return require(module, "embedded", purpose)
+
+
+def private_folder(path: Path) -> Path:
+    """``path``, created with mode 0700 where absent; where it exists (another user may have made it
+    first in a shared folder such as /tmp) it must be a real folder owned by this user that only
+    this user can open, else :class:`DatabaseSetupError` naming it."""
+    try:
+        path.mkdir(mode=0o700)
+    except FileExistsError:
+        pass
+    st = path.lstat()
+    if not stat.S_ISDIR(st.st_mode):
+        problem = "not a folder (a link or a file)"
+    elif st.st_uid != os.geteuid():
+        problem = f"owned by uid {st.st_uid}, not by this user (uid {os.geteuid()})"
+    elif st.st_mode & 0o077:
+        problem = f"open to group or others (mode {st.st_mode & 0o777:o}; expected 700)"
+    else:
+        return path
+    raise DatabaseSetupError(f"refusing the runtime folder {path}: {problem}; remove it, or set XDG_RUNTIME_DIR"
+                             " to a folder of your own")
 
 
 def start_embedded(settings: Settings, *, create: bool | None = None) -> str:

@@ -365,7 +365,7 @@ class Pipeline:
             with timing.stage("embed"):
                 if query:
                     return (await self.embedding.embed_query(bill.tenant, texts[0])).reshape(1, -1)
-                return await self.embedding.embed_passages(bill.tenant, texts)
+                return await self.embedding.embed_passages(bill.tenant, texts, dropped=bill.unrun)
 
     async def retrieve(self, look: Lookup, spec: RetrievalSpec, query: str,
                        embedding: Any, bill: Bill | None = None) -> tuple[list[Candidate], dict | None]:

@@ -360,6 +360,10 @@ async def _embed_until(texts: Sequence[str], vecs: list[np.ndarray | None],
             # the call finishes on the embedder's thread; its result is not waited for
             fut.add_done_callback(_consume)
             return
+        except asyncio.CancelledError:
+            fut.cancel()  # the request was abandoned: its units not started are dropped
+            fut.add_done_callback(_consume)
+            raise
         except fatal:
             raise
         except Exception as exc:  # noqa: BLE001 - the embedder failed: these texts are not classified

@@ -111,6 +111,8 @@ class ApiMetrics(PipelineMetrics):
                                 "answers the cross-encoder ranked only in part (reason: budget)", ["source", "reason"],
                                 registry=r)
         self.rejected = Counter("kb_rerank_rejected_total", "rejected requests", ["reason"], registry=r)
+        self.abandoned = Counter("kb_rerank_abandoned_total", "requests whose client disconnected before the"
+                                 " answer: their work cancelled (answered 499 to nobody)", ["route"], registry=r)
         self.model_seconds = Histogram("kb_rerank_model_batch_seconds", "cross-encoder scoring time per request",
                                        registry=r, buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30))
         self.model_pairs = Counter("kb_rerank_model_pairs_total", "pairs sent to the cross-encoder", registry=r)
@@ -149,6 +151,15 @@ class ApiMetrics(PipelineMetrics):
         self.latency.labels(source).observe(seconds)
 
 
+def route_of(scope) -> str:
+    """What the access log and the traces record of a request's URL: its route template
+    (``/v1/kb/documents/{document_id:str}``), never the path's values or the query string
+    (a cursor, a filter); ``other`` where no route matched."""
+    handler = scope.get("route_handler")
+    paths = sorted(getattr(handler, "paths", None) or []) if handler is not None else []
+    return paths[0] if paths else "other"
+
+
 def metrics_middleware(metrics: ApiMetrics):
     """Counts and times every HTTP request, and writes its access record (logger
     ``kb_rerank.access``: route template, method, status, duration; never the URL's query
@@ -179,9 +190,7 @@ def metrics_middleware(metrics: ApiMetrics):
                 raise
             finally:
                 seconds = time.perf_counter() - t0
-                handler = scope.get("route_handler")
-                paths = sorted(getattr(handler, "paths", None) or []) if handler is not None else []
-                route = paths[0] if paths else "other"
+                route = route_of(scope)
                 metrics.requests.labels(route, scope.get("method", ""), str(status["code"])).inc()
                 metrics.http_latency.labels(route).observe(seconds)
                 access_log.info("%s %s %d %.1f ms", scope.get("method", ""), route, status["code"], seconds * 1000,

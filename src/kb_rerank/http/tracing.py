@@ -19,8 +19,10 @@ What a trace holds:
   that ran it: ``db.statement`` is the SQL text with its placeholders; the parameters (the
   query text among them) are never captured, and no sqlcommenter rewrites the SQL.
 
-No attribute holds the query text or a request body: the server span has the method, route,
-status, and the URL without its body; the stage spans only their names.
+No attribute holds the query text, a request body or the URL's query string (a cursor, a
+filter): the server span has the method, the route
+(:func:`kb_rerank.http.telemetry.route_of`, the access log's rule), the status, and the URL
+without its query string (the instrumentation never sees it); the stage spans only their names.
 
 The standard ``OTEL_*`` variables configure the rest: ``OTEL_SERVICE_NAME`` (default
 ``kb-rerank``), ``OTEL_RESOURCE_ATTRIBUTES``, ``OTEL_TRACES_SAMPLER`` (default: parent-based,
@@ -49,6 +51,7 @@ from opentelemetry.sdk.trace.id_generator import RandomIdGenerator  # noqa: E402
 from opentelemetry.trace import NoOpTracer, Span, SpanKind, Status, StatusCode, Tracer  # noqa: E402
 
 from kb_rerank import __version__  # noqa: E402
+from kb_rerank.http.telemetry import route_of  # noqa: E402
 from kb_rerank.core import timing  # noqa: E402
 
 DEFAULT_SERVICE_NAME = "kb-rerank"
@@ -146,7 +149,11 @@ class Tracing:
             return _StageSpan(tracer, name)
 
         def factory(app):
-            inner = OpenTelemetryInstrumentationMiddleware(app, config)
+            async def with_query(scope, receive, send):
+                scope["query_string"] = scope.pop(_HIDDEN_QUERY, b"")
+                await app(scope, receive, send)
+
+            inner = OpenTelemetryInstrumentationMiddleware(with_query, config)
 
             async def middleware(scope, receive, send):
                 if scope["type"] != "http" or _EXCLUDED.match(scope.get("path", "")):
@@ -155,6 +162,9 @@ class Tracing:
                 tid = scope.get("state", {}).get("trace_id") or ""
                 tokens = (_ROOT_TRACE_ID.set(int(tid, 16) if _HEX32.match(tid) and int(tid, 16) else None),
                           _REQUEST_TRACER.set(tracer), timing.SPANS.set(spans))
+                # the instrumentation copies the URL, query string included, into http.url /
+                # http.target (url.query): it is handed the request without it, and the app with it
+                scope[_HIDDEN_QUERY], scope["query_string"] = scope.get("query_string", b""), b""
                 try:
                     await inner(scope, receive, send)
                 finally:
@@ -170,11 +180,12 @@ class Tracing:
         self.provider.shutdown()
 
 
+_HIDDEN_QUERY = "kb.query_string"  # the scope key holding the query string while the instrumentation reads the scope
+
+
 def _span_details(scope) -> tuple[str, dict[str, Any]]:
     """``POST /v1/kb/search/rerank``: the route template, never the raw URL."""
-    handler = scope.get("route_handler")
-    paths = sorted(getattr(handler, "paths", None) or []) if handler is not None else []
-    route = paths[0] if paths else "other"
+    route = route_of(scope)
     method = str(scope.get("method", "")).strip()
     return f"{method} {route}", {"http.route": route}
 

@@ -298,7 +298,7 @@ def _ingest_one(conn, tenant_id, doc: SourceDoc, embedder: Embedder, settings: S
             [doc.source_uri, doc.title, doc.language, doc.authority, h, Jsonb(metadata), dated],
         ).fetchone()[0]
         _write_chunks(conn, doc_id, pieces, hashes, vectors, guard_classifier(embedder),
-                      settings.guard_classifier_threshold, embedder.embed_passages)
+                      settings.guard_classifier_threshold, embedder.embed_passages, title=doc.title)
         report.chunks_written += len(pieces)
         # the review of each chunk's text is set by the insert trigger (kb.chunks_take_review)
         for flag, strong, review in conn.execute(
@@ -312,20 +312,28 @@ def _ingest_one(conn, tenant_id, doc: SourceDoc, embedder: Embedder, settings: S
 
 
 def _passage_text(doc: SourceDoc, piece: str) -> str:
-    # The title gives a chunk its context (a chunk deep in a page rarely names its topic).
-    if doc.title and not piece.startswith(doc.title):
-        return f"{doc.title}\n{piece}"
+    return passage_text(doc.title, piece)
+
+
+def passage_text(title: str | None, piece: str) -> str:
+    """What the embedder and the guard read of a chunk: its text under the document's title.
+    The title gives a chunk its context (a chunk deep in a page rarely names its topic), and is
+    judged as the text is (a title is handed to models with the passage)."""
+    if title and not piece.startswith(title):
+        return f"{title}\n{piece}"
     return piece
 
 
 def _write_chunks(conn, doc_id, pieces: Sequence[str], hashes: Sequence[str], vectors,
-                  classifier: GuardClassifier | None = None, threshold: float = 1.0, embed=None) -> None:
+                  classifier: GuardClassifier | None = None, threshold: float = 1.0, embed=None, *,
+                  title: str | None = None) -> None:
     # COPY is not allowed under row-level security; executemany pipelines the inserts.
     # ``embed``: the embedder's embed_passages, for the spans of the chunks the classifier
-    # finds doubtful (span-level scoring, kb_rerank.guard.verdict.chunk_flags)
+    # finds doubtful (span-level scoring, kb_rerank.guard.verdict.chunk_flags). The guard
+    # judges each chunk under its title (passage_text), as the embedder reads it.
     rows = []
     for pos, (piece, ch, vec) in enumerate(zip(pieces, hashes, vectors)):
-        f = chunk_flags(piece, vec, classifier, threshold, embed)
+        f = chunk_flags(passage_text(title, piece), vec, classifier, threshold, embed)
         if f.injection_flag or f.spam_flag:
             log.info("chunk %d of doc %s flagged: injection=%s (%.2f %s) spam=%s", pos, doc_id,
                      f.injection_flag, f.injection_score, ",".join(f.injection_reasons), f.spam_flag)
@@ -385,16 +393,17 @@ def rescan_chunks(conn: psycopg.Connection, tenant_id: UUID | str, settings: Set
     while True:
         with tenant_transaction(conn, tenant_id):
             rows = conn.execute(
-                "select chunk_id, content, embedding, injection_flag, injection_score, injection_reasons, spam_flag,"
-                " injection_strong"
-                " from kb.chunks where (%s::uuid is null or chunk_id > %s::uuid) order by chunk_id limit %s",
+                "select c.chunk_id, c.content, c.embedding, c.injection_flag, c.injection_score,"
+                " c.injection_reasons, c.spam_flag, c.injection_strong, d.title"
+                " from kb.chunks c join kb.documents d using (doc_id)"
+                " where (%s::uuid is null or c.chunk_id > %s::uuid) order by c.chunk_id limit %s",
                 [last, last, batch]).fetchall()
             if not rows:
                 break
             updates = []
-            for chunk_id, content, emb, flag, score, reasons, spam, strong in rows:
+            for chunk_id, content, emb, flag, score, reasons, spam, strong, title in rows:
                 vec = np.asarray(emb.to_numpy() if hasattr(emb, "to_numpy") else emb, dtype=np.float32)
-                f = chunk_flags(content, vec, clf, settings.guard_classifier_threshold, embed_spans)
+                f = chunk_flags(passage_text(title, content), vec, clf, settings.guard_classifier_threshold, embed_spans)
                 report.flagged += f.injection_flag
                 report.strong += f.injection_flag and f.strong
                 if (f.injection_flag, f.injection_reasons, f.spam_flag, f.strong) \

@@ -43,7 +43,7 @@ from mcp_types import CallToolResult, TextContent, ToolAnnotations  # noqa: E402
 from pydantic import BaseModel, Field  # noqa: E402
 
 from kb_rerank.integrations._client import Hit, KbRerankClient, KbRerankError, context_hits  # noqa: E402
-from kb_rerank.endpoints.context.prompt import fence_safe  # noqa: E402
+from kb_rerank.endpoints.context.prompt import fence_line, fence_safe  # noqa: E402
 
 __all__ = ["build_server", "check_http_key", "http_app", "new_http_key", "DOCUMENTS_URI", "DOCUMENTS_PATH", "TOOL",
            "HTTP_PATH", "MIN_HTTP_KEY"]
@@ -96,7 +96,7 @@ def _passage(hit: Hit) -> PassageOut:
     m = hit.metadata
     flagged = bool(m.get("flagged"))
     return PassageOut(citation=m.get("citation"), chunk_id=m.get("chunk_id"), doc_id=m.get("doc_id"),
-                      title=m.get("title"), source_path=m.get("source_path"), tier=m.get("tier"),
+                      title=fence_line(m.get("title")), source_path=m.get("source_path"), tier=m.get("tier"),
                       final_score=m.get("final_score"), rerank_score=m.get("rerank_score"), scores=m.get("scores"),
                       scored_by=m.get("scored_by"), flagged=flagged,
                       text=None if flagged else fence_safe(hit.snippet or hit.text))
@@ -151,7 +151,9 @@ def build_server(client: KbRerankClient) -> MCPServer:
                     raise ResourceError(f"this kb-rerank server has no document list ({DOCUMENTS_PATH}: "
                                         f"{exc.status})") from exc
                 raise ResourceError(str(exc)) from exc
-            listed.extend(answer.body.get("documents") or [])
+            # a title reaches the model as the <context> block's titles do: fenced (pipeline.prompt)
+            listed.extend({**d, "title": fence_line(d.get("title"))} if isinstance(d, dict) else d
+                          for d in answer.body.get("documents") or [])
             cursor = answer.body.get("next_cursor")
             if not cursor:
                 break
@@ -176,7 +178,8 @@ def new_http_key() -> str:
 
 class _RequireKey:
     """ASGI middleware: an HTTP request without ``Authorization: Bearer <key>`` is answered 401
-    (the API's error body) before the MCP transport sees it; lifespan events pass through."""
+    (the API's error body) before the MCP transport sees it; a WebSocket upgrade is refused
+    here (the transport has none: 403 from the server); lifespan events pass through."""
 
     def __init__(self, app: Any, key: str) -> None:
         self.app, self._want = app, f"Bearer {check_http_key(key)}".encode()
@@ -192,6 +195,9 @@ class _RequireKey:
                                         (b"content-length", str(len(body)).encode())]})
                 await send({"type": "http.response.body", "body": body})
                 return
+        elif scope["type"] == "websocket":
+            await send({"type": "websocket.close", "code": 1008})
+            return
         await self.app(scope, receive, send)
 
 

@@ -147,7 +147,7 @@ class ContextFlow(StoredResponse):
             passages.append(passage)
             results.append({
                 "rank": pos + 1,
-                "chunk_id": c.id, "doc_id": str(c.doc_id), "doc_title": c.doc_title,
+                "chunk_id": c.id, "doc_id": str(c.doc_id), "doc_title": passage.fenced_title,
                 "source_path": c.source_uri, "snippet": c.snippet, "text": passage.fenced,
                 "final_score": reported_score(r.final_score, c.scored_by),
                 "tier": reported_tier(r.final_score, c.scored_by, self.settings),

@@ -114,15 +114,21 @@ def pieces_estimate(n_chars: int, max_chars: int, overlap: int) -> int:
     return 1 + math.ceil((n_chars - max_chars) / max(1, max_chars - overlap))
 
 
-def _once(embed: Callable[[list[str]], Awaitable[np.ndarray]]) -> Callable[[list[str]], Awaitable[np.ndarray]]:
+class _Once:
     """``embed`` with each distinct text embedded once: a text asked for again (MMR after the
-    guard) awaits the first call, also one the guard stopped waiting for, instead of a second."""
-    started: dict[str, tuple[asyncio.Future, int]] = {}
+    guard) awaits the first call, also one the guard stopped waiting for, instead of a second.
+    :meth:`cancel` ends the calls still under way when no one will read them (the inspection
+    over, or the request abandoned): their embedding units not started are dropped."""
 
-    async def once(texts: list[str]) -> np.ndarray:
+    def __init__(self, embed: Callable[[list[str]], Awaitable[np.ndarray]]) -> None:
+        self.embed = embed
+        self.started: dict[str, tuple[asyncio.Future, int]] = {}
+
+    async def __call__(self, texts: list[str]) -> np.ndarray:
+        started = self.started
         todo = [t for t in dict.fromkeys(texts) if t not in started or _failed(started[t][0])]
         if todo:
-            call = asyncio.ensure_future(embed(todo))
+            call = asyncio.ensure_future(self.embed(todo))
             started.update((t, (call, i)) for i, t in enumerate(todo))
         rows = []
         for t in texts:
@@ -130,7 +136,16 @@ def _once(embed: Callable[[list[str]], Awaitable[np.ndarray]]) -> Callable[[list
             rows.append(np.asarray(await asyncio.shield(call), dtype=np.float32)[i])
         return np.stack(rows) if rows else np.zeros((0, 0), dtype=np.float32)
 
-    return once
+    def cancel(self) -> None:
+        for call in {call for call, _ in self.started.values()}:
+            if not call.done():
+                call.cancel()
+            call.add_done_callback(_read)
+
+
+def _read(call: asyncio.Future) -> None:
+    if not call.cancelled():
+        call.exception()  # read, so that an abandoned call's failure is not reported as unhandled
 
 
 def _failed(call: asyncio.Future) -> bool:
@@ -211,8 +226,14 @@ class CallerDocumentsFlow(StoredResponse):
     async def inspect(self, tools, cands: list[Candidate]) -> None:
         """The guard over every candidate (the rule ingestion stores per chunk), then, for MMR,
         the embeddings it could not make."""
+        embed = _Once(tools.embed_passages)  # one embedding a text per request: the guard's, then MMR's
+        try:
+            await self._inspect(embed, tools, cands)
+        finally:
+            embed.cancel()  # nothing reads them now (or the request was abandoned)
+
+    async def _inspect(self, embed: "_Once", tools, cands: list[Candidate]) -> None:
         s = self.settings
-        embed = _once(tools.embed_passages)  # one embedding a text per request: the guard's, then MMR's
         with timing.stage("guard"):
             seen = await verdict.inspect_documents(
                 [c.content for c in cands], s.guard_budget_ms / 1000.0, classifier=self.classifier,
@@ -241,14 +262,16 @@ class CallerDocumentsFlow(StoredResponse):
             todo = [c for c in cands if c.embedding is None]
             if todo:
                 parts = [self.pieces[c.id] for c in todo]
-                got = np.asarray(await embed([t for ps in parts for t in ps]), dtype=np.float32)
+                # capped as the guard's wait is: a call the guard gave up on may still be under way
+                got = np.asarray(await asyncio.wait_for(embed([t for ps in parts for t in ps]),
+                                                        s.guard_embed_timeout_s), dtype=np.float32)
                 at = 0
                 for c, ps in zip(todo, parts):
                     c.embedding = verdict.pool(list(got[at:at + len(ps)]), [len(t) for t in ps])
                     at += len(ps)
         except LimitExceeded:
             raise  # the tenant's own embedder cap: 429, not a result without diversity
-        except Exception as exc:  # noqa: BLE001 - diversity is best effort
+        except Exception as exc:  # noqa: BLE001 - diversity is best effort (meta.mmr says it was not applied)
             log.warning("embedding documents for MMR failed: %s", type(exc).__name__)
             self.mmr = False
 

@@ -84,12 +84,12 @@ def _queries(n: int, seed: int = 5):
 
 def _reference(conn, q, v, k, fusion, lim, lw=0.7, sw=0.3, rrf_k=10, filter=None):
     return conn.execute(search.HYBRID_TOP_SQL, [q, v, k, rrf_k, fusion, lw, sw, 1.2, 0.75, search._filter(filter),
-                                                lim]).fetchall()
+                                                None, lim]).fetchall()
 
 
 def _retrieve(conn, q, v, k, fusion, lim, lw=0.7, sw=0.3, rrf_k=10, pairs=(None, None, None), filter=None):
     return conn.execute(search.RETRIEVE_HYBRID_SQL, [q, v, k, rrf_k, fusion, lw, sw, 1.2, 0.75, lim, *pairs,
-                                                     search._filter(filter)]).fetchall()
+                                                     search._filter(filter), None]).fetchall()
 
 
 @pytest.mark.parametrize("fusion", ["convex", "rrf", "interleave"])

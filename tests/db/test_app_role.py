@@ -24,7 +24,7 @@ from tests.db.test_migrations import _catalog
 from tests.db.test_sql_security import assert_no_temp_and_no_create
 
 ROLES = ("kb_one_app", "kb_two_app")
-LEXICAL = "kb.search_lexical(text, integer, double precision, double precision, jsonb)"
+LEXICAL = "kb.search_lexical(text, integer, double precision, double precision, jsonb, text)"
 
 # every ACL entry of this database's objects, and the database's own, for one grantee
 ACL_ENTRIES = """

@@ -128,6 +128,8 @@ CALLS = {
     "kb.search_term_counts(text)": "select kb.search_term_counts('{word} zebra')",
     "kb.search_term_counts(text,text[])": "select kb.search_term_counts('{word} zebra', '{en,ru}')",
     "kb.query_languages(text,uuid)": "select kb.query_languages('{word} zebra', kb.current_tenant())",
+    "kb.query_languages(text,uuid,text)": "select kb.query_languages('{word} zebra', kb.current_tenant(), 'de')",
+    "kb.search_term_groups(text,text[])": "select kb.search_term_groups('{word} zebra', '{en,de}')",
     "kb.language_subtag(text)": "select kb.language_subtag('{word}')",
     "kb.text_script(text)": "select kb.text_script('{word}')",
     "kb.language_script(text)": "select kb.language_script('{word}')",
@@ -141,11 +143,11 @@ CALLS = {
         "select kb.bm25_tf_part(1, 1, 1, 1.2, 0.75)",
     "kb.ts_rank_tf()": "select kb.ts_rank_tf()",
     "kb.ts_rank_tf_compute()": "select kb.ts_rank_tf_compute()",
-    "kb.search_lexical(text,integer,double precision,double precision,jsonb)":
+    "kb.search_lexical(text,integer,double precision,double precision,jsonb,text)":
         "select * from kb.search_lexical('{word} zebra invoice', 50)",
     "kb.search_semantic(vector,integer,jsonb)": "select * from kb.search_semantic(%(vec)s, 50)",
     "kb.search_hybrid(text,vector,integer,integer,text,double precision,double precision,double precision,"
-    "double precision,jsonb)": "select * from kb.search_hybrid('{word} zebra', %(vec)s, 50)",
+    "double precision,jsonb,text)": "select * from kb.search_hybrid('{word} zebra', %(vec)s, 50)",
     # a filter naming A's document by its title (B's reader sees none of A's documents)
     "kb.search_filter_docs(jsonb)": """select kb.search_filter_docs('{"title": "{word} title"}')""",
     "kb.search_filter(jsonb)": """select kb.search_filter('{"title": "{word}"}')""",

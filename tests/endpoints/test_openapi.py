@@ -18,11 +18,11 @@ from tests.live_server import SECRET, FakeReranker, bearer
 RERANK, CONTEXT, V2 = "/v1/kb/search/rerank", "/v1/kb/context", "/v2/rerank"
 ENDPOINTS = {
     # path: (request properties that must be documented, top-level properties of the 200 answer)
-    RERANK: ({"query", "source", "top_n", "filter"},
+    RERANK: ({"query", "source", "top_n", "filter", "language"},
              {"results", "from_cache", "rerank_duration_ms", "trace_id", "model", "fallback", "fallback_reason",
               "candidate_count", "reranked_count", "partial_reason", "ranked_by"}),
     CONTEXT: ({"query", "top_n", "lambda", "recency_weight", "half_life_days", "authority_weight", "explain",
-               "filter"},
+               "filter", "language"},
               {"answerable", "results", "filtered", "gate", "context", "system_prompt", "model", "ranked_by",
                "fallback", "fallback_reason", "candidate_count", "reranked_count", "partial_reason",
                "rerank_duration_ms", "lambda", "injection_policy", "stages", "from_cache", "trace_id"}),

@@ -210,18 +210,21 @@ def _exhaustive(app_conn, tenant, docs, queries, ks=(5, 20)):
     checked = 0
     for q, k in itertools.product(queries, ks):
         with tenant_transaction(app_conn, tenant):
-            terms = app_conn.execute("select term, qtf from kb.search_term_counts(%s)", [q]).fetchall()
+            groups = app_conn.execute(
+                "select grp, qtf, array_agg(term) from kb.search_term_groups(%s,"
+                " kb.query_languages(%s, kb.current_tenant())) group by grp, qtf", [q, q]).fetchall()
             got = [(r.score, r.doc_title) for r in search.lexical(app_conn, q, k)]
 
-        def bm25(d):
-            s = 0.0
-            for t, qtf in terms:
-                f = tf[d].get(t, 0)
-                if f:
-                    stemmed = t.startswith("~ ")
-                    idf = math.log(1 + (n_docs - df[t] + 0.5) / (df[t] + 0.5))
-                    s += qtf * idf * f * 2.2 / (f + 1.2 * (0.25 + 0.75 * lens[d][stemmed] / avg[stemmed]))
-            return s
+        def part(d, t):
+            f = tf[d].get(t, 0)
+            if not f:
+                return 0.0
+            stemmed = t.startswith("~ ")
+            idf = math.log(1 + (n_docs - df[t] + 0.5) / (df[t] + 0.5))
+            return idf * f * 2.2 / (f + 1.2 * (0.25 + 0.75 * lens[d][stemmed] / avg[stemmed]))
+
+        def bm25(d):  # a group (the forms of one word) scores its best form, times its qtf
+            return sum(qtf * max(part(d, t) for t in forms) for _, qtf, forms in groups)
 
         expected = sorted(((round(bm25(d), 9), d) for d in lens), key=lambda x: (-x[0], x[1]))
         expected = [e for e in expected if e[0] > 0][:k]

@@ -85,12 +85,12 @@ def _queries(n: int, seed: int = 5):
 
 def _reference(conn, q, v, k, fusion, lim, lw=0.7, sw=0.3, rrf_k=10, filter=None):
     return conn.execute(search.HYBRID_TOP_SQL, [q, v, k, rrf_k, fusion, lw, sw, 1.2, 0.75, search._filter(filter),
-                                                lim]).fetchall()
+                                                None, lim]).fetchall()
 
 
 def _retrieve(conn, q, v, k, fusion, lim, lw=0.7, sw=0.3, rrf_k=10, pairs=(None, None, None), filter=None):
     return conn.execute(search.RETRIEVE_HYBRID_SQL, [q, v, k, rrf_k, fusion, lw, sw, 1.2, 0.75, lim, *pairs,
-                                                     search._filter(filter)]).fetchall()
+                                                     search._filter(filter), None]).fetchall()
 
 
 @pytest.mark.parametrize("fusion", ["convex", "rrf", "interleave"])
@@ -277,8 +277,8 @@ def test_the_app_role_may_run_the_read_and_sql_readers_are_not_given_it(owner_co
     """Granted to the service's role; not to PUBLIC, and not to kb_sql_reader (its searches,
     kb.search_lexical among them, call the text-free search as their owner)."""
     for fn in ("kb.retrieve_hybrid(text, vector, integer, integer, text, double precision, double precision,"
-               " double precision, double precision, integer, text, text, bigint, jsonb)",
-               "kb.search_lexical_ids(text, integer, double precision, double precision, jsonb)",
+               " double precision, double precision, integer, text, text, bigint, jsonb, text)",
+               "kb.search_lexical_ids(text, integer, double precision, double precision, jsonb, text)",
                "kb.search_semantic_ids(vector, integer, jsonb)"):
         assert owner_conn.execute("select has_function_privilege('cyberos_app', %s, 'EXECUTE'),"
                                   " has_function_privilege('kb_sql_reader', %s, 'EXECUTE'),"

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from kb_rerank.http import body
 from kb_rerank.http.body import invalid
+from kb_rerank.core.language import normalize_language_code
 from kb_rerank.filters import grammar as filters
 from kb_rerank.endpoints.requests import ContextRequest, RerankRequest, V2Request
 from kb_rerank.core.settings import SOURCES, Settings
@@ -29,6 +30,17 @@ def check_filter(value):
         raise invalid(exc.field, exc.detail) from None
 
 
+def check_language(value):
+    """A request's ``language`` as its ISO 639-1 code (None: none given); a 422 naming the
+    field when it is no language code or name we know (the filter's language codes' rule)."""
+    if value is None:
+        return None
+    try:
+        return normalize_language_code(value)
+    except ValueError as exc:
+        raise invalid("language", str(exc)) from None
+
+
 def rerank_request(raw: bytes, settings: Settings) -> RerankRequest:
     obj = body.decode_object(raw)
     source = obj.get("source", None)
@@ -39,6 +51,7 @@ def rerank_request(raw: bytes, settings: Settings) -> RerankRequest:
     if req.top_n is not None and req.top_n > settings.rerank_top_n:
         raise invalid("top_n", f"top_n must be between 1 and {settings.rerank_top_n}")
     req.filter = check_filter(req.filter)
+    req.language = check_language(req.language)
     return req
 
 
@@ -48,6 +61,7 @@ def context_request(raw: bytes, settings: Settings) -> ContextRequest:
     if req.top_n is not None and req.top_n > settings.context_max_top_n:
         raise invalid("top_n", f"top_n must be between 1 and {settings.context_max_top_n}")
     req.filter = check_filter(req.filter)
+    req.language = check_language(req.language)
     return req
 
 

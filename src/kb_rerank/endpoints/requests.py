@@ -32,12 +32,21 @@ Filter = Annotated[dict[str, Any], msgspec.Meta(description=(
     " Applied inside both candidate lists before fusion; a bad filter is a 422 naming the field."))]
 
 
+# The query's language, named by the caller (kb_rerank.endpoints.parse normalises it: 'de', 'pt-BR',
+# 'German'; a 422 naming the field when unknown); detected from the query when absent.
+Language = Annotated[str, msgspec.Meta(description=(
+    "The query's language (ISO 639-1 'de', a tag 'pt-BR', or an English name 'German'): its words are"
+    " analysed in that language when the knowledge base holds documents in it. Absent: detected from"
+    " the query, else the knowledge base's languages."))]
+
+
 class RerankRequest(msgspec.Struct, forbid_unknown_fields=True):
     query: str
     source: Source = DEFAULT_SOURCE
     # results, 1..KB_RERANK_TOP_N (10); default 10 (a larger value is a 422 naming top_n)
     top_n: Annotated[int, msgspec.Meta(ge=1, description="Results returned, 1..10 (default 10)")] | None = None
     filter: Filter | None = None
+    language: Language | None = None
 
 
 Lambda = Annotated[float, msgspec.Meta(ge=0.0, le=1.0)]
@@ -66,6 +75,7 @@ class ContextRequest(msgspec.Struct, forbid_unknown_fields=True, rename={"lam": 
     authority_weight: Weight = 0.0
     explain: bool = False
     filter: Filter | None = None
+    language: Language | None = None
 
 
 class V2Scores(msgspec.Struct, forbid_unknown_fields=True):

@@ -9,6 +9,13 @@ rows, with their pair scores when asked for, in one statement);
 (kb.search_semantic) keep ``candidates``; ``manual_curation`` reads the query's curated list,
 at most ``rerank_top_n``. Rows are deduplicated by chunk. ``filter`` (a canonical search
 filter, kb_rerank.filters.grammar) is applied inside each list, and to the curated list.
+
+The query's language (``language``, named by the caller) is detected here when not named
+(kb_rerank.core.language.detect_query_language: a millisecond's work, on the query alone)
+and passed to the lexical search, which analyses the query's words in it when the tenant
+holds documents in it (kb.query_languages(query, tenant, language)). Detection runs in
+Python because the detector is a Python model; a SQL caller passes the language or leaves
+the choice to the tenant's languages, as before.
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from kb_rerank.core.candidate import Candidate
+from kb_rerank.core.language import detect_query_language
 from kb_rerank.core.settings import Settings
 from kb_rerank.rerank import pair_cache
 from kb_rerank.db import replicas
@@ -36,10 +44,12 @@ class RetrievalSpec:
     bm25_b: float
     details: bool = False  # the chunks' stored guard flags, embeddings and document metadata too
     filter: Mapping[str, Any] | None = None  # canonical search filter; None: none
+    language: str | None = None  # the query's language, named (ISO 639-1); None: detected
 
     @classmethod
     def of(cls, settings: Settings, source: str, *, candidates: int | None = None,
-           details: bool = False, filter: Mapping[str, Any] | None = None) -> "RetrievalSpec":
+           details: bool = False, filter: Mapping[str, Any] | None = None,
+           language: str | None = None) -> "RetrievalSpec":
         """The service's candidates for ``source`` (``candidates``: instead of KB_CANDIDATES)."""
         cand = int(candidates or settings.candidates)
         if source == HYBRID:
@@ -50,11 +60,16 @@ class RetrievalSpec:
             limit = depth = settings.rerank_top_n
         else:
             raise ValueError(f"unknown source {source!r}")
-        return cls(source, limit, depth, dict(settings.fusion), settings.bm25_k1, settings.bm25_b, details, filter)
+        return cls(source, limit, depth, dict(settings.fusion), settings.bm25_k1, settings.bm25_b, details, filter,
+                   language)
 
     def deeper(self, depth: int) -> "RetrievalSpec":
         """The same search read ``depth`` deep, every fused row kept (the eval's recall)."""
         return dataclasses.replace(self, depth=max(self.depth, depth), limit=max(self.limit, 2 * depth))
+
+    def query_language(self, query: str) -> str | None:
+        """The language the lexical search is given: the named one, else the detected one."""
+        return self.language or detect_query_language(query)
 
     @property
     def needs_embedding(self) -> bool:
@@ -71,9 +86,10 @@ class RetrievalSpec:
         if self.source == HYBRID:
             rows, cached = await search.aretrieve_hybrid(conn, query, embedding, self.depth, **self.fusion,
                                                          limit=self.limit, pairs=pairs, generation=generation,
-                                                         filter=self.filter)
+                                                         filter=self.filter, language=self.query_language(query))
         elif self.source == LEXICAL:
-            rows = await search.alexical(conn, query, self.limit, k1=self.bm25_k1, b=self.bm25_b, filter=self.filter)
+            rows = await search.alexical(conn, query, self.limit, k1=self.bm25_k1, b=self.bm25_b, filter=self.filter,
+                                         language=self.query_language(query))
         elif self.source == SEMANTIC:
             rows = await search.asemantic(conn, embedding, self.limit, filter=self.filter)
         else:

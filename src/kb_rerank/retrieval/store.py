@@ -3,8 +3,9 @@ kb.search_semantic and kb.search_hybrid (or kb.retrieve_hybrid, the hybrid read 
 scores), inside the caller's tenant transaction.
 
 Every search takes ``filter``: a search filter (kb_rerank.filters.grammar, docs/filters.md),
-passed as jsonb to the functions' trailing ``filter`` parameter (None: no filter), which apply
-it inside each candidate list."""
+passed as jsonb to the functions' ``filter`` parameter (None: no filter), which apply it inside
+each candidate list. The lexical and hybrid searches take ``language``: the query's language
+(named or detected: kb_rerank.retrieval.spec), None when unknown."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from kb_rerank.rerank import pair_cache
 
 LEXICAL_SQL = (
     "select chunk_id, doc_id, doc_title, snippet, content, score, rank"
-    " from kb.search_lexical(%s, %s, %s, %s, %s)"
+    " from kb.search_lexical(%s, %s, %s, %s, %s, %s)"
 )
 SEMANTIC_SQL = (
     "select chunk_id, doc_id, doc_title, snippet, content, score, rank"
@@ -28,7 +29,7 @@ SEMANTIC_SQL = (
 HYBRID_SQL = (
     "select chunk_id, doc_id, doc_title, snippet, content, lexical_rank, semantic_rank,"
     " lexical_score, semantic_score, score"
-    " from kb.search_hybrid(%s, %s::vector, %s, %s, %s, %s, %s, %s, %s, %s)"
+    " from kb.search_hybrid(%s, %s::vector, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
 )
 # The best ``limit`` rows of kb.search_hybrid, in its own order (score desc, chunk_id): the
 # service keeps only 2 x ``candidates`` of the 2 x ``fusion_depth`` rows, so the rest (each
@@ -40,7 +41,7 @@ HYBRID_TOP_SQL = HYBRID_SQL + " order by score desc, chunk_id limit %s"
 RETRIEVE_HYBRID_SQL = (
     "select chunk_id, doc_id, doc_title, snippet, content, lexical_rank, semantic_rank,"
     " lexical_score, semantic_score, score, pair_score"
-    " from kb.retrieve_hybrid(%s, %s::vector, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
+    " from kb.retrieve_hybrid(%s, %s::vector, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
 )
 
 
@@ -66,8 +67,8 @@ def _filter(filter: Mapping[str, Any] | None) -> Jsonb | None:
 
 
 def lexical(conn, query: str, k: int = 20, *, k1: float = 1.2, b: float = 0.75,
-            filter: Mapping[str, Any] | None = None) -> list[Candidate]:
-    return _lexical_rows(conn.execute(LEXICAL_SQL, [query, k, k1, b, _filter(filter)]).fetchall())
+            filter: Mapping[str, Any] | None = None, language: str | None = None) -> list[Candidate]:
+    return _lexical_rows(conn.execute(LEXICAL_SQL, [query, k, k1, b, _filter(filter), language]).fetchall())
 
 
 def semantic(conn, embedding, k: int = 20, *, filter: Mapping[str, Any] | None = None) -> list[Candidate]:
@@ -77,14 +78,15 @@ def semantic(conn, embedding, k: int = 20, *, filter: Mapping[str, Any] | None =
 # kb.search_hybrid's own defaults, which are the service's (settings.Settings.fusion, fusion_depth)
 def hybrid(conn, query: str, embedding, k: int = 60, *, rrf_k: int = 10, fusion: str = "convex",
            lexical_weight: float = 0.7, semantic_weight: float = 0.3, k1: float = 1.2,
-           b: float = 0.75, filter: Mapping[str, Any] | None = None) -> list[Candidate]:
+           b: float = 0.75, filter: Mapping[str, Any] | None = None,
+           language: str | None = None) -> list[Candidate]:
     return _hybrid_rows(conn.execute(HYBRID_SQL, [query, _vec(embedding), k, rrf_k, fusion, lexical_weight,
-                                                  semantic_weight, k1, b, _filter(filter)]).fetchall())
+                                                  semantic_weight, k1, b, _filter(filter), language]).fetchall())
 
 
 async def alexical(conn, query: str, k: int = 20, *, k1: float = 1.2, b: float = 0.75,
-                   filter: Mapping[str, Any] | None = None) -> list[Candidate]:
-    cur = await conn.execute(LEXICAL_SQL, [query, k, k1, b, _filter(filter)])
+                   filter: Mapping[str, Any] | None = None, language: str | None = None) -> list[Candidate]:
+    cur = await conn.execute(LEXICAL_SQL, [query, k, k1, b, _filter(filter), language])
     return _lexical_rows(await cur.fetchall())
 
 
@@ -96,10 +98,11 @@ async def asemantic(conn, embedding, k: int = 20, *, filter: Mapping[str, Any] |
 async def ahybrid(conn, query: str, embedding, k: int = 60, *, rrf_k: int = 10, fusion: str = "convex",
                   lexical_weight: float = 0.7, semantic_weight: float = 0.3, k1: float = 1.2,
                   b: float = 0.75, limit: int | None = None,
-                  filter: Mapping[str, Any] | None = None) -> list[Candidate]:
+                  filter: Mapping[str, Any] | None = None, language: str | None = None) -> list[Candidate]:
     """kb.search_hybrid's rows; with ``limit``, only its first ``limit`` (the same rows as
     slicing the full answer)."""
-    args = [query, _vec(embedding), k, rrf_k, fusion, lexical_weight, semantic_weight, k1, b, _filter(filter)]
+    args = [query, _vec(embedding), k, rrf_k, fusion, lexical_weight, semantic_weight, k1, b, _filter(filter),
+            language]
     if limit is None:
         cur = await conn.execute(HYBRID_SQL, args)
     else:
@@ -110,7 +113,8 @@ async def ahybrid(conn, query: str, embedding, k: int = 60, *, rrf_k: int = 10, 
 async def aretrieve_hybrid(conn, query: str, embedding, k: int, *, rrf_k: int, fusion: str,
                            lexical_weight: float, semantic_weight: float, k1: float, b: float, limit: int,
                            pairs: tuple[str, str] | None = None, generation: int | None = None,
-                           filter: Mapping[str, Any] | None = None) -> tuple[list[Candidate], dict | None]:
+                           filter: Mapping[str, Any] | None = None,
+                           language: str | None = None) -> tuple[list[Candidate], dict | None]:
     """The first ``limit`` rows of kb.search_hybrid (the rows of :func:`ahybrid` with
     ``limit``) and, when ``pairs`` (the model and the query's pair hash) is given, their live
     pair scores under ``generation`` as :func:`kb_rerank.rerank.pair_cache.get_live` returns
@@ -119,7 +123,7 @@ async def aretrieve_hybrid(conn, query: str, embedding, k: int, *, rrf_k: int, f
     cur = await conn.execute(RETRIEVE_HYBRID_SQL, [
         query, _vec(embedding), k, rrf_k, fusion, lexical_weight, semantic_weight, k1, b, int(limit),
         model, pair_hash, None if pairs is None else int(generation),  # type: ignore[arg-type]
-        _filter(filter)])
+        _filter(filter), language])
     rows = await cur.fetchall()
     cands = _hybrid_rows(rows)
     if pairs is None:

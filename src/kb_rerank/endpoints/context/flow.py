@@ -60,7 +60,7 @@ class ContextFlow(StoredResponse):
         self.normalized = normalize_query(req.query)
         self.top_n = int(req.top_n or settings.context_top_n)
         self.lam = float(settings.mmr_lambda if req.lam is None else req.lam)
-        self.retrieval = RetrievalSpec.of(settings, SOURCE, details=True, filter=req.filter)
+        self.retrieval = RetrievalSpec.of(settings, SOURCE, details=True, filter=req.filter, language=req.language)
         # the query embedding and the pairs of the cut-off, at most
         self.miss = Work(embeddings=1, pairs=min(self.retrieval.limit, max(1, settings.rerank_max_candidates)))
 
@@ -71,6 +71,7 @@ class ContextFlow(StoredResponse):
             "recency_weight": req.recency_weight, "half_life_days": req.half_life_days,
             "authority_weight": req.authority_weight, "explain": req.explain, "injection_policy": policy,
             "filter": req.filter,  # canonical (kb_rerank.endpoints.parse)
+            **({"language": req.language} if req.language else {}),  # named; a detected one is the query's
         }
 
     def answer(self, served: Served, trace_id: str) -> dict[str, Any]:

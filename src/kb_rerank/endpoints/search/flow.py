@@ -64,14 +64,16 @@ class SearchFlow:
         self.source = req.source
         self.normalized = normalize_query(req.query)
         self.top_n = int(req.top_n or settings.rerank_top_n)
-        self.retrieval = RetrievalSpec.of(settings, req.source, filter=req.filter)
+        self.retrieval = RetrievalSpec.of(settings, req.source, filter=req.filter, language=req.language)
         curated = req.source == CURATED
         # the whole miss: its query embedding and every candidate's pair, at most
         self.miss = Work(embeddings=int(self.retrieval.needs_embedding), pairs=0 if curated else self.retrieval.limit)
 
     def params(self, policy: str | None) -> dict[str, Any]:
         # the query, the source and the configuration key the answer too; the filter is canonical
-        return {"endpoint": "search/v1", "top_n": self.top_n, "filter": self.req.filter}
+        # a named language keys it too (a detected one is the query's, already in the key)
+        return {"endpoint": "search/v1", "top_n": self.top_n, "filter": self.req.filter,
+                **({"language": self.req.language} if self.req.language else {})}
 
     def candidates(self) -> list[Candidate]:
         return []

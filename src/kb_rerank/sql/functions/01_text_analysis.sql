@@ -405,19 +405,63 @@ as $$
   from chosen c
 $$;
 
--- The terms kb.search_lexical scores a query with, each with its qtf, for the stemming
--- languages given (kb.query_languages). Each plain word of kb.query_term_counts of two
--- characters or more is searched in the stemmed field as its stem in each given language of
--- its script (`connections` -> '~ connect'; `книги` -> '~ книг'), analysed as documents are
--- (kb.stem_tsv: English folds then stems and leaves the stop words out, the others stem
--- then fold); words with one stem add their counts, as repeated clauses do in Lucene. A word
--- of a script no given language is written in is searched exact, as typed; so is every term
--- that is not a plain word (code tokens ERR_402, SKU-1234, v2.3.1, hosts, emails), so
--- identifiers stay exact in every language. Runs of a script written without spaces are
--- searched as their n-grams (kb.nospace_grams). When that leaves nothing ("to be or not to
--- be"): kb.query_term_counts, the exact field, as before 0011.
-create or replace function kb.search_term_counts(query text, languages text[])
-returns table (term text, qtf integer)
+-- kb.query_languages(query, tenant, language): the languages for a query whose own language
+-- is known (named by the caller, or detected by the service: kb_rerank.retrieval.spec.RetrievalSpec.query_language).
+-- When the tenant holds documents in that language (any share of them: a German question
+-- in a tenant of English abstracts and a few German pages is stemmed as German), the words
+-- of its script are analysed in it alone (Vietnamese: searched exact, as its documents'
+-- words are), and the words of other scripts as kb.query_languages(query, tenant) chooses;
+-- otherwise (NULL, a language the tenant holds no document in, or one without a stemmer)
+-- that choice alone. SECURITY INVOKER, as kb.query_languages(query, tenant).
+create or replace function kb.query_languages(query text, tenant uuid, language text)
+returns text[]
+language sql
+stable
+parallel safe
+security invoker
+set search_path = pg_catalog, pg_temp
+as $$
+  with given as (
+    select l.lang, kb.language_script(l.lang) as script
+    from (select case kb.language_subtag(language) when 'nb' then 'no' when 'nn' then 'no'
+                      else kb.language_subtag(language) end as lang) as l
+    where l.lang = any (kb.stem_languages())
+      and exists (select from kb.term_stats ts
+                  where ts.tenant_id = tenant and ts.term = '@language ' || l.lang and ts.df > 0)
+  ),
+  prior as (
+    select kb.query_languages(query, tenant) as langs
+  )
+  select case when not exists (select from given) then p.langs
+              else array(select x.lang
+                         from (select g.lang from given g where g.lang <> 'vi'
+                               union
+                               select f.lang from given g cross join unnest(p.langs) as f(lang)
+                               where kb.language_script(f.lang) <> g.script) as x
+                         order by x.lang) end
+  from prior p
+$$;
+
+-- kb.search_term_groups(query, languages): the terms kb.search_lexical scores a query with,
+-- each with its qtf and its group, for the stemming languages given (kb.query_languages).
+-- Each plain word of kb.query_term_counts of two characters or more is searched in the
+-- stemmed field as its stem in each given language of its script (`connections` ->
+-- '~ connect'; `книги` -> '~ книг'), analysed as documents are (kb.stem_tsv: English folds
+-- then stems and leaves the stop words out, the others stem then fold). A word of a script
+-- no given language is written in is searched exact, as typed; so is every term that is not
+-- a plain word (code tokens ERR_402, SKU-1234, v2.3.1, hosts, emails), so identifiers stay
+-- exact in every language. Runs of a script written without spaces are searched as their
+-- n-grams (kb.nospace_grams). When that leaves nothing ("to be or not to be"):
+-- kb.query_term_counts, the exact field, as before 0011.
+-- A group is the set of forms of one query word: its stems in the languages given
+-- (`printer` in English and German: '~ printer', '~ print'), or the word itself. BM25
+-- scores a group once, by its best form (as a synonym group does in Lucene), so a word
+-- analysed in two languages weighs what it weighs in one; each form keeps its own exact
+-- statistics. Words whose groups hold the same forms are one group, their counts added
+-- (`connect connections`: '~ connect' with qtf 2, as repeated clauses do in Lucene).
+-- grp numbers the groups from 1; a term may belong to more than one.
+create or replace function kb.search_term_groups(query text, languages text[])
+returns table (term text, qtf integer, grp integer)
 language sql
 immutable
 parallel safe
@@ -450,32 +494,54 @@ as $$
     join langs g on g.script = kb.text_script(t.term)
     where t.plain and length(t.term) >= 2
   ),
-  terms as (
-    -- a word's stems, once each (two languages may give one stem)
-    select distinct on (s.term, s.stem) '~ ' || s.stem as term, s.qtf
+  forms as (
+    -- each query word (or n-gram) with its forms, once each (two languages may give one stem)
+    select s.term as word, '~ ' || s.stem as form, max(s.qtf) as qtf
     from stemmed s
     where s.stem is not null and s.stem <> ''
+    group by s.term, s.stem
     union all
     -- exact: not a plain word, or a plain word of a script no language stems
-    select t.term, t.qtf
+    select t.term, t.term, t.qtf
     from t
     where not t.nospace
       and not (t.plain and exists (select from langs g where g.script = kb.text_script(t.term)))
     union all
-    select '~ ' || g.gram, count(*)::integer
+    select '~ ' || g.gram, '~ ' || g.gram, count(*)::integer
     from kb.nospace_grams(left(coalesce(query, ''), 4000)) as g
     group by g.gram
   ),
-  summed as (
-    select x.term, sum(x.qtf)::integer as qtf from terms x group by x.term
+  words as (
+    select f.word, array_agg(f.form order by f.form) as forms, max(f.qtf) as qtf
+    from forms f
+    group by f.word
+  ),
+  groups as (
+    select w.forms, sum(w.qtf)::integer as qtf, row_number() over (order by w.forms)::integer as grp
+    from words w
+    group by w.forms
   )
-  select s.term, s.qtf from summed s
+  select u.form, g.qtf, g.grp from groups g cross join lateral unnest(g.forms) as u(form)
   union all
-  select t.term, t.qtf from t where not exists (select from summed)
+  select t.term, t.qtf, (row_number() over (order by t.term))::integer from t where not exists (select from groups)
+$$;
+
+-- kb.search_term_counts(query, languages): the terms of kb.search_term_groups, each with its
+-- qtf summed over its groups (what a plain BM25 over the terms would weigh).
+create or replace function kb.search_term_counts(query text, languages text[])
+returns table (term text, qtf integer)
+language sql
+immutable
+parallel safe
+rows 8
+security invoker
+set search_path = pg_catalog, pg_temp
+as $$
+  select g.term, sum(g.qtf)::integer from kb.search_term_groups(query, languages) as g group by g.term
 $$;
 
 -- kb.search_term_counts(query): the terms for the caller's tenant's languages
--- (kb.query_languages with kb.current_tenant()), what kb.search_lexical_ids searches with.
+-- (kb.query_languages with kb.current_tenant()).
 create or replace function kb.search_term_counts(query text)
 returns table (term text, qtf integer)
 language sql

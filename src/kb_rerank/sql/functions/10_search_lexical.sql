@@ -27,12 +27,16 @@
 -- the signatures before the filter (one overload each: positional calls stay unambiguous)
 drop function if exists kb.search_lexical(text, integer, double precision, double precision);
 drop function if exists kb.search_lexical_ids(text, integer, double precision, double precision);
+-- and before the query's language
+drop function if exists kb.search_lexical(text, integer, double precision, double precision, jsonb);
+drop function if exists kb.search_lexical_ids(text, integer, double precision, double precision, jsonb);
 create or replace function kb.search_lexical_ids(
   query text,
   k integer default 20,
   k1 double precision default 1.2,
   b double precision default 0.75,
-  filter jsonb default null
+  filter jsonb default null,
+  language text default null
 )
 returns table (
   chunk_id uuid,
@@ -84,9 +88,13 @@ declare
   v_n float8;
   v_avglen float8;
   v_stem_avglen float8;
+  v_gterm text[];        -- the query's terms by group (a term may be in more than one)
+  v_gqtf integer[];      -- the group's qtf
+  v_ggrp integer[];      -- the group
   v_terms text[];
   v_df bigint[];
   v_w float8[];
+  v_idf float8[];
   v_nt integer;
   v_exact boolean := k1 >= 0 and b >= 0 and b <= 1;
   v_docs uuid[] := kb.search_filter_docs(filter);
@@ -142,12 +150,19 @@ begin
   if v_n is null then
     return;
   end if;
-  -- weight of a term = its count in the query (qtf) * idf
+  -- the query's terms in groups (kb.search_term_groups: the forms of one word), those the
+  -- tenant holds; weight of a term = its count in the query (qtf, over its groups) * idf
+  select array_agg(g.term order by g.grp, g.term), array_agg(g.qtf order by g.grp, g.term),
+         array_agg(g.grp order by g.grp, g.term)
+    into v_gterm, v_gqtf, v_ggrp
+  from kb.search_term_groups(query, kb.query_languages(query, v_tenant, language)) as g
+  where exists (select from kb.term_stats ts where ts.tenant_id = v_tenant and ts.term = g.term and ts.df > 0);
   select array_agg(ts.term order by ts.df, ts.term),
          array_agg(ts.df order by ts.df, ts.term),
-         array_agg(q.qtf * ln(1 + (v_n - ts.df + 0.5) / (ts.df + 0.5)) order by ts.df, ts.term)
-    into v_terms, v_df, v_w
-  from kb.search_term_counts(query) as q
+         array_agg(q.qtf * ln(1 + (v_n - ts.df + 0.5) / (ts.df + 0.5)) order by ts.df, ts.term),
+         array_agg(ln(1 + (v_n - ts.df + 0.5) / (ts.df + 0.5)) order by ts.df, ts.term)
+    into v_terms, v_df, v_w, v_idf
+  from (select g.term, sum(g.qtf) as qtf from unnest(v_gterm, v_gqtf) as g(term, qtf) group by g.term) as q
   join kb.term_stats ts on ts.tenant_id = v_tenant and ts.term = q.term
   where ts.df > 0;
   v_nt := coalesce(array_length(v_terms, 1), 0);
@@ -167,13 +182,37 @@ begin
   end if;
   -- A stemmed term ('~ ...') is normalised by its field's length (c.stem_len, average $10),
   -- any other by the exact field's (c.doc_len, average $7).
-  select array_agg(kb.terms_tsquery(array[t.term]) order by t.i),
-         string_agg(format('case when c.tsv @@ $8[%s] then $2[%s] * kb.bm25_tf_part(width_bucket(ts_rank('
-                           '''{1,1,1,1}'', c.tsv, $8[%s], 0), $9), %s) else 0 end', t.i, t.i, t.i,
-                           case when t.term like '~ %' then 'c.stem_len, $5, $6, $10' else 'c.doc_len, $5, $6, $7' end),
-                    ' + ' order by t.i)
-    into v_tq, v_score
+  -- A group of one term that is in no other group adds that term's part, weight $2[i] (a
+  -- query of one language: every group); any other group adds its qtf times the best of its
+  -- terms' parts, each weighed by its idf alone ($18[i]). The bounds below weigh a term by
+  -- its qtf over all its groups: they stay above any chunk's score (a group's best part is
+  -- at most the sum of its parts).
+  select array_agg(kb.terms_tsquery(array[t.term]) order by t.i)
+    into v_tq
   from unnest(v_terms) with ordinality as t(term, i);
+  with part as (
+    select t.i, t.term,
+           format('case when c.tsv @@ $8[%s] then %%s * kb.bm25_tf_part(width_bucket(ts_rank('
+                  '''{1,1,1,1}'', c.tsv, $8[%s], 0), $9), %s) else 0 end', t.i, t.i,
+                  case when t.term like '~ %' then 'c.stem_len, $5, $6, $10' else 'c.doc_len, $5, $6, $7' end) as expr
+    from unnest(v_terms) with ordinality as t(term, i)
+  ),
+  member as (
+    select g.grp, g.qtf, p.i, p.expr,
+           count(*) over (partition by g.grp) as forms,
+           count(*) over (partition by p.i) as groups
+    from unnest(v_gterm, v_gqtf, v_ggrp) as g(term, qtf, grp) join part p on p.term = g.term
+  ),
+  grouped as (
+    select m.grp, min(m.i) as first,
+           case when max(m.forms) = 1 and max(m.groups) = 1
+                then format(max(m.expr), format('$2[%s]', max(m.i)))
+                else format('%s * greatest(%s)', max(m.qtf),
+                            string_agg(format(m.expr, format('$18[%s]', m.i)), ', ' order by m.i)) end as expr
+    from member m
+    group by m.grp
+  )
+  select string_agg(x.expr, ' + ' order by x.first, x.grp) into v_score from grouped x;
 
   -- The levels of the query's terms built with this k1 and b (none when the bounds do not
   -- hold: then every term is read through the GIN index, plain exhaustive scoring).
@@ -272,7 +311,7 @@ begin
           from unnest($14::uuid[], $15::uuid[], $16::float8[]) as p(chunk_id, doc_id, score)$p$ else '' end)
       into r_chunk, r_doc, r_score, v_min
       using v_tenant, v_w, v_gin_q, v_k, k1, b, greatest(v_avglen, 1e-9), v_tq, v_tf,
-            greatest(v_stem_avglen, 1e-9), v_done_q, v_ids, v_seen, r_chunk, r_doc, r_score, v_docs;
+            greatest(v_stem_avglen, 1e-9), v_done_q, v_ids, v_seen, r_chunk, r_doc, r_score, v_docs, v_idf;
     end if;
     v_seen := v_seen || v_ids;
     if v_gin_q is not null then
@@ -386,8 +425,8 @@ begin
     order by t.rank;
 end
 $fn$;
-alter function kb.search_lexical_ids(text, integer, double precision, double precision, jsonb) owner to kb_search;
-comment on function kb.search_lexical_ids(text, integer, double precision, double precision, jsonb) is
+alter function kb.search_lexical_ids(text, integer, double precision, double precision, jsonb, text) owner to kb_search;
+comment on function kb.search_lexical_ids(text, integer, double precision, double precision, jsonb, text) is
   'BM25 top-k chunks (best chunk per document) as ids, score and rank, for the tenant in auth.tenant_id, within a search filter''s documents when given; empty when unset';
 
 -- kb.search_lexical: kb.search_lexical_ids' rows with the chunk's title, snippet and content,
@@ -399,7 +438,8 @@ create or replace function kb.search_lexical(
   k integer default 20,
   k1 double precision default 1.2,
   b double precision default 0.75,
-  filter jsonb default null
+  filter jsonb default null,
+  language text default null
 )
 returns table (
   chunk_id uuid,
@@ -417,11 +457,11 @@ security definer
 set search_path = pg_catalog, kb, pg_temp
 as $$
   select t.chunk_id, t.doc_id, d.title, left(c.content, 300), c.content, t.score, t.rank
-  from kb.search_lexical_ids(query, k, k1, b, filter) as t
+  from kb.search_lexical_ids(query, k, k1, b, filter, language) as t
   join kb.chunks c on c.chunk_id = t.chunk_id and c.tenant_id = kb.current_tenant()
   join kb.documents d on d.doc_id = t.doc_id and d.tenant_id = kb.current_tenant()
   order by t.rank
 $$;
-alter function kb.search_lexical(text, integer, double precision, double precision, jsonb) owner to kb_search;
-comment on function kb.search_lexical(text, integer, double precision, double precision, jsonb) is
+alter function kb.search_lexical(text, integer, double precision, double precision, jsonb, text) owner to kb_search;
+comment on function kb.search_lexical(text, integer, double precision, double precision, jsonb, text) is
   'BM25 top-k chunks (best chunk per document) for the tenant in auth.tenant_id, within a search filter''s documents when given; empty when unset';

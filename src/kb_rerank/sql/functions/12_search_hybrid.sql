@@ -1,9 +1,10 @@
--- kb.search_hybrid(query, query_embedding, k, rrf_k, fusion, lexical_weight, semantic_weight, k1, b, filter)
+-- kb.search_hybrid(query, query_embedding, k, rrf_k, fusion, lexical_weight, semantic_weight, k1, b, filter,
+--                  language)
 --
 -- Fuses per DOCUMENT: a document's lexical rank and semantic rank meet in one
 -- row, so a document found by both lists through different chunks counts once, with both
 -- ranks (fusing on chunk ids counted it twice, each time with one rank).
---   lexical list  = kb.search_lexical(query, k, k1, b, filter): the top-k documents by BM25 (it already
+--   lexical list  = kb.search_lexical(query, k, k1, b, filter, language): the top-k documents by BM25 (it already
 --                   returns the best chunk per document; rank = document rank)
 --   semantic list = the top-k documents by their best chunk's cosine similarity: the
 --                   first-seen order of documents in kb.search_semantic's chunk list, read
@@ -29,6 +30,8 @@
 -- as it does to kb.search_lexical).
 -- filter: a search filter (kb.search_filter's grammar, docs/filters.md), applied inside both
 -- lists (each is the top k within the filter's documents) before the fusion; NULL or {}: none.
+-- language: the query's language, for the lexical list (kb.search_lexical); NULL: the
+-- tenant's languages decide (kb.query_languages).
 --
 -- The defaults are the service's (kb_rerank/core/settings.py: KB_FUSION_DEPTH 60, KB_FUSION_METHOD
 -- convex, KB_LEXICAL_WEIGHT 0.7, KB_SEMANTIC_WEIGHT 0.3, KB_RRF_K 10, KB_BM25_K1 1.2,
@@ -42,6 +45,8 @@ drop function if exists kb.search_hybrid(text, public.vector, integer, integer, 
                                          double precision);
 drop function if exists kb.search_hybrid(text, public.vector, integer, integer, text, double precision,
                                          double precision, double precision, double precision);
+drop function if exists kb.search_hybrid(text, public.vector, integer, integer, text, double precision,
+                                         double precision, double precision, double precision, jsonb);
 create or replace function kb.search_hybrid(
   query text,
   query_embedding public.vector,
@@ -52,7 +57,8 @@ create or replace function kb.search_hybrid(
   semantic_weight double precision default 0.3,
   k1 double precision default 1.2,
   b double precision default 0.75,
-  filter jsonb default null
+  filter jsonb default null,
+  language text default null
 )
 returns table (
   chunk_id uuid,
@@ -118,7 +124,7 @@ begin
   return query
   with lex as (
     select l.chunk_id, l.doc_id, l.doc_title, l.snippet, l.content, l.score, l.rank
-    from kb.search_lexical(query, k, k1, b, filter) l
+    from kb.search_lexical(query, k, k1, b, filter, language) l
   ),
   sem as (
     select u.doc_id, u.chunk_id, u.doc_title, u.snippet, u.content, u.score, u.rank::integer as rank
@@ -178,7 +184,7 @@ begin
 end
 $$;
 comment on function kb.search_hybrid(text, public.vector, integer, integer, text, double precision, double precision,
-                                  double precision, double precision, jsonb) is
+                                  double precision, double precision, jsonb, text) is
   'Hybrid search per document: lexical (BM25) and semantic top-k documents (within a search filter when given) fused '
   'by a convex combination of min-max normalised scores (default, the service''s 0.7 / 0.3, 60 deep), RRF or '
   'round-robin interleave; one chunk per document';

@@ -1,5 +1,6 @@
 -- kb.retrieve_hybrid(query, query_embedding, k, rrf_k, fusion, lexical_weight, semantic_weight,
---                    k1, b, lim, pair_model, pair_query_hash, pair_generation, filter)
+--                    k1, b, lim, pair_model, pair_query_hash, pair_generation, filter,
+--                    language)
 --
 -- The service's hybrid read in ONE statement: kb.search_hybrid's best `lim` rows, in its order
 -- (score desc, chunk_id), each with its live pair score (kb.kb_rerank_pair_scores) when one is
@@ -7,7 +8,7 @@
 -- (kb_rerank/retrieval/spec.py, kb_rerank/retrieval/store.py).
 --
 -- Same rows as `select * from kb.search_hybrid(query, query_embedding, k, rrf_k, fusion,
--- lexical_weight, semantic_weight, k1, b, filter) order by score desc, chunk_id limit lim`: the same
+-- lexical_weight, semantic_weight, k1, b, filter, language) order by score desc, chunk_id limit lim`: the same
 -- lists without their texts (kb.search_lexical_ids, the search kb.search_lexical adds the texts
 -- to, and kb.search_semantic_ids, kb.search_semantic's kNN step),
 -- the same deepening of the semantic list, the same per-document fusion written expression for
@@ -29,10 +30,15 @@
 -- (RLS on the chunks, documents and pair scores; the two list functions, definers, filter on
 -- kb.current_tenant()). Stable: it writes nothing. search_path pinned, pg_temp last.
 -- filter: kb.search_hybrid's, inside both lists before the fusion (NULL: none).
--- The signature before the filter (one overload only: positional calls stay unambiguous).
+-- language: kb.search_hybrid's, the query's language for the lexical list (NULL: none given).
+-- The signatures before the filter and before the language (one overload only: positional
+-- calls stay unambiguous).
 drop function if exists kb.retrieve_hybrid(text, public.vector, integer, integer, text, double precision,
                                            double precision, double precision, double precision, integer, text,
                                            text, bigint);
+drop function if exists kb.retrieve_hybrid(text, public.vector, integer, integer, text, double precision,
+                                           double precision, double precision, double precision, integer, text,
+                                           text, bigint, jsonb);
 create or replace function kb.retrieve_hybrid(
   query text,
   query_embedding public.vector,
@@ -47,7 +53,8 @@ create or replace function kb.retrieve_hybrid(
   pair_model text,
   pair_query_hash text,
   pair_generation bigint,
-  filter jsonb default null
+  filter jsonb default null,
+  language text default null
 )
 returns table (
   chunk_id uuid,
@@ -112,7 +119,7 @@ begin
   return query
   with lex as (
     select l.chunk_id, l.doc_id, l.score, l.rank
-    from kb.search_lexical_ids(query, k, k1, b, filter) l
+    from kb.search_lexical_ids(query, k, k1, b, filter, language) l
   ),
   sem as (
     select u.doc_id, u.chunk_id, u.score, u.rank::integer as rank
@@ -182,5 +189,5 @@ end
 $$;
 comment on function kb.retrieve_hybrid(text, public.vector, integer, integer, text, double precision,
                                        double precision, double precision, double precision, integer, text,
-                                       text, bigint, jsonb) is
+                                       text, bigint, jsonb, text) is
   'kb.search_hybrid''s best lim rows in its order, each with its live pair score under the given key (NULL: none); one statement';

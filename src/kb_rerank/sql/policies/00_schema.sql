@@ -23,10 +23,11 @@ grant execute on function kb.current_tenant(), kb.code_tokens(text), kb.to_tsv(t
                           kb.stop_words_en(), kb.vi_syllable_shape(text), kb.query_is_english(text),
                           kb.code_token_counts(text), kb.query_term_counts(text),
                           kb.stem_config(text), kb.stem_tsv(text, text), kb.stem_length(tsvector), kb.query_stems(text),
-                          kb.search_term_counts(text), kb.search_term_counts(text, text[]),
+                          kb.search_term_counts(text), kb.search_term_counts(text, text[]), kb.search_term_groups(text, text[]),
                           kb.language_subtag(text), kb.text_script(text), kb.language_script(text),
                           kb.script_language(text), kb.stem_languages(), kb.language_lexeme(text),
                           kb.nospace_class(), kb.has_nospace(text), kb.nospace_grams(text), kb.query_languages(text, uuid),
+                          kb.query_languages(text, uuid, text),
                           kb.bm25_tf_part(double precision, double precision, double precision, double precision, double precision),
                           kb.ts_rank_tf(), kb.ts_rank_tf_compute()
   to {{app_role}}, kb_search, kb_stats;
@@ -39,14 +40,14 @@ grant execute on function kb.search_filter(jsonb), kb.search_filter_time(text, t
 grant execute on function kb.metadata_values(jsonb) to {{app_role}};
 -- the policies of the audit tables call kb.current_tenant() as kb_audit
 grant execute on function kb.current_tenant() to kb_audit;
-grant execute on function kb.search_lexical(text, integer, double precision, double precision, jsonb),
+grant execute on function kb.search_lexical(text, integer, double precision, double precision, jsonb, text),
                           kb.search_semantic(public.vector, integer, jsonb),
                           kb.search_hybrid(text, public.vector, integer, integer, text, double precision, double precision,
-                                           double precision, double precision, jsonb),
-                          kb.search_lexical_ids(text, integer, double precision, double precision, jsonb),
+                                           double precision, double precision, jsonb, text),
+                          kb.search_lexical_ids(text, integer, double precision, double precision, jsonb, text),
                           kb.search_semantic_ids(public.vector, integer, jsonb),
                           kb.retrieve_hybrid(text, public.vector, integer, integer, text, double precision, double precision,
-                                             double precision, double precision, integer, text, text, bigint, jsonb)
+                                             double precision, double precision, integer, text, text, bigint, jsonb, text)
   to {{app_role}};
 -- /readyz compares the applied migration with the code's head revision.
 do $$

@@ -1,0 +1,225 @@
+"""Mixed-language knowledge bases: a query is analysed in its own language (detected by the
+service, or named by the caller over REST and in SQL), and a word analysed in more than one
+language counts once (kb.search_term_groups: its forms are one group, scored by the best).
+Through the real migrations, as the app role."""
+
+from __future__ import annotations
+
+import math
+import re
+import uuid
+
+import httpx
+import pytest
+
+from kb_rerank.app import create_app
+from kb_rerank.core.language import detect_query_language
+from kb_rerank.retrieval import store as search
+from kb_rerank.core.session import tenant_transaction
+
+from tests.helpers import basis, insert_doc
+from tests.live_server import OPS_TOKEN, SECRET, FakeReranker, bearer, serve_in_thread
+
+ENGLISH = [
+    "The boundary layer of a flat plate grows along the flow direction.",
+    "Heat transfer in supersonic flow depends on the wall temperature.",
+    "Wind tunnel tests measured the pressure distribution on the wing.",
+    "The library catalogue lists every book by author and subject.",
+    "Printers in the office are serviced every month by the vendor.",
+    "Cities grow along rivers where trade and transport meet.",
+]
+
+
+def _english_tenant(app_conn, tenant, others):
+    """A tenant of English pages (8 of each text above) and one page of each other language."""
+    i = 0
+    for rep in range(8):
+        for text in ENGLISH:
+            insert_doc(app_conn, tenant, f"en-{i}", [text], [basis(i % 300)], language="en")
+            i += 1
+    for title, (language, text) in others.items():
+        insert_doc(app_conn, tenant, title, [text], [basis(i % 300)], language=language)
+        i += 1
+
+
+OTHERS = {
+    "de-houses": ("de", "Die alten Häuser der Stadt stehen am Fluss und wurden im Mittelalter gebaut."),
+    "ru-books": ("ru", "В городской библиотеке хранятся старые книги и рукописи."),
+    "ja-library": ("ja", "東京の図書館には古い本がたくさんあります。"),
+}
+
+# (query, its language, a term its analysis must hold, the page it must find first)
+QUERIES = [
+    ("Wann wurden die alten Häuser am Fluss gebaut?", "de", "~ haus", "de-houses"),
+    ("Какие книги хранятся в библиотеке?", "ru", "~ книг", "ru-books"),
+    ("東京の図書館にはどんな本がありますか", "ja", "~ 図書", "ja-library"),
+]
+
+
+@pytest.mark.parametrize("query, language, term, first", QUERIES, ids=[q[1] for q in QUERIES])
+def test_a_query_is_analysed_in_its_own_language_in_an_english_tenant(app_conn, tenant, query, language, term,
+                                                                        first):
+    """German, Russian and Japanese questions in a tenant of 48 English pages and one page of
+    each: the query's language is detected, its words are analysed in it whatever its share
+    of the tenant, and its page ranks first."""
+    _english_tenant(app_conn, tenant, OTHERS)
+    assert detect_query_language(query) == language
+    with tenant_transaction(app_conn, tenant):
+        langs = app_conn.execute("select kb.query_languages(%s, kb.current_tenant(), %s)", [query, language]).fetchone()[0]
+        terms = [t for t, in app_conn.execute(
+            "select term from kb.search_term_groups(%s, kb.query_languages(%s, kb.current_tenant(), %s))",
+            [query, query, language])]
+        got = [c.doc_title for c in search.lexical(app_conn, query, 5, language=detect_query_language(query))]
+    assert langs == ([language] if language != "ja" else [])  # Japanese: n-grams, no stemmer
+    assert term in terms, terms
+    assert got[0] == first, got
+    if language == "de":
+        # without the query's language, the tenant's main language (English) analyses it
+        with tenant_transaction(app_conn, tenant):
+            assert app_conn.execute("select kb.query_languages(%s, kb.current_tenant())", [query]).fetchone()[0] == ["en"]
+            assert "~ haus" not in [t for t, in app_conn.execute("select term from kb.search_term_counts(%s)", [query])]
+
+
+def test_a_language_the_tenant_does_not_hold_leaves_the_tenant_languages(app_conn, tenant):
+    _english_tenant(app_conn, tenant, {})
+    with tenant_transaction(app_conn, tenant):
+        q = "Wann wurden die alten Häuser am Fluss gebaut?"
+        named, prior = app_conn.execute("select kb.query_languages(%s, kb.current_tenant(), 'de'),"
+                                        " kb.query_languages(%s, kb.current_tenant())", [q, q]).fetchone()
+    assert named == prior == []  # an English-only tenant: a query with diacritics is searched exact, as before
+
+
+def test_a_word_analysed_twice_contributes_once(app_conn, tenant):
+    """English and German pages in equal numbers: an undetermined query ('printer', too short
+    to detect) is stemmed in both, `printer` -> '~ printer' (English) and '~ print' (German).
+    A page holding both forms scores the better of the two, as BM25 computed here says, not
+    their sum; `E-117` keeps its full weight."""
+    pages = {"both": ("en", "The printer stopped printing after the update."),
+             "printer": ("en", "A printer on the second floor."),
+             "e117": ("en", "Error E-117 appears when the fuser overheats."),
+             "de-1": ("de", "Der Drucker im Büro druckt langsam."),
+             "de-2": ("de", "Die Anleitung beschreibt den Druckkopf.")}
+    for i, (title, (language, text)) in enumerate(pages.items()):
+        insert_doc(app_conn, tenant, title, [text], [basis(i)], language=language)
+    q = "printer E-117"
+    assert detect_query_language(q) is None
+    with tenant_transaction(app_conn, tenant):
+        assert app_conn.execute("select kb.query_languages(%s, kb.current_tenant())", [q]).fetchone()[0] == ["de", "en"]
+        groups = {tuple(sorted(f)): n for f, n in app_conn.execute(
+            "select array_agg(term), min(qtf) from kb.search_term_groups(%s, '{de,en}') group by grp", [q])}
+        n, stem_total, total = app_conn.execute(
+            "select n_chunks, stem_total_len, total_len from kb.corpus_stats").fetchone()
+        rows = app_conn.execute("select d.title, c.doc_len, c.stem_len, c.tsv::text from kb.chunks c"
+                                " join kb.documents d using (doc_id)").fetchall()
+        df = dict(app_conn.execute("select term, df from kb.term_stats where term in ('~ printer', '~ print', 'e-117')"))
+        got = {c.doc_title: c.score for c in search.lexical(app_conn, q, 10)}
+    assert groups == {("~ print", "~ printer"): 1, ("e-117",): 1}
+
+    def part(term, tf, length, avg):
+        idf = math.log(1 + (n - df[term] + 0.5) / (df[term] + 0.5))
+        return idf * tf * 2.2 / (tf + 1.2 * (0.25 + 0.75 * length / avg))
+
+    def tf(tsv, term):  # positions of the term in the tsvector's text (the title's words count too)
+        m = re.search(re.escape(f"'{term}'") + r"(?::([0-9,]+))?", tsv)  # a code token may have none
+        return 0 if not m else len(m.group(1).split(",")) if m.group(1) else 1
+
+    expected = {}
+    for title, doc_len, stem_len, tsv in rows:
+        best = max([part(t, tf(tsv, t), stem_len, stem_total / n) for t in ("~ printer", "~ print") if tf(tsv, t)],
+                   default=0.0)
+        code = part("e-117", tf(tsv, "e-117"), doc_len, total / n) if tf(tsv, "e-117") else 0.0
+        if best + code:
+            expected[title] = best + code
+    # the page with both forms ('printer', 'printing' -> '~ print'): the best form, not the sum
+    assert "'~ print'" in dict((r[0], r[3]) for r in rows)["both"]
+    assert set(got) == set(expected)
+    for title, score in expected.items():
+        assert math.isclose(got[title], score, rel_tol=1e-7), (title, got[title], score)
+
+
+HELP = {
+    # the exact error code, in English and German
+    "en-e117": ("en", "E-117 on the display: the fuser unit is overheating. Switch the printer off and let it cool."),
+    "de-e117": ("de", "Fehler E-117: Die Fixiereinheit ist überhitzt. Gerät ausschalten und abkühlen lassen."),
+    # common words, many times
+    "en-secure-print": ("en", "Secure print: the printer holds each print job until you enter your PIN; the"
+                              " display says Ready."),
+    "en-wifi": ("en", "Wi-Fi note: when the printer says it cannot find the network, print the network report."),
+    "en-toner": ("en", "When the printer says Toner Low, open the front cover and replace the cartridge."),
+    "en-paper": ("en", "If the printer says Paper Jam, open tray 2 and remove the sheet."),
+    "en-driver": ("en", "Installing the printer driver: the installer says when the printer is found."),
+    "en-scan": ("en", "Scanning to email: the printer says Sent once the message has left."),
+    "de-drucker": ("de", "Der Drucker sagt Bereit, wenn der Druckauftrag angenommen wurde; drucken Sie erneut."),
+    "de-papier": ("de", "Papierstau: Öffnen Sie die Klappe und entfernen Sie das Papier vorsichtig."),
+    "de-toner": ("de", "Tonerkartusche wechseln: vordere Abdeckung öffnen und die Kartusche herausziehen."),
+    "de-wlan": ("de", "WLAN einrichten: Der Drucker sagt, welche Netzwerke er sieht."),
+    "ja-e117": ("ja", "エラー:定着ユニットが過熱しています。電源を切って冷ましてください。"),
+    "ja-paper": ("ja", "用紙詰まり:カバーを開けて用紙を取り除いてください。"),
+    "zh-e117": ("zh", "错误:定影单元过热。请关闭设备并等待冷却。"),
+    "zh-toner": ("zh", "更换碳粉盒:打开前盖并取出碳粉盒。"),
+}
+
+
+def test_an_error_code_ranks_first_in_a_mixed_help_center(app_conn, tenant):
+    """Sixteen help pages in English, German, Japanese and Chinese: "printer says E-117" finds an
+    E-117 page first in the lexical list with the language detected (English), as the service
+    searches; without it (the tenant's languages, English and German) each common word is one
+    group."""
+    for i, (title, (language, text)) in enumerate(HELP.items()):
+        insert_doc(app_conn, tenant, title, [text], [basis(i)], language=language)
+    q = "printer says E-117"
+    assert detect_query_language(q) == "en"
+    with tenant_transaction(app_conn, tenant):
+        detected = [c.doc_title for c in search.lexical(app_conn, q, 5, language="en")]
+        prior = [c.doc_title for c in search.lexical(app_conn, q, 5)]
+    assert detected[0].endswith("e117"), (detected, prior)
+    # without it, `printer` is also German '~ print', which the secure-print page holds three
+    # times: one group, scored once, so the E-117 page stays in the top three
+    assert "en-e117" in prior[:3], prior
+
+
+@pytest.fixture
+def server(settings, embedder):
+    app = create_app(settings.with_(jwt_secret=SECRET, ops_token=OPS_TOKEN), reranker=FakeReranker(),
+                     embedder=embedder)
+    with serve_in_thread(app) as base:
+        with httpx.Client(base_url=base, timeout=60) as client:
+            yield client
+
+
+def test_the_language_named_over_rest_and_in_sql(app_conn, server):
+    """`Häuser` alone is too short to detect, and the tenant's main language is English: it is
+    stemmed as English and misses the German page. Named German, in the request body
+    (`language`, normalised: 'German', 'de-AT') or as the SQL searches' `language`, it finds it.
+    An unknown language is a 422 naming the field, on both routes, and changes nothing."""
+    tenant = uuid.uuid4()
+    _english_tenant(app_conn, tenant, {"de-houses": OTHERS["de-houses"]})
+    q = "Häuser"
+    assert detect_query_language(q) is None
+    sql = {"lexical": "select d.title from kb.search_lexical(%s, 5, 1.2, 0.75, null, %s) s"
+                      " join kb.documents d using (doc_id)",
+           "hybrid": "select d.title from kb.search_hybrid(%s, %s::vector, 5, language => %s) s"
+                     " join kb.documents d using (doc_id)"}
+    vec = "[" + ",".join(["0.05"] * 384) + "]"
+    with tenant_transaction(app_conn, tenant):
+        assert "de-houses" not in [t for t, in app_conn.execute(sql["lexical"], [q, None])]
+        assert [t for t, in app_conn.execute(sql["lexical"], [q, "de"])] == ["de-houses"]
+        assert "de-houses" in [t for t, in app_conn.execute(sql["hybrid"], [q, vec, "de"])]
+        hybrid_none = app_conn.execute("select count(*) from kb.search_hybrid(%s, %s::vector, 5) s"
+                                       " where s.lexical_rank is not null", [q, vec]).fetchone()[0]
+    assert hybrid_none == 0
+    h = bearer(tenant)
+    url = "/v1/kb/search/rerank"
+    r = server.post(url, json={"query": q, "source": "lexical_only"}, headers=h)
+    assert r.status_code == 200 and r.json()["results"] == [], r.text
+    for name in ("German", "de-AT", "deu"):
+        r = server.post(url, json={"query": q, "source": "lexical_only", "language": name}, headers=h)
+        assert r.status_code == 200, r.text
+        assert [x["doc_title"] for x in r.json()["results"]] == ["de-houses"], r.text
+    r = server.post("/v1/kb/context", json={"query": q, "language": "de"}, headers=h)
+    assert r.status_code == 200, r.text
+    for route in (url, "/v1/kb/context"):
+        for bad in ("klingon", "", 7, "x" * 100):
+            r = server.post(route, json={"query": q, "language": bad}, headers=h)
+            assert r.status_code == 422, (route, bad, r.text)
+            assert r.json()["field"] == "language", r.text

@@ -459,7 +459,7 @@ def test_19_model_failure_falls_back(kind, settings, embedder, sample_tenant, ow
     rr = {"raises": RaisingReranker, "timeout": SlowReranker, "nan": NaNReranker}.get(kind)
     rr = rr() if rr else Reranker(str(tmp_path / "no-such-model"), device="cpu")
     reasons = {"raises": "model_error", "timeout": "model_timeout", "nan": "invalid_scores",
-               "missing_folder": "model_not_ready"}
+               "missing_folder": "model_failed"}
     query = f"fallback {kind}: recurring invoices"
     try:
         with client_for(settings, rr, embedder, rerank_timeout_s=0.3) as client:

@@ -205,6 +205,9 @@ class Settings:
     # measured seconds per pair (calibrated at load, kept current) times this, at least KB_RATE_COST_PER_PAIR.
     # 400: one token buys 2.5 ms, a cache hit's time (bench/results/service-quiet-2026-12-01.md); 0: the fixed price
     rate_cost_per_model_second: float = 400.0
+    # KB_RATE_WORK_CONSERVING: a tenant alone (no other tenant's request in the last 10 s) pays one
+    # token a request, its work is free while the model and embedder would idle (kb_rerank.pipeline.limits)
+    rate_work_conserving: bool = True
     rate_cost_per_document: float = 0.1  # KB_RATE_COST_PER_DOCUMENT: tokens per /v2/rerank document, up front
     rate_cost_per_embedding: float = 4.0  # KB_RATE_COST_PER_EMBEDDING: tokens per text embedded (a query on a miss; /v2/rerank passages for MMR and the injection classifier)
     tenant_model_slots: int = 2  # KB_TENANT_MODEL_SLOTS: cross-encoder (and embedder) calls one tenant may have queued or running; 0 disables
@@ -598,6 +601,9 @@ RULES: dict[str, Rule] = {
     "rate_cost_per_model_second": Rule("tokens per second of cross-encoder time: a pair costs the model's measured"
                                        " seconds per pair times this (at least `KB_RATE_COST_PER_PAIR`); 0: the fixed"
                                        " price", ge=0),
+    "rate_work_conserving": Rule("a tenant alone (no other tenant's request in the last 10 s) pays one token a"
+                                 " request and nothing for its work (the model and embedder would idle); false: the"
+                                 " `KB_RATE_COST_PER_*` prices always"),
     "rate_cost_per_document": Rule("extra tokens per `/v2/rerank` document, up front (1000 documents: 101)", ge=0),
     "rate_cost_per_embedding": Rule("extra tokens per text embedded (the query of a miss; `/v2/rerank` passages, for MMR"
                                     " and the injection classifier, and the spans of the documents the classifier finds"

@@ -320,9 +320,11 @@ def test_cli_ingest_sync_deletes_documents_whose_file_is_gone(cli_env, capsys, a
 
     (kb / "sub" / "gone.md").unlink()
     (kb / "flaky.txt").write_bytes(b"caf\xe9 latin-1 now")  # still there, unreadable: its document stays
+    (kb / "keep.md").write_text("# Keep\n\nThe pellucid keep page, revised.\n", encoding="utf-8")
     assert cli.main(["ingest", "--sync", str(kb), "--dry-run", "--tenant", str(tenant)]) == 0
-    assert capsys.readouterr().out.splitlines() == ["would delete sub/gone.md",
-                                                    "1 document(s) would be deleted (dry run: nothing written)"]
+    assert capsys.readouterr().out.splitlines() == [
+        "would update keep.md", "would delete sub/gone.md",
+        "0 document(s) would be added, 1 updated, 1 deleted, 1 unchanged (dry run: nothing written)"]
     assert "sub/gone.md" in _uris(app_conn, tenant)
 
     assert cli.main(["ingest", "--sync", str(kb), "--tenant", str(tenant), "--quiet"]) == 1  # flaky.txt failed

@@ -263,6 +263,14 @@ class CallerDocumentsFlow(StoredResponse):
         # for it (the "allow" policy)
         policy = "allow" if self.req.guard == "report" else policy
         kept, filtered = apply_policy(cands, policy, self.settings.demote_factor, lambda c: {"index": int(c.id)})
+        if not self.composite:
+            # Cohere's order is relevance_score's: a demotion would reorder, so it is reported
+            # only; the exclusion of strong evidence is the one departure
+            for c in kept:
+                c.demote = 1.0
+            for f in filtered:
+                if f["action"] == "demoted":
+                    f["action"] = "reported"
         return Selection(cands, kept, kept, filtered)
 
     def compose(self, look: Lookup, sel: Selection, scored: Scored) -> Outcome:

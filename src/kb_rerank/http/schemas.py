@@ -223,7 +223,7 @@ class FilteredChunk(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     reason: str  # prompt_injection | keyword_stuffing
     score: float | None | UnsetType = UNSET  # prompt_injection only
     signals: list[str] | UnsetType = UNSET  # prompt_injection only
-    action: str  # excluded | demoted | allowed | reported (Cohere's order: a demotion reported, not applied)
+    action: str  # excluded | demoted | allowed | reported (Cohere's order: a demotion other than for injection, not applied)
     # prompt_injection only: strong (excluded under the default policy "exclude") | doubtful
     # (demoted under it); a chunk a person blocked counts as strong
     evidence: str | UnsetType = UNSET

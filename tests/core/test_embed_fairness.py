@@ -74,7 +74,8 @@ def test_a_long_caller_document_is_priced_by_its_pieces_before_the_work(settings
     MMR embed is charged at admission."""
     from kb_rerank.guard import verdict
 
-    s = settings.with_(jwt_secret=SECRET, ops_token=OPS_TOKEN, rate_limit_per_minute=1, rate_limit_burst=1000)
+    s = settings.with_(jwt_secret=SECRET, ops_token=OPS_TOKEN, rate_limit_per_minute=1, rate_limit_burst=1000,
+                       rate_work_conserving=False)  # the full prices: this test measures them
     long_doc = " ".join(f"paragraph {i} on refunds, credit notes and invoices." for i in range(300))[:19_000]
     n_pieces = len(verdict.pieces(long_doc, s.chunk_max_chars, s.chunk_overlap))
     assert n_pieces > 10

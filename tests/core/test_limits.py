@@ -389,6 +389,9 @@ def test_embeddings_beyond_the_admission_are_debited_when_the_request_ends():
 
 
 def _app(settings, embedder, reranker=None, **changes):
+    # the full prices (the service shared): what these tests measure; a tenant alone pays one
+    # token a request (tests/core/test_ordinary_use_limits.py)
+    changes.setdefault("rate_work_conserving", False)
     return create_app(settings.with_(jwt_secret=SECRET, ops_token=OPS_TOKEN, **changes), reranker=reranker or FakeReranker(),
                       embedder=embedder)
 

@@ -96,7 +96,7 @@ def test_a_value_out_of_bounds_is_refused_naming_the_variable(name, value):
     ({"KB_POOL_MIN": "5", "KB_POOL_MAX": "2"}, "KB_POOL_MIN=5 is larger than KB_POOL_MAX=2"),
     ({"KB_TIER_HIGH": "0.2", "KB_TIER_MEDIUM": "0.5"}, "KB_TIER_MEDIUM=0.5 is above KB_TIER_HIGH=0.2"),
     ({"KB_CHUNK_OVERLAP": "1200"}, "KB_CHUNK_OVERLAP=1200 must be smaller than KB_CHUNK_MAX_CHARS=1200"),
-    ({"KB_CONTEXT_TOP_N": "30"}, "KB_CONTEXT_TOP_N=30 is larger than KB_CONTEXT_MAX_TOP_N=20"),
+    ({"KB_CONTEXT_TOP_N": "30"}, "KB_CONTEXT_TOP_N=30 is larger than KB_MAX_TOP_N=20"),
     ({"KB_LEXICAL_WEIGHT": "0", "KB_SEMANTIC_WEIGHT": "0"}, "KB_LEXICAL_WEIGHT and KB_SEMANTIC_WEIGHT are both 0"),
     ({"KB_WORKERS": "0"}, "KB_WORKERS=0 is invalid: Expected `int` >= 1"),
 ])

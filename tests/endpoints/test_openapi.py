@@ -27,7 +27,7 @@ ENDPOINTS = {
                "fallback", "fallback_reason", "candidate_count", "reranked_count", "partial_reason",
                "rerank_duration_ms", "lambda", "injection_policy", "stages", "from_cache", "trace_id"}),
     V2: ({"query", "documents", "model", "top_n", "max_tokens_per_doc", "return_documents", "lambda",
-          "recency_weight", "half_life_days", "authority_weight", "explain"},
+          "recency_weight", "half_life_days", "authority_weight", "explain", "guard"},
          {"id", "results", "meta"}),
 }
 ERRORS = {"400", "401", "413", "415", "422", "429", "503"}

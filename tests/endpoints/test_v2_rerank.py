@@ -7,7 +7,6 @@ import uuid
 
 import pytest
 
-from kb_rerank.core.settings import Settings
 
 from kb_rerank.core.session import tenant_transaction
 
@@ -60,7 +59,8 @@ def test_cohere_shape(api, reranker):  # noqa: F811
     assert finals == sorted(finals, reverse=True)
     meta = body["meta"]
     assert meta["api_version"] == {"version": "2"} and meta["documents"] == 4 and meta["scored"] == 4
-    assert meta["requested_model"] == "rerank-v3.5" and meta["lambda"] == Settings().mmr_lambda and meta["mmr"] is True
+    assert meta["requested_model"] == "rerank-v3.5" and meta["lambda"] == 1.0 and meta["mmr"] is False
+    assert meta["order"] == "relevance_score"  # Cohere's contract by default: no MMR unless asked
     # without return_documents: no document; id echoed when given
     body = call(api, tenant, {"query": "capital", "documents": DOCS})
     assert len(body["results"]) == 4 and all("document" not in r for r in body["results"])
@@ -126,7 +126,11 @@ def test_cut_off_and_mmr_and_demotion(settings, embedder):
     with client_for(settings, r, embedder, rerank_max_candidates=6) as client:
         plain = call(client, uuid.uuid4(), {"query": "reset password and export csv", "documents": docs,
                                             "top_n": 3, "lambda": 1.0})
-    assert [x["index"] for x in plain["results"]] == [0, 1, 2]
+    # Cohere's order (no boost, no diversity asked): the highest relevance first, the stuffed
+    # document reported, not demoted (only strong injection evidence departs from the contract)
+    assert [x["index"] for x in plain["results"]] == [4, 0, 1]
+    assert any(f["index"] == 4 and f["reason"] == "keyword_stuffing" and f["action"] == "reported"
+               for f in plain["meta"]["filtered"])
     assert any(f["index"] == 4 and f["reason"] == "keyword_stuffing" for f in body["meta"]["filtered"])
     assert "stages" in body["results"][0]
 

@@ -32,8 +32,9 @@ from tests.ingest.test_ingest import _stats_are_exact
 # --------------------------------------------------------------------------- fixture files
 
 
-def make_pdf(lines: list[str]) -> bytes:
-    """A one-page PDF (Helvetica, one text line per entry) with an exact cross-reference table."""
+def make_pdf(lines: list[str], title: str | None = None) -> bytes:
+    """A one-page PDF (Helvetica, one text line per entry) with an exact cross-reference table;
+    ``title``: its document-information Title."""
     def lit(s: str) -> str:
         return "(" + s.replace("\\", "\\\\").replace("(", "\\(").replace(")", "\\)") + ")"
 
@@ -46,6 +47,8 @@ def make_pdf(lines: list[str]) -> bytes:
         f"<< /Length {len(content.encode('latin-1'))} >>\nstream\n{content}\nendstream",
         "<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica >>",
     ]
+    if title is not None:
+        objs.append(f"<< /Title {lit(title)} >>")
     out = io.BytesIO()
     out.write(b"%PDF-1.4\n")
     offsets = []
@@ -56,7 +59,8 @@ def make_pdf(lines: list[str]) -> bytes:
     out.write(f"xref\n0 {len(objs) + 1}\n0000000000 65535 f \n".encode())
     for off in offsets:
         out.write(f"{off:010d} 00000 n \n".encode())
-    out.write(f"trailer\n<< /Size {len(objs) + 1} /Root 1 0 R >>\nstartxref\n{xref}\n%%EOF\n".encode())
+    info = f" /Info {len(objs)} 0 R" if title is not None else ""
+    out.write(f"trailer\n<< /Size {len(objs) + 1} /Root 1 0 R{info} >>\nstartxref\n{xref}\n%%EOF\n".encode())
     return out.getvalue()
 
 
@@ -134,7 +138,7 @@ def test_each_format_is_read_and_corrupt_files_are_reported(tmp_path):
 
     pdf = docs["manual.pdf"]
     assert "Tighten the zephyrine gasket to twelve newton metres." in pdf.text
-    assert pdf.title == "manual" and pdf.language == "en"  # no heading in a plain PDF: the file stem
+    assert pdf.title == "Zephyrine gasket manual" and pdf.language == "en"  # no metadata Title: its first line
     docx = docs["export.docx"]
     assert docx.title == "Quillwort export"
     assert docx.text.startswith("# Quillwort export")  # heading kept as Markdown: the chunker splits there
@@ -316,9 +320,11 @@ def test_cli_ingest_sync_deletes_documents_whose_file_is_gone(cli_env, capsys, a
 
     (kb / "sub" / "gone.md").unlink()
     (kb / "flaky.txt").write_bytes(b"caf\xe9 latin-1 now")  # still there, unreadable: its document stays
+    (kb / "keep.md").write_text("# Keep\n\nThe pellucid keep page, revised.\n", encoding="utf-8")
     assert cli.main(["ingest", "--sync", str(kb), "--dry-run", "--tenant", str(tenant)]) == 0
-    assert capsys.readouterr().out.splitlines() == ["would delete sub/gone.md",
-                                                    "1 document(s) would be deleted (dry run: nothing written)"]
+    assert capsys.readouterr().out.splitlines() == [
+        "would update keep.md", "would delete sub/gone.md",
+        "0 document(s) would be added, 1 updated, 1 deleted, 1 unchanged (dry run: nothing written)"]
     assert "sub/gone.md" in _uris(app_conn, tenant)
 
     assert cli.main(["ingest", "--sync", str(kb), "--tenant", str(tenant), "--quiet"]) == 1  # flaky.txt failed

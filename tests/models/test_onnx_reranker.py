@@ -213,7 +213,7 @@ def test_the_service_serves_through_the_onnx_backend(settings, embedder, sample_
     assert body["results"] and all(0.0 <= r["rerank_score"] <= 1.0 for r in body["results"])
 
 
-@pytest.mark.parametrize("case,reason", [("missing", "model_not_ready"), ("timeout", "model_timeout")])
+@pytest.mark.parametrize("case,reason", [("missing", "model_failed"), ("timeout", "model_timeout")])
 def test_the_service_falls_back_like_the_flag_backend(settings, embedder, sample_tenant, tiny_model_dir,
                                                       export_root, tmp_path, case, reason):
     root = tmp_path / "none" if case == "missing" else export_root

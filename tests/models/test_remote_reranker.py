@@ -152,4 +152,7 @@ def test_the_service_serves_through_the_remote_backend_and_falls_back(local, set
     assert r.status_code == 200, r.text
     assert r.json()["fallback_reason"] == reason
     assert server.calls >= 1
-    assert ready["model"]["backend"] == "remote" and ready["model"]["state"] == "remote"
+    # the probe of /readyz: a server answering 500 cannot score
+    assert ready["model"]["backend"] == "remote"
+    assert ready["model"]["state"] == ("remote" if reason is None else "unreachable")
+    assert ready["status"] == ("ready" if reason is None else "degraded")

@@ -374,7 +374,7 @@ def test_corrupted_cache_row_is_a_miss_and_replaced(kind, settings, embedder, sa
         third = client.post(URL, json={"query": query}, headers=bearer(sample_tenant)).json()
         assert third["from_cache"] is True and third["results"] == first["results"]
     cache, audit = _cache_audit(owner_conn, sample_tenant, query, app)
-    assert len(cache) == 1 and cache[0][1] == first["results"] and cache[0][0] == body["trace_id"]
+    assert len(cache) == 1 and cache[0][1]["results"] == first["results"] and cache[0][0] == body["trace_id"]
     assert [a[0] for a in audit] == ["served", "served", "cache_hit"]
 
 

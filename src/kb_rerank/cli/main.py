@@ -8,6 +8,7 @@ import logging
 import os
 import sys
 import time
+import unicodedata
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from uuid import UUID
@@ -174,11 +175,15 @@ def cmd_ingest(args, settings: Settings) -> int:
             return 2
         dt = time.perf_counter() - t0
     if args.dry_run:
-        for uri in report.deleted:
-            print(f"would delete {uri}")
-        print(f"{len(report.deleted)} document(s) would be deleted (dry run: nothing written)")
+        for verb, uris in (("add", report.would_add), ("update", report.would_update), ("delete", report.deleted)):
+            for uri in uris:
+                print(f"would {verb} {uri}")
+        for bad in report.bad_files:
+            print(f"would fail {bad.path}: {bad.reason}", file=sys.stderr)
+        print(f"{len(report.would_add)} document(s) would be added, {len(report.would_update)} updated,"
+              f" {len(report.deleted)} deleted, {report.unchanged} unchanged (dry run: nothing written)")
         return 0
-    print(f"{report.summary()} in {dt:.1f}s")
+    print(f"{report.summary(failures=False)} in {dt:.1f}s")
     print(report.guard_summary(args.tenant))
     for uri in report.deleted:
         print(f"deleted {uri} (file gone)", file=sys.stderr)
@@ -262,9 +267,9 @@ def cmd_guard_list(args, settings: Settings) -> int:
               r["evidence"] or "-", r["action"] or "-", r["review"] or "-",
               _short(",".join(x for x in r["reasons"] if not x.startswith("evidence:")) or "-", 48))
              for r in rows]
-    widths = [max(len(h), *(len(t[i]) for t in table)) for i, h in enumerate(head)]
+    widths = [max(display_width(h), *(display_width(t[i]) for t in table)) for i, h in enumerate(head)]
     for line in (head, tuple("-" * w for w in widths), *table):
-        print("  ".join(cell.ljust(w) for cell, w in zip(line, widths)).rstrip())
+        print("  ".join(fit(cell, w) for cell, w in zip(line, widths)).rstrip())
     return 0
 
 
@@ -345,13 +350,32 @@ def cmd_lists(args, settings: Settings) -> int:
     return cmd_term_blocks(args, settings)
 
 
+def display_width(text: str) -> int:
+    """Terminal columns of ``text``: two for an East Asian wide or fullwidth character (CJK),
+    none for a combining mark, one otherwise."""
+    return sum(0 if unicodedata.combining(ch) else 2 if unicodedata.east_asian_width(ch) in "WF" else 1
+               for ch in text)
+
+
+def fit(text: str, width: int) -> str:
+    """``text`` cut to at most ``width`` columns and padded to exactly ``width``."""
+    out, used = [], 0
+    for ch in text:
+        w = display_width(ch)
+        if used + w > width:
+            break
+        out.append(ch)
+        used += w
+    return "".join(out) + " " * (width - used)
+
+
 def _print_results(rows) -> None:
     if not rows:
         print("  (no results)")
     for i, r in enumerate(rows, 1):
         ranks = f"lex={r.lexical_rank or '-'} sem={r.semantic_rank or '-'}"
         snippet = " ".join(r.snippet.split())[:90]
-        print(f"  {i:2d}. {r.score:8.4f}  {ranks:16s} {r.doc_title[:40]:40s} | {snippet}")
+        print(f"  {i:2d}. {r.score:8.4f}  {ranks:16s} {fit(r.doc_title, 40)} | {snippet}")
 
 
 def run_search(conn, settings: Settings, embedder, tenant: UUID, query: str, mode: str, k: int):

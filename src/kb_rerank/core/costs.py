@@ -30,7 +30,7 @@ import contextlib
 from dataclasses import dataclass
 from typing import Any, AsyncIterator
 
-from kb_rerank.core.limits import REQUEST_COST, Limits
+from kb_rerank.core.limits import REQUEST_COST, Limits, Prices
 
 
 @dataclass(frozen=True)
@@ -39,9 +39,9 @@ class Work:
     embeddings: int = 0  # texts for the embedder
     pairs: int = 0  # (query, passage) pairs for the cross-encoder
 
-    def price(self, limits: Limits) -> float:
-        return (limits.cost_per_document * self.documents + limits.cost_per_embedding * self.embeddings
-                + limits.cost_per_pair * self.pairs)
+    def price(self, prices: Prices | Limits) -> float:
+        return (prices.cost_per_document * self.documents + prices.cost_per_embedding * self.embeddings
+                + prices.cost_per_pair * self.pairs)
 
 
 def filter_price(limits: Limits, terms: int, documents: int) -> float:
@@ -55,6 +55,9 @@ class Bill:
 
     def __init__(self, limits: Limits, tenant: Any) -> None:
         self.limits, self.tenant = limits, tenant
+        # the request's prices, fixed when it starts: free while the tenant is alone
+        # (work-conserving: kb_rerank.core.limits.Limits.prices)
+        self.prices = limits.prices(tenant)
         # paid for and not used yet: at admission (kept) and reserved (given back unused)
         self._admitted = Work()
         self._reserved = Work()
@@ -65,7 +68,7 @@ class Bill:
 
     def admit(self, work: Work) -> None:
         """Before the cache read (429 when short): the work the body tells."""
-        price = work.price(self.limits)
+        price = work.price(self.prices)
         self.limits.charge(self.tenant, price, paid=REQUEST_COST)
         self._paid += price
         # a document's price includes its pair
@@ -74,7 +77,7 @@ class Bill:
 
     def reserve(self, work: Work) -> None:
         """When a miss starts (429 when short): the most it can do, in one charge."""
-        price = work.price(self.limits)
+        price = work.price(self.prices)
         self.limits.charge(self.tenant, price, paid=REQUEST_COST)
         self._paid += price
         self._reserved = Work(embeddings=self._reserved.embeddings + work.embeddings,
@@ -92,14 +95,14 @@ class Bill:
         self._reserved = Work(embeddings=r.embeddings - er, pairs=r.pairs - pr)
         self._owe(embeddings - ea - er)
         if pairs > pa + pr:
-            self.limits.charge(self.tenant, self.limits.cost_per_pair * (pairs - pa - pr), paid=REQUEST_COST)
+            self.limits.charge(self.tenant, self.prices.cost_per_pair * (pairs - pa - pr), paid=REQUEST_COST)
         return pa, pr, pairs - pa - pr
 
     def _owe(self, embeddings: int) -> None:
         if embeddings <= 0:
             return
         if self._settled:  # a late batch (the guard stopped waiting for it): charged as it runs
-            self.limits.tenant_rate.debit(self.tenant, self.limits.cost_per_embedding * embeddings)
+            self.limits.tenant_rate.debit(self.tenant, self.prices.cost_per_embedding * embeddings)
         else:
             self._owed += embeddings
 
@@ -128,7 +131,7 @@ class Bill:
         when the measured pair price is higher."""
         expected, (pa, pr, pc) = self._slot
         self._slot = (0, (0, 0, 0))
-        price = self.limits.cost_per_pair
+        price = self.prices.cost_per_pair
         if pairs < expected:
             back = expected - pairs
             refund = min(back, pc)
@@ -142,7 +145,7 @@ class Bill:
             self._admitted = Work(embeddings=self._admitted.embeddings, pairs=self._admitted.pairs + back)
         elif pairs > expected:
             self.limits.tenant_rate.debit(self.tenant, price * (pairs - expected))
-        excess = price - self.limits.cost_per_document
+        excess = price - self.prices.cost_per_document
         if pa > 0 and excess > 0:
             self.limits.tenant_rate.debit(self.tenant, excess * min(pa, pairs))
 
@@ -169,9 +172,9 @@ class Bill:
         if self._settled:
             return
         self._settled = True
-        unused, self._reserved = self._reserved.price(self.limits), Work()
+        unused, self._reserved = self._reserved.price(self.prices), Work()
         if unused > 0:
             self.limits.tenant_rate.refund(self.tenant, unused)
         owed, self._owed = self._owed, 0
         if owed:
-            self.limits.tenant_rate.debit(self.tenant, self.limits.cost_per_embedding * owed)
+            self.limits.tenant_rate.debit(self.tenant, self.prices.cost_per_embedding * owed)

@@ -27,6 +27,17 @@ evenly (docs/scaling.md says why the buckets are not kept in PostgreSQL).
    are bounded too. Behind a reverse proxy every client shares the proxy's address: raise
    the limit or set it to 0 there, and limit at the proxy.
 
+**Work-conserving prices** (:meth:`Limits.prices`): the work a request does beyond its token
+(documents, embeddings, pairs) is charged at the prices of :mod:`kb_rerank.core.costs`
+only while the service is shared: another tenant sent a request within
+``SHARED_WINDOW_S``. A tenant alone pays one token a request, since the model and the
+embedder it would wait for are idle otherwise: one person's ordinary use (searches typed one
+after another, a few ``/v2/rerank`` calls) is never refused for work nobody else wanted. As
+soon as another tenant is served, every tenant's next requests pay the full prices, and the
+per-tenant caps (2.) bound what the first one still has in flight, so a tenant that floods
+delays another's request by at most the bounded unit, as before.
+(``KB_RATE_WORK_CONSERVING=false``: the full prices always.)
+
 Refusals are 429 with ``Retry-After`` and a JSON body ``{"error": "rate_limited" |
 "tenant_busy", "scope" | "resource": ..., "retry_after_s": ...}``.
 """
@@ -36,12 +47,26 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import itertools
 import math
 import time
 from typing import Any, AsyncIterator, Callable
 
 # What every authenticated request pays in the auth guard: the whole cost of a cache hit.
 REQUEST_COST = 1.0
+# How recently another tenant must have sent a request for the service to count as shared
+# (work-conserving prices, above): ten seconds, several of anyone's typed searches
+SHARED_WINDOW_S = 10.0
+
+
+class Prices:
+    """What a unit of work costs one request (tokens): fixed for the request's life."""
+
+    def __init__(self, per_pair: float = 0.0, per_document: float = 0.0, per_embedding: float = 0.0) -> None:
+        self.cost_per_pair, self.cost_per_document, self.cost_per_embedding = per_pair, per_document, per_embedding
+
+
+FREE = Prices()
 
 
 class LimitExceeded(Exception):
@@ -220,7 +245,8 @@ class Limits:
     def __init__(self, *, tenant_rate: RateLimiter | None = None, address_rate: RateLimiter | None = None,
                  model_slots: int = 0, pool_slots: int = 0, wait_s: float = 0.0, cost_per_pair: float = 0.0,
                  cost_per_document: float = 0.0, cost_per_embedding: float = 0.0,
-                 cost_per_filter_kdoc: float = 0.0, cost_per_model_second: float = 0.0, on_reject: Callable[[str], None] | None = None) -> None:
+                 cost_per_filter_kdoc: float = 0.0, cost_per_model_second: float = 0.0, shared_window_s: float = 0.0,
+                 on_reject: Callable[[str], None] | None = None) -> None:
         # (`is None`: an empty RateLimiter is falsy, it has a length)
         self.tenant_rate = tenant_rate if tenant_rate is not None else RateLimiter(0, 1)
         self.address_rate = address_rate if address_rate is not None else RateLimiter(0, 1)
@@ -234,6 +260,27 @@ class Limits:
         self.cost_per_model_second = max(0.0, float(cost_per_model_second))
         self.pair_cost: Any = None  # the model's ForwardCost (kb_rerank.models.forward_cost), once it is loaded
         self.on_reject = on_reject or (lambda reason: None)
+        # work-conserving prices: 0 charges the full prices always
+        self.shared_window_s = max(0.0, float(shared_window_s))
+        self._recent: collections.OrderedDict[Any, float] = collections.OrderedDict()  # tenant -> last request
+
+    def prices(self, tenant: Any) -> Prices:
+        """The prices of ``tenant``'s request now: :data:`FREE` while it is alone (no other
+        tenant sent a request within ``shared_window_s``), else the full prices."""
+        if self.shared_window_s > 0:
+            horizon = time.monotonic() - self.shared_window_s
+            while self._recent and next(iter(self._recent.values())) < horizon:
+                self._recent.popitem(last=False)
+            if all(k == tenant for k in itertools.islice(self._recent, 2)):
+                return FREE
+        return Prices(self.cost_per_pair, self.cost_per_document, self.cost_per_embedding)
+
+    def _arrived(self, tenant: Any) -> None:
+        if self.shared_window_s > 0:
+            self._recent.pop(tenant, None)
+            self._recent[tenant] = time.monotonic()  # oldest first
+            while len(self._recent) > 100_000:
+                self._recent.popitem(last=False)
 
     @property
     def cost_per_pair(self) -> float:
@@ -259,6 +306,7 @@ class Limits:
             cost_per_pair=settings.rate_cost_per_pair, cost_per_document=settings.rate_cost_per_document,
             cost_per_embedding=settings.rate_cost_per_embedding, cost_per_filter_kdoc=settings.rate_cost_per_filter_kdoc,
             cost_per_model_second=settings.rate_cost_per_model_second,
+            shared_window_s=SHARED_WINDOW_S if settings.rate_work_conserving else 0.0,
             on_reject=on_reject,
         )
 
@@ -275,7 +323,10 @@ class Limits:
         self._charge(self.address_rate, address, 1.0, "address")
 
     def charge(self, tenant: Any, cost: float = REQUEST_COST, *, paid: float = 0.0) -> None:
-        """``cost`` tokens of the tenant's bucket; ``paid``: what the request paid already."""
+        """``cost`` tokens of the tenant's bucket; ``paid``: what the request paid already.
+        The request's first charge (``paid`` 0) marks the tenant as active (:meth:`prices`)."""
+        if not paid:
+            self._arrived(tenant)
         self._charge(self.tenant_rate, tenant, cost, "tenant", paid)
 
     # ------------------------------------------------------------------ caps

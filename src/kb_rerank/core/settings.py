@@ -127,7 +127,7 @@ class Settings:
     # of computed twice; off: single flight within each process only.
     shared_single_flight: bool = True  # KB_SHARED_SINGLE_FLIGHT
     single_flight_poll_s: float = 0.05  # KB_SINGLE_FLIGHT_POLL_S
-    rerank_top_n: int = 10  # KB_RERANK_TOP_N: results of /v1/kb/search/rerank; a request's top_n is 1..this
+    rerank_top_n: int = 10  # KB_RERANK_TOP_N: results of /v1/kb/search/rerank unless the request says
     # Cache
     cache_ttl_s: int = 300
     evict_interval_s: int = 3600
@@ -181,7 +181,10 @@ class Settings:
     rerank_max_candidates: int = 50  # KB_RERANK_MAX_CANDIDATES: fused-score cut-off before the cross-encoder
     demote_factor: float = 0.5  # KB_DEMOTE_FACTOR: relevance multiplier for demoted (flagged / stuffed) chunks
     context_top_n: int = 5  # KB_CONTEXT_TOP_N: passages in a context block unless the request says
-    context_max_top_n: int = 20  # KB_CONTEXT_MAX_TOP_N: largest top_n a request may ask for
+    # KB_MAX_TOP_N: the largest top_n a request may ask for, one bound for both endpoints where top_n
+    # means "results returned" (/v1/kb/search/rerank and /v1/kb/context): 20, so that a context
+    # block of 20 passages and a results page of 20 are both within reach of the 40 candidates
+    max_top_n: int = 20
     v2_max_documents: int = 1000  # KB_V2_MAX_DOCUMENTS: documents per /v2/rerank request
     v2_max_document_chars: int = 20000  # KB_V2_MAX_DOCUMENT_CHARS: characters per document
     v2_max_body_bytes: int = 4194304  # KB_V2_MAX_BODY_BYTES: request body limit of /v2/rerank
@@ -202,6 +205,9 @@ class Settings:
     # measured seconds per pair (calibrated at load, kept current) times this, at least KB_RATE_COST_PER_PAIR.
     # 400: one token buys 2.5 ms, a cache hit's time (bench/results/service-quiet-2026-12-01.md); 0: the fixed price
     rate_cost_per_model_second: float = 400.0
+    # KB_RATE_WORK_CONSERVING: a tenant alone (no other tenant's request in the last 10 s) pays one
+    # token a request, its work is free while the model and embedder would idle (kb_rerank.core.limits)
+    rate_work_conserving: bool = True
     rate_cost_per_document: float = 0.1  # KB_RATE_COST_PER_DOCUMENT: tokens per /v2/rerank document, up front
     # KB_RATE_COST_PER_FILTER_KDOC: tokens per search filter term (a value of $eq / $in, a range)
     # per 1000 documents of the tenant, charged before the filter runs
@@ -606,8 +612,8 @@ RULES: dict[str, Rule] = {
                                 ge=-1, le=1),
     "rerank_max_candidates": Rule("fused-score cut-off before the cross-encoder", ge=1),
     "demote_factor": Rule("relevance multiplier of flagged (injection, stuffing) passages", ge=0, le=1),
-    "context_top_n": Rule("passages in a context block unless the request says (<= KB_CONTEXT_MAX_TOP_N)", ge=1),
-    "context_max_top_n": Rule("largest `top_n` a request may ask for", ge=1),
+    "context_top_n": Rule("passages in a context block unless the request says (<= KB_MAX_TOP_N)", ge=1),
+    "max_top_n": Rule("largest `top_n` a request may ask for, on `/v1/kb/search/rerank` and `/v1/kb/context`", ge=1),
     "v2_max_documents": Rule("documents per `/v2/rerank` request", ge=1),
     "v2_max_document_chars": Rule("characters per `/v2/rerank` document", ge=1),
     "v2_max_body_bytes": Rule("request body limit of `/v2/rerank`", ge=64),
@@ -626,6 +632,9 @@ RULES: dict[str, Rule] = {
     "rate_cost_per_model_second": Rule("tokens per second of cross-encoder time: a pair costs the model's measured"
                                        " seconds per pair times this (at least `KB_RATE_COST_PER_PAIR`); 0: the fixed"
                                        " price", ge=0),
+    "rate_work_conserving": Rule("a tenant alone (no other tenant's request in the last 10 s) pays one token a"
+                                 " request and nothing for its work (the model and embedder would idle); false: the"
+                                 " `KB_RATE_COST_PER_*` prices always"),
     "rate_cost_per_document": Rule("extra tokens per `/v2/rerank` document, up front (1000 documents: 101)", ge=0),
     "rate_cost_per_filter_kdoc": Rule("extra tokens per search filter term (each value of `$eq` / `$in`, each range)"
                                       " per 1000 documents of the tenant, charged before the filter runs (16 ranges over"
@@ -712,8 +721,10 @@ def _check_between(s: Settings) -> None:
          f"KB_TIER_MEDIUM={s.tier_medium} is above KB_TIER_HIGH={s.tier_high}: the tiers must be ordered")
     need(s.chunk_overlap < s.chunk_max_chars,
          f"KB_CHUNK_OVERLAP={s.chunk_overlap} must be smaller than KB_CHUNK_MAX_CHARS={s.chunk_max_chars}")
-    need(s.context_top_n <= s.context_max_top_n,
-         f"KB_CONTEXT_TOP_N={s.context_top_n} is larger than KB_CONTEXT_MAX_TOP_N={s.context_max_top_n}")
+    need(s.context_top_n <= s.max_top_n,
+         f"KB_CONTEXT_TOP_N={s.context_top_n} is larger than KB_MAX_TOP_N={s.max_top_n}")
+    need(s.rerank_top_n <= s.max_top_n,
+         f"KB_RERANK_TOP_N={s.rerank_top_n} is larger than KB_MAX_TOP_N={s.max_top_n}")
     need(s.lexical_weight + s.semantic_weight > 0, "KB_LEXICAL_WEIGHT and KB_SEMANTIC_WEIGHT are both 0")
     need(APP_ROLE_PATTERN.fullmatch(s.app_role) is not None,
          f"KB_APP_ROLE={s.app_role!r} is invalid: a plain SQL name, [a-z_][a-z0-9_]*, at most 63 characters")

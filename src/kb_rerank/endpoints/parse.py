@@ -21,6 +21,15 @@ def check_query(q: str, settings: Settings) -> None:
         raise invalid("query", f"query is longer than {settings.max_query_chars} characters")
 
 
+def check_top_n(obj: dict, settings: Settings) -> None:
+    """``top_n`` of the search and context endpoints (results returned): one bound, 1 ..
+    ``KB_MAX_TOP_N``, one message. (``/v2/rerank``'s ``top_n`` is Cohere's: any count, at most
+    the documents.)"""
+    n = obj.get("top_n")
+    if n is not None and (isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= settings.max_top_n):
+        raise invalid("top_n", f"top_n must be a whole number between 1 and {settings.max_top_n}")
+
+
 def check_filter(value):
     """A request's ``filter`` in canonical form (None: no filter); a 422 naming the field
     (``filter.product``, ``filter.updated_at.$gte``) when it is outside the grammar."""
@@ -46,20 +55,19 @@ def rerank_request(raw: bytes, settings: Settings) -> RerankRequest:
     source = obj.get("source", None)
     if "source" in obj and (not isinstance(source, str) or source not in SOURCES):
         raise invalid("source", "source must be one of: " + ", ".join(SOURCES), allowed=list(SOURCES))
+    check_top_n(obj, settings)
     req = body.convert(obj, RerankRequest)
     check_query(req.query, settings)
-    if req.top_n is not None and req.top_n > settings.rerank_top_n:
-        raise invalid("top_n", f"top_n must be between 1 and {settings.rerank_top_n}")
     req.filter = check_filter(req.filter)
     req.language = check_language(req.language)
     return req
 
 
 def context_request(raw: bytes, settings: Settings) -> ContextRequest:
-    req: ContextRequest = body.decode(raw, ContextRequest)
+    obj = body.decode_object(raw)
+    check_top_n(obj, settings)
+    req: ContextRequest = body.convert(obj, ContextRequest)
     check_query(req.query, settings)
-    if req.top_n is not None and req.top_n > settings.context_max_top_n:
-        raise invalid("top_n", f"top_n must be between 1 and {settings.context_max_top_n}")
     req.filter = check_filter(req.filter)
     req.language = check_language(req.language)
     return req

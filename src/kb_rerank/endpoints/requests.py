@@ -43,8 +43,8 @@ Language = Annotated[str, msgspec.Meta(description=(
 class RerankRequest(msgspec.Struct, forbid_unknown_fields=True):
     query: str
     source: Source = DEFAULT_SOURCE
-    # results, 1..KB_RERANK_TOP_N (10); default 10 (a larger value is a 422 naming top_n)
-    top_n: Annotated[int, msgspec.Meta(ge=1, description="Results returned, 1..10 (default 10)")] | None = None
+    # results, 1..KB_MAX_TOP_N (20); default KB_RERANK_TOP_N (10) (kb_rerank.endpoints.parse.check_top_n)
+    top_n: Annotated[int, msgspec.Meta(ge=1, description="Results returned, 1..20 (KB_MAX_TOP_N; default 10)")] | None = None
     filter: Filter | None = None
     language: Language | None = None
 
@@ -108,3 +108,7 @@ class V2Request(msgspec.Struct, forbid_unknown_fields=True, rename={"lam": "lamb
     half_life_days: HalfLife = 30.0
     authority_weight: Weight = 0.0
     explain: bool = False
+    # the guard over caller documents: "apply" excludes documents with strong evidence of prompt
+    # injection (the one departure from Cohere's contract) and demotes doubtful ones; "report"
+    # only reports them in meta.filtered
+    guard: Literal["apply", "report"] = "apply"

@@ -108,7 +108,7 @@ class Outcome:
     body: Any
     candidate_count: int
     returned_count: int
-    model: str
+    model: str | None  # the model that scored at least one result (compose.answer_model), else None
     fallback_reason: str | None = None
     rerank_ms: int = 0
     cacheable: bool = True  # False also when the answer is a fallback
@@ -126,7 +126,7 @@ class Served:
     body: Any
     from_cache: bool
     outcome: Outcome | None  # None on a hit
-    model: str
+    model: str | None  # the answer's model: the cache row's on a hit
 
 
 @dataclass(frozen=True)
@@ -272,7 +272,7 @@ class Pipeline:
                     break  # waited as long as a claim lives: compute without one
                 look = await self.lookup(flow, tenant, trace_id, t0, claim)
             if look.hit is not None:
-                return Served(look.hit, True, None, look.model or self.model_name)
+                return Served(look.hit, True, None, look.model)
             shared = flight.followed
             if (isinstance(shared, Outcome) and shared.generation == look.generation
                     and shared.query_hash == look.query_hash):
@@ -318,7 +318,7 @@ class Pipeline:
                         if claim is not None:
                             await claim.take(conn, qh, generation)
                         return look
-                    look.hit, look.model = entry.body, entry.model or self.model_name
+                    look.hit, look.model = entry.body, entry.model
                     await audit.append(conn, audit.AuditRecord(
                         kind=audit.CACHE_HIT, source=flow.source, query_hash=qh, trace_id=trace_id,
                         model=look.model, candidate_count=0, returned_count=flow.returned(entry.body),
@@ -438,7 +438,8 @@ class Pipeline:
         parts = (out.fallback_reason, out.detail if out.detail is not None else flow.tag, extra)
         detail = ";".join(p for p in parts if p) or None
         cache = write and out.cacheable
-        pairs = write and out.fallback_reason is None and self.settings.pair_cache
+        # pair scores are keyed by the answer's model: none when it names none
+        pairs = write and out.fallback_reason is None and out.model is not None and self.settings.pair_cache
         with timing.stage("record"):
             async with self.connection(tenant) as conn:
                 await record.write(

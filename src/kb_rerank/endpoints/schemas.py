@@ -31,10 +31,12 @@ ScoredBy = Annotated[str, msgspec.Meta(description=(
     " and no tier are reported, the result follows every model-scored one in first-stage order), `curation`"
     " (a curated list's rank)"))]
 RankedBy = Annotated[str, msgspec.Meta(description=(
-    "What ranked the answer: `model`, `fused` (a fallback: no model could score, `model` is null and the"
-    " X-KB-Fallback header names the reason) or `curation`"))]
+    "What ranked the answer: `model` (the model named by `model` scored at least one result), `fused` (a"
+    " fallback: no model could score, `model` is null and the X-KB-Fallback header names the reason),"
+    " `curation`, or `none` (no result: nothing was ranked, `model` is null)"))]
 AnswerModel = Annotated[str | None, msgspec.Meta(description=(
-    "The cross-encoder that ranked the answer; null on a fallback (no model scored it)"))]
+    "The cross-encoder that scored at least one of the answer's results; null when none did (a fallback, an"
+    " answer without results)"))]
 FinalScore = Annotated[float | None, msgspec.Meta(description=(
     "The composite the results are ordered by (relevance, MMR, boosts); null for a result the model did not"
     " score (no relevance to compose: its place in the list is its rank)"))]
@@ -309,7 +311,7 @@ class V2Filtered(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     reason: str
     score: float | None | UnsetType = UNSET  # prompt_injection only
     signals: list[str] | UnsetType = UNSET  # prompt_injection only
-    action: str  # excluded | demoted | allowed
+    action: str  # excluded | demoted | allowed | reported (in Cohere's order: noted, not applied)
     # prompt_injection only: strong (excluded under the default policy "exclude") | doubtful (demoted under it)
     evidence: str | UnsetType = UNSET
     review: str | UnsetType = UNSET  # not set for caller documents (reviews apply to knowledge-base chunks)
@@ -335,6 +337,10 @@ class V2Meta(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, rename={"
     lam: float
     mmr: bool
     injection_policy: str
+    guard: str = "apply"  # the request's guard: apply | report
+    # what orders the results: relevance_score (Cohere's contract, the default) | final_score
+    # (the request asked for diversity, lambda < 1, or a boost)
+    order: str = "final_score"
     filtered: list[V2Filtered]
     # scored documents the injection classifier could not reach (embedder failed, or
     # KB_GUARD_EMBED_TIMEOUT_S): judged by the patterns alone or without their spans; such an

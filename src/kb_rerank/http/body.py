@@ -69,6 +69,85 @@ def field_of(msg: str) -> str | None:
     return path or None
 
 
+# msgspec's type names, in the words an error body uses
+_TYPE_WORDS = {"int": "a whole number", "float": "a number", "str": "a string", "bool": "true or false",
+               "array": "a list", "object": "an object", "null": "null", "datetime": "an ISO 8601 date and time"}
+_OPS = {">=": "at least", "<=": "at most", ">": "more than", "<": "less than"}
+_EXPECTED = re.compile(r"Expected `([^`]+)`(?: of length)?(?: (>=|<=|>|<) ([^ ,]+))?(?:, got `([^`]+)`)?")
+_ENUM = re.compile(r"Invalid enum value (.+?)(?: - at|$)")
+_BYTE = re.compile(r"\(byte (\d+)\)")
+
+
+def _types(spec: str) -> str:
+    words = [_TYPE_WORDS.get(t.strip(), t.strip()) for t in spec.split("|")]
+    words = [w for w in words if w != "null"] or ["null"]
+    return " or ".join(dict.fromkeys(words))
+
+
+def plain(msg: str, field: str | None, allowed: dict[str, Any] | None = None) -> str:
+    """A msgspec validation message in plain words naming ``field`` and what is allowed
+    (``allowed``: a field's full bounds or choices, where the caller knows them): no decoder
+    text reaches a user."""
+    name = field or "the body"
+    if _MISSING.search(msg):
+        return f"{name} is required"
+    if _UNKNOWN.search(msg):
+        known = (allowed or {}).get("fields") if field and field.isidentifier() else None
+        return f"{name} is not a field of this request" + (f"; the fields are: {', '.join(known)}" if known else "")
+    bounds = (allowed or {}).get(field or "")
+    m = _ENUM.search(msg)
+    if m:
+        return f"{name} must be one of: {', '.join(map(str, bounds))}" if bounds else f"{name} has a value that is not allowed"
+    if "datetime" in msg or "RFC3339" in msg:
+        return f"{name} must be an ISO 8601 date and time (2024-11-05 or 2024-11-05T10:00:00Z)"
+    m = _EXPECTED.search(msg)
+    if m:
+        spec, op, bound, got = m.groups()
+        kind = _types(spec)
+        if "of length" in msg:
+            return f"{name} must have a length of {_OPS[op]} {bound}" if op else f"{name} has the wrong length"
+        if isinstance(bounds, str):
+            return f"{name} must be {kind} {bounds}"
+        if op:
+            return f"{name} must be {kind} of {_OPS[op]} {bound}"
+        if got:
+            return f"{name} must be {kind}, not {_types(got)}"
+        return f"{name} must be {kind}"
+    return f"{name} has a value that is not allowed"
+
+
+def json_problem(msg: str) -> str:
+    """A JSON syntax error in plain words (no decoder text)."""
+    if "truncated" in msg:
+        return "the body is not complete JSON: it ends before the object is closed"
+    m = _BYTE.search(msg)
+    where = f" near character {int(m.group(1)) + 1}" if m else ""
+    if "UTF-8" in msg or "utf-8" in msg:
+        return "the body is not valid UTF-8 text"
+    return f"the body is not valid JSON{where}: send one JSON object, such as {{\"query\": \"...\"}}"
+
+
+def allowed_of(typ: type) -> dict[str, Any]:
+    """What a request type allows, for :func:`plain`: its field names, each bounded number's
+    full range ("between 0 and 1") and each choice's values."""
+    info = msgspec.inspect.type_info(typ)
+    out: dict[str, Any] = {"fields": [f.encode_name for f in info.fields]}
+    for f in info.fields:
+        t = f.type
+        for option in getattr(t, "types", (t,)):
+            if isinstance(option, msgspec.inspect.LiteralType):
+                out[f.encode_name] = list(option.values)
+            if not isinstance(option, (msgspec.inspect.IntType, msgspec.inspect.FloatType)):
+                continue
+            ge, gt, hi = getattr(option, "ge", None), getattr(option, "gt", None), getattr(option, "le", None)
+            low = f"of at least {ge}" if ge is not None else f"more than {gt}" if gt is not None else None
+            if low and hi is not None:
+                out[f.encode_name] = f"between {ge} and {hi}" if ge is not None else f"{low} and at most {hi}"
+            elif low:
+                out[f.encode_name] = low
+    return out
+
+
 def decode_object(raw: bytes) -> dict[str, Any]:
     """Parse ``raw`` as a JSON object (400 / 422 as described in the module docstring).
 
@@ -81,7 +160,7 @@ def decode_object(raw: bytes) -> dict[str, Any]:
     except RecursionError:
         raise invalid_json("JSON nested too deeply") from None
     except msgspec.DecodeError as exc:
-        raise invalid_json(str(exc)) from None
+        raise invalid_json(json_problem(str(exc))) from None
     if not isinstance(obj, dict):
         raise invalid(None, "the body must be a JSON object")
     return obj
@@ -93,7 +172,8 @@ def convert(obj: dict[str, Any], typ: type[T]) -> T:
         return msgspec.convert(obj, typ)
     except msgspec.ValidationError as exc:
         msg = str(exc)
-        raise invalid(field_of(msg), msg) from None
+        field = field_of(msg)
+        raise invalid(field, plain(msg, field, allowed_of(typ))) from None
 
 
 def decode(raw: bytes, typ: type[T]) -> T:

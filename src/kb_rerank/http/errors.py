@@ -94,8 +94,10 @@ def model_unavailable_handler(request: Request, exc: ModelUnavailable) -> Respon
     """``/v2/rerank`` with no model able to score (``KB_V2_FALLBACK=error``): 503 with the
     fallback reason and ``Retry-After``, as TEI and hosted rerankers answer."""
     request.app.state.metrics.rejected.labels("model_unavailable").inc()
-    return Response({"error": "model_unavailable", "reason": exc.reason,
-                     "detail": "no cross-encoder could score the documents; retry later",
-                     "retry_after_s": exc.retry_after_s},
-                    status_code=503, headers={"Retry-After": str(exc.retry_after_s), **_trace_headers(request)},
-                    media_type=MediaType.JSON)
+    retry = exc.retry_after_s
+    detail = ("no cross-encoder could score the documents; retry later" if retry is not None else
+              "no cross-encoder can score the documents (it failed to load, or none is configured): a retry"
+              " will not help until an operator fixes the model")
+    headers = {"Retry-After": str(retry)} if retry is not None else {}
+    return Response({"error": "model_unavailable", "reason": exc.reason, "detail": detail, "retry_after_s": retry},
+                    status_code=503, headers={**headers, **_trace_headers(request)}, media_type=MediaType.JSON)

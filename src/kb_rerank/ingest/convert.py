@@ -162,7 +162,28 @@ def _convert(kind: str, extension: str, data: bytes, max_chars: int) -> dict[str
     if len(markdown) > max_chars:
         return {"ok": False, "reason": f"converted text too long: more than {max_chars} characters"
                                        " (KB_INGEST_MAX_CHARS)"}
-    return {"ok": True, "title": getattr(result, "title", None) or "", "markdown": markdown}
+    title = getattr(result, "title", None) or (pdf_title(data) if kind == "pdf" else "")
+    return {"ok": True, "title": title, "markdown": markdown}
+
+
+def pdf_title(data: bytes) -> str:
+    """A PDF's document-information ``Title`` (pdfminer.six, markitdown's PDF reader), "" when
+    it has none or it cannot be read: the converted text has no title of its own."""
+    try:
+        from pdfminer.pdfdocument import PDFDocument
+        from pdfminer.pdfparser import PDFParser
+        from pdfminer.pdftypes import resolve1
+        from pdfminer.utils import decode_text
+
+        for info in PDFDocument(PDFParser(io.BytesIO(data))).info:
+            value = resolve1(info.get("Title"))
+            if isinstance(value, bytes):
+                value = decode_text(value)
+            if isinstance(value, str) and value.strip():
+                return value
+    except Exception:  # noqa: BLE001 - a title is a nicety: the first heading or line names it instead
+        return ""
+    return ""
 
 
 def _child(job: dict[str, Any], data: bytes, wfd: int) -> None:

@@ -128,6 +128,9 @@ class IngestReport:
     term_lists: int | None = None  # BM25 term blocks rebuilt at the end (None: not rebuilt)
     bad_files: list[BadFile] = field(default_factory=list)
     deleted: list[str] = field(default_factory=list)  # source_uri of documents removed by a sync
+    # a dry run's preview: the files that would be added, and the documents that would be updated
+    would_add: list[str] = field(default_factory=list)
+    would_update: list[str] = field(default_factory=list)
     # the chunks written that the tenant's injection policy acts on (flagged, or reviewed
     # `block`), by what it does with them under that policy (guard_policy.injection_decision)
     policy: str = "exclude"
@@ -135,7 +138,9 @@ class IngestReport:
     guard_demoted: int = 0
     guard_allowed: int = 0
 
-    def summary(self) -> str:
+    def summary(self, *, failures: bool = True) -> str:
+        """One line; ``failures`` False: the failed files counted, not listed (a caller that
+        prints each one on its own line, so each failure is printed once)."""
         s = (
             f"{self.added} added, {self.updated} updated, {self.unchanged} unchanged; "
             f"{self.chunks_written} chunks written ({self.embeddings_computed} embedded, "
@@ -145,8 +150,10 @@ class IngestReport:
             s += f"; {self.term_lists} BM25 term lists rebuilt"
         if self.deleted:
             s += f"; {len(self.deleted)} deleted (file gone)"
-        if self.bad_files:
+        if self.bad_files and failures:
             s += f"; {len(self.bad_files)} failed: " + "; ".join(f"{b.path}: {b.reason}" for b in self.bad_files)
+        elif self.bad_files:
+            s += f"; {len(self.bad_files)} failed"
         return s
 
     @property
@@ -205,7 +212,8 @@ def ingest_documents(
         items = tqdm(docs, total=total, unit="doc", desc="ingest")
     for item in items:
         if isinstance(item, BadFile):
-            log.warning("skipped %s: %s", item.path, item.reason)
+            # reported once, by whoever reads the report (the CLI prints each failed file)
+            log.info("skipped %s: %s", item.path, item.reason)
             report.bad_files.append(item)
             continue
         _ingest_one(conn, tenant_id, item, embedder, settings, report)
@@ -500,6 +508,20 @@ def sync_folder(conn: psycopg.Connection, tenant_id: UUID | str, folder: str | P
                           "tenant would be deleted); use `kb-rerank delete` to empty a tenant")
     if dry_run:
         report = IngestReport()
+        docs = list(iter_documents([root], ReadLimits.from_settings(settings), language=language))
+        with tenant_transaction(conn, tenant_id):
+            stored = {uri: (h, md) for uri, h, md in conn.execute(
+                "select source_uri, content_hash, metadata from kb.documents where source_uri = any(%s)",
+                [[d.source_uri for d in docs if isinstance(d, SourceDoc)]])}
+        for d in docs:
+            if not isinstance(d, SourceDoc):
+                report.bad_files.append(d)
+            elif d.source_uri not in stored:
+                report.would_add.append(d.source_uri)
+            elif stored[d.source_uri] != (document_hash(d), document_metadata(d.front_matter)):
+                report.would_update.append(d.source_uri)
+            else:
+                report.unchanged += 1
         report.deleted = vanished_documents(conn, tenant_id, root)
         return report
     report = ingest_paths(conn, tenant_id, [root], embedder, settings, progress=progress, language=language)

@@ -217,6 +217,16 @@ def _first_h1(text: str) -> str | None:
     return None
 
 
+def _first_line(text: str, max_chars: int = 200) -> str:
+    """The first non-blank line, its spaces collapsed and cut at ``max_chars``: the title of a
+    text without a heading."""
+    for line in text.splitlines():
+        line = " ".join(line.split())
+        if line:
+            return line[:max_chars]
+    return ""
+
+
 # --------------------------------------------------------------------------
 # reading
 
@@ -433,7 +443,9 @@ def _read_text(data: bytes, where: str, uri: str, suffix: str, stem: str, limits
     if not body:
         return BadFile(where, "no text after the front matter")
 
-    title = _first_h1(body) or fm_title or stem
+    # the front matter's title is the document's own; else its first heading, a text file's
+    # first line, the file name
+    title = fm_title or _first_h1(body) or (_first_line(body) if suffix not in MARKDOWN_SUFFIXES else "") or stem
     language = fm_language or language or guess_language(body)  # front matter, --language, detection
     return SourceDoc(source_uri=uri, title=title, text=body, language=language, authority=authority,
                      front_matter=meta)
@@ -486,7 +498,10 @@ def _read_converted(data: bytes, where: str, uri: str, kind: str, suffix: str, s
     if not body:
         reason = "no text extracted" + (" (a scanned PDF without a text layer?)" if kind == "pdf" else "")
         return BadFile(where, reason)
-    title = " ".join(str(answer.get("title") or "").split()) or _first_h1(body) or stem
+    # the converter's title (HTML <title>, a PDF's metadata Title), else the first heading,
+    # else (a PDF's headings are plain lines) the first line
+    title = (" ".join(str(answer.get("title") or "").split()) or _first_h1(body)
+             or (_first_line(body) if kind == "pdf" else "") or stem)
     return SourceDoc(source_uri=uri, title=title, text=body, language=language or guess_language(body))
 
 
@@ -649,8 +664,9 @@ def iter_documents(paths: Iterable[str | Path], limits: ReadLimits | None = None
     listed it is not followed. A file named directly is the caller's choice: a link to it is
     followed and a hard link read, but a special file is still refused.
 
-    Markdown/text: title = first ``# `` heading, else front-matter
-    ``title:``, else the file stem; ``source_uri`` = path relative to the
+    Markdown/text: title = front-matter ``title:``, else the first ``# `` heading, else
+    (a ``.txt``) the first line, else the file stem; PDF: its metadata ``Title``, else
+    the first heading, else the first line; ``source_uri`` = path relative to the
     given folder (posix), or the file name for a file given directly.
     Front matter (YAML; ``title``, ``authority``, ``language`` are used, other
     keys such as ``tags: [a, b]`` are accepted and ignored) is only parsed for

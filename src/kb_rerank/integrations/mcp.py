@@ -105,7 +105,9 @@ def _passage(hit: Hit) -> PassageOut:
 def build_server(client: KbRerankClient) -> MCPServer:
     """The MCP server answering with ``client``'s token (one tenant)."""
     # WARNING: the SDK's INFO records (a line per HTTP call) would fill an MCP client's log
-    server = MCPServer(name="kb-rerank", instructions=INSTRUCTIONS, log_level="WARNING")
+    from kb_rerank import __version__
+
+    server = MCPServer(name="kb-rerank", version=__version__, instructions=INSTRUCTIONS, log_level="WARNING")
 
     @server.tool(name=TOOL, title="Search the knowledge base",
                  description="Ranked, guarded passages of the knowledge base for a question, fenced as a numbered"

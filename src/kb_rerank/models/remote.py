@@ -36,6 +36,9 @@ from kb_rerank.models.cross_encoder import RerankerError, RerankerTimeout
 log = logging.getLogger(__name__)
 
 TEI, COHERE = "tei", "cohere"
+# the reachability probe (/readyz, and after a fallback): its bound, and how long its verdict holds
+PROBE_TIMEOUT_S = 2.0
+PROBE_MAX_AGE_S = 5.0
 
 
 def protocol_of(url: str) -> tuple[str, str]:
@@ -63,6 +66,8 @@ class RemoteReranker:
         self._client = httpx.AsyncClient(headers=headers, transport=transport)
         self.last_error: str | None = None
         self.calls = 0
+        self._reachable = True  # the last probe's verdict (or the last call's success)
+        self._probed_at: float | None = None
 
     # the interface the pipeline and /readyz read (kb_rerank.models.cross_encoder.Reranker's)
     @property
@@ -71,14 +76,40 @@ class RemoteReranker:
 
     @property
     def ready(self) -> bool:
-        return True  # reachability is per call: a failed call is a fallback, the next one retries
+        """False once a probe found the server unable to score (unreachable, or not answering
+        200): answers are then fallbacks, each of which probes again in the background
+        (:meth:`ensure_loaded_async`), and ``/readyz`` says ``degraded``."""
+        return self._reachable
 
     @property
     def state(self) -> str:
-        return "remote"
+        return "remote" if self._reachable else "unreachable"
+
+    async def probe(self, *, max_age_s: float = PROBE_MAX_AGE_S) -> bool:
+        """Whether the server scores now: one rerank of one short passage, bounded by
+        ``PROBE_TIMEOUT_S``; a verdict younger than ``max_age_s`` is reused (``/readyz`` is
+        polled by load balancers, each poll must not cost an inference)."""
+        now = time.monotonic()
+        if self._probed_at is not None and now - self._probed_at < max_age_s:
+            return self._reachable
+        self._probed_at = now
+        timeout = min(PROBE_TIMEOUT_S, self.timeout_s)
+        try:
+            r = await asyncio.wait_for(self._client.post(self.url, json=self._body("ping", ["ping"]), timeout=timeout),
+                                       timeout)
+            if r.status_code == 200:
+                self._scores(r.json(), 1)
+                self._reachable, self.last_error = True, None
+            else:
+                self._reachable, self.last_error = False, f"HTTP {r.status_code}"
+        except (httpx.TimeoutException, asyncio.TimeoutError, TimeoutError):
+            self._reachable, self.last_error = False, "timeout"
+        except (httpx.HTTPError, RerankerError, ValueError) as exc:
+            self._reachable, self.last_error = False, type(exc).__name__
+        return self._reachable
 
     async def ensure_loaded_async(self) -> bool:
-        return True
+        return await self.probe()
 
     def _body(self, query: str, passages: list[str]) -> dict[str, Any]:
         if self.protocol == COHERE:
@@ -125,8 +156,9 @@ class RemoteReranker:
                 retry = True
             else:
                 if r.status_code == 200:
-                    self.last_error = None
-                    return self._scores(r.json(), len(passages))
+                    scores = self._scores(r.json(), len(passages))
+                    self.last_error, self._reachable = None, True
+                    return scores
                 self.last_error = f"HTTP {r.status_code}"
                 retry = r.status_code == 429 or r.status_code >= 500
                 if not retry:

@@ -57,17 +57,19 @@ def tiers(settings: Settings) -> tuple[float, float]:
 #   value the flows rank such a result by (:func:`fallback_relevance`,
 #   :func:`kb_rerank.rerank.scoring.partial_relevance`) is an ordering device, never sent as
 #   a relevance: a client thresholding on it would take a fused order for a model's verdict;
-# * an answer with no model score at all (a fallback) names no model (``model`` null) and
-#   says ``ranked_by: "fused"``;
+# * an answer names the model that scored at least one of its results, else none (``model``
+#   null): a fallback says ``ranked_by: "fused"``, an answer with no result ``ranked_by:
+#   "none"``; the cache row and the audit row name the same model as the answer;
 # * every degraded answer carries a header for clients that read only results
 #   (:func:`degraded_headers`): ``X-KB-Fallback: <reason>`` on a fallback, ``X-KB-Partial:
 #   budget`` on a partial answer.
 
-MODEL, FUSED, CURATION = "model", "fused", "curation"
+MODEL, FUSED, CURATION, NOTHING = "model", "fused", "curation", "none"
 FALLBACK_HEADER, PARTIAL_HEADER = "X-KB-Fallback", "X-KB-Partial"
 # how long a caller should wait before asking again, by fallback reason (Retry-After of the
-# 503 a flow answers instead of a fallback): a model still loading takes seconds
-RETRY_AFTER_S = {"model_not_ready": 10}
+# 503 a flow answers instead of a fallback): a model still loading takes seconds; a model
+# whose load failed, or none configured, gets no Retry-After (no retry can help)
+RETRY_AFTER_S: dict[str, int | None] = {"model_not_ready": 10, "model_failed": None, "model_absent": None}
 RETRY_AFTER_DEFAULT_S = 2
 
 
@@ -84,16 +86,24 @@ def reported_tier(final_score: float, scored_by: str, settings: Settings) -> str
     return tier(final_score, tiers(settings)) if scored_by == MODEL else None
 
 
-def answer_model(model: str | None, fallback_reason: str | None) -> str | None:
-    """The ``model`` an answer names: None on a fallback (no model ranked it)."""
-    return None if fallback_reason else model
+def answer_model(model: str | None, results: list[dict[str, Any]]) -> str | None:
+    """The ``model`` an answer names: ``model`` when it scored at least one of the answer's
+    ``results`` (a result without ``scored_by`` is from a row cached before the field existed:
+    a whole answer, the model's), else None: an empty answer, a "nothing relevant" answer and a
+    fallback name no model, whatever state the model is in."""
+    return model if any(r.get("scored_by", MODEL) != FUSED for r in results) else None
 
 
-def ranked_by(fallback_reason: str | None, *, curated: bool = False) -> str:
-    """What ranked an answer: ``curation`` (a curated list), ``fused`` (a fallback: the first
-    stage), else ``model`` (a partial answer too: its first results are the model's, each
-    result's ``scored_by`` says which)."""
-    return CURATION if curated else FUSED if fallback_reason else MODEL
+def ranked_by(model: str | None, fallback_reason: str | None, *, curated: bool = False) -> str:
+    """What ranked an answer, agreeing with ``model`` (:func:`answer_model`) and ``fallback``:
+    ``fused`` (a fallback: the first stage), ``none`` (no result: nothing was ranked, ``model``
+    null, not a fallback), ``curation`` (a curated list), else ``model`` (a partial answer too:
+    its first results are the model's, each result's ``scored_by`` says which)."""
+    if fallback_reason:
+        return FUSED
+    if model is None:
+        return NOTHING
+    return CURATION if curated else MODEL
 
 
 def degraded_headers(fallback_reason: str | None, partial: str | None) -> dict[str, str]:
@@ -119,8 +129,8 @@ def degraded_warning(fallback_reason: str | None, partial: str | None) -> str | 
 
 class ModelUnavailable(Exception):
     """No model could score an answer whose caller asked for a reranker (``/v2/rerank`` with
-    ``KB_V2_FALLBACK=error``): answered 503 with ``reason`` and ``Retry-After`` by the HTTP
-    layer, instead of a fallback."""
+    ``KB_V2_FALLBACK=error``): answered 503 with ``reason`` by the HTTP layer, instead of a
+    fallback, and ``Retry-After`` when a retry can help (``retry_after_s`` not None)."""
 
     def __init__(self, reason: str) -> None:
         super().__init__(reason)

@@ -5,7 +5,7 @@ model, inside the slot its caller gives (the tenant's model slot:
 :meth:`kb_rerank.core.costs.Bill.model`): within the rerank budget (``KB_RERANK_BUDGET_MS``,
 as many as fit, in fused order: a *partial* answer) where the model can stop at a deadline,
 else all of them within ``timeout_s``. Any failure is a fallback *reason* (``model_not_ready``
-/ ``model_timeout`` / ``model_error`` / ``invalid_scores`` / ``model_budget``), never an
+/ ``model_failed`` / ``model_absent`` / ``model_timeout`` / ``model_error`` / ``invalid_scores`` / ``model_budget``), never an
 exception. Model scores are taken at ``real`` precision (:func:`pair_cache.as_real`) so cached
 and fresh scores are bit-identical. :func:`order` is the one ranking of scored candidates
 (score descending, then id).
@@ -69,6 +69,14 @@ def budget_pairs(reranker: Any, budget_ms: float) -> int | None:
     return cost.pairs_within(budget_ms)
 
 
+def not_ready_reason(reranker: Any) -> str:
+    """Why a model cannot score now: ``model_absent`` (none configured), ``model_failed`` (its
+    load failed: no retry helps until an operator acts), else ``model_not_ready`` (loading)."""
+    if reranker is None:
+        return "model_absent"
+    return "model_failed" if getattr(reranker, "state", None) == "failed" else "model_not_ready"
+
+
 def _no_slot(_pairs: int) -> AsyncContextManager[None]:
     return contextlib.nullcontext()
 
@@ -116,7 +124,7 @@ async def score(reranker: CrossEncoder | None, query: str, texts: Sequence[str],
     if not missing:
         return Scored([known[k] for k in keys], cached=len(texts))
     if reranker is None or not reranker.ready:
-        return Scored(None, "model_not_ready")
+        return Scored(None, not_ready_reason(reranker))
     until = reranker.ascore_until if budgeted(reranker, budget_ms) else None
     reason: str | None = None
     raw: Any = None
@@ -134,7 +142,7 @@ async def score(reranker: CrossEncoder | None, query: str, texts: Sequence[str],
         except (TimeoutError, asyncio.TimeoutError, RerankerTimeout):
             reason = "model_timeout"
         except RerankerUnavailable:
-            reason = "model_not_ready"
+            reason = not_ready_reason(reranker)
         except Exception as exc:  # noqa: BLE001 - any model failure means fallback
             reason = "model_error"
             log.warning("reranker failed (%s): %s", reason, type(exc).__name__)

@@ -57,7 +57,7 @@ class RetrievalSpec:
         elif source in (LEXICAL, SEMANTIC):
             limit = depth = cand
         elif source == CURATED:
-            limit = depth = settings.rerank_top_n
+            limit = depth = settings.max_top_n
         else:
             raise ValueError(f"unknown source {source!r}")
         return cls(source, limit, depth, dict(settings.fusion), settings.bm25_k1, settings.bm25_b, details, filter,

@@ -16,8 +16,9 @@
    ``tier_high`` / ``tier_medium``, the top ``top_n`` assembled by :mod:`.prompt`. A result
    the model did not score (``scored_by: fused``) has ``rerank_score`` / ``scores.rerank`` /
    ``ranks.rerank``, ``final_score`` / ``scores.final`` and ``tier`` null (its place is its
-   ``rank``); a fallback answer has ``model`` null and ``ranked_by:
-   "fused"`` (:mod:`kb_rerank.rerank.compose`, the rule of degraded answers).
+   ``rank``); a fallback answer has ``model`` null and ``ranked_by: "fused"``, an answer
+   without results (none found, the gate closed, nothing relevant) ``model`` null and
+   ``ranked_by: "none"`` (:mod:`kb_rerank.rerank.compose`, the rule of degraded answers).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ import numpy as np
 from kb_rerank.core.candidate import Candidate
 from kb_rerank.rerank import diversify
 from kb_rerank.endpoints.context import prompt
-from kb_rerank.rerank.compose import (MODEL, answer_model, rank_map, ranked_by, reported_score, reported_tier,
+from kb_rerank.rerank.compose import (NOTHING, answer_model, rank_map, ranked_by, reported_score, reported_tier,
                                         rounded)
 from kb_rerank.core.costs import Work
 from kb_rerank.endpoints.runner import Lookup, Outcome, Selection, Served, StoredResponse
@@ -76,8 +77,12 @@ class ContextFlow(StoredResponse):
 
     def answer(self, served: Served, trace_id: str) -> dict[str, Any]:
         if served.from_cache:
-            return {**served.body, "from_cache": True, "trace_id": trace_id, "rerank_duration_ms": 0,
-                    "candidate_count": 0}
+            # the miss's counts (candidate_count, reranked_count) as it reported them; the model
+            # by the one rule also for a row cached before it named none for an empty answer
+            body = served.body
+            model = answer_model(body.get("model"), body["results"])
+            return {**body, "model": model, "ranked_by": ranked_by(model, body.get("fallback_reason")),
+                    "from_cache": True, "trace_id": trace_id, "rerank_duration_ms": 0}
         return {**served.body, "from_cache": False, "trace_id": trace_id}
 
     def candidates(self) -> list[Candidate]:
@@ -105,7 +110,7 @@ class ContextFlow(StoredResponse):
         body: dict[str, Any] = {
             "answerable": False, "results": [], "filtered": sel.filtered, "gate": gate,
             "context": prompt.build_context_block([]), "system_prompt": prompt.system_prompt(0),
-            "model": self.model, "ranked_by": MODEL, "fallback": False, "fallback_reason": None,
+            "model": None, "ranked_by": NOTHING, "fallback": False, "fallback_reason": None,
             "candidate_count": len(cands), "reranked_count": 0, "partial_reason": None, "rerank_duration_ms": 0,
             "lambda": self.lam, "injection_policy": look.policy,
         }
@@ -113,12 +118,11 @@ class ContextFlow(StoredResponse):
             body["stages"] = []
         if not cut:
             detail = "context;gate_closed" if gate["closed"] else ("context;unanswerable" if cands else "context")
-            return Outcome(body, len(cands), 0, self.model, detail=detail)
+            return Outcome(body, len(cands), 0, None, detail=detail)
         body["rerank_duration_ms"] = scored.ms
         rel, by = scoring.relevance(scored, [c.score for c in cut])
         if scored.reason:
             body["fallback"], body["fallback_reason"] = True, scored.reason
-            body["model"], body["ranked_by"] = answer_model(self.model, scored.reason), ranked_by(scored.reason)
         body["reranked_count"], body["partial_reason"] = scored.reranked, scored.partial
         for c, r, b in zip(cut, rel, by):
             c.relevance, c.scored_by = float(r), b
@@ -129,13 +133,15 @@ class ContextFlow(StoredResponse):
         rerank_rank = rank_map([c.id for c in cut], [reported_score(c.relevance, c.scored_by) for c in cut])
         results, passages = self._results(ranked, cut, fused_rank, rerank_rank, self.top_n)
         body["results"] = results
+        body["model"] = answer_model(self.model, results)
+        body["ranked_by"] = ranked_by(body["model"], scored.reason)
         body["answerable"] = bool(results)
         body["context"] = prompt.build_context_block(passages)
         body["system_prompt"] = prompt.system_prompt(len(passages))
         if req.explain:
             body["stages"] = self._stages(ranked, cut, kept, cands, sel.filtered, fused_rank, rerank_rank,
                                           self.top_n)
-        return Outcome(body, len(cands), len(results), self.model, fallback_reason=scored.reason,
+        return Outcome(body, len(cands), len(results), body["model"], fallback_reason=scored.reason,
                        rerank_ms=scored.ms, new_pairs=scored.new_pairs,
                        detail="context" if results else "context;unanswerable")
 

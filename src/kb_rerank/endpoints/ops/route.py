@@ -30,7 +30,8 @@ from kb_rerank.db import schema_state
 # public.
 #
 # /readyz's status: `ready` (200: database and schema at head, the model ready), `degraded`
-# (the database is fine, the model is not: loading, failed or absent; 503 unless
+# (the database is fine, the model is not: loading, failed, absent, or a remote server that
+# does not answer a one-passage rerank; 503 unless
 # KB_READY_WHEN_DEGRADED=true, then 200), `not_ready` (503: database unavailable or schema
 # behind / of another release). Default 503 for degraded, as TEI answers until its model is
 # loaded: a rollout waits for the new replicas' models, and a fleet routes around the replica
@@ -77,6 +78,8 @@ async def readyz(request: Request, state: State) -> Response[dict[str, Any]]:
     info: dict[str, Any] = {"head_revision": state.head_revision}
     pipe = state.pipeline
     rr = pipe.reranker
+    if rr is not None and hasattr(rr, "probe"):
+        await rr.probe()  # a remote server: whether it scores now (a recent verdict is reused)
     model_ready = rr is not None and bool(getattr(rr, "ready", True))
     model_state = "absent" if rr is None else getattr(rr, "state", "ready" if model_ready else "not_loaded")
     info["model"] = {"name": pipe.model_name, "backend": getattr(rr, "backend", "flag") if rr is not None else None,

@@ -13,10 +13,12 @@ candidates in fused order: those rank first by their scores, the rest follow in 
 
 Response fields: ``rerank_duration_ms`` is the time of this request's rerank step, the model
 slot included (0 when the model was not called); ``candidate_count`` the candidates retrieved
-by this request (0 on a hit); ``reranked_count`` those of them ranked by a model score (pair
-cache or model); ``partial_reason`` ``"budget"`` when the budget ended first; ``model`` the reranker's name (the cached row's on a hit, ``manual_curation`` for
-curated lists, null on a fallback); ``ranked_by`` ``model`` | ``fused`` (a fallback) |
-``curation``. A result the model did not score (``scored_by: fused``: a fallback, or past the
+by the miss that computed the answer (on a hit: the miss that filled the cache row);
+``reranked_count`` those of them ranked by a model score (pair cache or model);
+``partial_reason`` ``"budget"`` when the budget ended first; ``model`` the reranker that
+scored at least one result (the cached row's on a hit, ``manual_curation`` for curated lists,
+null on a fallback or an answer without results); ``ranked_by`` ``model`` | ``fused`` (a
+fallback) | ``curation`` | ``none`` (no result). A result the model did not score (``scored_by: fused``: a fallback, or past the
 budget) has ``rerank_score`` null and its first-stage ``fused_score``
 (:mod:`kb_rerank.rerank.compose`, the rule of degraded answers).
 """
@@ -49,6 +51,11 @@ def _result(c: Candidate, score: float, source: str, scored_by: str) -> dict[str
     if scored_by == FUSED:
         out["fused_score"] = rounded(c.score)
     return out
+
+
+def _body(results: list[dict[str, Any]], candidate_count: int, reranked_count: int) -> dict[str, Any]:
+    """An answer as computed and cached: its results and the counts of the miss."""
+    return {"results": results, "candidate_count": candidate_count, "reranked_count": reranked_count}
 
 
 class SearchFlow:
@@ -89,40 +96,53 @@ class SearchFlow:
         if self.source == CURATED:
             ranks = fallback_relevance([None] * n)
             results = [_result(c, ranks[i], self.source, "curation") for i, c in enumerate(cands[:top_n])]
-            return Outcome({"results": results}, n, len(results), CURATION_MODEL)
+            return Outcome(_body(results, n, 0), n, len(results), answer_model(CURATION_MODEL, results))
         rel, by = scoring.relevance(scored, [c.score for c in cands])
         if scored.scores is None:
             order = list(range(min(n, top_n)))
-            return Outcome({"results": [_result(cands[i], rel[i], self.source, by[i]) for i in order]}, n,
-                           len(order), self.model, fallback_reason=scored.reason, rerank_ms=scored.ms)
-        order = scoring.order([c.id for c in cands], rel)[:top_n]
-        return Outcome({"results": [_result(cands[i], rel[i], self.source, by[i]) for i in order]}, n,
-                       len(order), self.model, rerank_ms=scored.ms, new_pairs=scored.new_pairs)
+        else:
+            order = scoring.order([c.id for c in cands], rel)[:top_n]
+        results = [_result(cands[i], rel[i], self.source, by[i]) for i in order]
+        return Outcome(_body(results, n, scored.reranked), n, len(results), answer_model(self.model, results),
+                       fallback_reason=scored.reason, rerank_ms=scored.ms, new_pairs=scored.new_pairs)
 
-    def encode(self, body: dict[str, Any]) -> list[dict[str, Any]]:
-        return body["results"]
+    def encode(self, body: dict[str, Any]) -> dict[str, Any]:
+        return body
 
     def decode(self, payload: Any) -> dict[str, Any] | None:
-        return {"results": payload} if result_cache.valid_results(payload, self.settings.rerank_top_n) else None
+        """A cache row: ``{"results", "candidate_count", "reranked_count"}`` (the miss's counts,
+        which a hit reports), or the bare results list of a row cached before the counts were."""
+        if isinstance(payload, list):
+            payload = _body(payload, 0, 0)
+        if not isinstance(payload, dict) or set(payload) != {"results", "candidate_count", "reranked_count"}:
+            return None
+        counts = [payload["candidate_count"], payload["reranked_count"]]
+        if not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in counts):
+            return None
+        return payload if result_cache.valid_results(payload["results"], self.settings.max_top_n) else None
 
     def returned(self, body: dict[str, Any]) -> int:
         return len(body["results"])
 
     def answer(self, served: Served, trace_id: str) -> dict[str, Any]:
-        out = served.outcome
+        out, body = served.outcome, served.body
         # a row cached before scored_by existed is a whole answer: the model's, or a curated list
         whole = "curation" if served.model == CURATION_MODEL else "model"
+        results = [r if "scored_by" in r else {**r, "scored_by": whole}
+                   for r in body["results"][: self.settings.max_top_n]]
+        reason = out.fallback_reason if out else None
+        model = answer_model(served.model, results)
         return {
-            "results": [r if "scored_by" in r else {**r, "scored_by": whole}
-                        for r in served.body["results"][: self.settings.rerank_top_n]],
+            "results": results,
             "from_cache": served.from_cache,
             "rerank_duration_ms": max(0, int(out.rerank_ms)) if out else 0,
             "trace_id": trace_id,
-            "model": answer_model(served.model, out.fallback_reason if out else None),
-            "ranked_by": ranked_by(out.fallback_reason if out else None, curated=served.model == CURATION_MODEL),
-            "fallback": bool(out and out.fallback_reason),
-            "fallback_reason": out.fallback_reason if out else None,
-            "candidate_count": out.candidate_count if out else 0,
-            "reranked_count": out.reranked_count if out else 0,
+            "model": model,
+            "ranked_by": ranked_by(model, reason, curated=served.model == CURATION_MODEL),
+            "fallback": bool(reason),
+            "fallback_reason": reason,
+            # a hit reports the counts of the miss that filled it
+            "candidate_count": body["candidate_count"],
+            "reranked_count": body["reranked_count"],
             "partial_reason": out.partial if out else None,
         }

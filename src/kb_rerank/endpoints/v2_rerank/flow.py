@@ -8,7 +8,10 @@ return_documents?}`` plus our ``lambda``, ``recency_weight``, ``half_life_days``
 ``authority_weight``, ``explain``. Response ``{id, results: [{index, relevance_score,
 document?: {text}, tier, final_score, mmr: {penalty, max_sim}}], meta: {...}}``;
 ``relevance_score`` is the cross-encoder's score (0..1; null, with ``final_score`` and
-``tier``, for a document it did not score), results in final order.
+``tier``, for a document it did not score). Results: by default Cohere's order, the
+``top_n`` of highest ``relevance_score`` (``meta.order``); in ``final_score`` order when the
+request asks for diversity (``lambda`` < 1) or a boost. ``guard``: ``apply`` (default: the
+tenant's injection policy, the one departure from Cohere's contract) or ``report``.
 
 Key: the whole normalised request (the documents as the SHA-256 of their canonical JSON) and
 the tenant's injection policy,
@@ -166,7 +169,10 @@ class CallerDocumentsFlow(StoredResponse):
     def __init__(self, req: V2Request, settings: Settings, model: str, classifier: Any = None) -> None:
         self.req, self.settings, self.model = req, settings, model
         self.normalized = normalize_query(req.query)
-        self.lam = settings.mmr_lambda if req.lam is None else req.lam
+        # Cohere's contract by default: the highest relevance first, no diversity; MMR only when
+        # the request asks (``lambda`` < 1), the composite only when it asks for a boost
+        self.lam = 1.0 if req.lam is None else req.lam
+        self.composite = self.lam < 1.0 or bool(req.recency_weight) or bool(req.authority_weight)
         # the learned injection detector (None: its weights do not fit the embedder, or it may
         # not vote). It reads each scored document's embedding, which MMR (lambda < 1) needs
         # anyway: with lambda = 1 the documents are embedded for the classifier alone, since
@@ -203,6 +209,7 @@ class CallerDocumentsFlow(StoredResponse):
             "return_documents": req.return_documents, "lambda": self.lam,
             "recency_weight": req.recency_weight, "half_life_days": req.half_life_days,
             "authority_weight": req.authority_weight, "explain": req.explain, "injection_policy": policy,
+            "guard": req.guard,
         }
 
     def answer(self, served: Served, trace_id: str) -> dict[str, Any]:
@@ -276,7 +283,21 @@ class CallerDocumentsFlow(StoredResponse):
             self.mmr = False
 
     def select(self, cands: list[Candidate], policy: str) -> Selection:
+        # "guard": "report": every verdict reported in meta.filtered, nothing excluded or demoted
+        # for it (the "allow" policy)
+        policy = "allow" if self.req.guard == "report" else policy
         kept, filtered = apply_policy(cands, policy, self.settings.demote_factor, lambda c: {"index": int(c.id)})
+        if not self.composite:
+            # Cohere's order is relevance_score's. The one departure is the guard's decision on
+            # prompt injection (the tenant's policy: strong evidence excluded, doubtful demoted);
+            # any other demotion (keyword stuffing, a document not inspected or not classified
+            # in time) is reported, not applied
+            injected = {f["index"] for f in filtered if f["reason"] == "prompt_injection" and f["action"] == "demoted"}
+            for c in kept:
+                c.demote = self.settings.demote_factor if int(c.id) in injected else 1.0
+            for f in filtered:
+                if f["action"] == "demoted" and f["reason"] != "prompt_injection":
+                    f["action"] = "reported"
         return Selection(cands, kept, kept, filtered)
 
     def compose(self, look: Lookup, sel: Selection, scored: Scored) -> Outcome:
@@ -297,6 +318,11 @@ class CallerDocumentsFlow(StoredResponse):
         ranked = diversify.composite(kept, embs, lam=self.lam if mmr_used else 1.0, k=len(kept),
                                      recency_weight=req.recency_weight, half_life_days=req.half_life_days,
                                      authority_weight=req.authority_weight)
+        if not self.composite:
+            # Cohere's order: relevance_score descending (the unscored after, in first-stage order),
+            # a document the guard demoted for prompt injection lowered by its demotion
+            ranked = sorted(ranked, key=lambda r: (-kept[r.index].relevance * kept[r.index].demote,
+                                                   int(kept[r.index].id)))
         results = []
         for pos, r in enumerate(ranked[:top_n]):
             c = kept[r.index]
@@ -318,10 +344,12 @@ class CallerDocumentsFlow(StoredResponse):
             results.append(item)
         meta = {
             "api_version": {"version": "2"}, "billed_units": {"search_units": 1},
-            "model": answer_model(self.model, scored.reason), "ranked_by": ranked_by(scored.reason),
+            "model": answer_model(self.model, results),
+            "ranked_by": ranked_by(answer_model(self.model, results), scored.reason),
             "requested_model": req.model,
             "documents": n, "scored": len(kept), "cut_off": n - len(cut),
-            "lambda": self.lam, "mmr": mmr_used, "injection_policy": look.policy, "filtered": filtered,
+            "lambda": self.lam, "mmr": mmr_used, "injection_policy": look.policy, "guard": req.guard,
+            "order": "final_score" if self.composite else "relevance_score", "filtered": filtered,
             # scored documents the injection classifier could not reach (judged by the patterns
             # alone, or without their spans): the answer is then not cached
             "unclassified": self.unclassified,
@@ -334,6 +362,6 @@ class CallerDocumentsFlow(StoredResponse):
             meta["warnings"] = [warning]  # Cohere's meta.warnings: shown by clients that read no header
         # an answer with documents the guard could not inspect or classify (load of the moment,
         # or a failed embedder: not a property of the request) is served but not cached
-        return Outcome({"results": results, "meta": meta}, n, len(results), self.model,
+        return Outcome({"results": results, "meta": meta}, n, len(results), meta["model"],
                        fallback_reason=scored.reason, rerank_ms=scored.ms, new_pairs=scored.new_pairs,
                        cacheable=all(c.inspected and c.classified for c in cands))

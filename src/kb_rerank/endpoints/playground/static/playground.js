@@ -15,6 +15,8 @@
   const source = $("source");
   const explain = $("explain");
   const documents = $("documents");
+  const topN = $("top-n");
+  const filterInput = $("filter");
   const query = $("query");
   const submit = $("submit");
   const errorBox = $("error");
@@ -62,6 +64,19 @@
     $("source-field").hidden = ep !== SEARCH;
     $("explain-field").hidden = ep === SEARCH;
     $("documents-field").hidden = ep !== V2;
+    $("filter-field").hidden = ep === V2;
+  }
+
+  // A snippet as plain text: the Markdown of the stored chunk (headings, emphasis, code
+  // marks, links, list markers) reduced to its words
+  function plainText(md) {
+    return String(md || "")
+      .replace(/^\s{0,3}#{1,6}\s+/gm, "")
+      .replace(/!?\[([^\]]*)\]\([^)]*\)/g, "$1")
+      .replace(/(\*\*|__|\*|_|`+)(\S(?:.*?\S)?)\1/g, "$2")
+      .replace(/^\s*(?:[-*+]|\d+\.)\s+/gm, "")
+      .replace(/\s+/g, " ")
+      .trim();
   }
 
   function clearAnswer() {
@@ -85,14 +100,16 @@
     if (ep === SEARCH) {
       return data.results.map((r) => ({
         // a result the model did not score has no rerank_score: its fused score, said so
-        title: r.doc_title, snippet: r.snippet, score: r.rerank_score === null ? r.fused_score : r.rerank_score,
+        title: r.doc_title, snippet: plainText(r.snippet), fused: r.rerank_score === null,
+        score: r.rerank_score === null ? r.fused_score : r.rerank_score,
         tier: r.scored_by === "model" ? "–" : r.scored_by,
         explain: ["source " + r.source, "scored by " + r.scored_by],
       }));
     }
     if (ep === CONTEXT) {
       return data.results.map((r) => ({
-        title: r.doc_title, snippet: r.snippet, score: r.final_score === null ? r.scores.fused : r.final_score,
+        title: r.doc_title, snippet: plainText(r.snippet), fused: r.final_score === null,
+        score: r.final_score === null ? r.scores.fused : r.final_score,
         tier: r.tier || "unscored",
         explain: ["lexical", "semantic", "fused", "rerank", "final"].map((s) => rankScore(s, r.ranks[s], r.scores[s]))
           .concat(r.mmr.penalty === null ? [] : ["mmr penalty " + num(r.mmr.penalty)])
@@ -117,17 +134,23 @@
 
   function renderResults(rows) {
     const tbody = $("results").tBodies[0];
-    const max = Math.max(1, ...rows.map((r) => (typeof r.score === "number" ? r.score : 0)));
+    const max = Math.max(1, ...rows.map((r) => (typeof r.score === "number" && !r.fused ? r.score : 0)));
     rows.forEach((r, i) => {
       const tr = el("tr");
       tr.append(el("td", i + 1), el("td", r.title), el("td", r.snippet, "snippet"));
-      const scoreCell = el("td", null, "score");
-      const meter = el("meter");
-      meter.min = 0;
-      meter.max = max;
-      meter.value = typeof r.score === "number" ? r.score : 0;
-      meter.setAttribute("aria-label", "score " + num(r.score));
-      scoreCell.append(meter, el("span", num(r.score)));
+      const scoreCell = el("td", null, r.fused ? "score fused" : "score");
+      if (r.fused) {
+        // a first-stage (fused) score is an order, not a relevance: no bar, said in words
+        scoreCell.append(el("span", "fused " + num(r.score)));
+        scoreCell.title = "not scored by the model: its first-stage (fused) score, an order, not a relevance";
+      } else {
+        const meter = el("meter");
+        meter.min = 0;
+        meter.max = max;
+        meter.value = typeof r.score === "number" ? r.score : 0;
+        meter.setAttribute("aria-label", "score " + num(r.score));
+        scoreCell.append(meter, el("span", num(r.score)));
+      }
       const explainCell = el("td", null, "explain");
       const ul = el("ul");
       for (const line of r.explain) ul.append(el("li", line));
@@ -223,6 +246,15 @@
     const body = { query: query.value };
     let docs = [];
     if (ep === SEARCH) body.source = source.value;
+    if (topN.value.trim()) body.top_n = Number(topN.value);
+    if (ep !== V2 && filterInput.value.trim()) {
+      try {
+        body.filter = JSON.parse(filterInput.value);
+      } catch (e) {
+        showError("The filter is not valid JSON: write an object such as {\"language\": \"de\"}.");
+        return;
+      }
+    }
     if (ep !== SEARCH && explain.checked) body.explain = true;
     if (ep === V2) {
       docs = documents.value.split("\n").map((d) => d.trim()).filter((d) => d);

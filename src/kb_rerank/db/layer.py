@@ -11,8 +11,10 @@ no revision applies them in the middle of an upgrade. The layer carries a versio
 hash of its rendered files, that ``kb.schema_layer_version()`` returns and /readyz checks.
 
 Placeholders, filled by :func:`render` in every file: ``{{embedding_dim}}`` (the embedder's
-dimension) and ``{{app_role}}`` (the service's role, KB_APP_ROLE, as a quoted identifier;
-migrations get both from ``config.attributes``: ``kb_embedding_dim``, ``kb_app_role``).
+dimension), ``{{app_role}}`` (the service's role, KB_APP_ROLE, as a quoted identifier;
+migrations get both from ``config.attributes``: ``kb_embedding_dim``, ``kb_app_role``) and
+``{{default:NAME}}`` (the declared default of the setting NAME, as a SQL literal: the search
+functions' parameter defaults, so a SQL caller ranks as the service does with its defaults).
 
 The files are read with importlib.resources, so an installed wheel finds them as well as a
 checkout does.
@@ -25,6 +27,9 @@ import re
 from importlib import resources
 from importlib.resources.abc import Traversable
 
+from kb_rerank.core import settings
+from kb_rerank.core.settings import APP_ROLE_PATTERN, DEFAULT_APP_ROLE, ROLE_NAME_RULE
+
 IDEMPOTENT_DIRS = ("functions", "policies", "views")
 
 
@@ -32,25 +37,37 @@ def sql_dir() -> Traversable:
     return resources.files("kb_rerank") / "sql"
 
 
-DEFAULT_APP_ROLE = "cyberos_app"
-_APP_ROLE = re.compile(r"[a-z_][a-z0-9_]{0,62}")
-
-
 def app_role_sql(app_role: str) -> str:
     """The app role as SQL: a quoted identifier (the name is checked to need no escaping)."""
-    if not isinstance(app_role, str) or not _APP_ROLE.fullmatch(app_role):
-        raise ValueError(f"app_role must match [a-z_][a-z0-9_]{{0,62}}, got {app_role!r}")
+    if not isinstance(app_role, str) or not APP_ROLE_PATTERN.fullmatch(app_role):
+        raise ValueError(f"app_role must match {ROLE_NAME_RULE}, got {app_role!r}")
     return f'"{app_role}"'
 
 
+_SETTING_DEFAULT = re.compile(r"\{\{default:([a-z0-9_]+)\}\}")
+
+
+def sql_literal(value: object) -> str:
+    """A setting's default as a SQL literal (numbers as Python writes them: repr round-trips)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, str):
+        return "'" + value.replace("'", "''") + "'"
+    raise TypeError(f"no SQL literal for {value!r}")
+
+
 def render(path: Traversable, *, embedding_dim: int, app_role: str = DEFAULT_APP_ROLE) -> str:
-    """A file's SQL with its placeholders filled: ``{{embedding_dim}}`` (an integer) and
-    ``{{app_role}}`` (the service's role, KB_APP_ROLE, as a quoted identifier)."""
+    """A file's SQL with its placeholders filled: ``{{embedding_dim}}`` (an integer),
+    ``{{app_role}}`` (the service's role, KB_APP_ROLE, as a quoted identifier) and
+    ``{{default:NAME}}`` (setting NAME's declared default, as a SQL literal)."""
     if not isinstance(embedding_dim, int) or isinstance(embedding_dim, bool) or not 0 < embedding_dim <= 16000:
         raise ValueError(f"embedding_dim must be an integer in 1..16000, got {embedding_dim!r}")
     role = app_role_sql(app_role)
-    return (path.read_text(encoding="utf-8").replace("{{embedding_dim}}", str(embedding_dim))
+    text = (path.read_text(encoding="utf-8").replace("{{embedding_dim}}", str(embedding_dim))
             .replace("{{app_role}}", role))
+    return _SETTING_DEFAULT.sub(lambda m: sql_literal(settings.default(m.group(1))), text)
 
 
 def versioned_file(name: str) -> Traversable:

@@ -50,7 +50,7 @@ def install_old(owner: str) -> None:
         conn.execute("grant execute on function kb.retrieve_hybrid_0021(text, public.vector, integer, integer, text,"
                      " double precision, double precision, double precision, double precision, integer, text, text,"
                      " bigint), kb.search_lexical_ids_0021(text, integer, double precision, double precision)"
-                     " to cyberos_app")
+                     " to kb_app")
 
 
 def main(argv=None) -> int:

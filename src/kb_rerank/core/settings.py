@@ -1,5 +1,11 @@
 """Settings, read once from the environment (``KB_*``) and passed down explicitly.
 
+Each setting is declared once, as a field of :class:`Settings` made by :func:`setting`: its
+default, its one-line description, its bounds and unit. Read from there: the loader
+(:meth:`Settings.from_env`), the validation (:func:`validate`), the documentation
+(kb_rerank.core.settings_docs: docs/settings.md and .env.example) and the SQL functions'
+parameter defaults (``{{default:NAME}}``, rendered by kb_rerank.db.layer).
+
 No module-level settings object: ``Settings.from_env()`` is called by the CLI and by
 ``create_app`` callers, and tests build ``Settings(...)`` directly.
 

@@ -6,7 +6,8 @@ sql/schema/NNNN_*.sql are versioned: each is run once by its Alembic revision, i
 downgrade NNNN_*.down.sql beside it, and neither ever changes once shipped (their hashes
 are frozen in migrations/frozen.sha256, checked by tests/db/test_migrations.py).
 sql/functions, sql/policies and sql/views are idempotent and re-applied, in that order
-and by file name, once at the end of every upgrade that reaches head (migrations/env.py);
+and by file name, once at the end of every upgrade that reaches head (migrations/env.py),
+after sql/roles/adopt_app_role.sql when the app role is the default one;
 no revision applies them in the middle of an upgrade. The layer carries a version, the
 hash of its rendered files, that ``kb.schema_layer_version()`` returns and /readyz checks.
 
@@ -125,6 +126,8 @@ def emit_script(label: str, text: str) -> None:
 def emit_idempotent(*, embedding_dim: int, app_role: str = DEFAULT_APP_ROLE) -> str:
     """Offline mode: write the idempotent layer and its version function as apply_idempotent
     would run them; return the layer version."""
+    for rel in adopt_steps(app_role):
+        emit_script(f"sql/{rel}", render(sql_dir() / rel, embedding_dim=embedding_dim, app_role=app_role))
     for rel, path in idempotent_files():
         emit_script(f"sql/{rel}", render(path, embedding_dim=embedding_dim, app_role=app_role))
     version = layer_version(embedding_dim=embedding_dim, app_role=app_role)
@@ -165,8 +168,25 @@ def _layer_version_sql(version: str, app_role: str) -> str:
     return _LAYER_VERSION_SQL.format(version=version, app_role=app_role_sql(app_role))
 
 
+# Before the layer, with the default app role: a database the former default role served is
+# adopted under the new name (sql/roles/adopt_app_role.sql says when, and when it refuses).
+ADOPT_APP_ROLE = "roles/adopt_app_role.sql"
+
+
+def adopt_steps(app_role: str) -> list[str]:
+    """The files run before the layer for ``app_role`` (relative to sql/)."""
+    return [ADOPT_APP_ROLE] if app_role == DEFAULT_APP_ROLE else []
+
+
 def apply_idempotent(dbapi_conn, *, embedding_dim: int, app_role: str = DEFAULT_APP_ROLE) -> str:
     """Apply every idempotent file, then record the layer's version; return it."""
+    import psycopg
+
+    for rel in adopt_steps(app_role):
+        try:
+            execute_script(dbapi_conn, render(sql_dir() / rel, embedding_dim=embedding_dim, app_role=app_role))
+        except psycopg.errors.RaiseException as exc:
+            raise RuntimeError(exc.diag.message_primary or str(exc)) from None
     # The role is created, and given CONNECT on this database, by 0016_app_role (run before
     # the layer in the same transaction). A database past 0016 keeps the role it was migrated
     # with: a different KB_APP_ROLE later would grant the layer to a role that cannot connect

@@ -95,8 +95,10 @@ def test_a_database_of_the_former_default_keeps_working_after_migrate(cluster):
     with psycopg.connect(cluster, autocommit=True) as conn:
         conn.execute(f'drop database "{_dbname(two.database_url)}" with (force)')
     db.migrate(one)
-    assert _roles(one.database_url) == {DEFAULT_APP_ROLE: True}
+    assert _roles(one.database_url) == {DEFAULT_APP_ROLE: True, FORMER: False}
     with psycopg.connect(one.database_url) as conn:
+        # the former name is a role again (the frozen down files name it), without login or privileges
+        assert conn.execute("select rolcanlogin from pg_roles where rolname = %s", [FORMER]).fetchone() == (False,)
         assert conn.execute("select kb.schema_layer_version()").fetchone()[0] == layer.layer_version(
             embedding_dim=one.embedding_dim, app_role=DEFAULT_APP_ROLE)
         attrs = conn.execute("select rolsuper, rolbypassrls, rolcreaterole, rolcanlogin from pg_roles"
@@ -112,7 +114,19 @@ def test_a_database_of_the_former_default_keeps_working_after_migrate(cluster):
             assert conn.execute("select count(*) from kb.documents").fetchone()[0] == 0
     # a second migrate changes nothing
     db.migrate(one)
-    assert _roles(one.database_url) == {DEFAULT_APP_ROLE: True}
+    assert _roles(one.database_url) == {DEFAULT_APP_ROLE: True, FORMER: False}
+    # a downgrade below 0015 (whose frozen down file grants to the former name) still serves
+    # the app role: what the down files granted cyberos_app is moved to kb_app
+    db.downgrade(one, revision="0014_term_blocks")
+    with psycopg.connect(db.app_url(one)) as conn, tenant_transaction(conn, tenant):
+        assert conn.execute("select count(*) from kb.documents").fetchone()[0] == 1
+    with psycopg.connect(one.database_url) as conn:
+        assert conn.execute("select has_table_privilege(%s, 'kb.kb_rerank_audit', 'SELECT')",
+                            [DEFAULT_APP_ROLE]).fetchone()[0]
+        assert conn.execute("select count(*) from pg_proc p, aclexplode(p.proacl) a"
+                            " where a.grantee = %s::regrole", [FORMER]).fetchone()[0] == 0
+    db.migrate(one)
+    assert _roles(one.database_url) == {DEFAULT_APP_ROLE: True, FORMER: False}
 
 
 def test_a_fresh_database_gets_kb_app_and_the_former_default_nothing(cluster):

@@ -178,6 +178,16 @@ def adopt_steps(app_role: str) -> list[str]:
     return [ADOPT_APP_ROLE] if app_role == DEFAULT_APP_ROLE else []
 
 
+REGRANT_AFTER_DOWNGRADE = "roles/regrant_after_downgrade.sql"
+
+
+def regrant_after_downgrade(dbapi_conn, *, embedding_dim: int, app_role: str = DEFAULT_APP_ROLE) -> None:
+    """After a downgrade: what the frozen down files granted to the former default role goes
+    to the configured one (sql/roles/regrant_after_downgrade.sql)."""
+    execute_script(dbapi_conn, render(sql_dir() / REGRANT_AFTER_DOWNGRADE, embedding_dim=embedding_dim,
+                                      app_role=app_role))
+
+
 def apply_idempotent(dbapi_conn, *, embedding_dim: int, app_role: str = DEFAULT_APP_ROLE) -> str:
     """Apply every idempotent file, then record the layer's version; return it."""
     import psycopg

@@ -2,7 +2,8 @@
 -- service's role is the default one (kb_rerank.db.layer.apply_idempotent); idempotent.
 -- A database that cyberos_app serves (it holds CONNECT here, which 0016_app_role granted) keeps
 -- its role under the new name: the role is renamed, so its grants, its SCRAM password and
--- its open sessions carry over, and `kb-rerank migrate` with the new default just works.
+-- its open sessions carry over, and `kb-rerank migrate` with the new default just works; a
+-- role of the former name is created again, without login or privileges.
 -- Roles are cluster-wide, so nothing is renamed, and the upgrade stops changing nothing, when
 -- cyberos_app also serves another database of this cluster or a role named like the new
 -- default exists already: then KB_APP_ROLE=cyberos_app keeps this database's role.
@@ -36,6 +37,9 @@ begin
                     former_name, others, app_name, former_name;
   end if;
   execute format('alter role %I rename to %I', former_name, app_name);
+  -- The former name stays a role that cannot log in and holds nothing, as 0001 leaves it on a
+  -- fresh cluster: the frozen down files name it.
+  execute format('create role %I nologin nosuperuser nocreatedb nocreaterole noinherit nobypassrls', former_name);
   raise notice 'app role % renamed to % (the new default KB_APP_ROLE)', former_name, app_name;
 end
 $$;

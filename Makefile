@@ -91,9 +91,9 @@ bench: install
 figures: install
 	MPLBACKEND=Agg $(BIN)/python bench/figures.py --results bench/results --out docs/img
 
-# .env.example (and a settings table between its markers in README.md), from the code (tests/core/test_settings.py checks both)
+# docs/settings.md and .env.example, from the settings' declarations (tests/core/test_settings.py checks both)
 settings-docs: install
-	$(BIN)/python -m kb_rerank.core.settings --write .
+	$(BIN)/python -m kb_rerank.core.settings_docs --write .
 
 db-stop: install
 	$(BIN)/kb-rerank db stop

@@ -53,7 +53,7 @@ SIGNATURE = "(text, integer, double precision, double precision)"
 
 def _connect(db: str, host: str, tenant_index: int):
     owner = psycopg.connect(f"postgresql://postgres@/{db}?host={host}", autocommit=True)
-    app = psycopg.connect(f"postgresql://cyberos_app@/{db}?host={host}", autocommit=True)
+    app = psycopg.connect(f"postgresql://kb_app@/{db}?host={host}", autocommit=True)
     tenant, n = owner.execute("select tenant_id, n_chunks from kb.corpus_stats order by n_chunks desc").fetchall()[tenant_index]
     app.execute("select set_config('auth.tenant_id', %s, false)", [str(tenant)])
     return owner, app, n
@@ -95,7 +95,7 @@ def main(argv=None) -> int:
         name = f"search_lexical_ab{i}"
         sql = sql.replace("kb.search_lexical(", f"kb.{name}(").replace("search_lexical.", f"{name}.")
         owner.execute(sql)
-        owner.execute(f"grant execute on function kb.{name}{SIGNATURE} to cyberos_app")
+        owner.execute(f"grant execute on function kb.{name}{SIGNATURE} to kb_app")
         names[rev] = (app, lex.format(fn=f"kb.{name}"))
         installed.append(f"kb.{name}")
     base_n = None

@@ -16,7 +16,7 @@ Data
     and many small ones.
   * vectors: SYNTHETIC, 384 dimensions, random but clustered: unit(centre + noise) around
     256 random unit centres. Query vectors are a centre + noise as well.
-  * loading: as cyberos_app with the tenant set (RLS applies; COPY is not allowed under
+  * loading: as kb_app with the tenant set (RLS applies; COPY is not allowed under
     RLS): executemany in batches of ``--batch`` rows, one transaction per batch. The HNSW
     index is dropped before the bulk load and rebuilt afterwards (timed), then ANALYZE.
   * BM25 term blocks (kb.term_blocks): built per tenant after the load, as `kb-rerank
@@ -30,7 +30,7 @@ query, in a rotating order), on the largest and a small tenant:
                                    transaction, RRF (k=60) in Python
   base: sql fusion (RLS)           the common single-statement recipe: ts_rank_cd +
                                    websearch_to_tsquery('simple') CTE and ORDER BY <=> LIMIT
-                                   CTE, row_number() each, FULL OUTER JOIN, as cyberos_app
+                                   CTE, row_number() each, FULL OUTER JOIN, as kb_app
                                    on the tables (RLS)
   base: lexical recipe (RLS)       the lexical CTE of that recipe alone
   base: semantic recipe (RLS)      the semantic CTE of that recipe alone

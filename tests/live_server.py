@@ -208,10 +208,10 @@ def metric_values(text: str) -> dict[str, float]:
 
 
 def busy_app_backends(owner_conn: psycopg.Connection, dbname: str) -> list[tuple]:
-    """cyberos_app backends of ``dbname`` that are not idle (busy or stuck in a transaction)."""
+    """kb_app backends of ``dbname`` that are not idle (busy or stuck in a transaction)."""
     return owner_conn.execute(
         "select pid, state, left(query, 80) from pg_stat_activity"
-        " where datname = %s and usename = 'cyberos_app' and state is distinct from 'idle'",
+        " where datname = %s and usename = 'kb_app' and state is distinct from 'idle'",
         [dbname],
     ).fetchall()
 

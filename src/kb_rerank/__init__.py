@@ -1,4 +1,4 @@
-"""kb-rerank: Postgres hybrid search (BM25 + pgvector, RRF in SQL) and cross-encoder rerank."""
+"""kb-rerank: Postgres hybrid search (BM25 + pgvector, fused in SQL) and cross-encoder rerank."""
 
 from importlib.metadata import PackageNotFoundError, version as _installed_version
 

@@ -4,7 +4,7 @@ handlers, telemetry, and the lifespan that builds the pool, the models and the
 
 ``create_app(settings, reranker=None, embedder=None)`` builds a new app; nothing lives at
 module level (no pool, model or settings). The lifespan opens ONE AsyncConnectionPool as
-the app role (``KB_APP_ROLE``, ``cyberos_app`` by default; autocommit connections,
+the app role (``KB_APP_ROLE``, ``kb_app`` by default; autocommit connections,
 ``statement_timeout`` from settings, pgvector registered), checks the database's embedding
 dimension, builds the embedder and the reranker when not given (the model loads in the
 background: until it is ready the v1 routes answer honest fallbacks, ``/v2/rerank`` a 503,

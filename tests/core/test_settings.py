@@ -1,10 +1,13 @@
 """Settings checked at start-up: every KB_* variable typed and bounded, the rules between
 variables, a clear error naming the variable (and `kb-rerank` exiting non-zero without a
-traceback), and the documentation generated from the code: .env.example cannot go stale."""
+traceback), and one declaration per setting that renders the documentation: docs/settings.md
+and .env.example cannot go stale, and each setting's description is written once."""
 
 from __future__ import annotations
 
+import ast
 import os
+import re
 import subprocess
 import sys
 from dataclasses import fields
@@ -13,7 +16,9 @@ from pathlib import Path
 import pytest
 
 from kb_rerank.core import settings as settings_mod
-from kb_rerank.core.settings import RULES, Settings, SettingsError, env_example, markdown_table, write_docs
+from kb_rerank.core import settings_docs
+from kb_rerank.core.settings import RULES, Settings, SettingsError
+from kb_rerank.core.settings_docs import env_example, markdown
 
 ROOT = Path(__file__).resolve().parents[2]
 FIELDS = [f for f in fields(Settings) if f.name != "extra"]
@@ -31,16 +36,54 @@ def test_the_defaults_are_valid_and_pass_their_own_rules():
     Settings.from_env({})
 
 
-def test_settings_docs_writes_env_example_and_leaves_a_readme_without_the_table_alone(tmp_path):
-    """`make settings-docs` on a README that no longer holds the settings table (it links the
-    generated page instead) rewrites .env.example and leaves the README as it was."""
-    readme = "# kb-rerank\n\nSettings: docs/settings.md\n"
-    (tmp_path / "README.md").write_text(readme, encoding="utf-8")
-    (tmp_path / ".env.example").write_text("stale\n", encoding="utf-8")
-    write_docs(tmp_path)
-    assert (tmp_path / "README.md").read_text(encoding="utf-8") == readme
-    assert (tmp_path / ".env.example").read_text(encoding="utf-8") == env_example()
-    assert "| `KB_APP_ROLE` |" in markdown_table()  # the table itself is still generated
+def test_docs_settings_is_the_generated_one_and_the_readme_links_it():
+    text = (ROOT / "docs" / "settings.md").read_text(encoding="utf-8")
+    assert text == markdown(), "docs/settings.md is stale: run `make settings-docs`"
+    # one row per setting, with its declared default, bounds and unit
+    rows = {line.split(" | ")[0].strip("| `").split("`")[0]: line for line in text.splitlines()
+            if line.startswith("| `KB_")}
+    assert set(rows) == {"KB_" + f.name.upper() for f in FIELDS}
+    assert "| `KB_RRF_K` | `10` | int, >= 0 |" in rows["KB_RRF_K"]
+    assert "| `KB_DB_TIMEOUT_S` | `5.0` | number, > 0, s |" in rows["KB_DB_TIMEOUT_S"]
+    assert "| `KB_APP_ROLE` | `kb_app` |" in rows["KB_APP_ROLE"]
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert "docs/settings.md" in readme and "| `KB_" not in readme  # the table lives in one place
+
+
+def test_one_declaration_renders_both_files(monkeypatch, tmp_path):
+    """A change to one declaration (its default, bounds, unit, description) shows in both
+    rendered files: they read nothing else."""
+    (tmp_path / "docs").mkdir()
+    rule = RULES["rrf_k"]
+    changed = settings_mod.Rule("a changed description", ge=3, unit="ranks")
+    monkeypatch.setitem(RULES, "rrf_k", changed)
+    monkeypatch.setattr(Settings.__dataclass_fields__["rrf_k"], "default", 33)
+    settings_docs.write(tmp_path)
+    md = (tmp_path / "docs" / "settings.md").read_text(encoding="utf-8")
+    env = (tmp_path / ".env.example").read_text(encoding="utf-8")
+    assert "| `KB_RRF_K` | `33` | int, >= 3, ranks | a changed description |" in md
+    assert "# a changed description [int, >= 3, ranks]\nKB_RRF_K=33\n" in env
+    assert rule.doc not in md and rule.doc not in env
+
+
+def _string_constants() -> list[str]:
+    """Every string literal of the package's Python source (implicit concatenation joined)."""
+    out = []
+    for path in (ROOT / "src" / "kb_rerank").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str):
+                out.append(node.value)
+    return out
+
+
+def test_each_setting_is_described_once_in_the_source():
+    constants = _string_constants()
+    for f in FIELDS:
+        doc = RULES[f.name].doc
+        assert constants.count(doc) == 1, f"{f.name}: its description is written {constants.count(doc)} times"
+    # and no field comment repeats it (`# KB_NAME: ...` beside the declaration)
+    source = (ROOT / "src" / "kb_rerank" / "core" / "settings.py").read_text(encoding="utf-8")
+    assert re.findall(r"#\s*KB_[A-Z0-9_]+:", source) == []
 
 
 def test_env_example_is_the_generated_one_and_lists_every_variable():

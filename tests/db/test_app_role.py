@@ -1,9 +1,10 @@
-"""The app role is a setting: KB_APP_ROLE. Two databases on ONE server
-(the test server), migrated with KB_APP_ROLE=kb_one_app and kb_two_app: each role connects
-to its own database only and reads its tenant's rows under RLS there; neither is superuser,
-BYPASSRLS or owner; the idempotent layer's grants went to the configured role, and
-cyberos_app has nothing in either database; the catalog checks of tests/db/test_sql_security.py
-hold for the configured role; the catalog is the default one's with the role renamed."""
+"""The app role is a setting: KB_APP_ROLE. Two databases on ONE server (the test server),
+migrated with KB_APP_ROLE=kb_one_app and kb_two_app: each role connects to its own database
+only and reads its tenant's rows under RLS there; neither is superuser, BYPASSRLS or owner;
+the idempotent layer's grants went to the configured role, and the default role (kb_app) and
+the former default (cyberos_app, which 0001 still creates) have nothing in either database;
+the catalog checks of tests/db/test_sql_security.py hold for the configured role; the catalog is
+the default one's with the role renamed."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from psycopg import sql
 
 from kb_rerank.db import layer as sqlfiles
 from kb_rerank.db import database as db
-from kb_rerank.core.settings import Settings, SettingsError
+from kb_rerank.core.settings import DEFAULT_APP_ROLE, Settings, SettingsError
 from kb_rerank.core.session import tenant_transaction
 
 from tests.conftest import _fresh_database
@@ -73,7 +74,7 @@ def _as(settings: Settings, role: str, other: Settings | None = None) -> str:
 
 
 def test_app_role_setting_is_validated():
-    assert Settings().app_role == "cyberos_app"
+    assert Settings().app_role == "kb_app" == DEFAULT_APP_ROLE
     assert Settings.from_env({"KB_APP_ROLE": "kb_one_app"}).app_role == "kb_one_app"
     for bad in ("kb_search", "kb_maint", "kb_stats", "kb_audit", "kb_generation", "postgres", "public",
                 "pg_monitor", "Kb_App", "kb-app", "1app", "", "a" * 64, 'x"; drop role y; --'):
@@ -90,7 +91,7 @@ def test_app_url_and_layer_version_follow_the_setting(two):
     v1 = sqlfiles.layer_version(embedding_dim=dim, app_role="kb_one_app")
     assert v1 == sqlfiles.layer_version(embedding_dim=dim, app_role="kb_one_app")  # same settings, same version
     assert v1 != sqlfiles.layer_version(embedding_dim=dim, app_role="kb_two_app")
-    assert sqlfiles.layer_version(embedding_dim=dim) == sqlfiles.layer_version(embedding_dim=dim, app_role="cyberos_app")
+    assert sqlfiles.layer_version(embedding_dim=dim) == sqlfiles.layer_version(embedding_dim=dim, app_role="kb_app")
     for role, s in ((one.app_role, one), (other.app_role, other)):
         with psycopg.connect(s.database_url) as conn:
             assert sqlfiles.applied_layer_version(conn) == sqlfiles.layer_version(embedding_dim=dim, app_role=role)
@@ -147,7 +148,7 @@ def test_roles_are_neither_superuser_nor_bypassrls_nor_owner(two):
                 assert not conn.execute("select pg_has_role(%s, %s, 'USAGE')", [s.app_role, definer]).fetchone()[0]
 
 
-def test_the_layer_was_granted_to_the_configured_role_and_cyberos_app_has_nothing(two):
+def test_the_layer_was_granted_to_the_configured_role_and_the_default_ones_have_nothing(two, settings):
     for s in two.values():
         others = [r for r in ROLES if r != s.app_role]
         with psycopg.connect(s.database_url) as conn:
@@ -157,7 +158,7 @@ def test_the_layer_was_granted_to_the_configured_role_and_cyberos_app_has_nothin
                                 [s.app_role]).fetchone()[0]
             assert conn.execute("select has_function_privilege(%s, 'kb.schema_layer_version()', 'EXECUTE')",
                                 [s.app_role]).fetchone()[0]
-            for role in ("cyberos_app", *others):
+            for role in (DEFAULT_APP_ROLE, "cyberos_app", *others):
                 assert conn.execute(ACL_ENTRIES, [role]).fetchall() == [], role
                 assert not conn.execute("select has_function_privilege(%s, %s, 'EXECUTE')",
                                         [role, LEXICAL]).fetchone()[0], role
@@ -174,27 +175,27 @@ def test_catalog_security_checks_hold_for_the_configured_role(two):
                 assert not conn.execute("select has_function_privilege(%s, %s, 'EXECUTE')",
                                         [s.app_role, fn]).fetchone()[0], fn
         with psycopg.connect(db.app_url(s)) as app:
-            for role in ("kb_search", "kb_maint", "kb_stats", "kb_audit", "cyberos_app"):
+            for role in ("kb_search", "kb_maint", "kb_stats", "kb_audit", DEFAULT_APP_ROLE):
                 with pytest.raises(psycopg.errors.InsufficientPrivilege):
                     with app.transaction():
                         app.execute(f'set role "{role}"')
 
 
 def _normalised(lines: list[str], role: str) -> list[str]:
-    """Catalog lines with ``role`` renamed cyberos_app, ACL lists re-sorted after the renaming,
+    """Catalog lines with ``role`` renamed app_role, ACL lists re-sorted after the renaming,
     and the layer version (which includes the role) left out."""
     def acl(m: re.Match) -> str:
         return "acl=" + ",".join(sorted(m.group(1).split(",")))
     def database_acl(m: re.Match) -> str:  # the database's ACL line, sorted the same way
         return "database acl " + ",".join(sorted(m.group(1).split(",")))
-    out = [re.sub(r"^database acl (\S*)$", database_acl, re.sub(r"acl=(\S*)", acl, line.replace(role, "cyberos_app")))
+    out = [re.sub(r"^database acl (\S*)$", database_acl, re.sub(r"acl=(\S*)", acl, line.replace(role, "app_role")))
            for line in lines]
     return sorted(re.sub(r"'[0-9a-f]{64}'", "'<version>'", line) for line in out)
 
 
 def test_catalog_is_the_default_ones_with_the_role_renamed(two, settings):
     """Everything else is as a database migrated with the default role (the session's)."""
-    default = _normalised(_catalog(settings.database_url), "cyberos_app")
+    default = _normalised(_catalog(settings.database_url), settings.app_role)
     for s in two.values():
         assert _normalised(_catalog(s.database_url), s.app_role) == default
 

@@ -43,7 +43,7 @@ def test_verify_as_the_app_role_fails_and_says_why(app_conn, tenant, app_url, ve
         assert verify_env(app_url, *args) == 2
         captured = capsys.readouterr()
         assert "OK" not in captured.out
-        assert "role cyberos_app lacks" in captured.err and "EXECUTE on kb.audit_verify()" in captured.err
+        assert "role kb_app lacks" in captured.err and "EXECUTE on kb.audit_verify()" in captured.err
 
 
 def test_verify_of_a_tenant_with_no_rows_fails_unless_allowed(owner_url, verify_env, capsys):

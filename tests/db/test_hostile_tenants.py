@@ -1,4 +1,4 @@
-"""Hostile tenants: tenant B (as cyberos_app) against tenant A's rows, for EVERY table, view
+"""Hostile tenants: tenant B (as kb_app) against tenant A's rows, for EVERY table, view
 and function in schema kb, enumerated from the catalog: a new object without a rule here
 fails the suite (test_catalog_is_fully_covered)."""
 
@@ -309,7 +309,7 @@ def test_functions_as_b_return_nothing_of_a(app_conn, owner_conn, ab):
                "kb.chunks_maintain_stats()",
                "kb.chunks_maintain_term_blocks()", "kb.audit_row_hash(kb.kb_rerank_audit)", "kb.audit_verify()",
                "kb.evict_expired_cache(integer)"):
-        assert owner_conn.execute("select has_function_privilege('cyberos_app', %s, 'EXECUTE')", [fn]).fetchone()[0] is False, fn
+        assert owner_conn.execute("select has_function_privilege('kb_app', %s, 'EXECUTE')", [fn]).fetchone()[0] is False, fn
 
 
 def test_app_cannot_become_another_role(app_conn, owner_conn):
@@ -328,7 +328,7 @@ def test_sql_in_query_strings_is_only_text(text, app_conn, ab):
         for sql, params in (("select chunk_id from kb.search_lexical(%s, 50)", [q]),
                             ("select chunk_id from kb.search_hybrid(%s, %s, 50)", [q, basis(3)])):
             assert ids[a]["chunk"] not in {r[0] for r in app_conn.execute(sql, params)}
-        assert app_conn.execute("select current_user, kb.current_tenant()").fetchone() == ("cyberos_app", b)
+        assert app_conn.execute("select current_user, kb.current_tenant()").fetchone() == ("kb_app", b)
 
 
 def test_sql_in_query_strings_through_the_api(settings, embedder, ab):

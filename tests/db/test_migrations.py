@@ -148,7 +148,7 @@ def test_check_server_accepts_this_server(owner_conn):
 
 def test_replace_url_keeps_socket_host():
     url = "postgresql://postgres:@/kb?host=%2Ftmp%2Fx"
-    assert db.replace_url(url, user="cyberos_app") == "postgresql://cyberos_app@/kb?host=%2Ftmp%2Fx"
+    assert db.replace_url(url, user="kb_app") == "postgresql://kb_app@/kb?host=%2Ftmp%2Fx"
     assert db.replace_url("postgresql://u:p@h:5432/a", dbname="b") == "postgresql://u:p@h:5432/b"
 
 

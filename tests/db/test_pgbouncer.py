@@ -47,7 +47,7 @@ def pgbouncer(app_url):
     # directly under /tmp: as root, pgbouncer runs as another user, which must reach its files
     folder = Path(tempfile.mkdtemp(prefix="kbtest-pgbouncer-", dir="/tmp"))
     port = _free_port()
-    user = target.get("user") or "cyberos_app"
+    user = target.get("user") or "kb_app"
     password = target.get("password") or ""
     (folder / "users.txt").write_text(f'"{user}" "{password}"\n')
     host = target.get("host") or "/tmp"

@@ -19,7 +19,7 @@ def test_app_role_is_neither_superuser_nor_bypassrls_nor_owner(app_conn):
     row = app_conn.execute(
         "select rolsuper, rolbypassrls, rolcreaterole from pg_roles where rolname = current_user"
     ).fetchone()
-    assert app_conn.execute("select current_user").fetchone()[0] == "cyberos_app"
+    assert app_conn.execute("select current_user").fetchone()[0] == "kb_app"
     assert row == (False, False, False)
     owned = app_conn.execute(
         "select count(*) from pg_class c join pg_namespace n on n.oid = c.relnamespace"

@@ -35,7 +35,7 @@ def reader(owner_url, ab):
     a, b, ids = ab
     role, pw = f"kb_test_reader_{uuid.uuid4().hex[:8]}", uuid.uuid4().hex
     with psycopg.connect(owner_url) as conn:
-        got = sql_access.grant(conn, b, role=role, password=pw, app_role="cyberos_app")
+        got = sql_access.grant(conn, b, role=role, password=pw, app_role="kb_app")
     assert got.created and got.tenant == b
     yield role, _url(owner_url, role, pw)
     with psycopg.connect(owner_url) as conn:
@@ -81,14 +81,14 @@ def test_reader_group_and_mapping_catalog(owner_conn, reader):
         "select g.rolname from pg_auth_members m join pg_roles g on g.oid = m.roleid"
         " where m.member = %s::regrole", [role])]
     assert groups == [READER]
-    for x, y in (("cyberos_app", READER), (READER, "cyberos_app"), (role, "cyberos_app")):
+    for x, y in (("kb_app", READER), (READER, "kb_app"), (role, "kb_app")):
         assert not owner_conn.execute("select pg_has_role(%s, %s, 'MEMBER')", [x, y]).fetchone()[0], (x, y)
     writes = owner_conn.execute(
         "select c.oid::regclass::text, p from pg_class c join pg_namespace n on n.oid = c.relnamespace,"
         " unnest(array['INSERT', 'UPDATE', 'DELETE', 'TRUNCATE', 'REFERENCES', 'TRIGGER']) p"
         " where n.nspname = 'kb' and has_table_privilege(%s, c.oid, p)", [role]).fetchall()
     assert writes == []
-    for who in ("public", "cyberos_app", READER, role, "kb_search", "kb_stats", "kb_audit"):
+    for who in ("public", "kb_app", READER, role, "kb_search", "kb_stats", "kb_audit"):
         for priv in ("SELECT", "INSERT", "UPDATE", "DELETE"):
             assert not owner_conn.execute("select has_table_privilege(%s, 'kb.sql_access', %s)",
                                           [who, priv]).fetchone()[0], (who, priv)
@@ -274,12 +274,12 @@ WRITES = [
     "truncate kb.kb_rerank_cache",
 ]
 ESCALATIONS = [
-    "set role cyberos_app", "set role kb_search", "set role kb_access", "set session authorization cyberos_app",
+    "set role kb_app", "set role kb_search", "set role kb_access", "set session authorization kb_app",
     "select * from kb.sql_access",
     "insert into kb.sql_access (role_name, tenant_id) values (session_user, '{a}')",
     "update kb.sql_access set tenant_id = '{a}'",
     "grant select on kb.sql_access to public",
-    "grant {reader} to cyberos_app",
+    "grant {reader} to kb_app",
     "alter role {role} bypassrls", "alter role {role} createrole",
     "create role kb_test_escalated login",
     "create table kb.mine (x int)", "create temporary table mine (x int)",
@@ -320,7 +320,7 @@ def test_set_role_to_another_mapped_role_keeps_the_session_tenant(owner_conn, ow
     role_b, url_b = reader
     role_a = f"kb_test_reader_a_{uuid.uuid4().hex[:8]}"
     with psycopg.connect(owner_url) as conn:
-        sql_access.grant(conn, a, role=role_a, app_role="cyberos_app")
+        sql_access.grant(conn, a, role=role_a, app_role="kb_app")
     owner_conn.execute(f'grant "{role_a}" to "{role_b}"')
     try:
         with psycopg.connect(url_b) as conn:
@@ -341,24 +341,24 @@ def test_grant_refuses_unsafe_roles(owner_conn, owner_url, ab):
     a, b, ids = ab
     bad = f"kb_test_bad_{uuid.uuid4().hex[:8]}"
     with psycopg.connect(owner_url) as conn:
-        for name in ("cyberos_app", "kb_search", "kb_sql_reader", "postgres", "pg_monitor", "Bad-Name"):
+        for name in ("kb_app", "kb_search", "kb_sql_reader", "postgres", "pg_monitor", "Bad-Name"):
             with pytest.raises(sql_access.SqlAccessError):
-                sql_access.grant(conn, b, role=name, app_role="cyberos_app")
+                sql_access.grant(conn, b, role=name, app_role="kb_app")
         for attrs, grant in (("login bypassrls", None), ("login createrole", None), ("login noinherit", None),
-                             ("login", "cyberos_app")):
+                             ("login", "kb_app")):
             owner_conn.execute(f'create role "{bad}" {attrs}')
             if grant:
                 owner_conn.execute(f'grant "{grant}" to "{bad}"')
             try:
                 with pytest.raises(sql_access.SqlAccessError):
-                    sql_access.grant(conn, b, role=bad, app_role="cyberos_app")
+                    sql_access.grant(conn, b, role=bad, app_role="kb_app")
             finally:
                 owner_conn.execute(f'drop role "{bad}"')
         # a role already mapped to B is not moved to A silently
         name = f"kb_test_once_{uuid.uuid4().hex[:8]}"
-        sql_access.grant(conn, b, role=name, app_role="cyberos_app")
+        sql_access.grant(conn, b, role=name, app_role="kb_app")
         with pytest.raises(sql_access.SqlAccessError, match="already reads tenant"):
-            sql_access.grant(conn, a, role=name, app_role="cyberos_app")
+            sql_access.grant(conn, a, role=name, app_role="kb_app")
         sql_access.revoke(conn, role=name)
     assert owner_conn.execute("select count(*) from kb.sql_access where role_name like 'kb_test_bad_%%'"
                               " or role_name like 'kb_test_once_%%'").fetchone()[0] == 0

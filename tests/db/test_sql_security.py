@@ -1,4 +1,4 @@
-"""The SQL side tried as an attacker holding the app role (cyberos_app):
+"""The SQL side tried as an attacker holding the app role (kb_app):
 item 1 (temp-schema hijack of SECURITY DEFINER functions), item 3 (forged audit rows),
 item 9 (eviction counts of other tenants), item 12 (another tenant's lock).
 The catalog tests cover every object of its kind, found in the catalog."""
@@ -51,7 +51,7 @@ def test_every_definer_pins_search_path_with_pg_temp_last(owner_conn):
     rows = owner_conn.execute(DEFINERS).fetchall()
     assert len(rows) >= 6  # search, statistics, term blocks, audit append, eviction
     creatable = {r[0] for r in owner_conn.execute(
-        "select nspname from pg_namespace where has_schema_privilege('cyberos_app', oid, 'CREATE')"
+        "select nspname from pg_namespace where has_schema_privilege('kb_app', oid, 'CREATE')"
         " or has_schema_privilege('public', oid, 'CREATE')")}
     for fn, config, _, _ in rows:
         path = _search_path(config)
@@ -92,7 +92,7 @@ def test_every_definer_in_every_shipped_sql_file_pins_pg_temp_last():
     assert headers >= 8  # search, statistics, lists, audit, generation, eviction (and the 0006 downgrade)
 
 
-def assert_no_temp_and_no_create(owner_conn, app_role: str = "cyberos_app") -> None:
+def assert_no_temp_and_no_create(owner_conn, app_role: str = "kb_app") -> None:
     """No TEMP on the database and no CREATE on any schema, for ``app_role`` or PUBLIC
     (tests/db/test_app_role.py runs it for a configured KB_APP_ROLE)."""
     assert owner_conn.execute(
@@ -135,7 +135,7 @@ def test_definer_owners_can_do_only_their_job(owner_conn):
             " where p.proowner = %s::regrole and not (p.prosecdef and n.nspname = 'kb')", [owner]).fetchone()[0] == 0
         assert owner_conn.execute("select count(*) from pg_auth_members where member = %s::regrole",
                                   [owner]).fetchone()[0] == 0, owner
-        assert not owner_conn.execute("select pg_has_role('cyberos_app', %s, 'USAGE')", [owner]).fetchone()[0]
+        assert not owner_conn.execute("select pg_has_role('kb_app', %s, 'USAGE')", [owner]).fetchone()[0]
     # the search role only reads; statistics are written by kb_stats alone
     for table in ("kb.term_stats", "kb.corpus_stats", "kb.term_blocks", "kb.chunks", "kb.documents"):
         for priv in ("INSERT", "UPDATE", "DELETE", "TRUNCATE"):
@@ -229,7 +229,7 @@ def _calls(b):
 
 
 def _attack(app_url, b):
-    """Run the privilege-escalation payload as cyberos_app; return (payload created?, notices,
+    """Run the privilege-escalation payload as kb_app; return (payload created?, notices,
     errors by statement)."""
     notices: list[str] = []
     errors: dict[str, str] = {}
@@ -256,7 +256,7 @@ def _attack(app_url, b):
 
 def _assert_nothing_leaked(notices, secret):
     ran_as = {n.split(" ", 1)[1] for n in notices if n.startswith("RAN_AS ")}
-    assert ran_as <= {"cyberos_app"}, f"the payload ran as {ran_as}"
+    assert ran_as <= {"kb_app"}, f"the payload ran as {ran_as}"
     assert not [n for n in notices if secret in n], "another tenant's chunk text leaked"
     assert "ALTERED" not in notices
 
@@ -275,16 +275,16 @@ def test_temp_schema_attack_is_refused(app_url, owner_conn, two_tenants):
 def test_temp_schema_attack_with_temp_granted_back(app_url, owner_conn, two_tenants):
     """Defence in depth: even if TEMP is granted back to the app role (a DBA's mistake),
     pg_temp is searched last inside every pinned function, so the shadowing types and table
-    are never used: the payload runs only as cyberos_app, sees no row of tenant A, and no
+    are never used: the payload runs only as kb_app, sees no row of tenant A, and no
     function's owner, settings, body or grants change."""
     a, b, secret = two_tenants
     dbname = owner_conn.info.dbname
     before = owner_conn.execute(PROCS).fetchall()
-    owner_conn.execute(f'grant temporary on database "{dbname}" to cyberos_app')
+    owner_conn.execute(f'grant temporary on database "{dbname}" to kb_app')
     try:
         created, notices, errors = _attack(app_url, b)
     finally:
-        owner_conn.execute(f'revoke temporary on database "{dbname}" from cyberos_app')
+        owner_conn.execute(f'revoke temporary on database "{dbname}" from kb_app')
     assert created, errors
     _assert_nothing_leaked(notices, secret)
     assert owner_conn.execute(PROCS).fetchall() == before
@@ -468,7 +468,7 @@ def test_eviction_loop_uses_the_maintenance_url_only():
         == "postgresql://m@h/d"
     # a configured server without a maintenance URL: no eviction from the app
     assert _maint_url(Settings(database_url="postgresql://o@h/d")) is None
-    assert _maint_url(Settings(app_database_url="postgresql://cyberos_app@h/d")) is None
+    assert _maint_url(Settings(app_database_url="postgresql://kb_app@h/d")) is None
 
 
 def test_downgrade_0009_and_up_again_keeps_the_chain(server_url):

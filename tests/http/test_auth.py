@@ -498,7 +498,7 @@ def test_serve_requires_strong_server_keys_in_a_deployment(monkeypatch, capsys, 
     monkeypatch.setattr("kb_rerank.http.server.run", lambda *a, **kw: started.append(kw) or 0)
     monkeypatch.setenv("KB_JWT_SECRET", secrets.token_hex(32))
     monkeypatch.setenv("KB_DATA_DIR", str(tmp_path / "data"))
-    monkeypatch.setenv("KB_APP_DATABASE_URL", "postgresql://cyberos_app@db/kb")
+    monkeypatch.setenv("KB_APP_DATABASE_URL", "postgresql://kb_app@db/kb")
     for name in ("KB_AUDIT_KEY", "KB_QUERY_HASH_KEY", "KB_JWT_PUBLIC_KEY", "KB_OPS_TOKEN", "KB_SERVE_DEV"):
         monkeypatch.delenv(name, raising=False)
     assert cli.main(["serve", "--port", "1"]) == 2

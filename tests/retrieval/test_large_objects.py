@@ -31,7 +31,7 @@ def test_no_large_object_function_is_executable_by_the_app_role_or_public(owner_
     for fn in ("lo_from_bytea(oid,bytea)", "lo_create(oid)", "lo_creat(integer)", "lo_import(text)",
                "lo_put(oid,bigint,bytea)", "lo_open(oid,integer)", "lowrite(integer,bytea)"):
         assert fn in names, (fn, names)
-    for role in ("cyberos_app", "public", "kb_sql_reader"):
+    for role in ("kb_app", "public", "kb_sql_reader"):
         assert _executable(owner_conn, role) == [], role
 
 
@@ -51,7 +51,7 @@ def test_the_revoke_is_reapplied_with_the_layer(owner_conn, settings):
     """A grant put back by hand (or a function a server upgrade adds) is revoked again by the
     next `kb-rerank migrate` (the layer is re-applied)."""
     owner_conn.execute("grant execute on function lo_from_bytea(oid, bytea) to public")
-    assert _executable(owner_conn, "cyberos_app") == ["lo_from_bytea(oid,bytea)"]
+    assert _executable(owner_conn, "kb_app") == ["lo_from_bytea(oid,bytea)"]
     with owner_conn.transaction():
         sqlfiles.apply_idempotent(owner_conn, embedding_dim=settings.embedding_dim, app_role=settings.app_role)
-    assert _executable(owner_conn, "cyberos_app") == []
+    assert _executable(owner_conn, "kb_app") == []

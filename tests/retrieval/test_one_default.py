@@ -45,7 +45,7 @@ def test_sql_cli_eval_and_api_give_the_same_order(settings, app_url, embedder, s
             q = normalize_query(query)
             emb = embedder.embed_query(q)
             with tenant_transaction(conn, tenant):
-                assert conn.execute("select current_user").fetchone()[0] == "cyberos_app"
+                assert conn.execute("select current_user").fetchone()[0] == "kb_app"
                 sql = [r[0] for r in conn.execute("select chunk_id from kb.search_hybrid(%s, %s::vector)", [q, emb])]
                 old = [r[0] for r in conn.execute(
                     "select chunk_id from kb.search_hybrid(%s, %s::vector, 20, 60, 'rrf', 1, 1)", [q, emb])]

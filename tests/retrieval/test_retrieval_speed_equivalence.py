@@ -280,7 +280,7 @@ def test_the_app_role_may_run_the_read_and_sql_readers_are_not_given_it(owner_co
                " double precision, double precision, integer, text, text, bigint, jsonb, text)",
                "kb.search_lexical_ids(text, integer, double precision, double precision, jsonb, text)",
                "kb.search_semantic_ids(vector, integer, jsonb)"):
-        assert owner_conn.execute("select has_function_privilege('cyberos_app', %s, 'EXECUTE'),"
+        assert owner_conn.execute("select has_function_privilege('kb_app', %s, 'EXECUTE'),"
                                   " has_function_privilege('kb_sql_reader', %s, 'EXECUTE'),"
                                   " has_function_privilege('public', %s, 'EXECUTE')",
                                   [fn, fn, fn]).fetchone() == (True, False, False), fn

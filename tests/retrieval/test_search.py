@@ -361,7 +361,7 @@ def own_database(server_url):
 
 def test_indexes_are_used_inside_search_functions_as_app_role(own_database):
     """EXPLAIN (via auto_explain of nested statements) of the search functions called as
-    cyberos_app: the (tenant_id, tsv) GIN index and the HNSW index serve them."""
+    kb_app: the (tenant_id, tsv) GIN index and the HNSW index serve them."""
     from kb_rerank.db.database import app_url
     from kb_rerank.core.session import configure_connection
     from kb_rerank.core.settings import Settings
@@ -404,8 +404,8 @@ def test_indexes_are_used_inside_search_functions_as_app_role(own_database):
                   # GIN index even so.
                   "enable_seqscan = off", "enable_sort = off"):
             conn.execute("set " + s)
-        conn.execute("set role cyberos_app")
-        assert conn.execute("select current_user").fetchone()[0] == "cyberos_app"
+        conn.execute("set role kb_app")
+        assert conn.execute("select current_user").fetchone()[0] == "kb_app"
         with conn.transaction():
             conn.execute("select set_config('auth.tenant_id', %s, true)", [str(t)])
             conn.execute("select * from kb.search_lexical('quokka', 5)").fetchall()
@@ -694,14 +694,14 @@ def test_lexical_search_recomputes_a_stale_tf_table(owner_conn, rrf_tenant):
     t, _ = rrf_tenant
     sql = "select doc_title, score from kb.search_lexical('apple banana dessert', 10)"
     with owner_conn.transaction():
-        owner_conn.execute("set local role cyberos_app")
+        owner_conn.execute("set local role kb_app")
         owner_conn.execute("select set_config('auth.tenant_id', %s, true)", [str(t)])
         expected = owner_conn.execute(sql).fetchall()
     assert [r[0] for r in expected] == ["A", "B", "C"]
     with owner_conn.transaction(force_rollback=True):
         owner_conn.execute("create or replace function kb.ts_rank_tf() returns real[] language sql immutable"
                            " as 'select array(select x / 2 from unnest(kb.ts_rank_tf_compute()) as x)'")
-        owner_conn.execute("set local role cyberos_app")
+        owner_conn.execute("set local role kb_app")
         owner_conn.execute("select set_config('auth.tenant_id', %s, true)", [str(t)])
         assert owner_conn.execute(sql).fetchall() == expected
 

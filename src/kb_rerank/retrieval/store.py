@@ -15,8 +15,15 @@ import numpy as np
 from psycopg.types.json import Jsonb
 
 from kb_rerank.core.candidate import Candidate, from_row
+from kb_rerank.core.settings import default
 from kb_rerank.rerank import pair_cache
 
+# The searches' defaults: the settings' declared defaults, as the SQL functions' own (rendered
+# from the same declarations by kb_rerank.db.layer).
+K, FUSION_DEPTH = default("candidates"), default("fusion_depth")
+RRF_K, FUSION = default("rrf_k"), default("fusion_method")
+LEXICAL_WEIGHT, SEMANTIC_WEIGHT = default("lexical_weight"), default("semantic_weight")
+K1, B = default("bm25_k1"), default("bm25_b")
 
 LEXICAL_SQL = (
     "select chunk_id, doc_id, doc_title, snippet, content, score, rank"
@@ -66,38 +73,36 @@ def _filter(filter: Mapping[str, Any] | None) -> Jsonb | None:
     return None if filter is None else Jsonb(dict(filter))
 
 
-def lexical(conn, query: str, k: int = 20, *, k1: float = 1.2, b: float = 0.75,
+def lexical(conn, query: str, k: int = K, *, k1: float = K1, b: float = B,
             filter: Mapping[str, Any] | None = None, language: str | None = None) -> list[Candidate]:
     return _lexical_rows(conn.execute(LEXICAL_SQL, [query, k, k1, b, _filter(filter), language]).fetchall())
 
 
-def semantic(conn, embedding, k: int = 20, *, filter: Mapping[str, Any] | None = None) -> list[Candidate]:
+def semantic(conn, embedding, k: int = K, *, filter: Mapping[str, Any] | None = None) -> list[Candidate]:
     return _semantic_rows(conn.execute(SEMANTIC_SQL, [_vec(embedding), k, _filter(filter)]).fetchall())
 
 
-# kb.search_hybrid's own defaults, which are the service's (settings.Settings.fusion, fusion_depth)
-def hybrid(conn, query: str, embedding, k: int = 60, *, rrf_k: int = 10, fusion: str = "convex",
-           lexical_weight: float = 0.7, semantic_weight: float = 0.3, k1: float = 1.2,
-           b: float = 0.75, filter: Mapping[str, Any] | None = None,
-           language: str | None = None) -> list[Candidate]:
+def hybrid(conn, query: str, embedding, k: int = FUSION_DEPTH, *, rrf_k: int = RRF_K, fusion: str = FUSION,
+           lexical_weight: float = LEXICAL_WEIGHT, semantic_weight: float = SEMANTIC_WEIGHT, k1: float = K1,
+           b: float = B, filter: Mapping[str, Any] | None = None, language: str | None = None) -> list[Candidate]:
     return _hybrid_rows(conn.execute(HYBRID_SQL, [query, _vec(embedding), k, rrf_k, fusion, lexical_weight,
                                                   semantic_weight, k1, b, _filter(filter), language]).fetchall())
 
 
-async def alexical(conn, query: str, k: int = 20, *, k1: float = 1.2, b: float = 0.75,
+async def alexical(conn, query: str, k: int = K, *, k1: float = K1, b: float = B,
                    filter: Mapping[str, Any] | None = None, language: str | None = None) -> list[Candidate]:
     cur = await conn.execute(LEXICAL_SQL, [query, k, k1, b, _filter(filter), language])
     return _lexical_rows(await cur.fetchall())
 
 
-async def asemantic(conn, embedding, k: int = 20, *, filter: Mapping[str, Any] | None = None) -> list[Candidate]:
+async def asemantic(conn, embedding, k: int = K, *, filter: Mapping[str, Any] | None = None) -> list[Candidate]:
     cur = await conn.execute(SEMANTIC_SQL, [_vec(embedding), k, _filter(filter)])
     return _semantic_rows(await cur.fetchall())
 
 
-async def ahybrid(conn, query: str, embedding, k: int = 60, *, rrf_k: int = 10, fusion: str = "convex",
-                  lexical_weight: float = 0.7, semantic_weight: float = 0.3, k1: float = 1.2,
-                  b: float = 0.75, limit: int | None = None,
+async def ahybrid(conn, query: str, embedding, k: int = FUSION_DEPTH, *, rrf_k: int = RRF_K, fusion: str = FUSION,
+                  lexical_weight: float = LEXICAL_WEIGHT, semantic_weight: float = SEMANTIC_WEIGHT, k1: float = K1,
+                  b: float = B, limit: int | None = None,
                   filter: Mapping[str, Any] | None = None, language: str | None = None) -> list[Candidate]:
     """kb.search_hybrid's rows; with ``limit``, only its first ``limit`` (the same rows as
     slicing the full answer)."""

@@ -30,10 +30,10 @@
 -- the caller's transaction (kb.current_tenant()) and raises when none is set. search_path
 -- pinned, pg_temp last.
 create or replace function kb.refresh_term_blocks(
-  list_length integer default 128,
-  min_df integer default 1000,
-  k1 double precision default 1.2,
-  b double precision default 0.75
+  list_length integer default {{default:term_list_length}},
+  min_df integer default {{default:term_list_min_df}},
+  k1 double precision default {{default:bm25_k1}},
+  b double precision default {{default:bm25_b}}
 )
 returns integer
 language plpgsql

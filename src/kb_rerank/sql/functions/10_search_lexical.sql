@@ -32,9 +32,9 @@ drop function if exists kb.search_lexical(text, integer, double precision, doubl
 drop function if exists kb.search_lexical_ids(text, integer, double precision, double precision, jsonb);
 create or replace function kb.search_lexical_ids(
   query text,
-  k integer default 20,
-  k1 double precision default 1.2,
-  b double precision default 0.75,
+  k integer default {{default:candidates}},
+  k1 double precision default {{default:bm25_k1}},
+  b double precision default {{default:bm25_b}},
   filter jsonb default null,
   language text default null
 )
@@ -435,9 +435,9 @@ comment on function kb.search_lexical_ids(text, integer, double precision, doubl
 -- no tenant set the search returns no rows. search_path pinned, pg_temp last.
 create or replace function kb.search_lexical(
   query text,
-  k integer default 20,
-  k1 double precision default 1.2,
-  b double precision default 0.75,
+  k integer default {{default:candidates}},
+  k1 double precision default {{default:bm25_k1}},
+  b double precision default {{default:bm25_b}},
   filter jsonb default null,
   language text default null
 )

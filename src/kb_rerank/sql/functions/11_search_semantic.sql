@@ -13,7 +13,7 @@
 drop function if exists kb.search_semantic(public.vector, integer);
 create or replace function kb.search_semantic(
   query_embedding public.vector,
-  k integer default 20,
+  k integer default {{default:candidates}},
   filter jsonb default null
 )
 returns table (

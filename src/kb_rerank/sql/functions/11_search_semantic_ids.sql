@@ -24,7 +24,7 @@
 drop function if exists kb.search_semantic_ids(public.vector, integer);
 create or replace function kb.search_semantic_ids(
   query_embedding public.vector,
-  k integer default 20,
+  k integer default {{default:candidates}},
   filter jsonb default null
 )
 returns table (

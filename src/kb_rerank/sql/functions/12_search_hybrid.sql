@@ -33,12 +33,13 @@
 -- language: the query's language, for the lexical list (kb.search_lexical); NULL: the
 -- tenant's languages decide (kb.query_languages).
 --
--- The defaults are the service's (kb_rerank/core/settings.py: KB_FUSION_DEPTH 60, KB_FUSION_METHOD
--- convex, KB_LEXICAL_WEIGHT 0.7, KB_SEMANTIC_WEIGHT 0.3, KB_RRF_K 10, KB_BM25_K1 1.2,
--- KB_BM25_B 0.75), so `select * from kb.search_hybrid('query', embedding)` ranks as the API's
--- first stage does with the default settings (the service keeps the first 2 x KB_CANDIDATES
--- rows of this order: kb.retrieve_hybrid); tests/retrieval/test_one_default.py compares the SQL
--- function, `kb-rerank search`, the eval and the API.
+-- The defaults are the settings' defaults (KB_FUSION_DEPTH, KB_RRF_K, KB_FUSION_METHOD,
+-- KB_LEXICAL_WEIGHT, KB_SEMANTIC_WEIGHT, KB_BM25_K1, KB_BM25_B), rendered from their
+-- declarations (kb_rerank/core/settings.py) by kb_rerank.db.layer, so
+-- `select * from kb.search_hybrid('query', embedding)` ranks as the API's first stage does
+-- with the default settings (the service keeps the first 2 x KB_CANDIDATES rows of this
+-- order: kb.retrieve_hybrid); tests/retrieval/test_one_default.py compares the SQL function,
+-- `kb-rerank search`, the eval and the API.
 -- The signatures before k1 / b and before the filter (one overload only: callers' positional
 -- calls stay unambiguous).
 drop function if exists kb.search_hybrid(text, public.vector, integer, integer, text, double precision,
@@ -50,13 +51,13 @@ drop function if exists kb.search_hybrid(text, public.vector, integer, integer, 
 create or replace function kb.search_hybrid(
   query text,
   query_embedding public.vector,
-  k integer default 60,
-  rrf_k integer default 10,
-  fusion text default 'convex',
-  lexical_weight double precision default 0.7,
-  semantic_weight double precision default 0.3,
-  k1 double precision default 1.2,
-  b double precision default 0.75,
+  k integer default {{default:fusion_depth}},
+  rrf_k integer default {{default:rrf_k}},
+  fusion text default {{default:fusion_method}},
+  lexical_weight double precision default {{default:lexical_weight}},
+  semantic_weight double precision default {{default:semantic_weight}},
+  k1 double precision default {{default:bm25_k1}},
+  b double precision default {{default:bm25_b}},
   filter jsonb default null,
   language text default null
 )
@@ -186,5 +187,5 @@ $$;
 comment on function kb.search_hybrid(text, public.vector, integer, integer, text, double precision, double precision,
                                   double precision, double precision, jsonb, text) is
   'Hybrid search per document: lexical (BM25) and semantic top-k documents (within a search filter when given) fused '
-  'by a convex combination of min-max normalised scores (default, the service''s 0.7 / 0.3, 60 deep), RRF or '
-  'round-robin interleave; one chunk per document';
+  'by a convex combination of min-max normalised scores (the default), RRF or round-robin interleave; one chunk '
+  'per document; the defaults are the service''s settings';

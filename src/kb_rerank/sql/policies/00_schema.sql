@@ -1,7 +1,7 @@
 -- Schema-level grants. The app role reaches kb objects only through the grants below
 -- and the per-table files; functions are not executable by PUBLIC by default here.
 -- The app_role placeholder (in double braces), in every file of this layer, is the app role: KB_APP_ROLE (default
--- cyberos_app), rendered by kb_rerank.db.layer as a quoted identifier it has checked.
+-- kb_app), rendered by kb_rerank.db.layer as a quoted identifier it has checked.
 grant usage on schema kb to {{app_role}}, kb_search, kb_stats, kb_audit;
 
 -- No role but the owner creates objects that a SECURITY DEFINER body

@@ -1,6 +1,6 @@
 """The faster read of a hybrid miss returns what the functions it replaces return.
 
-kb.retrieve_hybrid (sql/functions/13_retrieve_hybrid.sql) is the service's hybrid read in one
+kb.retrieve_hybrid (retrieval/sql/retrieve_hybrid.sql) is the service's hybrid read in one
 statement: kb.search_hybrid's first ``lim`` rows with their live pair scores. It fuses the
 text-free lists kb.search_lexical_ids and kb.search_semantic_ids and reads the texts of the
 rows it returns only. Here, on a seeded corpus built to have ties (repeated texts, repeated

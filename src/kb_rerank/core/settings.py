@@ -90,7 +90,7 @@ class Settings:
     semantic_weight: float = 0.3  # KB_SEMANTIC_WEIGHT: weight of the semantic list
     bm25_k1: float = 1.2
     bm25_b: float = 0.75
-    # BM25 term blocks (kb.term_blocks; sql/functions/04_term_blocks.sql): for every word
+    # BM25 term blocks (kb.term_blocks; retrieval/sql/term_blocks.sql): for every word
     # in at least term_list_min_df of a tenant's chunks, its chunks by weight in levels of
     # term_list_length, 4x, 16x, ... They let a query skip most chunks of its words; results
     # are the same (speed only; measured: docs/tuning.md, "BM25 term blocks").

@@ -1,13 +1,15 @@
-"""Reading and applying the SQL files shipped in the package (kb_rerank/sql/): the idempotent layer.
+"""Reading and applying the SQL files shipped in the package: the versioned files and the idempotent layer.
 
 The frozen Alembic revisions import `kb_rerank.sqlfiles`, which stays and calls this module.
 
-sql/schema/NNNN_*.sql are versioned: each is run once by its Alembic revision, its
-downgrade NNNN_*.down.sql beside it, and neither ever changes once shipped (their hashes
-are frozen in migrations/frozen.sha256, checked by tests/db/test_migrations.py).
-sql/functions, sql/policies and sql/views are idempotent and re-applied, in that order
-and by file name, once at the end of every upgrade that reaches head (migrations/env.py);
-no revision applies them in the middle of an upgrade. The layer carries a version, the
+db/schema/NNNN_*.sql are versioned: each is run once by its Alembic revision and never
+changes once shipped (their hashes are frozen in db/migrations/frozen.sha256, checked by
+tests/db/test_migrations.py). Migrations are forward-only: a revision's downgrade raises,
+and a database is taken back by restoring a backup (docs/operations.md).
+The idempotent layer (functions, grants, policies, views) sits beside the capability that
+owns it, in <capability>/sql/*.sql; db/layer.txt lists its files in the order they are
+applied, once at the end of every upgrade that reaches head (db/migrations/env.py); no
+revision applies them in the middle of an upgrade. The layer carries a version, the
 hash of its rendered files, that ``kb.schema_layer_version()`` returns and /readyz checks.
 
 Placeholders, filled by :func:`render` in every file: ``{{embedding_dim}}`` (the embedder's
@@ -27,11 +29,12 @@ import re
 from importlib import resources
 from importlib.resources.abc import Traversable
 
-IDEMPOTENT_DIRS = ("functions", "policies", "views")
+# The layer's files in the order applied, one path a line relative to the package.
+MANIFEST = "db/layer.txt"
 
 
-def sql_dir() -> Traversable:
-    return resources.files("kb_rerank") / "sql"
+def package_dir() -> Traversable:
+    return resources.files("kb_rerank")
 
 
 DEFAULT_APP_ROLE = "cyberos_app"
@@ -61,19 +64,34 @@ def render(path: Traversable, *, embedding_dim: int, app_role: str = DEFAULT_APP
     return text
 
 
+FORWARD_ONLY = ("migrations are forward-only: a database is taken back by restoring the backup made before"
+                " the upgrade (docs/operations.md, \"Upgrades\")")
+
+
 def versioned_file(name: str) -> Traversable:
-    path = sql_dir() / "schema" / name
+    if name.endswith(".down.sql"):
+        # the frozen revisions' downgrade() names their former down files
+        raise RuntimeError(FORWARD_ONLY)
+    path = package_dir() / "db" / "schema" / name
     if not path.is_file():
-        raise FileNotFoundError(f"sql/schema/{name}")
+        raise FileNotFoundError(f"db/schema/{name}")
     return path
 
 
+def manifest() -> list[str]:
+    """The layer's paths (relative to the package) from db/layer.txt, in the order applied."""
+    text = (package_dir() / MANIFEST).read_text(encoding="utf-8")
+    return [line.strip() for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")]
+
+
 def idempotent_files() -> list[tuple[str, Traversable]]:
-    """(path relative to sql/, file) of every idempotent file, in the order applied."""
+    """(path relative to the package, file) of every idempotent file, in the order applied."""
     files: list[tuple[str, Traversable]] = []
-    for d in IDEMPOTENT_DIRS:
-        entries = [f for f in (sql_dir() / d).iterdir() if f.is_file() and f.name.endswith(".sql")]
-        files.extend((f"{d}/{f.name}", f) for f in sorted(entries, key=lambda f: f.name))
+    for rel in manifest():
+        path = package_dir().joinpath(*rel.split("/"))
+        if not path.is_file():
+            raise FileNotFoundError(f"{MANIFEST} lists {rel}, which is not in the package")
+        files.append((rel, path))
     return files
 
 
@@ -88,7 +106,7 @@ def apply_versioned(dbapi_conn, name: str, *, embedding_dim: int, app_role: str 
 
 
 def run_versioned(files: tuple[str, ...]) -> None:
-    """Apply versioned files from inside an Alembic revision (its upgrade() or downgrade()),
+    """Apply versioned files from inside an Alembic revision's upgrade(),
     on the migration's connection, with the embedding dimension and app role the run was given. In
     offline mode (`kb-rerank migrate --sql`) the rendered files are written to the output
     instead, as they would run."""
@@ -98,7 +116,7 @@ def run_versioned(files: tuple[str, ...]) -> None:
     role = context.config.attributes.get("kb_app_role") or DEFAULT_APP_ROLE
     if context.is_offline_mode():
         for name in files:
-            emit_script(f"sql/schema/{name}", render(versioned_file(name), embedding_dim=dim, app_role=role))
+            emit_script(f"db/schema/{name}", render(versioned_file(name), embedding_dim=dim, app_role=role))
         return
     raw = op.get_bind().connection.driver_connection
     for name in files:
@@ -117,7 +135,7 @@ def emit_idempotent(*, embedding_dim: int, app_role: str = DEFAULT_APP_ROLE) -> 
     """Offline mode: write the idempotent layer and its version function as apply_idempotent
     would run them; return the layer version."""
     for rel, path in idempotent_files():
-        emit_script(f"sql/{rel}", render(path, embedding_dim=embedding_dim, app_role=app_role))
+        emit_script(rel, render(path, embedding_dim=embedding_dim, app_role=app_role))
     version = layer_version(embedding_dim=embedding_dim, app_role=app_role)
     emit_script("kb.schema_layer_version()", _layer_version_sql(version, app_role))
     return version
@@ -175,7 +193,7 @@ def apply_idempotent(dbapi_conn, *, embedding_dim: int, app_role: str = DEFAULT_
         try:
             execute_script(dbapi_conn, render(path, embedding_dim=embedding_dim, app_role=app_role))
         except Exception as exc:
-            raise RuntimeError(f"applying sql/{rel} failed: {exc}") from exc
+            raise RuntimeError(f"applying {rel} failed: {exc}") from exc
     version = layer_version(embedding_dim=embedding_dim, app_role=app_role)
     execute_script(dbapi_conn, _layer_version_sql(version, app_role))
     return version

@@ -3,7 +3,7 @@
 -- existed. Rows of that month already in the default partition (written while no month
 -- partition covered them) are moved into it, in the same transaction, so that the month
 -- can be archived whole later. RLS enabled and forced on the new partition, no privilege
--- for anyone but the owner (as sql/policies/kb_rerank_audit.sql does for the others).
+-- for anyone but the owner (as audit/sql/audit_policies.sql does for the others).
 --
 -- SECURITY INVOKER, executable by the owner only (`kb-rerank audit partitions`, from cron:
 -- the next months ahead). It moves rows of every tenant: the owner must see them all (a

@@ -47,7 +47,7 @@ $$;
 alter function kb.bump_generation() owner to kb_generation;
 revoke all on function kb.bump_generation() from public;
 comment on function kb.bump_generation() is
-  'Trigger: bump the knowledge-base generation of the tenants whose documents/chunks a statement changed (SECURITY DEFINER, owner kb_generation; see sql/functions/05_kb_generation.sql)';
+  'Trigger: bump the knowledge-base generation of the tenants whose documents/chunks a statement changed (SECURITY DEFINER, owner kb_generation; see cache/sql/kb_generation.sql)';
 
 -- Statement-level: one bump per statement (not per row). Transition tables cannot serve a
 -- trigger of several events, hence one trigger per event.

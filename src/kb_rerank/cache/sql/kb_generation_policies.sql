@@ -1,7 +1,7 @@
 -- kb.kb_generation: a tenant's knowledge-base generation (migration 0010_trust_cache).
 -- RLS enabled and forced. The app role may only read its own tenant's row (fail closed:
 -- no tenant set, nothing visible); only kb_generation (owner of the trigger function
--- kb.bump_generation, sql/functions/05_kb_generation.sql) writes, through its own policy.
+-- kb.bump_generation, cache/sql/kb_generation.sql) writes, through its own policy.
 alter table kb.kb_generation enable row level security;
 alter table kb.kb_generation force row level security;
 

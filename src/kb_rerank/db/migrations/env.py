@@ -1,4 +1,4 @@
-"""Alembic environment: thin revisions that execute the SQL files under kb_rerank/sql/.
+"""Alembic environment: thin revisions that execute the versioned SQL files under kb_rerank/db/schema/.
 
 The URL comes from kb_rerank (KB_DATABASE_URL or the embedded server), or from
 ``config.attributes['kb_url']`` when called through ``kb_rerank.db.database.migrate``.
@@ -40,7 +40,7 @@ def run_migrations_online() -> None:
         context.config.attributes["kb_app_role"] = role
         with context.begin_transaction():
             context.run_migrations()
-            # Functions, policies, grants and views (sql/functions, sql/policies, sql/views) are
+            # Functions, policies, grants and views (the files db/layer.txt lists) are
             # idempotent and written for the head schema: re-applied once, after the last
             # revision of an upgrade that reaches head, in the same transaction. An upgrade to
             # an intermediate revision gets that revision's tables only.

@@ -4,8 +4,6 @@ Revision ID: ${up_revision}
 Revises: ${down_revision | comma,n}
 Create Date: ${create_date}
 """
-from alembic import context, op
-
 from kb_rerank import sqlfiles
 
 revision = ${repr(up_revision)}
@@ -13,15 +11,13 @@ down_revision = ${repr(down_revision)}
 branch_labels = None
 depends_on = None
 
-
-def _raw():
-    return op.get_bind().connection.driver_connection
+# Versioned files under db/schema/ (frozen once shipped: db/migrations/frozen.sha256).
+UPGRADE = ("NNNN_name.sql",)
 
 
 def upgrade() -> None:
-    dim = context.config.attributes["kb_embedding_dim"]
-    sqlfiles.apply_versioned(_raw(), "NNNN_name.sql", embedding_dim=dim)
+    sqlfiles.run_versioned(UPGRADE)
 
 
 def downgrade() -> None:
-    pass
+    raise RuntimeError("migrations are forward-only: downgrades are done by restoring a backup (docs/operations.md)")

@@ -2,14 +2,14 @@
 -- tracing columns, and the maintenance role that owns the cache eviction function.
 -- Versioned: runs once (Alembic revision 0002_rerank_service). Functions, policies,
 -- grants and views for these objects live in the idempotent files:
---   sql/functions/20_audit_append.sql, 21_audit_verify.sql, 22_cache_evict.sql
---   sql/policies/kb_rerank_audit.sql, kb_rerank_curation.sql
---   sql/views/cache_stats.sql
+--   audit/sql/audit_append.sql, audit/sql/audit_verify.sql, cache/sql/evict_expired_cache.sql
+--   audit/sql/audit_policies.sql, kb_rerank_curation.sql
+--   cache/sql/cache_stats.sql
 
 -- Roles are cluster-wide, so they are created only when missing.
 do $$
 begin
-  -- Owner of kb.evict_expired_cache() only (see sql/functions/22_cache_evict.sql). It
+  -- Owner of kb.evict_expired_cache() only (see cache/sql/evict_expired_cache.sql). It
   -- cannot log in; it bypasses RLS because eviction is cross-tenant by nature.
   if not exists (select from pg_roles where rolname = 'kb_maint') then
     create role kb_maint nologin nosuperuser nocreatedb nocreaterole noinherit bypassrls;
@@ -29,7 +29,7 @@ alter table kb.kb_rerank_cache
 --   seq       1, 2, 3... per tenant, no gaps
 --   prev_hash row_hash of the tenant's previous row (64 zeros for seq 1)
 --   row_hash  kb.audit_row_hash(row), the canonical form defined in ONE place
---             (sql/functions/20_audit_append.sql)
+--             (audit/sql/audit_append.sql)
 -- Rows are written only through kb.audit_append() and checked by kb.audit_verify().
 -- Never holds query text: query_hash is the hash, detail a short machine reason.
 create table kb.kb_rerank_audit (

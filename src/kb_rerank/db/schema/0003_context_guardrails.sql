@@ -1,7 +1,7 @@
 -- 0003 context guardrails: prompt-injection / keyword-stuffing flags on chunks and the
 -- per-tenant policy that decides what a query does with flagged chunks.
 -- Versioned: runs once (Alembic revision 0003_context_guardrails). Policies and grants
--- for kb.tenant_policy live in the idempotent file sql/policies/tenant_policy.sql.
+-- for kb.tenant_policy live in the idempotent file guard/sql/tenant_policy_policies.sql.
 
 -- Set at ingestion, per chunk (kb_rerank.ingest.verdict; detectors in kb_rerank.ingest.detectors).
 -- Rows ingested before this revision keep the defaults (not flagged) until the

@@ -1,13 +1,13 @@
 -- 0004 (second part): the text analysis that indexes accented words as typed, and the
 -- re-analysis of the existing chunks with it.
 --
--- A FROZEN COPY, taken when this revision was frozen, of sql/functions/01_text_analysis.sql
--- and sql/functions/02_chunks_derive.sql: the data step below needs these functions, and a
+-- A FROZEN COPY, taken when this revision was frozen, of retrieval/sql/text_analysis.sql
+-- and retrieval/sql/chunks_derive.sql: the data step below needs these functions, and a
 -- revision never applies the live idempotent files in the middle of an upgrade (they are
 -- written for the head schema and change with later revisions). The live files replace
 -- these definitions when the upgrade reaches head. Never edit this file.
 
--- ---- frozen copy of sql/functions/01_text_analysis.sql ----
+-- ---- frozen copy of retrieval/sql/text_analysis.sql ----
 -- Text analysis shared by documents and queries, so that both sides tokenise alike.
 --
 -- kb.code_tokens: runs of letters/digits joined by _ - . / : # (ERR_402, SKU-1234,
@@ -232,7 +232,7 @@ as $$
   where t <> ''
 $$;
 
--- ---- frozen copy of sql/functions/02_chunks_derive.sql ----
+-- ---- frozen copy of retrieval/sql/chunks_derive.sql ----
 -- BEFORE trigger: derive the lexical columns of a chunk from its content.
 create or replace function kb.chunks_derive()
 returns trigger

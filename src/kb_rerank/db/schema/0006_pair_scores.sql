@@ -5,8 +5,8 @@
 -- (kb.chunks.content_hash): a chunk whose content changed misses and is scored again.
 -- Append-only for the app (SELECT, INSERT, DELETE; no UPDATE): an expired row is deleted,
 -- then a new one inserted with ON CONFLICT DO NOTHING. Expired rows of all tenants are
--- evicted by kb.evict_expired_cache() (sql/functions/22_cache_evict.sql). RLS, policies
--- and grants: sql/policies/kb_rerank_pair_scores.sql.
+-- evicted by kb.evict_expired_cache() (cache/sql/evict_expired_cache.sql). RLS, policies
+-- and grants: rerank/sql/pair_scores_policies.sql.
 -- No foreign key to kb.chunks: /v2/rerank keys caller documents (no chunk) by the zero
 -- uuid and the sha256 of the document text, and a deleted chunk's rows simply expire.
 create table kb.kb_rerank_pair_scores (

@@ -12,7 +12,7 @@
 -- nothing). When the average length later moves to A, tf_part at A <= tf_part at avglen *
 -- max(1, A / avglen) (the length term's share of the denominator shrinks by at most
 -- avglen / A), which is the bound the search uses. Derived data: readable by its tenant,
--- written only by functions owned by kb_search (policies: sql/policies/corpus_stats.sql).
+-- written only by functions owned by kb_search (policies: retrieval/sql/corpus_stats_policies.sql).
 create table kb.term_tops (
   tenant_id uuid not null,
   term      text not null,

@@ -3,7 +3,7 @@
 -- Per-tenant generation of the knowledge base. Every statement that
 -- changes a tenant's kb.documents or kb.chunks rows bumps that tenant's generation, in the
 -- same transaction (triggers and their SECURITY DEFINER function:
--- sql/functions/05_kb_generation.sql; RLS and grants: sql/policies/kb_generation.sql).
+-- cache/sql/kb_generation.sql; RLS and grants: cache/sql/kb_generation_policies.sql).
 -- The generation is part of the key of every cached answer (kb.kb_rerank_cache) and of
 -- every pair score of a knowledge-base chunk (kb.kb_rerank_pair_scores), and the service
 -- reads it before it reads any candidate, so an answer computed before a delete or a

@@ -36,7 +36,7 @@ alter table kb.kb_rerank_audit
 create unique index kb_rerank_audit_tenant_mac_key on kb.kb_rerank_audit (tenant_id, mac);
 
 -- Each tenant's chain head, the row kb.audit_append locks (replaces an advisory lock that
--- any role could take). RLS, policies, grants: sql/policies/kb_rerank_audit.sql.
+-- any role could take). RLS, policies, grants: audit/sql/audit_policies.sql.
 create table kb.audit_heads (
   tenant_id uuid primary key,
   seq       bigint not null check (seq >= 0),
@@ -52,6 +52,6 @@ order by a.tenant_id, a.seq desc;
 alter table kb.kb_rerank_audit force row level security;
 
 -- The old, unkeyed append (SECURITY INVOKER, advisory lock) and the champion-list lock key
--- go; their replacements are in sql/functions/20_audit_append.sql and 04_term_tops.sql.
+-- go; their replacements are in audit/sql/audit_append.sql and 04_term_tops.sql.
 drop function if exists kb.audit_append(text, smallint, text, text, text, text, integer, integer, real, text);
 drop function if exists kb.term_tops_lock_key(uuid);

@@ -10,7 +10,7 @@
 -- term. The field has its own length (kb.chunks.stem_len; per tenant
 -- kb.corpus_stats.stem_total_len), which BM25 normalises its terms by. An English query is
 -- searched in the stemmed field, identifiers and any other query in the exact one
--- (sql/functions/01_text_analysis.sql, kb.search_term_counts).
+-- (retrieval/sql/text_analysis.sql, kb.search_term_counts).
 --
 -- The functions the data step needs are frozen copies below (the live files replace them
 -- when the upgrade reaches head); the data step re-derives every chunk (an UPDATE of every
@@ -19,7 +19,7 @@
 alter table kb.chunks add column stem_len integer not null default 0;  -- set by kb.chunks_derive
 alter table kb.corpus_stats add column stem_total_len bigint not null default 0;
 
--- ---- frozen copies of sql/functions/01_text_analysis.sql (part) and 02_chunks_derive.sql ----
+-- ---- frozen copies of retrieval/sql/text_analysis.sql (part) and retrieval/sql/chunks_derive.sql ----
 create or replace function kb.stem_config(language text)
 returns regdictionary
 language sql

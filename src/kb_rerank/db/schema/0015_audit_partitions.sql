@@ -19,7 +19,7 @@
 --
 -- audit_id: a sequence default instead of an identity column (identity columns on
 -- partitioned tables need PostgreSQL 17; kb-rerank supports 15). Only kb.audit_append
--- inserts (owner kb_audit: USAGE on the sequence, sql/policies/kb_rerank_audit.sql).
+-- inserts (owner kb_audit: USAGE on the sequence, audit/sql/audit_policies.sql).
 --
 -- The rows are copied in; the functions and the views typed on the old table's row are
 -- dropped here and re-created by the idempotent layer at the end of the upgrade.
@@ -99,7 +99,7 @@ drop table kb.kb_rerank_audit_0014;
 -- Signed chain checkpoints: (tenant, seq) was the tenant's last row before the archived
 -- months, with that row_hash; mac = HMAC-SHA256 under the audit key of the canonical form
 -- in kb_rerank/store/audit.py (checkpoint_canonical). Written by `kb-rerank audit archive`
--- (the owner, a superuser or BYPASSRLS role). RLS, grants: sql/policies/kb_rerank_audit.sql.
+-- (the owner, a superuser or BYPASSRLS role). RLS, grants: audit/sql/audit_policies.sql.
 create table kb.audit_checkpoints (
   tenant_id       uuid not null,
   seq             bigint not null check (seq >= 1),

@@ -1,5 +1,5 @@
 -- 0017 title field: each chunk's lexical columns (tsv, doc_len, stem_len) derived from its
--- document's title and its content (see sql/functions/02_chunks_derive.sql; measured in
+-- document's title and its content (see retrieval/sql/chunks_derive.sql; measured in
 -- docs/quality.md, "Title field"); a document whose title or language is updated in SQL
 -- has its chunks re-derived by a trigger. The idempotent layer is applied only at the end
 -- of an upgrade, so the new trigger functions are defined here (frozen copy) before the

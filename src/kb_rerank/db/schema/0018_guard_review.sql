@@ -1,9 +1,9 @@
 -- 0018 guard review: the strength of a chunk's injection evidence, and a person's review of
 -- flagged (or unflagged) chunks.
 -- Versioned: runs once (Alembic revision 0018_guard_review). The policies and grants of
--- kb.guard_reviews live in the idempotent file sql/policies/guard_reviews.sql; the triggers
+-- kb.guard_reviews live in the idempotent file guard/sql/guard_reviews_policies.sql; the triggers
 -- that keep kb.chunks.injection_review equal to the review of the chunk's text in
--- sql/functions/06_chunks_take_review.sql and 07_guard_reviews_apply.sql.
+-- guard/sql/chunks_take_review.sql and guard/sql/guard_reviews_apply.sql.
 
 -- Set at ingestion and by `kb-rerank guard scan` (kb_rerank.ingest.verdict.strong_evidence):
 -- strong evidence of injection, which the default policy `exclude` excludes; a flagged chunk

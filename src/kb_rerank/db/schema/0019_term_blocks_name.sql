@@ -2,8 +2,8 @@
 -- champion lists, impact-ordered blocks, term lists and BM25 blocks, and lived in
 -- kb.term_tops; they are the term blocks, kb.term_blocks, from now on. The table, its
 -- constraints and index, its policy, its rebuild function and its trigger take that name;
--- the rows are kept as they are. The idempotent layer (sql/functions/04_term_blocks.sql,
--- 10_search_lexical.sql, sql/policies/corpus_stats.sql), re-applied at the end of this
+-- the rows are kept as they are. The idempotent layer (retrieval/sql/term_blocks.sql,
+-- retrieval/sql/search_lexical.sql, retrieval/sql/corpus_stats_policies.sql), re-applied at the end of this
 -- upgrade, creates the new functions, triggers and policy.
 -- Dead SQL goes too: kb.query_terms and kb.search_terms were read by tests and benchmarks
 -- only (the search uses kb.search_term_counts).

@@ -1,12 +1,12 @@
 -- 0021 every language analysed: each word of a chunk's stemmed field stemmed by the Snowball
 -- stemmer of its document's language (or of its script), runs of scripts written without
 -- spaces as character n-grams, and a lexeme counting each chunk in its language, which the
--- query side reads as the tenant's prior (sql/functions/01_language.sql,
--- 01_text_analysis.sql, 02_chunks_derive.sql; measured in docs/quality.md, "Every language
+-- query side reads as the tenant's prior (retrieval/sql/language.sql,
+-- retrieval/sql/text_analysis.sql, retrieval/sql/chunks_derive.sql; measured in docs/quality.md, "Every language
 -- analysed"). The idempotent layer is applied only at the end of an upgrade, so the
 -- functions the data step uses are defined here (frozen copies) first.
 
--- ---- frozen copy of sql/functions/01_language.sql as of 0021 ----
+-- ---- frozen copy of retrieval/sql/language.sql as of 0021 ----
 -- The primary subtag of a language tag, lower-case: 'pt-BR' -> 'pt', 'EN_us' -> 'en'.
 create or replace function kb.language_subtag(language text)
 returns text
@@ -209,7 +209,7 @@ as $$
   cross join lateral generate_series(1, greatest(length(r.run) - r.n + 1, 1)) as g(i)
 $$;
 
--- ---- frozen copies of sql/functions/01_text_analysis.sql as of 0021 ----
+-- ---- frozen copies of retrieval/sql/text_analysis.sql as of 0021 ----
 -- Text analysis shared by documents and queries, so that both sides tokenise alike.
 --
 -- kb.code_tokens: runs of letters/digits joined by _ - . / : # (ERR_402, SKU-1234,
@@ -250,7 +250,7 @@ $$;
 -- analysis gave 0.007-0.024 less nDCG@10 on the three English ones.
 --
 -- kb.stem_tsv(content, language): the stemmed field of a text (see above), in the document's
--- language (migration 0021; kb.stem_config, sql/functions/01_language.sql). Each plain word
+-- language (migration 0021; kb.stem_config, retrieval/sql/language.sql). Each plain word
 -- is stemmed by the dictionary of its script (the language's own for a word in the
 -- language's script, else the script's default: kb.script_language):
 --   * English's (pg_catalog.english_stem, also Vietnamese's and an unknown language's): the
@@ -336,7 +336,7 @@ as $$
         group by n.stem) as s
 $$;
 
--- ---- frozen copy of kb.chunks_derive (sql/functions/02_chunks_derive.sql) as of 0021 ----
+-- ---- frozen copy of kb.chunks_derive (retrieval/sql/chunks_derive.sql) as of 0021 ----
 -- BEFORE trigger: derive the lexical columns of a chunk from its document's title, its
 -- content and its document's language (kb.documents.title and .language; the trigger on
 -- kb.documents below re-derives a document's chunks when either changes).

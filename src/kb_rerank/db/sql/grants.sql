@@ -45,6 +45,8 @@ grant execute on function kb.search_lexical(text, integer, double precision, dou
                                            double precision, double precision, jsonb),
                           kb.search_lexical_ids(text, integer, double precision, double precision, jsonb),
                           kb.search_semantic_ids(public.vector, integer, jsonb),
+                          kb.hybrid_fusion(text, public.vector, integer, integer, text, double precision, double precision,
+                                           double precision, double precision, jsonb),
                           kb.retrieve_hybrid(text, public.vector, integer, integer, text, double precision, double precision,
                                              double precision, double precision, integer, text, text, bigint, jsonb)
   to {{app_role}};

@@ -30,6 +30,11 @@ grant execute on function kb.current_tenant(), kb.sql_access_tenant(),
                           kb.search_semantic(public.vector, integer, jsonb),
                           kb.search_hybrid(text, public.vector, integer, integer, text, double precision, double precision,
                                            double precision, double precision, jsonb),
+                          -- the fusion kb.search_hybrid ranks with, and the id lists it fuses
+                          kb.hybrid_fusion(text, public.vector, integer, integer, text, double precision, double precision,
+                                           double precision, double precision, jsonb),
+                          kb.search_lexical_ids(text, integer, double precision, double precision, jsonb),
+                          kb.search_semantic_ids(public.vector, integer, jsonb),
                           kb.search_filter(jsonb), kb.search_filter_time(text, text), kb.search_filter_docs(jsonb),
                           kb.search_filter_number(jsonb, text), kb.search_filter_language(text, text),
                           kb.guard_flagged_share_rows()

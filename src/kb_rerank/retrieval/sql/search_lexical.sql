@@ -2,8 +2,8 @@
 --
 -- Two functions: kb.search_lexical_ids(query, k, k1, b, filter), the search itself, returns each
 -- document's best chunk as ids, score and rank; kb.search_lexical (at the end of this file)
--- adds the title, snippet and content by key. kb.retrieve_hybrid fuses the ids and reads the
--- texts only of the rows it returns (sql/functions/13_retrieve_hybrid.sql).
+-- adds the title, snippet and content by key. kb.hybrid_fusion fuses the ids, and kb.search_hybrid and
+-- kb.retrieve_hybrid read the texts of the rows they return (retrieval/sql/hybrid_fusion.sql).
 --
 -- Why SECURITY DEFINER (owned by kb_search, which has BYPASSRLS): under RLS the planner may
 -- not evaluate `tsv @@ tsquery` before the policy's tenant check, because @@ is not

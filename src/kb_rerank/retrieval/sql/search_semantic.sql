@@ -1,6 +1,6 @@
 -- kb.search_semantic(query_embedding, k, filter): cosine nearest neighbours in the caller's
 -- tenant with their texts: kb.search_semantic_ids' chunks (the kNN step, with the filter,
--- sql/functions/11_search_semantic_ids.sql) in its order, each with its document's title, a
+-- retrieval/sql/search_semantic_ids.sql) in its order, each with its document's title, a
 -- snippet and its content.
 --
 -- SECURITY DEFINER, owned by kb_search like the search it calls (so that a caller needs
@@ -8,7 +8,7 @@
 -- set the search returns no rows. The document join names the chunk's tenant:
 -- kb.documents' key is (tenant_id, doc_id), and on doc_id alone each of the k lookups
 -- skip-scanned the key over every tenant. plpgsql (not sql): its body names
--- kb.search_semantic_ids, created after this file (11_search_semantic_ids.sql sorts later).
+-- kb.search_semantic_ids, created after this file (retrieval/sql/search_semantic_ids.sql sorts later).
 -- the signature before the filter (one overload only: positional calls stay unambiguous)
 drop function if exists kb.search_semantic(public.vector, integer);
 create or replace function kb.search_semantic(

@@ -1,7 +1,7 @@
 -- kb.search_semantic_ids(query_embedding, k, filter): cosine nearest neighbours in the
 -- caller's tenant, as chunk id, document id, score (cosine similarity) and rank; within
 -- `filter`'s documents when one is given (kb.search_filter's grammar: docs/filters.md). The
--- kNN step of kb.search_semantic (which adds the texts) and of kb.retrieve_hybrid.
+-- kNN step of kb.search_semantic (which adds the texts) and of kb.hybrid_fusion.
 --
 -- SECURITY DEFINER, owned by kb_search: under RLS the planner would not use the HNSW index;
 -- the tenant filter is applied here, on kb.current_tenant(), so the index is used and no

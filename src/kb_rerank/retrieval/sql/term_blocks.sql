@@ -1,4 +1,4 @@
--- BM25 term blocks (kb.term_blocks; sql/schema/0008_term_tops.sql, 0014_term_blocks.sql, and
+-- BM25 term blocks (kb.term_blocks; db/schema/0008_term_tops.sql, 0014_term_blocks.sql, and
 -- 0019_term_blocks_name.sql, which gave the table, its functions and triggers this one name):
 -- per tenant and common term, its chunks by BM25 weight in levels. Built per tenant by
 -- kb.refresh_term_blocks(), kept valid between refreshes by the trigger below.

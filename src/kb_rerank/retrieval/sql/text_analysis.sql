@@ -82,7 +82,7 @@ $$;
 -- analysis gave 0.007-0.024 less nDCG@10 on the three English ones.
 --
 -- kb.stem_tsv(content, language): the stemmed field of a text (see above), in the document's
--- language (migration 0021; kb.stem_config, sql/functions/01_language.sql). Each plain word
+-- language (migration 0021; kb.stem_config, retrieval/sql/language.sql). Each plain word
 -- is stemmed by the dictionary of its script (the language's own for a word in the
 -- language's script, else the script's default: kb.script_language):
 --   * English's (pg_catalog.english_stem, also Vietnamese's and an unknown language's): the

@@ -10,7 +10,7 @@ down_revision = None
 branch_labels = None
 depends_on = None
 
-# Versioned files under sql/schema/ (frozen once shipped: migrations/frozen.sha256).
+# Versioned files under db/schema/ (frozen once shipped: db/migrations/frozen.sha256).
 UPGRADE = ("0001_foundation.sql",)
 DOWNGRADE = ("0001_foundation.down.sql",)
 

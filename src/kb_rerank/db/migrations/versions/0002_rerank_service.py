@@ -10,7 +10,7 @@ down_revision = "0001_foundation"
 branch_labels = None
 depends_on = None
 
-# Versioned files under sql/schema/ (frozen once shipped: migrations/frozen.sha256).
+# Versioned files under db/schema/ (frozen once shipped: db/migrations/frozen.sha256).
 UPGRADE = ("0002_rerank_service.sql",)
 DOWNGRADE = ("0002_rerank_service.down.sql",)
 

@@ -10,7 +10,7 @@ down_revision = "0002_rerank_service"
 branch_labels = None
 depends_on = None
 
-# Versioned files under sql/schema/ (frozen once shipped: migrations/frozen.sha256).
+# Versioned files under db/schema/ (frozen once shipped: db/migrations/frozen.sha256).
 UPGRADE = ("0003_context_guardrails.sql",)
 DOWNGRADE = ("0003_context_guardrails.down.sql",)
 

@@ -10,7 +10,7 @@ down_revision = "0003_context_guardrails"
 branch_labels = None
 depends_on = None
 
-# Versioned files under sql/schema/ (frozen once shipped: migrations/frozen.sha256).
+# Versioned files under db/schema/ (frozen once shipped: db/migrations/frozen.sha256).
 UPGRADE = ("0004_accent_exact.sql", "0004_accent_exact_reanalyse.sql")
 DOWNGRADE = ("0004_accent_exact.down.sql",)
 

@@ -10,7 +10,7 @@ down_revision = "0005_tenant_scoped_chunk_key"
 branch_labels = None
 depends_on = None
 
-# Versioned files under sql/schema/ (frozen once shipped: migrations/frozen.sha256).
+# Versioned files under db/schema/ (frozen once shipped: db/migrations/frozen.sha256).
 UPGRADE = ("0006_pair_scores.sql",)
 DOWNGRADE = ("0006_pair_scores.down.sql",)
 

@@ -10,7 +10,7 @@ down_revision = "0006_pair_scores"
 branch_labels = None
 depends_on = None
 
-# Versioned files under sql/schema/ (frozen once shipped: migrations/frozen.sha256).
+# Versioned files under db/schema/ (frozen once shipped: db/migrations/frozen.sha256).
 UPGRADE = ("0007_tsv_inline.sql",)
 DOWNGRADE = ("0007_tsv_inline.down.sql",)
 

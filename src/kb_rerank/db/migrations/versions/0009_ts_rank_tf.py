@@ -1,8 +1,8 @@
 """BM25 term frequencies read through ts_rank (kb.ts_rank_tf): functions only
 
 kb.search_lexical scores a candidate with one expression over its tsvector instead of
-unnesting it (sql/functions/03_ts_rank_tf.sql explains how). This revision has no table
-change: reaching head re-applies the idempotent files (migrations/env.py), which installs
+unnesting it (retrieval/sql/ts_rank_tf.sql explains how). This revision has no table
+change: reaching head re-applies the idempotent files (db/migrations/env.py), which installs
 kb.ts_rank_tf(), kb.ts_rank_tf_compute(), the new kb.bm25_tf_part form and the new search.
 
 Revision ID: 0009_ts_rank_tf
@@ -14,7 +14,7 @@ down_revision = "0008_term_tops"
 branch_labels = None
 depends_on = None
 
-# No versioned file: functions only (frozen once shipped: migrations/frozen.sha256).
+# No versioned file: functions only (frozen once shipped: db/migrations/frozen.sha256).
 UPGRADE: tuple[str, ...] = ()
 DOWNGRADE: tuple[str, ...] = ()
 

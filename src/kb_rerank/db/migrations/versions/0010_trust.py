@@ -1,7 +1,7 @@
 """Trust: hardened definer functions and privileges, keyed audit chain,
 per-tenant cache generation
 
-Each part has its own versioned file under sql/schema/ and its own downgrade file beside it:
+Each part has its own versioned file under db/schema/ and its own downgrade file beside it:
   0010_trust_privileges.sql  roles, privileges, temp/public schema, audit MAC column
   0010_trust_cache.sql       per-tenant generation of the knowledge base (cache invalidation)
 
@@ -15,7 +15,7 @@ down_revision = "0009_ts_rank_tf"
 branch_labels = None
 depends_on = None
 
-# Versioned files under sql/schema/ (frozen once shipped: migrations/frozen.sha256).
+# Versioned files under db/schema/ (frozen once shipped: db/migrations/frozen.sha256).
 UPGRADE = ("0010_trust_privileges.sql", "0010_trust_cache.sql")
 DOWNGRADE = ("0010_trust_cache.down.sql", "0010_trust_privileges.down.sql")
 

@@ -10,7 +10,7 @@ down_revision = "0013_single_flight"
 branch_labels = None
 depends_on = None
 
-# Versioned files under sql/schema/ (frozen once shipped: migrations/frozen.sha256).
+# Versioned files under db/schema/ (frozen once shipped: db/migrations/frozen.sha256).
 UPGRADE = ("0014_term_blocks.sql",)
 DOWNGRADE = ("0014_term_blocks.down.sql",)
 

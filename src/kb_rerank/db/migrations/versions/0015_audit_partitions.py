@@ -10,7 +10,7 @@ down_revision = "0014_term_blocks"
 branch_labels = None
 depends_on = None
 
-# Versioned files under sql/schema/ (frozen once shipped: migrations/frozen.sha256).
+# Versioned files under db/schema/ (frozen once shipped: db/migrations/frozen.sha256).
 UPGRADE = ("0015_audit_partitions.sql",)
 DOWNGRADE = ("0015_audit_partitions.down.sql",)
 

@@ -11,7 +11,7 @@ down_revision = "0015_audit_partitions"
 branch_labels = None
 depends_on = None
 
-# Versioned files under sql/schema/ (frozen once shipped: migrations/frozen.sha256).
+# Versioned files under db/schema/ (frozen once shipped: db/migrations/frozen.sha256).
 UPGRADE = ("0016_app_role.sql",)
 DOWNGRADE = ("0016_app_role.down.sql",)
 

@@ -11,7 +11,7 @@ down_revision = "0017_title_field"
 branch_labels = None
 depends_on = None
 
-# Versioned files under sql/schema/ (frozen once shipped: migrations/frozen.sha256).
+# Versioned files under db/schema/ (frozen once shipped: db/migrations/frozen.sha256).
 UPGRADE = ("0018_guard_review.sql",)
 DOWNGRADE = ("0018_guard_review.down.sql",)
 

@@ -11,7 +11,7 @@ down_revision = "0019_term_blocks_name"
 branch_labels = None
 depends_on = None
 
-# Versioned files under sql/schema/ (frozen once shipped: migrations/frozen.sha256).
+# Versioned files under db/schema/ (frozen once shipped: db/migrations/frozen.sha256).
 UPGRADE = ("0020_sql_access.sql",)
 DOWNGRADE = ("0020_sql_access.down.sql",)
 

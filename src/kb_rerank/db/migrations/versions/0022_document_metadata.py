@@ -11,7 +11,7 @@ down_revision = "0021_language_analysis"
 branch_labels = None
 depends_on = None
 
-# Versioned files under sql/schema/ (frozen once shipped: migrations/frozen.sha256).
+# Versioned files under db/schema/ (frozen once shipped: db/migrations/frozen.sha256).
 UPGRADE = ("0022_document_metadata.sql",)
 DOWNGRADE = ("0022_document_metadata.down.sql",)
 

@@ -12,7 +12,7 @@ down_revision = "0022_document_metadata"
 branch_labels = None
 depends_on = None
 
-# Versioned files under sql/schema/ (frozen once shipped: migrations/frozen.sha256).
+# Versioned files under db/schema/ (frozen once shipped: db/migrations/frozen.sha256).
 UPGRADE = ("0026_filter_typed.sql",)
 
 

@@ -451,6 +451,18 @@ def test_downgrade_is_refused_and_changes_nothing(server_url, capsys, monkeypatc
     assert "kb-rerank: error: downgrade -1: migrations are forward-only" in err and "Traceback" not in err
     assert cli.main(["downgrade", "--revision", "base"]) == 1
     assert _catalog(url) == before
+    # Alembic called directly: a revision's down step raises, and so does one with nothing to
+    # run (0009 changes functions only); the transaction rolls back
+    from alembic import command
+
+    for at, target in ((db.head_revision(), "-1"), ("0009_ts_rank_tf", "0008_term_tops")):
+        if at != db.head_revision():
+            url, s = _new_database(server_url)
+            db.migrate(s, revision=at)
+        with pytest.raises(RuntimeError, match="forward-only"):
+            command.downgrade(db.alembic_config(url, s), target)
+        with psycopg.connect(url) as conn:
+            assert db.current_revision(conn) == at
 
 def _git(*args: str) -> str | None:
     import subprocess

@@ -28,13 +28,23 @@ def run_migrations_online() -> None:
     url, dim, role = _settings_and_url()
     engine = create_engine("postgresql+psycopg://", creator=lambda: psycopg.connect(url), poolclass=pool.NullPool)
     upgrades: list[bool] = []
+
+    def applied(step, **_kw) -> None:
+        # Forward-only: a down step (one without a down file, 0009's) is refused too; the
+        # upgrade's one transaction rolls back, so nothing changes.
+        if not step.is_upgrade:
+            from kb_rerank.db.layer import FORWARD_ONLY
+
+            raise RuntimeError(FORWARD_ONLY)
+        upgrades.append(True)
+
     with engine.connect() as connection:
         context.configure(
             connection=connection,
             version_table="kb_alembic_version",
             transactional_ddl=True,
             transaction_per_migration=False,
-            on_version_apply=lambda **kw: upgrades.append(kw["step"].is_upgrade),
+            on_version_apply=applied,
         )
         context.config.attributes["kb_embedding_dim"] = dim
         context.config.attributes["kb_app_role"] = role

@@ -34,7 +34,8 @@ from kb_rerank.db import database as db  # noqa: E402
 
 BASE = "851a129"
 TENANT = uuid.UUID(int=43)
-WORDS = [f"w{i:03d}" for i in range(400)]
+WORDS = [f"w{i:04d}" for i in range(5000)]
+ZIPF = [1.0 / (i + 1) for i in range(len(WORDS))]  # word frequencies as in text
 CALL = ("select count(*) from kb.{fn}(%s, %s::vector, 60, 10, 'convex', 0.7, 0.3, 1.2, 0.75, 40,"
         " null, null, null)")
 
@@ -47,6 +48,8 @@ def load(owner: str, chunks: int, dim: int) -> None:
         if conn.execute("select count(*) from kb.chunks").fetchone()[0] >= chunks:
             return
         for d in range(chunks // 10):
+            if d * 10 < conn.execute("select count(*) from kb.chunks").fetchone()[0]:
+                continue
             doc = conn.execute("insert into kb.documents (tenant_id, source_uri, title, content_hash)"
                                " values (%s, %s, %s, repeat('0', 64)) returning doc_id",
                                [TENANT, f"d{d}", f"doc {d}"]).fetchone()[0]
@@ -58,8 +61,8 @@ def load(owner: str, chunks: int, dim: int) -> None:
                     " values (%s, %s, %s, %s, md5(%s) || md5(%s), %s::vector)",
                     [(TENANT, doc, p, c, c, str(d), str(v.tolist()))
                      for p, v in enumerate(vecs)
-                     for c in [" ".join(words.choices(WORDS, k=40))]])
-        conn.commit()
+                     for c in [" ".join(words.choices(WORDS, weights=ZIPF, k=30))]])
+            conn.commit()
 
 
 def install_inline(owner: str, app_role: str) -> None:
@@ -91,7 +94,7 @@ def main(argv=None) -> int:
         with session.tenant_transaction(conn, TENANT):
             vecs = [np.asarray(r[0].to_numpy(), dtype=np.float32) for r in conn.execute(
                 "select embedding from kb.chunks order by md5(chunk_id::text) limit %s", [args.queries])]
-        qs = [(" ".join(rng.sample(WORDS, rng.randint(1, 4))), v) for v in vecs]
+        qs = [(" ".join(rng.sample(WORDS[:500], rng.randint(1, 4))), v) for v in vecs]
         for i, (q, v) in enumerate(qs):
             rows = {}
             for side in (("inline", "new") if i % 2 == 0 else ("new", "inline")):

@@ -483,16 +483,16 @@ def _released_layers() -> dict[str, tuple[str, list[tuple[str, str]]]]:
     grants and views, which a later layer may no longer define (a renamed or re-typed
     function stays unless something drops it)."""
     out: dict[str, tuple[str, list[tuple[str, str]]]] = {}
-    commits = _git("rev-list", "--first-parent", "HEAD", "--", "db/migrations/versions",
-                   "src/kb_rerank/db/migrations/versions", "src/kb_rerank/db/migrations/versions")
+    commits = _git("rev-list", "--first-parent", "HEAD", "--", "migrations/versions",
+                   "src/kb_rerank/migrations/versions", "src/kb_rerank/db/migrations/versions")
     for commit in (commits or "").split():
         parent = _git("rev-parse", "--verify", "-q", f"{commit}^")
         if not parent:
             continue
         parent = parent.strip()
         # the layouts over time: migrations/ at the root, then in the package, then in db/
-        for base, versions in (("src/kb_rerank/", "db/migrations/versions"), ("src/kb_rerank/", "db/migrations/versions"),
-                               ("", "db/migrations/versions")):
+        for base, versions in (("src/kb_rerank/", "db/migrations/versions"), ("src/kb_rerank/", "migrations/versions"),
+                               ("", "migrations/versions")):
             names = _git("ls-tree", "--name-only", f"{parent}:{base}{versions}")
             if names:
                 break

@@ -144,11 +144,16 @@ def _matches(rel: str, pattern: str) -> bool:
 
 
 def test_every_resource_file_is_package_data():
-    """What the code reads through importlib.resources ships in the wheel: every file under
-    sql/, migrations/, demo_kb/, playground/ (and py.typed, the guard classifier's weights) matches a package-data pattern."""
+    """What the code reads through importlib.resources ships in the wheel: every file of a
+    capability's sql/ folder, of db/ but its modules (the layer's manifest, the versioned files,
+    the Alembic scripts), of demo_kb/ and playground/ (and py.typed, the guard classifier's
+    weights) matches a package-data pattern."""
     src = Path(str(PKG))
-    files = [p.relative_to(src).as_posix() for d in ("sql", "migrations", "demo_kb", "playground") for p in (src / d).rglob("*")
-             if p.is_file() and "__pycache__" not in p.parts]
+    files = [p.relative_to(src).as_posix() for p in src.rglob("*")
+             if p.is_file() and "__pycache__" not in p.parts
+             and ("sql" in p.parts or p.parts[len(src.parts)] in ("demo_kb", "playground")
+                  or (p.parts[len(src.parts)] == "db" and not (p.parent == src / "db" and p.suffix == ".py")))]
+    assert len([f for f in files if f.endswith(".sql")]) >= 60 and "db/layer.txt" in files
     files += ["py.typed", "guard/classifier.npz"]  # the learned injection detector's weights
     assert (src / "py.typed").is_file() and (src / "guard" / "classifier.npz").is_file()
     assert len([f for f in files if f.startswith("demo_kb/")]) >= 20

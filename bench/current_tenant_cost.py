@@ -31,7 +31,7 @@ BEFORE = ("create or replace function kb.current_tenant() returns uuid language 
 
 
 def today() -> str:
-    text = resources.files("kb_rerank").joinpath("sql/functions/00_current_tenant.sql").read_text()
+    text = resources.files("kb_rerank").joinpath("db/sql/current_tenant.sql").read_text()
     return text[text.index("create or replace function kb.current_tenant()"):text.index("comment on function kb.current_tenant()")]
 
 

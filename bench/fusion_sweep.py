@@ -7,7 +7,7 @@ two lists are fetched **once** (``kb.search_lexical`` at depth 100: documents, b
 counts: 2k, and deeper where 2k chunks hold fewer than k documents; HNSW is approximate, so the
 prefix of a deeper read is not always the shallower read), the functions ``kb.search_hybrid``
 calls, and fused in Python exactly as
-``sql/functions/12_search_hybrid.sql`` does (per document):
+``retrieval/sql/search_hybrid.sql`` does (per document):
 
     lexical documents = the top-k of the lexical list (rank = position);
     semantic documents = first-seen documents of the first n chunks, n = 2k, then x4 (up to

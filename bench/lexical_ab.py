@@ -8,7 +8,7 @@ to query), on one tenant of a database
 loaded by bench/search_bench.py, with that benchmark's queries.
 
 Two ways to get the other versions:
-  --rev REV        installs REV's sql/functions/10_search_lexical.sql next to the current one,
+  --rev REV        installs REV's retrieval/sql/search_lexical.sql next to the current one,
                    under another name (kb.search_lexical_ab<i>, dropped at the end), in the
                    same database. Other functions (text analysis, the term blocks) are
                    the current ones for every version. For a change of the search alone.

@@ -2,7 +2,7 @@
 
 The work of an exact top-k BM25 query is mostly the chunks it scores (each costs a few
 microseconds in SQL: heap read, term frequencies, aggregation). This script replays the
-staged pruning of sql/functions/10_search_lexical.sql on the term postings of one tenant
+staged pruning of retrieval/sql/search_lexical.sql on the term postings of one tenant
 of a database loaded by bench/search_bench.py, with the same queries as that benchmark, and
 prints percentiles of chunks scored for several variants of the rules. Every variant's top
 k is checked against exhaustive BM25 (an assertion), so a variant that prunes wrongly fails.

@@ -434,46 +434,21 @@ def _has(url, name):
         return conn.execute("select to_regclass(%s)", [name]).fetchone()[0] is not None
 
 
-def test_downgrade_to_0001_and_upgrade_head(server_url):
+def test_upgrade_from_0001_to_head(server_url):
     name = f"kb_mig2_{uuid.uuid4().hex[:8]}"
     with psycopg.connect(server_url, autocommit=True) as conn:
         conn.execute(f'create database "{name}"')
     url = db.replace_url(server_url, dbname=name)
     s = Settings(database_url=url)
-    db.migrate(s)
-    assert _has(url, "kb.kb_rerank_audit") and _has(url, "kb.kb_rerank_curation")
-
-    db.downgrade(s, revision="0001_foundation")
-    with psycopg.connect(url) as conn:
-        assert db.current_revision(conn) == "0001_foundation"
-        assert conn.execute(
-            "select count(*) from pg_proc p join pg_namespace n on n.oid = p.pronamespace where n.nspname = 'kb'"
-            " and p.proname in ('audit_append', 'audit_verify', 'audit_row_hash', 'evict_expired_cache')"
-        ).fetchone()[0] == 0
-        cols = {r[0] for r in conn.execute(
-            "select column_name from information_schema.columns"
-            " where table_schema = 'kb' and table_name = 'kb_rerank_cache'")}
-        assert "trace_id" not in cols and "model" not in cols
-        assert conn.execute("select to_regclass('kb.cache_stats')").fetchone()[0] is None
-        # the 0001 search functions are still in place
-        assert conn.execute("select to_regprocedure('kb.search_hybrid(text, vector, integer, integer, text,"
-                            " double precision, double precision, double precision, double precision)')").fetchone()[0] is not None
-    for table in ("kb.kb_rerank_audit", "kb.kb_rerank_curation"):
-        assert not _has(url, table)
-
-    db.migrate(s)
-    with psycopg.connect(url) as conn:
-        assert db.current_revision(conn) == db.head_revision()
-    assert _has(url, "kb.kb_rerank_audit") and _has(url, "kb.kb_rerank_curation")
-    assert _has(url, "kb.cache_hit_ratio")
-
-    # upgrade only to 0001 from base works too (the idempotent layer is applied on reaching head)
-    db.downgrade(s, revision="base")
+    # upgrade only to 0001 from base works (the idempotent layer is applied on reaching head)
     db.migrate(s, revision="0001_foundation")
     with psycopg.connect(url) as conn:
         assert db.current_revision(conn) == "0001_foundation"
     assert not _has(url, "kb.kb_rerank_audit")
     db.migrate(s)
-    assert _has(url, "kb.kb_rerank_audit")
+    with psycopg.connect(url) as conn:
+        assert db.current_revision(conn) == db.head_revision()
+    assert _has(url, "kb.kb_rerank_audit") and _has(url, "kb.kb_rerank_curation")
+    assert _has(url, "kb.cache_hit_ratio")
     with psycopg.connect(server_url, autocommit=True) as conn:
         conn.execute(f'drop database "{name}"')

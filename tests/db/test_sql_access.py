@@ -148,6 +148,13 @@ CALLS = {
     "kb.search_semantic(vector,integer,jsonb)": "select * from kb.search_semantic(%(vec)s, 50)",
     "kb.search_hybrid(text,vector,integer,integer,text,double precision,double precision,double precision,"
     "double precision,jsonb,text)": "select * from kb.search_hybrid('{word} zebra', %(vec)s, 50)",
+    # what kb.search_hybrid ranks with, as its caller: the fusion and the two id lists
+    "kb.hybrid_fusion(text,vector,integer,integer,text,double precision,double precision,double precision,"
+    "double precision,jsonb,text)": "select * from kb.hybrid_fusion('{word} zebra', %(vec)s, 50, 10, 'convex', 0.7, 0.3,"
+                               " 1.2, 0.75, null, null)",
+    "kb.search_lexical_ids(text,integer,double precision,double precision,jsonb,text)":
+        "select * from kb.search_lexical_ids('{word} zebra invoice', 50)",
+    "kb.search_semantic_ids(vector,integer,jsonb)": "select * from kb.search_semantic_ids(%(vec)s, 50)",
     # a filter naming A's document by its title (B's reader sees none of A's documents)
     "kb.search_filter_docs(jsonb)": """select kb.search_filter_docs('{"title": "{word} title"}')""",
     "kb.search_filter(jsonb)": """select kb.search_filter('{"title": "{word}"}')""",
@@ -204,7 +211,8 @@ def test_reader_reads_only_its_tenant_whatever_it_sets(setting, owner_conn, read
                     rows = conn.execute(stmt.replace("{word}", word), {"vec": basis(3)}).fetchall()
                 text = repr(rows)
                 # the text functions echo their input (A's word): for them, A's identifiers
-                reads = fn.startswith(("kb.search_lexical", "kb.search_semantic", "kb.search_hybrid", "kb.guard_flagged",
+                reads = fn.startswith(("kb.search_lexical", "kb.search_semantic", "kb.search_hybrid", "kb.hybrid_fusion",
+                                       "kb.guard_flagged",
                                        "kb.search_filter_docs"))
                 assert not [m for m in (markers if reads else markers[:3]) if m in text], (fn, setting, rows)
             got = {r[0] for r in conn.execute("select chunk_id from kb.search_lexical(%s, 50)",

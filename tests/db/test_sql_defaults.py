@@ -83,7 +83,7 @@ def test_the_defaults_that_disagreed_are_the_running_ones(owner_conn):
 
 
 def test_render_fills_each_default_from_the_declaration(monkeypatch):
-    path = layer.sql_dir() / "functions" / "12_search_hybrid.sql"
+    path = layer.package_dir() / "retrieval" / "sql" / "search_hybrid.sql"
     text = layer.render(path, embedding_dim=384)
     assert "{{" not in text and "rrf_k integer default 10," in text and "fusion text default 'convex'," in text
     monkeypatch.setattr(Settings.__dataclass_fields__["rrf_k"], "default", 42)

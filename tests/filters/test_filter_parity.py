@@ -167,8 +167,8 @@ def test_the_sql_layer_holds_the_python_constants():
     files = dict(sqlfiles.idempotent_files())
     text = "".join(sqlfiles.render(p, embedding_dim=384) for p in files.values())
     assert "{{filter_" not in text
-    for rel in ("functions/09_search_filter.sql", "functions/09_search_filter_value.sql",
-                "functions/09_search_filter_time.sql", "functions/09_document_values.sql"):
+    for rel in ("filters/sql/search_filter.sql", "filters/sql/search_filter_value.sql",
+                "filters/sql/search_filter_time.sql", "filters/sql/document_values.sql"):
         raw = files[rel].read_text(encoding="utf-8")
         assert "{{filter_" in raw, rel
         for literal in ("> 16", "and 100", "> 256", "1e308", "{0,63}"):

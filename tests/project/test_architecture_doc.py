@@ -25,8 +25,8 @@ def test_every_module_is_named_in_its_folders_row():
             continue
         row = rows.get(folder.name + "/", "")
         for f in sorted(folder.rglob("*.py")):
-            if f.name == "__init__.py":
-                continue
+            if f.name == "__init__.py" or not (f.parent / "__init__.py").exists():
+                continue  # not a module: scripts loaded by path (the Alembic revisions of db/migrations/)
             rel = f.relative_to(folder).as_posix()
             if f"`{f.name}`" not in row and rel not in row:
                 missing.append(f"{folder.name}/{rel}")

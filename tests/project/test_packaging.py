@@ -146,11 +146,16 @@ def _matches(rel: str, pattern: str) -> bool:
 
 
 def test_every_resource_file_is_package_data():
-    """What the code reads through importlib.resources ships in the wheel: every file under
-    sql/, migrations/, demo_kb/, playground/ (and py.typed, the guard classifier's weights) matches a package-data pattern."""
+    """What the code reads through importlib.resources ships in the wheel: every file of a
+    capability's sql/ folder, of db/ but its modules (the layer's manifest, the versioned files,
+    the Alembic scripts), of demo_kb/ and playground/ (and py.typed, the guard classifier's
+    weights) matches a package-data pattern."""
     src = Path(str(PKG))
-    files = [p.relative_to(src).as_posix() for d in ("sql", "migrations", "demo_kb", "playground") for p in (src / d).rglob("*")
-             if p.is_file() and "__pycache__" not in p.parts]
+    files = [p.relative_to(src).as_posix() for p in src.rglob("*")
+             if p.is_file() and "__pycache__" not in p.parts
+             and ("sql" in p.parts or p.parts[len(src.parts)] in ("demo_kb", "playground")
+                  or (p.parts[len(src.parts)] == "db" and not (p.parent == src / "db" and p.suffix == ".py")))]
+    assert len([f for f in files if f.endswith(".sql")]) >= 60 and "db/layer.txt" in files
     files += ["py.typed", "guard/classifier.npz"]  # the learned injection detector's weights
     assert (src / "py.typed").is_file() and (src / "guard" / "classifier.npz").is_file()
     assert len([f for f in files if f.startswith("demo_kb/")]) >= 20
@@ -195,7 +200,7 @@ def test_extras_split_the_heavy_dependencies():
     assert not base & names(extras["otel"]) and "kb-rerank[otel]" in extras["dev"]
 
 
-@pytest.mark.parametrize("name", ["0001_foundation.sql", "0010_trust_cache.down.sql"])
+@pytest.mark.parametrize("name", ["0001_foundation.sql", "0010_trust_cache.sql"])
 def test_versioned_files_are_read_from_the_package(name):
     from kb_rerank.db import layer as sqlfiles
 
@@ -203,6 +208,25 @@ def test_versioned_files_are_read_from_the_package(name):
     assert f.read_text("utf-8").strip()
     with pytest.raises(FileNotFoundError):
         sqlfiles.versioned_file("9999_missing.sql")
+
+
+def test_the_layer_manifest_lists_every_idempotent_file_once():
+    """db/layer.txt names each SQL file of the idempotent layer (<capability>/sql/*.sql) once,
+    and nothing else: a file added beside a capability without a line would never be applied."""
+    from importlib import resources
+
+    from kb_rerank.db import layer as sqlfiles
+
+    pkg = resources.files("kb_rerank")
+    listed = sqlfiles.manifest()
+    assert len(listed) == len(set(listed))
+    on_disk = set()
+    for top in pkg.iterdir():
+        for sub in ([top] if top.name != "endpoints" else [e for e in top.iterdir() if e.is_dir()]):
+            if sub.is_dir() and (sub / "sql").is_dir():
+                base = "endpoints/" + sub.name if top.name == "endpoints" else sub.name
+                on_disk |= {f"{base}/sql/{f.name}" for f in (sub / "sql").iterdir() if f.name.endswith(".sql")}
+    assert sorted(listed) == sorted(on_disk)
 
 
 def test_the_request_path_below_http_imports_no_litestar():

@@ -1,5 +1,5 @@
-"""Every language analysed (migration 0021, sql/functions/01_language.sql and
-01_text_analysis.sql), through the real migrations as the app role.
+"""Every language analysed (migration 0021, retrieval/sql/language.sql and
+retrieval/sql/text_analysis.sql), through the real migrations as the app role.
 
 Each analyser: a stemmed match in the language (an inflected query word finds the document),
 identifiers kept whole in every language, Thai and CJK runs matched by their n-grams; the

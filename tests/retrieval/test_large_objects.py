@@ -1,6 +1,6 @@
 """Server-side large objects, tried as the app role: lo_from_bytea, lo_create, lowrite...
 write into pg_largeobject, which no RLS policy binds and nothing cleans. The layer revokes
-EXECUTE on every large-object function of pg_catalog from PUBLIC (sql/policies/00_schema.sql);
+EXECUTE on every large-object function of pg_catalog from PUBLIC (db/sql/grants.sql);
 the catalog test covers every such function found in the catalog."""
 
 from __future__ import annotations

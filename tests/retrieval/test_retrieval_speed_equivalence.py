@@ -1,6 +1,6 @@
 """The faster read of a hybrid miss returns what the functions it replaces return.
 
-kb.retrieve_hybrid (sql/functions/13_retrieve_hybrid.sql) is the service's hybrid read in one
+kb.retrieve_hybrid (retrieval/sql/retrieve_hybrid.sql) is the service's hybrid read in one
 statement: kb.search_hybrid's first ``lim`` rows with their live pair scores. It fuses the
 text-free lists kb.search_lexical_ids and kb.search_semantic_ids and reads the texts of the
 rows it returns only. Here, on a seeded corpus built to have ties (repeated texts, repeated
@@ -273,23 +273,28 @@ def test_arguments_are_checked_as_search_hybrid_checks_them(app_conn, corpus, ar
                 fn(app_conn, "walrus", basis(0), 20, "convex", 5, lw=0.0, sw=0.0)
 
 
-def test_the_app_role_may_run_the_read_and_sql_readers_are_not_given_it(owner_conn):
-    """Granted to the service's role; not to PUBLIC, and not to kb_sql_reader (its searches,
-    kb.search_lexical among them, call the text-free search as their owner)."""
-    for fn in ("kb.retrieve_hybrid(text, vector, integer, integer, text, double precision, double precision,"
-               " double precision, double precision, integer, text, text, bigint, jsonb, text)",
-               "kb.search_lexical_ids(text, integer, double precision, double precision, jsonb, text)",
-               "kb.search_semantic_ids(vector, integer, jsonb)"):
+def test_the_app_role_may_run_the_read_and_sql_readers_the_fusion_only(owner_conn):
+    """The service's read is granted to the service's role only; the fusion and the id lists
+    it fuses to the service's role and to kb_sql_reader (kb.search_hybrid, which SQL readers
+    call, ranks with them as its caller); none to PUBLIC."""
+    fusion = ("kb.hybrid_fusion(text, vector, integer, integer, text, double precision, double precision,"
+              " double precision, double precision, jsonb, text)")
+    for fn, sql_reader in (("kb.retrieve_hybrid(text, vector, integer, integer, text, double precision, double precision,"
+                            " double precision, double precision, integer, text, text, bigint, jsonb, text)", False),
+                           (fusion, True),
+                           ("kb.search_lexical_ids(text, integer, double precision, double precision, jsonb, text)", True),
+                           ("kb.search_semantic_ids(vector, integer, jsonb)", True)):
         assert owner_conn.execute("select has_function_privilege('kb_app', %s, 'EXECUTE'),"
                                   " has_function_privilege('kb_sql_reader', %s, 'EXECUTE'),"
                                   " has_function_privilege('public', %s, 'EXECUTE')",
-                                  [fn, fn, fn]).fetchone() == (True, False, False), fn
+                                  [fn, fn, fn]).fetchone() == (True, sql_reader, False), fn
     rows = owner_conn.execute(
         "select p.proname, p.prosecdef, r.rolname, p.provolatile from pg_proc p join pg_roles r on r.oid = p.proowner"
         " where p.pronamespace = 'kb'::regnamespace"
-        " and p.proname in ('retrieve_hybrid', 'search_lexical_ids', 'search_semantic_ids', 'search_lexical')"
-        " order by 1").fetchall()
-    assert rows == [("retrieve_hybrid", False, rows[0][2], "s"), ("search_lexical", True, "kb_search", "s"),
+        " and p.proname in ('hybrid_fusion', 'retrieve_hybrid', 'search_lexical_ids', 'search_semantic_ids',"
+        " 'search_lexical') order by 1").fetchall()
+    assert rows == [("hybrid_fusion", False, rows[0][2], "s"),
+                    ("retrieve_hybrid", False, rows[0][2], "s"), ("search_lexical", True, "kb_search", "s"),
                     ("search_lexical_ids", True, "kb_search", "s"), ("search_semantic_ids", True, "kb_search", "s")]
 
 

@@ -1,5 +1,5 @@
 """The record step of a computed answer in one statement (kb.record_outcome,
-sql/functions/23_record_outcome.sql): the result-cache row, the new pair scores and the
+audit/sql/record_outcome.sql): the result-cache row, the new pair scores and the
 signed audit row (and the release of the key's single-flight claim), written together in ONE round trip and one transaction.
 
 The call runs as a single autocommit statement (no BEGIN / set_config / COMMIT): the

@@ -140,7 +140,7 @@ def cmd_downgrade(args, settings: Settings) -> int:
     url = db.owner_url(settings)
     try:
         db.downgrade(settings, url, revision=args.revision)
-    except CommandError as exc:  # e.g. -1 at base, an unknown revision
+    except (CommandError, db.ForwardOnly) as exc:  # forward-only: refused before the database is touched
         print(f"kb-rerank: error: downgrade {args.revision}: {exc}", file=sys.stderr)
         return 1
     with psycopg.connect(url) as conn:
@@ -1008,9 +1008,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "the idempotent layer); apply nothing")
     m.set_defaults(func=cmd_migrate)
 
-    dg = _command(sub, "downgrade", help="revert migrations (alembic downgrade): one revision unless --revision says")
-    dg.add_argument("--revision", default="-1", help="target: -1 (default, one step), -N, a revision id, or base "
-                    "(drops the kb schema and its data)")
+    dg = _command(sub, "downgrade", help="refused: migrations are forward-only; a database goes back by restoring the "
+                                         "backup made before the upgrade (docs/operations.md)")
+    dg.add_argument("--revision", default="-1", help="the revision that would be the target (nothing is changed)")
     dg.set_defaults(func=cmd_downgrade)
 
     i = _command(sub, "ingest", help="ingest Markdown, text, HTML, PDF, DOCX files or a BEIR corpus.jsonl for a "

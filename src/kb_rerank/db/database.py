@@ -22,9 +22,9 @@ log = logging.getLogger(__name__)
 
 # The default app role (KB_APP_ROLE); code reads ``settings.app_role``.
 APP_ROLE = DEFAULT_APP_ROLE
-# The Alembic scripts ship inside the package (kb_rerank/migrations): Alembic resolves this
+# The Alembic scripts ship inside the package (kb_rerank/db/migrations): Alembic resolves this
 # package-resource location with importlib.resources, so an installed wheel works.
-MIGRATIONS_LOCATION = "kb_rerank:migrations"
+MIGRATIONS_LOCATION = "kb_rerank.db:migrations"
 
 
 class DatabaseSetupError(RuntimeError):
@@ -271,17 +271,21 @@ def migrate_sql(settings: Settings, out, url: str | None = None, revision: str =
     cfg = alembic_config(url, settings)
     cfg.output_buffer = out
     # an upgrade that runs revisions re-applies the layer; one already at head only when its
-    # recorded layer differs from this package's (as migrations/env.py does online)
+    # recorded layer differs from this package's (as db/migrations/env.py does online)
     cfg.attributes["kb_offline_layer"] = current != target or layer_pending
     command.upgrade(cfg, f"{current}:{revision}" if current else revision, sql=True)
     return current
 
 
-def downgrade(settings: Settings, url: str | None = None, revision: str = "-1") -> None:
-    """Revert migrations: one revision by default (``-1``); ``base`` removes the schema."""
-    from alembic import command
+class ForwardOnly(DatabaseSetupError):
+    """Migrations are forward-only: a database goes back by restoring a backup."""
 
-    command.downgrade(alembic_config(url or owner_url(settings), settings), revision)
+
+def downgrade(settings: Settings, url: str | None = None, revision: str = "-1") -> None:
+    """Refused: migrations are forward-only (docs/operations.md, "Upgrades"); nothing is changed."""
+    from kb_rerank.db.layer import FORWARD_ONLY
+
+    raise ForwardOnly(FORWARD_ONLY)
 
 
 def current_revision(conn: psycopg.Connection) -> str | None:

@@ -1,4 +1,4 @@
-"""Digests of the frozen versioned migration files (migrations/frozen.sha256).
+"""Digests of the frozen versioned migration files (db/migrations/frozen.sha256).
 
 A shipped revision never changes what it executes, but its comments may be reworded: the
 digest of a file is the SHA-256 of its text with the comments taken out (``--`` and ``/* */``
@@ -7,7 +7,7 @@ to a statement changes the digest; a change to a comment does not.
 
 Run from src/kb_rerank/:
 
-    python -m kb_rerank.db.frozen sql/schema/NNNN_* migrations/versions/NNNN_*.py >> migrations/frozen.sha256
+    python -m kb_rerank.db.frozen db/schema/NNNN_* db/migrations/versions/NNNN_*.py >> db/migrations/frozen.sha256
     python -m kb_rerank.db.frozen --check     # every listed file against its digest
 """
 
@@ -99,7 +99,7 @@ def listed(frozen: Path) -> dict[str, str]:
 
 def _main(argv: list[str]) -> int:
     if argv == ["--check"]:
-        changed = [rel for rel, value in listed(Path("migrations/frozen.sha256")).items()
+        changed = [rel for rel, value in listed(Path("db/migrations/frozen.sha256")).items()
                    if digest(Path(rel)) != value]
         for rel in changed:
             print(f"{rel}: CHANGED", file=sys.stderr)

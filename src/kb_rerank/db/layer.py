@@ -1,14 +1,16 @@
-"""Reading and applying the SQL files shipped in the package (kb_rerank/sql/): the idempotent layer.
+"""Reading and applying the SQL files shipped in the package: the versioned files and the idempotent layer.
 
 The frozen Alembic revisions import `kb_rerank.sqlfiles`, which stays and calls this module.
 
-sql/schema/NNNN_*.sql are versioned: each is run once by its Alembic revision, its
-downgrade NNNN_*.down.sql beside it, and neither ever changes once shipped (their hashes
-are frozen in migrations/frozen.sha256, checked by tests/db/test_migrations.py).
-sql/functions, sql/policies and sql/views are idempotent and re-applied, in that order
-and by file name, once at the end of every upgrade that reaches head (migrations/env.py),
-after sql/roles/adopt_app_role.sql when the app role is the default one;
-no revision applies them in the middle of an upgrade. The layer carries a version, the
+db/schema/NNNN_*.sql are versioned: each is run once by its Alembic revision and never
+changes once shipped (their hashes are frozen in db/migrations/frozen.sha256, checked by
+tests/db/test_migrations.py). Migrations are forward-only: a revision's downgrade raises,
+and a database is taken back by restoring a backup (docs/operations.md).
+The idempotent layer (functions, grants, policies, views) sits beside the capability that
+owns it, in <capability>/sql/*.sql; db/layer.txt lists its files in the order they are
+applied, once at the end of every upgrade that reaches head (db/migrations/env.py); no
+revision applies them in the middle of an upgrade. With the default app role, db/roles/adopt_app_role.sql
+runs first (a database the former default role served is adopted under the new name). The layer carries a version, the
 hash of its rendered files, that ``kb.schema_layer_version()`` returns and /readyz checks.
 
 Placeholders, filled by :func:`render` in every file: ``{{embedding_dim}}`` (the embedder's
@@ -33,11 +35,12 @@ from importlib.resources.abc import Traversable
 from kb_rerank.core import settings
 from kb_rerank.core.settings import APP_ROLE_PATTERN, DEFAULT_APP_ROLE, ROLE_NAME_RULE
 
-IDEMPOTENT_DIRS = ("functions", "policies", "views")
+# The layer's files in the order applied, one path a line relative to the package.
+MANIFEST = "db/layer.txt"
 
 
-def sql_dir() -> Traversable:
-    return resources.files("kb_rerank") / "sql"
+def package_dir() -> Traversable:
+    return resources.files("kb_rerank")
 
 
 def app_role_sql(app_role: str) -> str:
@@ -79,19 +82,34 @@ def render(path: Traversable, *, embedding_dim: int, app_role: str = DEFAULT_APP
     return _SETTING_DEFAULT.sub(lambda m: sql_literal(settings.default(m.group(1))), text)
 
 
+FORWARD_ONLY = ("migrations are forward-only: a database is taken back by restoring the backup made before"
+                " the upgrade (docs/operations.md, \"Upgrades\")")
+
+
 def versioned_file(name: str) -> Traversable:
-    path = sql_dir() / "schema" / name
+    if name.endswith(".down.sql"):
+        # the frozen revisions' downgrade() names their former down files
+        raise RuntimeError(FORWARD_ONLY)
+    path = package_dir() / "db" / "schema" / name
     if not path.is_file():
-        raise FileNotFoundError(f"sql/schema/{name}")
+        raise FileNotFoundError(f"db/schema/{name}")
     return path
 
 
+def manifest() -> list[str]:
+    """The layer's paths (relative to the package) from db/layer.txt, in the order applied."""
+    text = (package_dir() / MANIFEST).read_text(encoding="utf-8")
+    return [line.strip() for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")]
+
+
 def idempotent_files() -> list[tuple[str, Traversable]]:
-    """(path relative to sql/, file) of every idempotent file, in the order applied."""
+    """(path relative to the package, file) of every idempotent file, in the order applied."""
     files: list[tuple[str, Traversable]] = []
-    for d in IDEMPOTENT_DIRS:
-        entries = [f for f in (sql_dir() / d).iterdir() if f.is_file() and f.name.endswith(".sql")]
-        files.extend((f"{d}/{f.name}", f) for f in sorted(entries, key=lambda f: f.name))
+    for rel in manifest():
+        path = package_dir().joinpath(*rel.split("/"))
+        if not path.is_file():
+            raise FileNotFoundError(f"{MANIFEST} lists {rel}, which is not in the package")
+        files.append((rel, path))
     return files
 
 
@@ -106,7 +124,7 @@ def apply_versioned(dbapi_conn, name: str, *, embedding_dim: int, app_role: str 
 
 
 def run_versioned(files: tuple[str, ...]) -> None:
-    """Apply versioned files from inside an Alembic revision (its upgrade() or downgrade()),
+    """Apply versioned files from inside an Alembic revision's upgrade(),
     on the migration's connection, with the embedding dimension and app role the run was given. In
     offline mode (`kb-rerank migrate --sql`) the rendered files are written to the output
     instead, as they would run."""
@@ -116,7 +134,7 @@ def run_versioned(files: tuple[str, ...]) -> None:
     role = context.config.attributes.get("kb_app_role") or DEFAULT_APP_ROLE
     if context.is_offline_mode():
         for name in files:
-            emit_script(f"sql/schema/{name}", render(versioned_file(name), embedding_dim=dim, app_role=role))
+            emit_script(f"db/schema/{name}", render(versioned_file(name), embedding_dim=dim, app_role=role))
         return
     raw = op.get_bind().connection.driver_connection
     for name in files:
@@ -135,9 +153,9 @@ def emit_idempotent(*, embedding_dim: int, app_role: str = DEFAULT_APP_ROLE) -> 
     """Offline mode: write the idempotent layer and its version function as apply_idempotent
     would run them; return the layer version."""
     for rel in adopt_steps(app_role):
-        emit_script(f"sql/{rel}", render(sql_dir() / rel, embedding_dim=embedding_dim, app_role=app_role))
+        emit_script(rel, render(package_dir().joinpath(*rel.split("/")), embedding_dim=embedding_dim, app_role=app_role))
     for rel, path in idempotent_files():
-        emit_script(f"sql/{rel}", render(path, embedding_dim=embedding_dim, app_role=app_role))
+        emit_script(rel, render(path, embedding_dim=embedding_dim, app_role=app_role))
     version = layer_version(embedding_dim=embedding_dim, app_role=app_role)
     emit_script("kb.schema_layer_version()", _layer_version_sql(version, app_role))
     return version
@@ -177,23 +195,13 @@ def _layer_version_sql(version: str, app_role: str) -> str:
 
 
 # Before the layer, with the default app role: a database the former default role served is
-# adopted under the new name (sql/roles/adopt_app_role.sql says when, and when it refuses).
-ADOPT_APP_ROLE = "roles/adopt_app_role.sql"
+# adopted under the new name (db/roles/adopt_app_role.sql says when, and when it refuses).
+ADOPT_APP_ROLE = "db/roles/adopt_app_role.sql"
 
 
 def adopt_steps(app_role: str) -> list[str]:
-    """The files run before the layer for ``app_role`` (relative to sql/)."""
+    """The files run before the layer for ``app_role`` (relative to the package)."""
     return [ADOPT_APP_ROLE] if app_role == DEFAULT_APP_ROLE else []
-
-
-REGRANT_AFTER_DOWNGRADE = "roles/regrant_after_downgrade.sql"
-
-
-def regrant_after_downgrade(dbapi_conn, *, embedding_dim: int, app_role: str = DEFAULT_APP_ROLE) -> None:
-    """After a downgrade: what the frozen down files granted to the former default role goes
-    to the configured one (sql/roles/regrant_after_downgrade.sql)."""
-    execute_script(dbapi_conn, render(sql_dir() / REGRANT_AFTER_DOWNGRADE, embedding_dim=embedding_dim,
-                                      app_role=app_role))
 
 
 def apply_idempotent(dbapi_conn, *, embedding_dim: int, app_role: str = DEFAULT_APP_ROLE) -> str:
@@ -202,7 +210,7 @@ def apply_idempotent(dbapi_conn, *, embedding_dim: int, app_role: str = DEFAULT_
 
     for rel in adopt_steps(app_role):
         try:
-            execute_script(dbapi_conn, render(sql_dir() / rel, embedding_dim=embedding_dim, app_role=app_role))
+            execute_script(dbapi_conn, render(package_dir().joinpath(*rel.split("/")), embedding_dim=embedding_dim, app_role=app_role))
         except psycopg.errors.RaiseException as exc:
             raise RuntimeError(exc.diag.message_primary or str(exc)) from None
     # The role is created, and given CONNECT on this database, by 0016_app_role (run before
@@ -222,7 +230,7 @@ def apply_idempotent(dbapi_conn, *, embedding_dim: int, app_role: str = DEFAULT_
         try:
             execute_script(dbapi_conn, render(path, embedding_dim=embedding_dim, app_role=app_role))
         except Exception as exc:
-            raise RuntimeError(f"applying sql/{rel} failed: {exc}") from exc
+            raise RuntimeError(f"applying {rel} failed: {exc}") from exc
     version = layer_version(embedding_dim=embedding_dim, app_role=app_role)
     execute_script(dbapi_conn, _layer_version_sql(version, app_role))
     return version

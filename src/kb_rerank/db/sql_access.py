@@ -1,7 +1,7 @@
 """SQL access for one tenant (`kb-rerank sql-access`): a login role of its own, member of the
 group role ``kb_sql_reader`` (read-only grants, under RLS), mapped in ``kb.sql_access`` to the
 one tenant that ``kb.current_tenant()`` returns for it, whatever the session sets
-``auth.tenant_id`` to (sql/functions/00_current_tenant.sql).
+``auth.tenant_id`` to (db/sql/current_tenant.sql).
 
 Run with the owner URL (like ``kb-rerank migrate``): creating roles needs CREATEROLE or a
 superuser, and kb.sql_access is written by the owner only. Every statement is parameterised

@@ -1,6 +1,6 @@
 """The search filter of ``/v1/kb/search/rerank``, ``/v1/kb/context`` and the SQL searches
 (``filter jsonb``): its grammar checked before any work, and its canonical form, the one the
-database checks again (kb.search_filter, sql/functions/09_search_filter.sql) and the cache
+database checks again (kb.search_filter, filters/sql/search_filter.sql) and the cache
 key includes. docs/filters.md is the grammar. The limits and patterns here are the SQL
 twin's too: :func:`sql_constants` renders them into the idempotent layer, and
 tests/filters/test_filter_parity.py runs one table of filters through this module (the REST 422)

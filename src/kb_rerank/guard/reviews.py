@@ -5,8 +5,8 @@ own chunks).
 A review (``kb.guard_reviews``, migration 0018_guard_review) is keyed by the tenant and the
 chunk text's content hash: it applies to every chunk of the tenant with that text, survives a
 re-scan (``kb-rerank guard scan``) and a re-ingest that keeps the text, and a changed text is
-judged afresh. The triggers of sql/functions/06_chunks_take_review.sql and
-07_guard_reviews_apply.sql keep ``kb.chunks.injection_review`` equal to it; the update of a
+judged afresh. The triggers of guard/sql/chunks_take_review.sql and
+guard/sql/guard_reviews_apply.sql keep ``kb.chunks.injection_review`` equal to it; the update of a
 reviewed chunk bumps the tenant's knowledge-base generation, so no answer cached before the
 review is served after it.
 """

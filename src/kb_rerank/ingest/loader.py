@@ -447,7 +447,7 @@ def delete_documents(conn: psycopg.Connection, tenant_id: UUID | str, *, doc_ids
     and one transaction as the app role (RLS: another tenant's ids match nothing). Their chunks
     go by the foreign key's cascade; the statement triggers on kb.chunks keep the BM25
     statistics (kb.term_stats, kb.corpus_stats) and blocks (kb.term_blocks) exact, and those on
-    kb.documents/kb.chunks bump the tenant's generation (sql/functions/05_kb_generation.sql),
+    kb.documents/kb.chunks bump the tenant's generation (cache/sql/kb_generation.sql),
     so its cached answers and pair scores are not served after the commit. Returns the
     documents deleted (ids or paths that matched nothing are simply absent)."""
     ids = [str(UUID(str(d))) for d in doc_ids]

@@ -43,7 +43,7 @@ HYBRID_SQL = (
 # with its chunk's content) need not cross the wire nor become Candidates.
 HYBRID_TOP_SQL = HYBRID_SQL + " order by score desc, chunk_id limit %s"
 # The same rows as HYBRID_TOP_SQL, each with its live pair score (NULL: none kept, or no pair
-# key given), in one statement (kb.retrieve_hybrid, sql/functions/13_retrieve_hybrid.sql): the
+# key given), in one statement (kb.retrieve_hybrid, retrieval/sql/retrieve_hybrid.sql): the
 # service's read of a miss, instead of HYBRID_TOP_SQL and then pair_cache.SELECT_LIVE.
 RETRIEVE_HYBRID_SQL = (
     "select chunk_id, doc_id, doc_title, snippet, content, lexical_rank, semantic_rank,"

@@ -1,4 +1,4 @@
-"""The BM25 term blocks of a tenant (kb.term_blocks; sql/functions/04_term_blocks.sql):
+"""The BM25 term blocks of a tenant (kb.term_blocks; retrieval/sql/term_blocks.sql):
 per common word, its chunks by BM25 weight in levels, read by kb.search_lexical. Built by
 ``kb.refresh_term_blocks()``, kept valid between rebuilds by a trigger; searches are exact
 with or without them, only faster with fresh ones.

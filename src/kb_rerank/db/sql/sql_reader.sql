@@ -1,0 +1,42 @@
+-- kb_sql_reader: the group of the per-tenant SQL logins (`kb-rerank sql-access`, 0020).
+-- Applied last in the layer (after every table, function and view exists).
+--
+-- Read-only: SELECT on what the service reads under RLS, EXECUTE on the searches and the
+-- pure text functions they use. No INSERT/UPDATE/DELETE anywhere, no eviction, no term-block
+-- refresh, no record or audit append, nothing on kb.sql_access. Every table granted here has
+-- RLS enabled and forced with policies that compare with kb.current_tenant(), which for a
+-- member of this group is the mapped tenant whatever auth.tenant_id says; the views are
+-- security_invoker (their tables' RLS applies); the searches are definers that filter on
+-- kb.current_tenant() themselves.
+revoke all on all tables in schema kb from kb_sql_reader;
+revoke all on all routines in schema kb from kb_sql_reader;
+grant select on kb.embedding_config, kb.documents, kb.document_values, kb.chunks, kb.term_stats, kb.corpus_stats, kb.term_blocks,
+                kb.guard_reviews, kb.tenant_policy, kb.kb_generation, kb.kb_rerank_cache,
+                kb.kb_rerank_pair_scores, kb.kb_rerank_curation, kb.kb_rerank_audit,
+                kb.cache_stats, kb.audit_summary, kb.cache_hit_ratio, kb.guard_flagged_share
+  to kb_sql_reader;
+grant execute on function kb.current_tenant(), kb.sql_access_tenant(),
+                          kb.code_tokens(text), kb.to_tsv(text), kb.doc_length(text), kb.terms_tsquery(text[]),
+                          kb.stop_words_en(), kb.vi_syllable_shape(text), kb.query_is_english(text),
+                          kb.code_token_counts(text), kb.query_term_counts(text),
+                          kb.stem_config(text), kb.stem_tsv(text, text), kb.stem_length(tsvector), kb.query_stems(text),
+                          kb.search_term_counts(text), kb.search_term_counts(text, text[]), kb.search_term_groups(text, text[]),
+                          kb.language_subtag(text), kb.text_script(text), kb.language_script(text),
+                          kb.script_language(text), kb.stem_languages(), kb.language_lexeme(text),
+                          kb.nospace_class(), kb.has_nospace(text), kb.nospace_grams(text), kb.query_languages(text, uuid),
+                          kb.query_languages(text, uuid, text),
+                          kb.bm25_tf_part(double precision, double precision, double precision, double precision, double precision),
+                          kb.ts_rank_tf(), kb.ts_rank_tf_compute(),
+                          kb.search_lexical(text, integer, double precision, double precision, jsonb, text),
+                          kb.search_semantic(public.vector, integer, jsonb),
+                          kb.search_hybrid(text, public.vector, integer, integer, text, double precision, double precision,
+                                           double precision, double precision, jsonb, text),
+                          -- the fusion kb.search_hybrid ranks with, and the id lists it fuses
+                          kb.hybrid_fusion(text, public.vector, integer, integer, text, double precision, double precision,
+                                           double precision, double precision, jsonb, text),
+                          kb.search_lexical_ids(text, integer, double precision, double precision, jsonb, text),
+                          kb.search_semantic_ids(public.vector, integer, jsonb),
+                          kb.search_filter(jsonb), kb.search_filter_time(text, text), kb.search_filter_docs(jsonb),
+                          kb.search_filter_number(jsonb, text), kb.search_filter_language(text, text),
+                          kb.guard_flagged_share_rows()
+  to kb_sql_reader;

@@ -1,0 +1,91 @@
+-- kb.search_semantic_ids(query_embedding, k, filter): cosine nearest neighbours in the
+-- caller's tenant, as chunk id, document id, score (cosine similarity) and rank; within
+-- `filter`'s documents when one is given (kb.search_filter's grammar: docs/filters.md). The
+-- kNN step of kb.search_semantic (which adds the texts) and of kb.hybrid_fusion.
+--
+-- SECURITY DEFINER, owned by kb_search: under RLS the planner would not use the HNSW index;
+-- the tenant filter is applied here, on kb.current_tenant(), so the index is used and no
+-- other tenant's rows are visible; with no tenant set it returns no rows. search_path
+-- pinned, pg_temp last.
+--
+-- The kNN step is a plain `ORDER BY embedding <=> q LIMIT k` (no join or window function
+-- inside it) so the HNSW index serves it. hnsw.iterative_scan (pgvector 0.8, a function-level
+-- SET: it holds for this call only) lets the index scan go on until k rows pass the tenant
+-- and filter conditions, so a small tenant among many, or a filter, still gets its full
+-- top k (up to hnsw.max_scan_tuples visited, pgvector's default 20000); ef_search 100 keeps
+-- recall high. With a filter, a chunk qualifies when its document is in
+-- kb.search_filter_docs(filter): on the index scan, `(c.doc_id in (select unnest($3))) is
+-- true`, a hashed subplan built once (one lookup a visited chunk; `c.doc_id = any ($3)` is
+-- not hashed on the index scan and compares each visited chunk with the whole array).
+-- When the filter's documents hold at most 4000 chunks, the exact search (every such chunk's
+-- distance, through the (tenant_id, doc_id) index) is both cheaper than walking the graph
+-- for rare matches and exact: bench/results/filtered-recall.md measured the two.
+-- the signature before the filter (one overload only: positional calls stay unambiguous)
+drop function if exists kb.search_semantic_ids(public.vector, integer);
+create or replace function kb.search_semantic_ids(
+  query_embedding public.vector,
+  k integer default {{default:candidates}},
+  filter jsonb default null
+)
+returns table (
+  chunk_id uuid,
+  doc_id uuid,
+  score double precision,
+  rank integer
+)
+language plpgsql
+stable
+parallel safe
+security definer
+set search_path = pg_catalog, kb, pg_temp
+set hnsw.iterative_scan = relaxed_order
+set hnsw.ef_search = 100
+as $fn$
+#variable_conflict use_column
+declare
+  v_k integer := greatest(least(k, 1000), 0);
+  v_docs uuid[] := kb.search_filter_docs(filter);
+  v_n integer;
+begin
+  if v_docs is null then
+    return query
+      with nn as materialized (
+        select c.chunk_id, c.doc_id, c.embedding OPERATOR(public.<=>) query_embedding as distance
+        from kb.chunks c
+        where c.tenant_id = kb.current_tenant()
+        order by c.embedding OPERATOR(public.<=>) query_embedding
+        limit v_k
+      )
+      select nn.chunk_id, nn.doc_id, 1 - nn.distance, (row_number() over (order by nn.distance, nn.chunk_id))::integer
+      from nn
+      order by nn.distance, nn.chunk_id;
+    return;
+  end if;
+  if cardinality(v_docs) = 0 or v_k = 0 then
+    return;
+  end if;
+  select count(*)::integer into v_n
+  from (select 1 from kb.chunks c
+        where c.tenant_id = kb.current_tenant() and c.doc_id = any (v_docs) limit 4001) as x;
+  -- exact: the distance of every chunk of the filter's documents (`+ 0`: not the HNSW order)
+  -- approximate: the HNSW index scan, iterative, with the documents as a filter
+  return query execute format($q$
+      with nn as materialized (
+        select c.chunk_id, c.doc_id, c.embedding OPERATOR(public.<=>) $1 as distance
+        from kb.chunks c
+        where c.tenant_id = kb.current_tenant() and %s
+        order by %s
+        limit $2
+      )
+      select nn.chunk_id, nn.doc_id, 1 - nn.distance, (row_number() over (order by nn.distance, nn.chunk_id))::integer
+      from nn
+      order by nn.distance, nn.chunk_id
+    $q$, case when v_n <= 4000 then 'c.doc_id = any ($3)' else '(c.doc_id in (select unnest($3::uuid[]))) is true' end,
+         case when v_n <= 4000 then '(c.embedding OPERATOR(public.<=>) $1) + 0, c.chunk_id'
+              else 'c.embedding OPERATOR(public.<=>) $1' end)
+    using query_embedding, v_k, v_docs;
+end
+$fn$;
+alter function kb.search_semantic_ids(public.vector, integer, jsonb) owner to kb_search;
+comment on function kb.search_semantic_ids(public.vector, integer, jsonb) is
+  'Cosine top-k chunks (id, document, score, rank) for the tenant in auth.tenant_id, within a search filter''s documents when given; empty when no tenant is set';

@@ -1,1 +1,0 @@
-drop table if exists kb.kb_rerank_inflight;

@@ -42,7 +42,7 @@ if not CHROMIUM:
     pytest.skip("no Chromium: install Debian's `chromium` package (`apt-get install chromium`; `make test` does it "
                 "when run as root), or set KB_TEST_CHROMIUM to a Chromium binary", allow_module_level=True)
 
-OUTPUT = Path(__file__).resolve().parents[2] / "output" / "playground"
+OUTPUT = Path(__file__).resolve().parents[1] / "output" / "playground"
 QUERY = "ERR_402 at checkout"
 
 CORPUS = {

@@ -15,7 +15,7 @@ import pytest
 
 from kb_rerank.guard.detectors import InjectionVerdict, SpamVerdict, detect_injection, detect_stuffing, sanitize_for_prompt
 
-DATA = Path(__file__).resolve().parents[2] / "data"
+DATA = Path(__file__).resolve().parents[1] / "data"
 
 
 def _load(path: Path) -> list[dict]:

@@ -20,12 +20,13 @@ create table kb.document_values (
   key       text not null,
   num       double precision,
   ts        timestamptz,
+  value_id  bigint generated always as identity,
+  primary key (tenant_id, doc_id, value_id),
   constraint document_values_one_value check ((num is null) <> (ts is null)),
   foreign key (tenant_id, doc_id) references kb.documents (tenant_id, doc_id) on delete cascade
 );
 create index document_values_ts_idx on kb.document_values (tenant_id, key, ts) include (doc_id) where ts is not null;
 create index document_values_num_idx on kb.document_values (tenant_id, key, num) include (doc_id) where num is not null;
-create index document_values_doc_idx on kb.document_values (tenant_id, doc_id);
 alter table kb.document_values enable row level security;
 alter table kb.document_values force row level security;
 

@@ -72,14 +72,9 @@ def _fresh_database(server_url: str, name: str) -> str:
 
 @pytest.fixture(scope="session")
 def settings(server_url) -> Settings:
-    """Settings pointing at a freshly migrated database of this test session.
-
-    No rerank budget: with one, how many candidates the model scores depends on how busy the
-    machine is, and a partial answer is not cached, so a test's second identical request
-    would miss on a loaded CI runner. The tests whose subject is the budget set their own
-    (tests/rerank/test_rerank_budget.py)."""
+    """Settings pointing at a freshly migrated database of this test session."""
     url = _fresh_database(server_url, f"kb_test_{uuid.uuid4().hex[:8]}")
-    s = Settings(database_url=url, app_password=os.environ.get("KB_TEST_APP_PASSWORD"), rerank_budget_ms=0)
+    s = Settings(database_url=url, app_password=os.environ.get("KB_TEST_APP_PASSWORD"))
     db.migrate(s)
     return s
 

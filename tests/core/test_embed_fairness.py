@@ -10,6 +10,7 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
+import pytest
 from litestar.testing import TestClient
 
 from kb_rerank.app import create_app
@@ -74,18 +75,41 @@ def test_a_long_caller_document_is_priced_by_its_pieces_before_the_work(settings
     MMR embed is charged at admission."""
     from kb_rerank.guard import verdict
 
+    # no cap on the guard's embedding wait: on a loaded machine it would cut the work short and
+    # refund what was not embedded
     s = settings.with_(jwt_secret=SECRET, ops_token=OPS_TOKEN, rate_limit_per_minute=1, rate_limit_burst=1000,
+                       guard_embed_timeout_s=3600,
                        rate_work_conserving=False)  # the full prices: this test measures them
     long_doc = " ".join(f"paragraph {i} on refunds, credit notes and invoices." for i in range(300))[:19_000]
     n_pieces = len(verdict.pieces(long_doc, s.chunk_max_chars, s.chunk_overlap))
     assert n_pieces > 10
-    app = create_app(s, reranker=FakeReranker(), embedder=embedder)
     tenant = uuid.uuid4()
+    levels: list[float] = []  # the tenant's bucket when each embedding call starts
+
+    class Watching:
+        name, dim = embedder.name, embedder.dim
+
+        def embed_query(self, text):
+            levels.append(bucket.level(tenant))
+            return embedder.embed_query(text)
+
+        def embed_passages(self, texts):
+            levels.append(bucket.level(tenant))
+            return embedder.embed_passages(texts)
+
+    app = create_app(s, reranker=FakeReranker(), embedder=Watching())
     with TestClient(app) as client:
         bucket = app.state.limits.tenant_rate
+        # the bucket's clock stopped for the request: its level is what was charged, not what
+        # refilled while a loaded machine embedded the pieces
+        now = bucket.clock()
+        bucket.clock = lambda: now
         r = client.post("/v2/rerank", json={"query": "refunds", "documents": [long_doc, "short"], "lambda": 0.7},
                         headers=bearer(tenant))
         assert r.status_code == 200, r.text
-        admission = 1 + s.rate_cost_per_document * 2 + s.rate_cost_per_embedding * (n_pieces + 1)
-        # ordinary text: no span to debit after the fact (the refill is a token a minute)
-        assert abs(bucket.level(tenant) - (1000 - admission)) < 0.2
+        pieces = 1 + s.rate_cost_per_document * 2 + s.rate_cost_per_embedding * n_pieces
+        # every piece was paid for before the first embedding ran
+        assert levels and levels[0] == pytest.approx(1000 - pieces, abs=1e-9), levels[:3]
+        # and in all one embedding more (the query's, for MMR); ordinary text: no span to debit
+        # after the fact
+        assert bucket.level(tenant) == pytest.approx(1000 - pieces - s.rate_cost_per_embedding, abs=1e-9)

@@ -9,8 +9,9 @@ loop, under a per-request budget.
   characters, and ``re`` holds the GIL) fails the test at a timeout instead of hanging it.
 * 50 documents of the maximum size go through the detectors in bounded time, and
   ``guard.inspect_documents`` returns within its budget, marking the rest "not inspected".
-* Over HTTP, against a ``kb-rerank serve`` process: ``GET /healthz`` answers within 100 ms
-  while a /v2/rerank request with 50 hostile documents of the maximum size is processed.
+* Over HTTP, against a ``kb-rerank serve`` process: ``GET /healthz`` answers, again and
+  again, while a /v2/rerank request with 50 hostile documents of the maximum size is
+  processed, no probe waiting for a large part of the request.
 
 Bounds (measured on the 2-core development VM, shared with four other jobs): the slowest
 call of the property test took 18 ms; a wider sweep (75 repeated units x 10 separators at
@@ -19,8 +20,7 @@ call of the property test took 18 ms; a wider sweep (75 repeated units x 10 sepa
 loaded worst case, for a VM whose speed varies 2x. 50 documents of the maximum size took
 0.6 s in all; the bound is 20 s. Before the fix "\\n" * 1,000 + "x" alone took 3.7 s and
 "\\n" * 20,000 + "x" did not finish (the child is stopped at ``CHILD_TIMEOUT_S``).
-/healthz: max 79 ms over 14 probes during the hostile request (under load); before the
-fix it did not answer at all while the request ran.
+/healthz: before the fix it did not answer at all while the request ran.
 """
 
 from __future__ import annotations
@@ -201,39 +201,49 @@ def test_healthz_answers_while_hostile_rerank_runs(settings, owner_url, app_url,
         result: dict = {}
 
         def rerank() -> None:
-            t0 = time.perf_counter()
+            result["start"] = time.monotonic()
             try:
                 r = httpx.post(base + "/v2/rerank", json=body, headers=bearer("11111111-2222-4333-8444-555555555555"),
                                timeout=240)
                 result["status"], result["json"] = r.status_code, r.json()
             except httpx.HTTPError as exc:
                 result["status"] = type(exc).__name__
-            result["seconds"] = time.perf_counter() - t0
+            result["end"] = time.monotonic()
 
         worker = threading.Thread(target=rerank)
-        latencies = []
+        probes = []  # (sent, answered or inf) in time.monotonic()
         with httpx.Client(base_url=base, timeout=5) as client:
             client.get("/healthz")  # connection warm
             worker.start()
             time.sleep(0.05)  # the request is in
             stop_at = time.monotonic() + 30
             while worker.is_alive() and time.monotonic() < stop_at:
-                t0 = time.perf_counter()
+                t0 = time.monotonic()
                 try:
                     ok = client.get("/healthz").status_code == 200
                 except httpx.HTTPError:
                     ok = False
-                latencies.append(time.perf_counter() - t0 if ok else float("inf"))
+                probes.append((t0, time.monotonic() if ok else float("inf")))
                 time.sleep(0.02)
             # a stalled loop already failed the test: do not wait for the request as well
-            worker.join(250 if latencies and max(latencies) < 0.1 else 1)
-    assert latencies, "the rerank request finished before /healthz was probed"
-    print(f"\n/healthz during a hostile /v2/rerank ({result.get('seconds', -1):.2f} s): {len(latencies)} probes, "
-          f"max {max(latencies) * 1000:.1f} ms")
-    assert max(latencies) < 0.1, sorted(latencies)[-5:]
+            worker.join(250 if all(end < float("inf") for _, end in probes) else 1)
     assert result.get("status") == 200, result
     meta = result["json"]["meta"]
     assert meta["documents"] == 50 and len(result["json"]["results"]) == 3
+    start, end = result["start"], result["end"]
+    during = [(t0, t1) for t0, t1 in probes if t0 < end]
+    waits = [t1 - t0 for t0, t1 in during]
+    print(f"\n/healthz during a hostile /v2/rerank ({end - start:.2f} s): {len(during)} probes, "
+          f"max {max(waits, default=0) * 1000:.1f} ms")
+    # Ordering, not milliseconds (the machine may be slow): the loop answered /healthz again and
+    # again while the hostile request was still being processed, each probe answered before the
+    # request was, and none waited for a large part of the request (a detector holding the loop,
+    # or the GIL in one long regex call, would make a probe wait that long; with the backtracking
+    # patterns /healthz did not answer at all until the request ended)
+    answered_within = [t1 for _, t1 in during if t1 < end]
+    assert len(answered_within) >= 3, (len(probes), end - start)
+    assert all(t1 < end for _, t1 in during[:-1]), during
+    assert max(waits) < (end - start) / 2, (sorted(waits)[-5:], end - start)
 
 
 # --------------------------------------------------------------------------- same verdicts

@@ -109,7 +109,9 @@ class RateLimiter:
         bucket holds enough (nothing is taken then). A cost above the bucket's size needs a
         full bucket and leaves it in debt (negative), which later requests wait out.
         ``paid``: what the same request took already (its first token, in the auth guard),
-        so that "a full bucket" means full before the request."""
+        so that "a full bucket" means full before the request. The wait counts ``paid`` again:
+        the retry pays its first token too, so a client that waits as told is let through
+        (a wait without it would leave the retry one token short, refused again and again)."""
         if not self.enabled or cost <= 0:
             return 0.0
         now = self.clock()
@@ -121,7 +123,7 @@ class RateLimiter:
             self._prune(now)
             return 0.0
         self._buckets[key] = (tokens, now)
-        return (need - tokens) / self.rate
+        return (need + paid - tokens) / self.rate
 
     def debit(self, key: Any, cost: float) -> None:
         """Take ``cost`` tokens for work already done (never refused): the bucket may go

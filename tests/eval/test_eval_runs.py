@@ -406,3 +406,33 @@ def test_eval_cli_reports_the_guard_for_rerank(capsys, monkeypatch, settings, pa
     # the guarded list is the reranked one without tides
     for qid, ranked in res["run"].items():
         assert g["changed_run"].get(qid, ranked) == [d for d in ranked if d != "tides"], qid
+
+
+def test_a_collection_searched_inside_a_shared_tenant(lexical_result, eval_settings, beir_dir, counting, factory,
+                                                      tmp_path):
+    """evaluate_collection(tenant=, doc_prefix=): the collection's documents are those under its
+    prefix; another collection's document with the same id ranks as unjudged, and nothing is
+    ingested (bench/mixed_tenants.py)."""
+    import uuid
+
+    from kb_rerank.eval.measures import load_beir
+    from kb_rerank.eval.runs import source_docs
+    from kb_rerank.ingest.loader import ingest_documents
+
+    other = _write_beir(tmp_path / "other", {"chess": ("Chess clocks", "Chess players press chess clocks "
+                                                                       "after each move of Sicilian openings.")})
+    tenant = uuid.uuid4()
+    with factory() as conn:
+        for path, prefix in ((beir_dir, "beir:tiny/"), (other, "beir:other/")):
+            ingest_documents(conn, tenant, source_docs(load_beir(path), prefix), counting, eval_settings)
+    before = counting.passages
+    res = evaluate_collection(eval_settings, beir_dir, "lexical", embedder=counting, conn_factory=factory,
+                              tenant=tenant, doc_prefix="beir:tiny/")
+    assert counting.passages == before and res["tenant"] == str(tenant)
+    run = res["run"]["q2"]
+    assert set(run) == {"chess", "beir:other/chess"}  # the other collection's 'chess' keeps its whole source
+    # only the tiny collection's 'chess' is judged: first, nDCG 1; second, 1 / log2(3)
+    expected = 1.0 if run[0] == "chess" else 1 / math.log2(3)
+    assert res["per_query"]["q2"]["ndcg@10"] == pytest.approx(expected)
+    for q in ("q1", "q3", "q4"):  # the other collection shares none of their words
+        assert res["per_query"][q] == lexical_result["per_query"][q], q

@@ -223,3 +223,24 @@ def test_the_language_named_over_rest_and_in_sql(app_conn, server):
             r = server.post(route, json={"query": q, "language": bad}, headers=h)
             assert r.status_code == 422, (route, bad, r.text)
             assert r.json()["field"] == "language", r.text
+
+
+def test_the_language_named_on_the_command_line(app_conn, settings, monkeypatch, capsys):
+    """`kb-rerank search --language` names the query's language as the request's `language`
+    does: `Häuser` (too short to detect) finds the German page only when named; an unknown
+    language is a usage error naming it."""
+    from kb_rerank.cli import main as cli
+
+    tenant = uuid.uuid4()
+    _english_tenant(app_conn, tenant, {"de-houses": OTHERS["de-houses"]})
+    monkeypatch.setenv("KB_DATABASE_URL", settings.database_url)
+    base = ["search", "Häuser", "--tenant", str(tenant), "--mode", "lexical"]
+    assert cli.main(base) == 0
+    assert "de-houses" not in capsys.readouterr().out
+    assert cli.main(base + ["--language", "German"]) == 0
+    out = capsys.readouterr().out
+    assert "1 results" in out and "de-houses" in out, out
+    with pytest.raises(SystemExit) as exc:
+        cli.main(base + ["--language", "klingon"])
+    assert exc.value.code == 2
+    assert "unknown language 'klingon'" in capsys.readouterr().err

@@ -54,6 +54,15 @@ def _uuid(value: str) -> UUID:
         raise argparse.ArgumentTypeError(f"not a UUID: {value!r}") from None
 
 
+def _language(value: str) -> str:
+    from kb_rerank.core.language import normalize_language_code
+
+    try:
+        return normalize_language_code(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 REVIEWER_LABEL = "operator"  # `guard allow/block --by`: stored as reviewed_by, which the tenant's SQL reader sees
 
 
@@ -378,14 +387,16 @@ def _print_results(rows) -> None:
         print(f"  {i:2d}. {r.score:8.4f}  {ranks:16s} {fit(r.doc_title, 40)} | {snippet}")
 
 
-def run_search(conn, settings: Settings, embedder, tenant: UUID, query: str, mode: str, k: int):
+def run_search(conn, settings: Settings, embedder, tenant: UUID, query: str, mode: str, k: int,
+               language: str | None = None):
     """The service's retrieval (:class:`~kb_rerank.retrieval.spec.RetrievalSpec`) with
-    ``k`` as KB_CANDIDATES: ``k`` lexical or semantic rows, or the best 2 x ``k`` fused."""
+    ``k`` as KB_CANDIDATES: ``k`` lexical or semantic rows, or the best 2 x ``k`` fused.
+    ``language``: the query's language as the request's ``language`` names it (None: detected)."""
     from kb_rerank.core.query import normalize_query
     from kb_rerank.retrieval.spec import HYBRID, LEXICAL, SEMANTIC, RetrievalSpec
 
     spec = RetrievalSpec.of(settings, {"lexical": LEXICAL, "semantic": SEMANTIC, "hybrid": HYBRID}[mode],
-                            candidates=k)
+                            candidates=k, language=language)
     query = normalize_query(query)
     embedding = embedder.embed_query(query) if spec.needs_embedding else None
     with session.tenant_transaction(conn, tenant):
@@ -397,7 +408,7 @@ def cmd_search(args, settings: Settings) -> int:
 
     embedder = None if args.mode == "lexical" else get_embedder(settings)
     with _app_conn(settings) as conn:
-        rows = run_search(conn, settings, embedder, args.tenant, args.query, args.mode, args.k)
+        rows = run_search(conn, settings, embedder, args.tenant, args.query, args.mode, args.k, args.language)
     print(f"{args.mode} search for {args.query!r}: {len(rows)} results")
     _print_results(rows[: args.limit])
     return 0
@@ -1088,6 +1099,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="hybrid (default): BM25 and embeddings fused; lexical: BM25 only; semantic: embeddings only")
     s.add_argument("-k", type=int, default=20, help="top-k of each list")
     s.add_argument("--limit", type=int, default=10, help="rows to print")
+    s.add_argument("--language", type=_language, default=None,
+                   help="the query's language (ISO code such as 'de', or a name such as 'German'), as the "
+                        "request's 'language' field; default: detected from the query")
     s.set_defaults(func=cmd_search)
 
     em = _command(sub, "embed", help="print a query's embedding as a pgvector literal (for psql)")

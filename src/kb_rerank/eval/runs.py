@@ -227,15 +227,16 @@ def document_text(title: str, text: str) -> str:
     return f"{title}\n\n{text}"
 
 
-def source_docs(coll: BeirCollection) -> list[SourceDoc]:
-    """One SourceDoc per non-empty corpus document, ``source_uri = beir:<id>``, its language
-    detected as ingestion detects it (``None`` for a text too short to tell)."""
+def source_docs(coll: BeirCollection, prefix: str = BEIR_PREFIX) -> list[SourceDoc]:
+    """One SourceDoc per non-empty corpus document, ``source_uri = <prefix><id>`` (``beir:<id>``),
+    its language detected as ingestion detects it (``None`` for a text too short to tell).
+    Collections sharing one tenant take a prefix each (``beir:xquad-ru/``): their ids overlap."""
     docs = []
     for did, (title, text) in coll.corpus.items():
         body = document_text(title, text)
         if not body:
             continue
-        docs.append(SourceDoc(source_uri=BEIR_PREFIX + did, title=title.strip(), text=body,
+        docs.append(SourceDoc(source_uri=prefix + did, title=title.strip(), text=body,
                               language=guess_language(body)))
     return docs
 
@@ -302,12 +303,14 @@ def load_collection(conn, path: Path, settings: Settings, embedder, *, coll: Bei
     return info
 
 
-def _doc_map(conn, tenant) -> dict[Any, str]:
+def _doc_map(conn, tenant, prefix: str = BEIR_PREFIX) -> dict[Any, str]:
+    """Document id -> the collection's id for documents under ``prefix``; any other document
+    keeps its whole source (never a judged id: in a shared tenant, another collection's)."""
     from kb_rerank.core.session import tenant_transaction
 
     with tenant_transaction(conn, tenant):
         rows = documents.sources(conn)
-    return {d: (u[len(BEIR_PREFIX):] if u.startswith(BEIR_PREFIX) else u) for d, u in rows}
+    return {d: (u[len(prefix):] if u.startswith(prefix) else u) for d, u in rows}
 
 
 def _dedup(ids: Iterable[str]) -> list[str]:
@@ -475,6 +478,8 @@ def evaluate_collection(
     progress: bool = False,
     guard_policy: str | None = None,
     rescan_guard: bool = False,
+    tenant: uuid.UUID | None = None,
+    doc_prefix: str = BEIR_PREFIX,
 ) -> dict[str, Any]:
     """Evaluate one retrieval mode on a BEIR folder; see the module docstring.
 
@@ -484,7 +489,9 @@ def evaluate_collection(
     app URL of ``settings``). ``limit_queries``: the first N evaluated queries (sorted ids).
     ``guard_policy``: ``exclude`` / ``demote`` / ``allow`` instead of the tenant's policy for
     the guarded figures; ``rescan_guard``: re-score the stored verdicts first (module
-    docstring).
+    docstring). ``tenant``: search that tenant, loaded by the caller (nothing is ingested),
+    where the collection's documents are those whose source starts with ``doc_prefix``
+    (:func:`source_docs`); other documents of the tenant rank as unjudged (bench/mixed_tenants.py).
 
     Returns ``{"dataset", "mode", "k", "ndcg@k", "mrr@k", "recall@R", "recall@40", "num_queries",
     "per_query", "run", "tenant", "guard": {...}, "timing": {...}, "load": {...}, "config": {...}}``
@@ -530,9 +537,12 @@ def evaluate_collection(
 
     timing: dict[str, float] = {}
     with conn_factory() as conn:
-        load = load_collection(conn, path, settings, embedder, coll=coll, progress=progress)
-        tenant = uuid.UUID(load["tenant"])
-        docmap = _doc_map(conn, tenant)
+        if tenant is None:
+            load = load_collection(conn, path, settings, embedder, coll=coll, progress=progress)
+            tenant = uuid.UUID(load["tenant"])
+        else:
+            load = {"tenant": str(tenant), "ingest": "given tenant (loaded by the caller)", "ingest_s": 0.0}
+        docmap = _doc_map(conn, tenant, doc_prefix)
         timing["load_s"] = load["ingest_s"]
         if rescan_guard:
             from kb_rerank.ingest.loader import rescan_chunks

@@ -129,8 +129,8 @@ async def get_live(conn, query_hash: str, source: str, *, decode: Callable[[Any]
     return gen, CacheEntry(cache_id, body, model, trace_id)
 
 
-def invalidate(conn, source: str) -> int:
-    """Drop the tenant's cached answers of ``source``, every key and generation (sync; used by
+async def invalidate(conn, source: str) -> int:
+    """Drop the tenant's cached answers of ``source``, every key and generation (used by
     ``kb-rerank curate`` after changing a list: a key hashes the app's configuration with the
     query, which the CLI does not know, and curated answers cost no model call to rebuild)."""
-    return conn.execute(DELETE_SOURCE, [source]).rowcount
+    return (await conn.execute(DELETE_SOURCE, [source])).rowcount

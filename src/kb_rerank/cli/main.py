@@ -232,12 +232,12 @@ def cmd_guard_list(args, settings: Settings) -> int:
     """The tenant's flagged or reviewed chunks (every chunk with --all): a table, or JSON."""
     import json
 
-    from kb_rerank.guard.reviews import list_chunks, tenant_policy
+    from kb_rerank.guard.reviews import atenant_policy, list_chunks
 
     with _app_conn(settings) as conn:
         with session.tenant_transaction(conn, args.tenant):
-            policy = tenant_policy(conn)
-            rows = [_guard_row(c, policy) for c in list_chunks(conn, every=args.all)]
+            policy = session.run(conn, atenant_policy)
+            rows = [_guard_row(c, policy) for c in session.run(conn, list_chunks, every=args.all)]
     if args.json:
         print(json.dumps({"tenant": str(args.tenant), "policy": policy, "chunks": rows}, ensure_ascii=False,
                          indent=2))
@@ -272,8 +272,8 @@ def cmd_guard_review(args, settings: Settings) -> int:
     with _app_conn(settings) as conn:
         try:
             with session.tenant_transaction(conn, args.tenant):
-                marked = record_review(conn, decision, doc_id=args.doc, chunk_id=args.chunk, note=args.note,
-                                       reviewed_by=by)
+                marked = session.run(conn, record_review, decision, doc_id=args.doc, chunk_id=args.chunk,
+                                     note=args.note, reviewed_by=by)
         except UnknownTarget as exc:
             print(f"kb-rerank: error: guard {decision}: {exc} for tenant {args.tenant}; nothing changed",
                   file=sys.stderr)
@@ -325,9 +325,9 @@ def cmd_term_blocks(args, settings: Settings) -> int:
     with _app_conn(settings) as conn:
         t0 = time.perf_counter()
         with session.tenant_transaction(conn, args.tenant):
-            n_chunks, _ = term_blocks.state(conn)
+            n_chunks, _ = session.run(conn, term_blocks.state)
             with _Ticker(f"term-blocks: rebuilding over {n_chunks} chunks", not args.quiet):
-                n = term_blocks.refresh(conn, settings)
+                n = session.run(conn, term_blocks.refresh, settings)
         dt = time.perf_counter() - t0
     print(f"term blocks of {n} words rebuilt for tenant {args.tenant} in {dt:.1f}s")
     return 0
@@ -359,7 +359,7 @@ def run_search(conn, settings: Settings, embedder, tenant: UUID, query: str, mod
     query = normalize_query(query)
     embedding = embedder.embed_query(query) if spec.needs_embedding else None
     with session.tenant_transaction(conn, tenant):
-        return session.run_awaited(spec.fetch(session.AwaitedConnection(conn), query, embedding))
+        return session.run(conn, spec.fetch, query, embedding)
 
 
 def cmd_search(args, settings: Settings) -> int:
@@ -634,7 +634,7 @@ def _audit_access_problem(conn, tenant) -> str | None:
     """Why this connection cannot verify the audit log (all tenants, or ``tenant``), or None."""
     from kb_rerank.audit.archive import access
 
-    user, superuser, bypassrls, exists, can_select, can_verify, can_hash, can_checkpoints = access(conn)
+    user, superuser, bypassrls, exists, can_select, can_verify, can_hash, can_checkpoints = session.run(conn, access)
     if not exists:
         return "kb.kb_rerank_audit does not exist in this database: run `kb-rerank migrate` (or check KB_DATABASE_URL)"
     missing = [what for what, ok in (("SELECT on kb.kb_rerank_audit", can_select),
@@ -673,12 +673,12 @@ def cmd_audit(args, settings: Settings) -> int:
         try:
             if args.tenant is None:
                 with conn.transaction():
-                    rows = audit.verify(conn)
-                    macs = audit.verify_macs(conn, audit_keys)
+                    rows = session.run(conn, audit.verify)
+                    macs = session.run(conn, audit.verify_macs, audit_keys)
             else:
                 with session.tenant_transaction(conn, args.tenant):
-                    rows = [r for r in audit.verify(conn) if r.tenant_id == args.tenant]
-                    macs = audit.verify_macs(conn, audit_keys, tenant_id=args.tenant)
+                    rows = [r for r in session.run(conn, audit.verify) if r.tenant_id == args.tenant]
+                    macs = session.run(conn, audit.verify_macs, audit_keys, tenant_id=args.tenant)
         except psycopg.errors.InsufficientPrivilege as exc:
             print(f"kb-rerank: error: audit verify: permission denied: {exc}", file=sys.stderr)
             return AUDIT_UNVERIFIABLE
@@ -735,7 +735,7 @@ def cmd_audit_partitions(args, settings: Settings) -> int:
         with conn.transaction():
             for i in range(args.ahead + 1):
                 y, m = divmod(today.month - 1 + i, 12)
-                name = audit_archive.add_month(conn, today.replace(year=today.year + y, month=m + 1))
+                name = session.run(conn, audit_archive.add_month, today.replace(year=today.year + y, month=m + 1))
                 if name:
                     print(f"created kb.{name}")
     return 0
@@ -761,34 +761,34 @@ def cmd_audit_archive(args, settings: Settings) -> int:
             print(f"kb-rerank: error: audit archive: {problem}", file=sys.stderr)
             return AUDIT_UNVERIFIABLE
         with conn.transaction() as tx:
-            audit_archive.lock(conn)  # appends wait; reads go on
-            months = [(name, m) for name, m in audit_archive.months(conn) if m < args.before]
+            session.run(conn, audit_archive.lock)  # appends wait; reads go on
+            months = [(name, m) for name, m in session.run(conn, audit_archive.months) if m < args.before]
             if not months:
                 print(f"nothing to archive: no month partition before {args.before:%Y-%m}")
                 return 0
-            bad = [r for r in audit.verify(conn) if not r.ok]
-            macs = audit.verify_macs(conn, audit_keys)
+            bad = [r for r in session.run(conn, audit.verify) if not r.ok]
+            macs = session.run(conn, audit.verify_macs, audit_keys)
             if bad or macs.problems:
                 print("kb-rerank: error: audit archive: the log does not verify now (run `kb-rerank audit verify`); "
                       "nothing archived", file=sys.stderr)
                 return AUDIT_BROKEN
             names = [n for n, _ in months]
             # per tenant: the last dropped row, which must come before every row that stays
-            lasts = audit_archive.last_seqs(conn, names)
+            lasts = session.run(conn, audit_archive.last_seqs, names)
             for t, last in lasts:
-                kept_first = audit_archive.first_kept_seq(conn, t, names)
+                kept_first = session.run(conn, audit_archive.first_kept_seq, t, names)
                 if kept_first is not None and kept_first <= last:
                     print(f"kb-rerank: error: audit archive: tenant {t} has row {kept_first} outside the months "
                           f"to drop but before their last row {last}; nothing archived", file=sys.stderr)
                     raise psycopg.Rollback(tx)
-                row_hash = audit_archive.row_hash(conn, t, last)
-                audit_archive.write_checkpoint(
-                    conn, t, last, row_hash, args.before,
+                row_hash = session.run(conn, audit_archive.row_hash, t, last)
+                session.run(
+                    conn, audit_archive.write_checkpoint, t, last, row_hash, args.before,
                     audit.mac(key.key, audit.checkpoint_canonical(t, last, row_hash, args.before)), key.key_id)
             for n in names:
-                audit_archive.drop_partition(conn, n)
-            bad = [r for r in audit.verify(conn) if not r.ok]
-            macs = audit.verify_macs(conn, audit_keys)
+                session.run(conn, audit_archive.drop_partition, n)
+            bad = [r for r in session.run(conn, audit.verify) if not r.ok]
+            macs = session.run(conn, audit.verify_macs, audit_keys)
             if bad or macs.problems:
                 print("kb-rerank: error: audit archive: the remaining log would not verify; nothing archived",
                       file=sys.stderr)
@@ -820,29 +820,29 @@ def cmd_curate(args, settings: Settings) -> int:
                 # After a rotation of the query-hash key (or an upgrade from plain SHA-256
                 # hashes, migration 0010): move the list pinned under the previous hash of
                 # this query to its hash under the current key, in one transaction.
-                if curation.exists(conn, qh):
+                if session.run(conn, curation.exists, qh):
                     print(f"kb-rerank: error: query_hash {qh} already has a curated list (clear it first)",
                           file=sys.stderr)
                     return 1
-                n = curation.move(conn, old_qh, qh)
-                cache.invalidate(conn, "manual_curation")
+                n = session.run(conn, curation.move, old_qh, qh)
+                session.run(conn, cache.invalidate, "manual_curation")
                 print(f"moved {n} curated chunk(s) from query_hash {old_qh} to {qh}")
             elif args.action == "add":
                 if not args.chunk:
                     print("kb-rerank: error: curate add needs --chunk UUID [UUID ...]", file=sys.stderr)
                     return 2
-                start = curation.append(conn, qh, args.chunk, args.note)
-                cache.invalidate(conn, "manual_curation")
+                start = session.run(conn, curation.append, qh, args.chunk, args.note)
+                session.run(conn, cache.invalidate, "manual_curation")
                 print(f"added {len(args.chunk)} chunk(s) at positions {start}..{start + len(args.chunk) - 1}"
                       f" for query_hash {qh}")
             elif args.action == "list":
-                rows = curation.entries(conn, qh)
+                rows = session.run(conn, curation.entries, qh)
                 print(f"query_hash {qh}: {len(rows)} curated chunk(s)")
                 for pos, chunk, note in rows:
                     print(f"  {pos:3d}  {chunk}" + (f"  {note}" if note else ""))
             else:
-                n = curation.clear(conn, qh)
-                cache.invalidate(conn, "manual_curation")
+                n = session.run(conn, curation.clear, qh)
+                session.run(conn, cache.invalidate, "manual_curation")
                 print(f"cleared {n} curated chunk(s) for query_hash {qh}")
     return 0
 

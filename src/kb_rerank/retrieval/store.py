@@ -65,23 +65,6 @@ def _filter(filter: Mapping[str, Any] | None) -> Jsonb | None:
     return None if filter is None else Jsonb(dict(filter))
 
 
-def lexical(conn, query: str, k: int = 20, *, k1: float = 1.2, b: float = 0.75,
-            filter: Mapping[str, Any] | None = None) -> list[Candidate]:
-    return _lexical_rows(conn.execute(LEXICAL_SQL, [query, k, k1, b, _filter(filter)]).fetchall())
-
-
-def semantic(conn, embedding, k: int = 20, *, filter: Mapping[str, Any] | None = None) -> list[Candidate]:
-    return _semantic_rows(conn.execute(SEMANTIC_SQL, [_vec(embedding), k, _filter(filter)]).fetchall())
-
-
-# kb.search_hybrid's own defaults, which are the service's (settings.Settings.fusion, fusion_depth)
-def hybrid(conn, query: str, embedding, k: int = 60, *, rrf_k: int = 10, fusion: str = "convex",
-           lexical_weight: float = 0.7, semantic_weight: float = 0.3, k1: float = 1.2,
-           b: float = 0.75, filter: Mapping[str, Any] | None = None) -> list[Candidate]:
-    return _hybrid_rows(conn.execute(HYBRID_SQL, [query, _vec(embedding), k, rrf_k, fusion, lexical_weight,
-                                                  semantic_weight, k1, b, _filter(filter)]).fetchall())
-
-
 async def alexical(conn, query: str, k: int = 20, *, k1: float = 1.2, b: float = 0.75,
                    filter: Mapping[str, Any] | None = None) -> list[Candidate]:
     cur = await conn.execute(LEXICAL_SQL, [query, k, k1, b, _filter(filter)])
@@ -93,6 +76,7 @@ async def asemantic(conn, embedding, k: int = 20, *, filter: Mapping[str, Any] |
     return _semantic_rows(await cur.fetchall())
 
 
+# kb.search_hybrid's own defaults, which are the service's (settings.Settings.fusion, fusion_depth)
 async def ahybrid(conn, query: str, embedding, k: int = 60, *, rrf_k: int = 10, fusion: str = "convex",
                   lexical_weight: float = 0.7, semantic_weight: float = 0.3, k1: float = 1.2,
                   b: float = 0.75, limit: int | None = None,

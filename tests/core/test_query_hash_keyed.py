@@ -23,7 +23,7 @@ import pytest
 from tests.helpers import app_search_key
 from litestar.testing import TestClient
 
-from kb_rerank.cli.main import main as cli
+from kb_rerank.cli import main as cli
 from kb_rerank.core import keys
 from kb_rerank.app import create_app
 from kb_rerank.core.session import tenant_transaction

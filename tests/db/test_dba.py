@@ -9,7 +9,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from kb_rerank.cli.main import main as cli
+from kb_rerank.cli import main as cli
 from kb_rerank.db import database as db
 from kb_rerank.core.settings import Settings
 from kb_rerank.audit import store as audit

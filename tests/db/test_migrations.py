@@ -479,7 +479,7 @@ def test_readyz_reports_a_layer_mismatch_as_not_ready(server_url, embedder):
 
 
 def test_downgrade_defaults_to_one_step(server_url, capsys, monkeypatch):
-    from kb_rerank.cli.main import main as cli
+    from kb_rerank.cli import main as cli
 
     url, s = _new_database(server_url)
     db.migrate(s)

@@ -14,7 +14,7 @@ import uuid
 import psycopg
 import pytest
 
-from kb_rerank.cli.main import main as cli
+from kb_rerank.cli import main as cli
 from kb_rerank.db import database as db
 from kb_rerank.db import sql_access
 from kb_rerank.core.session import tenant_transaction

@@ -12,7 +12,7 @@ import psycopg
 import pytest
 
 from kb_rerank.audit import store as audit
-from kb_rerank.cli.main import main as cli
+from kb_rerank.cli import main as cli
 from kb_rerank.db import layer as sqlfiles
 from kb_rerank.db import database as db
 from kb_rerank.core.session import tenant_transaction

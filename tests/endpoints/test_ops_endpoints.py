@@ -193,7 +193,7 @@ def test_dockerfile_cmd_only_serves():
 
 
 def test_serve_refuses_a_weak_ops_token(monkeypatch, capsys):
-    from kb_rerank.cli.main import main as cli
+    from kb_rerank.cli import main as cli
 
     monkeypatch.delenv("KB_JWT_PUBLIC_KEY", raising=False)
     monkeypatch.setenv("KB_JWT_SECRET", SECRET)

@@ -18,7 +18,7 @@ import psycopg
 import pytest
 from litestar.testing import TestClient
 
-from kb_rerank.cli.main import main as cli
+from kb_rerank.cli import main as cli
 from kb_rerank.app import create_app
 from kb_rerank.http.auth import JwtConfig, mint_token
 from kb_rerank.core.session import tenant_transaction

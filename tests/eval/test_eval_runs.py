@@ -186,7 +186,7 @@ def test_recall_at_40_is_the_candidate_pool_cut():
 def test_eval_mode_rerank_with_the_tiny_cross_encoder(capsys, monkeypatch, settings, eval_settings, beir_dir,
                                                       counting, factory, tiny_model_dir, tmp_path):
     """`kb-rerank eval --mode rerank`, the one command a deployment with the model runs."""
-    from kb_rerank.cli.main import main as cli
+    from kb_rerank.cli import main as cli
     from kb_rerank.models.cross_encoder import Reranker
 
     hyb = evaluate_collection(eval_settings, beir_dir, "hybrid", embedder=counting, conn_factory=factory)
@@ -341,7 +341,7 @@ def test_guard_policy_is_the_tenants_unless_overridden(guarded):
 
 
 def test_bad_guard_policy_is_named(patterns_settings, guarded_dir, counting, factory, capsys):
-    from kb_rerank.cli.main import main as cli
+    from kb_rerank.cli import main as cli
     from kb_rerank.guard.reviews import POLICIES
 
     with pytest.raises(EvaluationError, match="guard_policy"):
@@ -379,7 +379,7 @@ def test_rescan_guard_restores_the_verdict(guarded, patterns_settings, guarded_d
 def test_eval_cli_reports_the_guard_for_rerank(capsys, monkeypatch, settings, patterns_settings, guarded, guarded_dir,
                                               tiny_model_dir, tmp_path, factory):
     """`kb-rerank eval --mode rerank --guard-policy exclude`: the guarded lines and JSON."""
-    from kb_rerank.cli.main import main as cli
+    from kb_rerank.cli import main as cli
     from kb_rerank.core.session import tenant_transaction
 
     with factory() as conn, \

@@ -177,7 +177,7 @@ def test_guard_scan_rescores_stored_chunks(capsys, monkeypatch, app_conn, embedd
     """Chunks ingested while the classifier had no vote (threshold 1.0) are re-scored by
     `kb-rerank guard scan` at the default threshold: the paraphrase becomes flagged by the
     classifier, ordinary prose stays as it was, and a second scan changes nothing."""
-    from kb_rerank.cli.main import main as cli
+    from kb_rerank.cli import main as cli
 
     tenant = uuid.uuid4()
     docs = [SourceDoc(source_uri="para.md", title="", text=PARAPHRASED[0], language="en"),

@@ -30,7 +30,7 @@ import uvicorn
 from litestar import get
 from litestar.testing import TestClient
 
-from kb_rerank.cli.main import main as cli
+from kb_rerank.cli import main as cli
 from kb_rerank.http import server
 from kb_rerank.app import create_app
 from kb_rerank.core.logs import JsonFormatter
@@ -311,7 +311,7 @@ def no_keys(monkeypatch):
         monkeypatch.delenv(var)
     started: list = []
     monkeypatch.setattr(server, "run", lambda config: started.append(config) or 0)
-    monkeypatch.setattr("kb_rerank.cli.main._check_embedded_database", lambda s: None)  # no database here
+    monkeypatch.setattr("kb_rerank.cli.serve._check_embedded_database", lambda s: None)  # no database here
     return started
 
 

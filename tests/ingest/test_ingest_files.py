@@ -18,7 +18,7 @@ from xml.sax.saxutils import escape
 
 import pytest
 
-from kb_rerank.cli.main import main as cli
+from kb_rerank.cli import main as cli
 from kb_rerank.ingest.loader import delete_documents, ingest_paths, sync_folder, SyncRefused
 from kb_rerank.ingest.readers import BadFile, SourceDoc, iter_documents, parse_front_matter
 from kb_rerank.retrieval import store as search

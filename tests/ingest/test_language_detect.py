@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from kb_rerank.cli.main import main as cli
+from kb_rerank.cli import main as cli
 from kb_rerank.ingest import language as lang
 from kb_rerank.ingest.language import detect_language, normalize_language_code
 from kb_rerank.ingest.readers import BadFile, SourceDoc, iter_documents

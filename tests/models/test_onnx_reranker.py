@@ -17,7 +17,7 @@ import pytest
 from litestar.testing import TestClient
 from scipy.stats import spearmanr
 
-from kb_rerank.cli.main import main as cli
+from kb_rerank.cli import main as cli
 from kb_rerank.app import build_reranker, create_app
 from kb_rerank.models.cross_encoder import Reranker, RerankerTimeout, RerankerUnavailable
 from kb_rerank.models.onnx import MANIFEST, OnnxReranker, _copy_preprocessors, _optimize_graph, export_dir_for

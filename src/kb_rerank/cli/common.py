@@ -1,0 +1,43 @@
+"""What the `kb-rerank` command groups share: the registration helper, argument types and the app connection."""
+
+from __future__ import annotations
+
+import argparse
+from uuid import UUID
+
+from kb_rerank.core import session
+from kb_rerank.core.settings import Settings
+
+
+TENANT_HELP = "the tenant's UUID"
+
+
+def command(subparsers, name: str, help: str, **kwargs) -> argparse.ArgumentParser:
+    """A sub-command whose own --help starts with the line `kb-rerank --help` shows for it."""
+    return subparsers.add_parser(name, help=help, description=help, **kwargs)
+
+
+def uuid_arg(value: str) -> UUID:
+    try:
+        return UUID(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a UUID: {value!r}") from None
+
+
+def language_code(value: str) -> str:
+    """``--language``: the ISO 639-1 code of *value* (argparse names the option in its error)."""
+    from kb_rerank.ingest.language import normalize_language_code
+
+    try:
+        return normalize_language_code(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def app_conn(settings: Settings):
+    from kb_rerank.db import database as db
+
+    conn = db.connect_app(settings)
+    session.configure_connection(conn)
+    db.check_embedding_dim(conn, settings)
+    return conn

@@ -3,25 +3,21 @@
 the two context-ranking routes, the one error body, the error responses every route
 documents, the bearer security scheme, and the request-body documentation.
 
-The handlers still build their answers as dicts (that is what the result cache stores) and
-convert them to these Structs at the edge (:func:`to_response`): a key the Struct does not
-declare, or a missing or mistyped one, fails there instead of reaching a client
-undocumented. Optional keys that are absent from an answer (not ``null``) are ``UNSET``, so
-the JSON is the same as the dict's. Only Litestar's OpenAPI types are used here: nothing in
+Each flow builds its answer as its response Struct (one definition per shape); the result
+cache stores the Struct as msgspec builtins and decodes a row back into it. Optional keys
+absent from an answer (not ``null``) are ``UNSET``. Only Litestar's OpenAPI types are used here: nothing in
 this module changes how a request is read.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any
 
 import msgspec
 from litestar.openapi.datastructures import ResponseSpec
 from litestar.openapi.spec import Components, OpenAPIMediaType, Operation, RequestBody, SecurityScheme
 from msgspec import UNSET, UnsetType
-
-T = TypeVar("T")
 
 # the query field of every request body, as the OpenAPI document describes it
 # The rerank budget's fields (KB_RERANK_BUDGET_MS), with the descriptions the OpenAPI document shows
@@ -147,11 +143,6 @@ def body_operation(typ: type, extra: dict[str, dict[str, Any]] | None = None) ->
 
 
 # --------------------------------------------------------------------------- shared pieces
-
-
-def to_response(body: dict[str, Any], typ: type[T]) -> T:
-    """The handler's dict as its response Struct (raises on any difference from the type)."""
-    return msgspec.convert(body, typ)
 
 
 class Mmr(msgspec.Struct, forbid_unknown_fields=True):

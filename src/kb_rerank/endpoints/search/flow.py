@@ -4,8 +4,10 @@ Candidates: the source's search (:class:`~kb_rerank.retrieval.spec.RetrievalSpec
 the curated list (``manual_curation``: curated order, no model call, rank scores
 ``1 - i/(n+1)``). Every candidate goes to the cross-encoder; the top ``rerank_top_n`` by score
 (then chunk id) are returned with the model's score in 0..1 rounded to 6 decimals. On a
-fallback the candidates keep their first-stage order (AC19); a fallback is not cached.
-The cache row holds the ``results`` list.
+fallback the candidates keep their first-stage order; a fallback is not cached.
+The flow builds the :class:`~kb_rerank.endpoints.schemas.RerankResponse`; the cache row holds
+its ``results`` list (msgspec's builtins of it), checked by
+:func:`kb_rerank.cache.store.valid_results` and decoded back into the Struct.
 
 Within the rerank budget (``KB_RERANK_BUDGET_MS``) the model may score only the first
 candidates in fused order: those rank first by their scores, the rest follow in fused order
@@ -25,6 +27,9 @@ from __future__ import annotations
 
 from typing import Any
 
+import msgspec
+from msgspec import UNSET
+
 from kb_rerank.core.candidate import Candidate
 from kb_rerank.rerank import scoring
 from kb_rerank.rerank.compose import (FUSED, answer_model, clamped, fallback_relevance, ranked_by,
@@ -33,6 +38,7 @@ from kb_rerank.core.costs import Work
 from kb_rerank.endpoints.runner import Lookup, Outcome, Selection, Served
 from kb_rerank.core.query import normalize_query
 from kb_rerank.endpoints.requests import RerankRequest
+from kb_rerank.endpoints.schemas import RerankResponse, RerankResult
 from kb_rerank.retrieval.spec import CURATED, RetrievalSpec
 from kb_rerank.core.settings import Settings
 from kb_rerank.cache import store as result_cache
@@ -40,15 +46,19 @@ from kb_rerank.cache import store as result_cache
 CURATION_MODEL = "manual_curation"
 
 
-def _result(c: Candidate, score: float, source: str, scored_by: str) -> dict[str, Any]:
+def _result(c: Candidate, score: float, source: str, scored_by: str) -> RerankResult:
     """A result; one the model did not score reports no ``rerank_score`` but its first-stage
     ``fused_score`` (:func:`~kb_rerank.rerank.compose.reported_score`: such results are
     never cached, so a cache row keeps the fields of a whole answer)."""
-    out = {"chunk_id": str(c.chunk_id), "doc_id": str(c.doc_id), "doc_title": c.doc_title, "snippet": c.snippet,
-           "rerank_score": reported_score(clamped(score), scored_by), "source": source, "scored_by": scored_by}
-    if scored_by == FUSED:
-        out["fused_score"] = rounded(c.score)
-    return out
+    return RerankResult(chunk_id=str(c.chunk_id), doc_id=str(c.doc_id), doc_title=c.doc_title, snippet=c.snippet,
+                        rerank_score=reported_score(clamped(score), scored_by), source=source, scored_by=scored_by,
+                        fused_score=rounded(c.score) if scored_by == FUSED else UNSET)
+
+
+def _response(results: list[RerankResult]) -> RerankResponse:
+    """The answer's results; the rest is the request's (:meth:`SearchFlow.answer`)."""
+    return RerankResponse(results=results, from_cache=False, rerank_duration_ms=0, trace_id="", model=None,
+                          fallback=False, fallback_reason=None, candidate_count=0)
 
 
 class SearchFlow:
@@ -87,40 +97,41 @@ class SearchFlow:
         if self.source == CURATED:
             ranks = fallback_relevance([None] * n)
             results = [_result(c, ranks[i], self.source, "curation") for i, c in enumerate(cands[:top_n])]
-            return Outcome({"results": results}, n, len(results), CURATION_MODEL)
+            return Outcome(_response(results), n, len(results), CURATION_MODEL)
         rel, by = scoring.relevance(scored, [c.score for c in cands])
         if scored.scores is None:
             order = list(range(min(n, top_n)))
-            return Outcome({"results": [_result(cands[i], rel[i], self.source, by[i]) for i in order]}, n,
+            return Outcome(_response([_result(cands[i], rel[i], self.source, by[i]) for i in order]), n,
                            len(order), self.model, fallback_reason=scored.reason, rerank_ms=scored.ms)
         order = scoring.order([c.id for c in cands], rel)[:top_n]
-        return Outcome({"results": [_result(cands[i], rel[i], self.source, by[i]) for i in order]}, n,
+        return Outcome(_response([_result(cands[i], rel[i], self.source, by[i]) for i in order]), n,
                        len(order), self.model, rerank_ms=scored.ms, new_pairs=scored.new_pairs)
 
-    def encode(self, body: dict[str, Any]) -> list[dict[str, Any]]:
-        return body["results"]
+    def encode(self, body: RerankResponse) -> list[dict[str, Any]]:
+        return msgspec.to_builtins(body.results)
 
-    def decode(self, payload: Any) -> dict[str, Any] | None:
-        return {"results": payload} if result_cache.valid_results(payload, self.settings.rerank_top_n) else None
+    def decode(self, payload: Any) -> RerankResponse | None:
+        if not result_cache.valid_results(payload, self.settings.rerank_top_n):
+            return None
+        return _response(msgspec.convert(payload, list[RerankResult]))
 
-    def returned(self, body: dict[str, Any]) -> int:
-        return len(body["results"])
+    def returned(self, body: RerankResponse) -> int:
+        return len(body.results)
 
-    def answer(self, served: Served, trace_id: str) -> dict[str, Any]:
+    def answer(self, served: Served, trace_id: str) -> RerankResponse:
         out = served.outcome
-        # a row cached before scored_by existed is a whole answer: the model's, or a curated list
-        whole = "curation" if served.model == CURATION_MODEL else "model"
-        return {
-            "results": [r if "scored_by" in r else {**r, "scored_by": whole}
-                        for r in served.body["results"][: self.settings.rerank_top_n]],
-            "from_cache": served.from_cache,
-            "rerank_duration_ms": max(0, int(out.rerank_ms)) if out else 0,
-            "trace_id": trace_id,
-            "model": answer_model(served.model, out.fallback_reason if out else None),
-            "ranked_by": ranked_by(out.fallback_reason if out else None, curated=served.model == CURATION_MODEL),
-            "fallback": bool(out and out.fallback_reason),
-            "fallback_reason": out.fallback_reason if out else None,
-            "candidate_count": out.candidate_count if out else 0,
-            "reranked_count": out.reranked_count if out else 0,
-            "partial_reason": out.partial if out else None,
-        }
+        reason = out.fallback_reason if out else None
+        return msgspec.structs.replace(
+            served.body,
+            results=served.body.results[: self.settings.rerank_top_n],
+            from_cache=served.from_cache,
+            rerank_duration_ms=max(0, int(out.rerank_ms)) if out else 0,
+            trace_id=trace_id,
+            model=answer_model(served.model, reason),
+            ranked_by=ranked_by(reason, curated=served.model == CURATION_MODEL),
+            fallback=bool(reason),
+            fallback_reason=reason,
+            candidate_count=out.candidate_count if out else 0,
+            reranked_count=out.reranked_count if out else 0,
+            partial_reason=out.partial if out else None,
+        )

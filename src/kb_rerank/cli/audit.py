@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from kb_rerank.cli.common import command, uuid_arg
+from kb_rerank.cli.common import command_group, command, uuid_arg
 from kb_rerank.core import session
 from kb_rerank.core.settings import Settings
 
@@ -187,8 +187,7 @@ def cmd_audit_archive(args, settings: Settings) -> int:
 
 
 def register(sub) -> None:
-    au = command(sub, "audit", help="audit log tools")
-    au_sub = au.add_subparsers(dest="audit_action", required=True)
+    au_sub = command_group(sub, "audit", dest="audit_action", help="audit log tools")
     av = command(au_sub, "verify", help="verify the audit hash chains and MACs (exit 1 when broken or forged, "
                                          "2 when nothing could be verified: no privilege or no rows)")
     av.add_argument("--tenant", type=uuid_arg, default=None,

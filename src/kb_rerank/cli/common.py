@@ -17,6 +17,12 @@ def command(subparsers, name: str, help: str, **kwargs) -> argparse.ArgumentPars
     return subparsers.add_parser(name, help=help, description=help, **kwargs)
 
 
+def command_group(subparsers, name: str, help: str, dest: str):
+    """A command of sub-commands (`kb-rerank guard list`): its subparsers, whose choice is
+    ``args.<dest>``."""
+    return command(subparsers, name, help=help).add_subparsers(dest=dest, required=True)
+
+
 def uuid_arg(value: str) -> UUID:
     try:
         return UUID(value)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 import time
 
-from kb_rerank.cli.common import TENANT_HELP, app_conn, command, uuid_arg
+from kb_rerank.cli.common import command_group, TENANT_HELP, app_conn, command, uuid_arg
 from kb_rerank.core import session
 from kb_rerank.core.settings import Settings
 
@@ -103,8 +103,7 @@ def cmd_guard_review(args, settings: Settings) -> int:
 
 
 def register(sub) -> None:
-    gd = command(sub, "guard", help="prompt-injection guard of stored chunks")
-    gsub = gd.add_subparsers(dest="guard_command", required=True)
+    gsub = command_group(sub, "guard", dest="guard_command", help="prompt-injection guard of stored chunks")
     gs = command(gsub, "scan", help="re-score a tenant's stored chunks with the current detectors and shipped "
                                      "classifier (after a model update); writes only changed verdicts")
     gs.add_argument("--tenant", type=uuid_arg, required=True, help=TENANT_HELP)

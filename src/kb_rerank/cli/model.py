@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from kb_rerank.cli.common import command
+from kb_rerank.cli.common import command_group, command
 from kb_rerank.core.settings import Settings
 
 
@@ -46,9 +46,8 @@ def cmd_model_tiny(args, settings: Settings) -> int:
 
 
 def register(sub) -> None:
-    mo = command(sub, "model", help="cross-encoder files: a tiny offline one to try the service, an ONNX export "
-                                     "for KB_RERANKER_BACKEND=onnx")
-    mo_sub = mo.add_subparsers(dest="model_action", required=True)
+    text = "cross-encoder files: a tiny offline one to try the service, an ONNX export for KB_RERANKER_BACKEND=onnx"
+    mo_sub = command_group(sub, "model", dest="model_action", help=text)
     mx = command(mo_sub, "export", help="export KB_RERANKER_MODEL to ONNX once (reused afterwards); prints the "
                                          "folder the onnx backend loads")
     mx.add_argument("--model", default=None, help="hub id (in the local HF cache) or folder; default KB_RERANKER_MODEL")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from kb_rerank.cli.common import TENANT_HELP, command, uuid_arg
+from kb_rerank.cli.common import command_group, TENANT_HELP, command, uuid_arg
 from kb_rerank.core.settings import Settings
 
 
@@ -45,9 +45,9 @@ def cmd_sql_access(args, settings: Settings) -> int:
 
 
 def register(sub) -> None:
-    sq = command(sub, "sql-access", help="SQL access for one tenant: a login role of its own that reads that "
-                                          "tenant's rows only (owner URL)")
-    sq_sub = sq.add_subparsers(dest="sql_access_action", required=True)
+    sq_sub = command_group(sub, "sql-access", dest="sql_access_action",
+                           help="SQL access for one tenant: a login role of its own that reads that "
+                                "tenant's rows only (owner URL)")
     sg = command(sq_sub, "grant", help="create (or adopt) a login role, member of kb_sql_reader, mapped to the "
                                         "tenant; it ignores auth.tenant_id")
     sg.add_argument("--tenant", type=uuid_arg, required=True, help=TENANT_HELP)

@@ -1,6 +1,6 @@
 """The flow behind ``POST /v1/kb/context``: ranked, guarded context for a language model
 (run by :class:`kb_rerank.endpoints.runner.Pipeline`). The flow builds the
-:class:`~kb_rerank.endpoints.schemas.ContextResponse`; the cache row holds
+:class:`~kb_rerank.endpoints.responses.ContextResponse`; the cache row holds
 ``{"kind": "kb_context_v3", "response": ...}`` encoded from it; the key adds the tenant's
 injection policy.
 
@@ -40,7 +40,7 @@ from kb_rerank.endpoints.runner import Lookup, Outcome, Selection, Served, Store
 from kb_rerank.guard.policy import apply as apply_policy
 from kb_rerank.core.query import normalize_query
 from kb_rerank.endpoints.requests import ContextRequest
-from kb_rerank.endpoints.schemas import (Boosts, ChunkFlags, ContextRanks, ContextResponse, ContextResult,
+from kb_rerank.endpoints.responses import (Boosts, ChunkFlags, ContextRanks, ContextResponse, ContextResult,
                                          ContextScores, ContextStage, FilteredChunk, Gate, Mmr, ScoreRank)
 from kb_rerank.retrieval.spec import RetrievalSpec
 from kb_rerank.rerank import scoring

@@ -5,7 +5,7 @@ the curated list (``manual_curation``: curated order, no model call, rank scores
 ``1 - i/(n+1)``). Every candidate goes to the cross-encoder; the top ``rerank_top_n`` by score
 (then chunk id) are returned with the model's score in 0..1 rounded to 6 decimals. On a
 fallback the candidates keep their first-stage order; a fallback is not cached.
-The flow builds the :class:`~kb_rerank.endpoints.schemas.RerankResponse`; the cache row holds
+The flow builds the :class:`~kb_rerank.endpoints.responses.RerankResponse`; the cache row holds
 its ``results`` list (msgspec's builtins of it), checked by
 :func:`kb_rerank.cache.store.valid_results` and decoded back into the Struct.
 
@@ -38,7 +38,7 @@ from kb_rerank.core.costs import Work
 from kb_rerank.endpoints.runner import Lookup, Outcome, Selection, Served
 from kb_rerank.core.query import normalize_query
 from kb_rerank.endpoints.requests import RerankRequest
-from kb_rerank.endpoints.schemas import RerankResponse, RerankResult
+from kb_rerank.endpoints.responses import RerankResponse, RerankResult
 from kb_rerank.retrieval.spec import CURATED, RetrievalSpec
 from kb_rerank.core.settings import Settings
 from kb_rerank.cache import store as result_cache

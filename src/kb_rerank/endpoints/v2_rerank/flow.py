@@ -14,7 +14,7 @@ Key: the whole normalised request (the documents as the SHA-256 of their canonic
 the tenant's injection policy,
 source ``caller_documents``, generation 0 (``pair_cache.CALLER_DOCUMENTS_GENERATION``): the
 answer reads no knowledge-base document, so an ingest does not evict it and it can hold no
-knowledge-base text. The flow builds the :class:`~kb_rerank.endpoints.schemas.V2Response`;
+knowledge-base text. The flow builds the :class:`~kb_rerank.endpoints.responses.V2Response`;
 the cache row holds ``{"kind": "kb_v2_rerank_v2", "response": ...}`` encoded from it.
 
 Compute (a miss):
@@ -76,7 +76,7 @@ from kb_rerank.guard.policy import apply as apply_policy
 from kb_rerank.core.limits import LimitExceeded
 from kb_rerank.core.query import canonical_json, normalize_query
 from kb_rerank.endpoints.requests import V2Document, V2Request
-from kb_rerank.endpoints.schemas import (Mmr, ScoreRank, V2ApiVersion, V2BilledUnits, V2Filtered, V2Meta,
+from kb_rerank.endpoints.responses import (Mmr, ScoreRank, V2ApiVersion, V2BilledUnits, V2Filtered, V2Meta,
                                          V2RerankStage, V2Response, V2Result, V2ResultDocument, V2Stages)
 from kb_rerank.core.settings import Settings
 from kb_rerank.rerank import pair_cache

@@ -22,8 +22,8 @@ from kb_rerank.ingest.loader import ingest_paths
 from kb_rerank.filters import grammar as filters
 from kb_rerank.core.query import normalize_query
 from kb_rerank.retrieval import store as search
-from kb_rerank.core.session import tenant_transaction
-from kb_rerank.core.session import run
+from kb_rerank.core.session import run, tenant_transaction
+from kb_rerank.core.settings import default
 
 from tests.helpers import search_key
 from tests.live_server import OPS_TOKEN, SECRET, FakeReranker, bearer, serve_in_thread
@@ -285,7 +285,7 @@ def test_rest_filter_and_top_n(corpus, server):
     for n in (1, 3, 10):
         r = client.post(URL, json={"query": "invoice", "top_n": n}, headers=h)
         assert r.status_code == 200 and len(r.json()["results"]) == min(n, len(DOCS_A)), r.text
-    for n in (0, 11, -1, "3", 2.5):
+    for n in (0, default("max_top_n") + 1, -1, "3", 2.5):  # one past KB_MAX_TOP_N
         r = client.post(URL, json={"query": "invoice", "top_n": n}, headers=h)
         assert r.status_code == 422 and r.json()["field"] == "top_n", (n, r.text)
     # /v1/kb/context takes the filter too

@@ -77,6 +77,7 @@ from kb_rerank.retrieval import store as search  # noqa: E402
 from kb_rerank.eval.runs import CachedEmbedder, _default_conn_factory, _doc_map, embed_cache_dir, load_collection
 from kb_rerank.eval.measures import evaluate_run, load_beir  # noqa: E402
 from kb_rerank.core.settings import Settings  # noqa: E402
+from kb_rerank.core import session
 
 RESULTS = ROOT / "bench" / "results"
 DEPTH = 100
@@ -215,12 +216,12 @@ def _read_lists(conn, query: str, qemb, ks=CANDIDATES):
     reads for the candidate counts ``ks`` (2k, and 4x deeper while those hold fewer than k
     documents): ([(chunk_id, doc_id, rank, score)], {depth: [...]})."""
     lex = [(x.chunk_id, x.doc_id, x.lexical_rank, x.score)
-           for x in search.lexical(conn, query, DEPTH, k1=SQL_K1, b=SQL_B)]
+           for x in session.run(conn, search.alexical, query, DEPTH, k1=SQL_K1, b=SQL_B)]
     sems: dict[int, list] = {}
     for k in ks:
         for n in sem_depths(k, None):
             if n not in sems:
-                sems[n] = [(x.chunk_id, x.doc_id, x.semantic_rank, x.score) for x in search.semantic(conn, qemb, n)]
+                sems[n] = [(x.chunk_id, x.doc_id, x.semantic_rank, x.score) for x in session.run(conn, search.asemantic, qemb, n)]
             part = sems[n]
             if len({d for _c, d, _r, _s in part}) >= k or len(part) < n:
                 break
@@ -265,7 +266,7 @@ def fetch_lists(settings: Settings, path: Path, embedder, conn_factory, verify: 
                 # the approximate semantic list between two transactions
                 with tenant_transaction(conn, tenant):
                     lex, sem = _read_lists(conn, coll.queries[qid], qembs[qid])
-                    rows = search.hybrid(conn, coll.queries[qid], qembs[qid], c, rrf_k=r, fusion=f,
+                    rows = session.run(conn, search.ahybrid, coll.queries[qid], qembs[qid], c, rrf_k=r, fusion=f,
                                          lexical_weight=lw, semantic_weight=sw, k1=SQL_K1, b=SQL_B)
                 if (lex, sem) != lists[qid]:
                     lists_moved += 1

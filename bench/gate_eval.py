@@ -48,6 +48,7 @@ from kb_rerank.eval.runs import CachedEmbedder, _default_conn_factory, embed_cac
 from kb_rerank.eval.measures import load_beir  # noqa: E402
 from kb_rerank.core.query import normalize_query  # noqa: E402
 from kb_rerank.core.settings import Settings  # noqa: E402
+from kb_rerank.core.session import run
 
 RESULTS = ROOT / "bench" / "results"
 THRESHOLDS = [round(0.70 + 0.01 * i, 2) for i in range(21)]  # 0.70 .. 0.90
@@ -76,7 +77,7 @@ def signals(conn, tenant, settings: Settings, embedder, texts: list[str]) -> lis
         q = normalize_query(text)
         emb = embedder.embed_query(q)
         with tenant_transaction(conn, tenant):
-            rows = search.hybrid(conn, q, emb, settings.fusion_depth, **settings.fusion)[: 2 * settings.candidates]
+            rows = run(conn, search.ahybrid, q, emb, settings.fusion_depth, **settings.fusion)[: 2 * settings.candidates]
         best = max((r.semantic_score for r in rows if r.semantic_score is not None), default=None)
         out.append((best, sum(1 for r in rows if r.lexical_rank is not None)))
     return out

@@ -27,7 +27,7 @@ from pathlib import Path
 import psutil
 
 from kb_rerank.http.auth import JwtConfig, mint_token
-from kb_rerank.cli.main import DEMO_TENANT
+from kb_rerank.core.dev import DEMO_TENANT
 from kb_rerank.testing.tiny_model import build_tiny_cross_encoder
 
 SECRET = "kb-rerank-bench-secret-0123456789abcdef"

@@ -31,6 +31,7 @@ from kb_rerank.models.embedders import get_embedder  # noqa: E402
 from kb_rerank.eval.runs import CachedEmbedder, _dedup, _doc_map, embed_cache_dir, load_collection  # noqa: E402
 from kb_rerank.eval.measures import evaluate_run, load_beir  # noqa: E402
 from kb_rerank.core.settings import Settings  # noqa: E402
+from kb_rerank.core.session import run
 
 
 def main() -> int:
@@ -55,7 +56,7 @@ def main() -> int:
             for qid in qids:
                 q = coll.queries[qid]
                 with session.tenant_transaction(conn, tenant):
-                    rows = search.hybrid(conn, q, emb.embed_query(q), settings.fusion_depth,
+                    rows = run(conn, search.ahybrid, q, emb.embed_query(q), settings.fusion_depth,
                                          **settings.fusion)[: 2 * settings.candidates]
                     ids = [r.chunk_id for r in rows]
                     embs = dict(conn.execute("select chunk_id, embedding from kb.chunks where chunk_id = any(%s)",

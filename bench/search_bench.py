@@ -72,6 +72,7 @@ from kb_rerank.db import database as db  # noqa: E402
 from kb_rerank.retrieval import store as search
 from kb_rerank.retrieval import term_blocks  # noqa: E402
 from kb_rerank.core.settings import Settings  # noqa: E402
+from kb_rerank.core.session import run
 
 DIM = 384
 N_CENTRES = 256
@@ -274,7 +275,7 @@ def lists_step(args, settings: Settings, tenants, info: dict) -> None:
         n = 0
         for t in tenants:
             with session.tenant_transaction(conn, t):
-                n += term_blocks.refresh(conn, settings)
+                n += run(conn, term_blocks.refresh, settings)
         info["lists"] = f"built ({n})"
         info["lists_s"] = round(time.perf_counter() - t0, 1)
 
@@ -347,17 +348,17 @@ def rrf(lists, k=RRF_K):
 
 def op_funcs(conn):
     def lexical(q, v):
-        return [c.chunk_id for c in search.lexical(conn, q, K)]
+        return [c.chunk_id for c in run(conn, search.alexical, q, K)]
 
     def semantic(q, v):
-        return [c.chunk_id for c in search.semantic(conn, v, K)]
+        return [c.chunk_id for c in run(conn, search.asemantic, v, K)]
 
     def hybrid(q, v):
-        return [c.chunk_id for c in search.hybrid(conn, q, v, K)]
+        return [c.chunk_id for c in run(conn, search.ahybrid, q, v, K)]
 
     def client_fusion(q, v):
-        lex = [c.chunk_id for c in search.lexical(conn, q, K)]
-        sem = [c.chunk_id for c in search.semantic(conn, v, K)]
+        lex = [c.chunk_id for c in run(conn, search.alexical, q, K)]
+        sem = [c.chunk_id for c in run(conn, search.asemantic, v, K)]
         return [cid for cid, _ in rrf([lex, sem])]
 
     def sql_fusion(q, v):
@@ -371,7 +372,7 @@ def op_funcs(conn):
 
     def exact(q, v):
         conn.execute("set local enable_indexscan = off")
-        return [c.chunk_id for c in search.semantic(conn, v, K)]
+        return [c.chunk_id for c in run(conn, search.asemantic, v, K)]
 
     return {
         "lexical": lexical,

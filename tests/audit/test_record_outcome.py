@@ -11,6 +11,7 @@ import pytest
 
 from kb_rerank.audit import store as audit, record
 from kb_rerank.core.session import tenant_transaction
+from kb_rerank.core.session import run
 
 KEY = audit.AuditKey(b"r" * 32)
 SOURCE = "hybrid_lexical_semantic"
@@ -61,9 +62,9 @@ def test_one_statement_writes_cache_row_pair_scores_and_a_verifying_audit_row(ap
     assert {(c, h): s for c, h, s, *_ in got} == scores
     assert {tuple(r[3:]) for r in got} == {("m", pq, 7)}
     # the audit row: the service's MAC verifies, the SQL chain too
-    report = audit.verify_macs(owner_conn, [KEY.key], tenant_id=tenant)
+    report = run(owner_conn, audit.verify_macs, [KEY.key], tenant_id=tenant)
     assert report.ok and report.checked == 1
-    assert [(v.ok, v.rows_checked) for v in audit.verify(owner_conn) if v.tenant_id == tenant] == [(True, 1)]
+    assert [(v.ok, v.rows_checked) for v in run(owner_conn, audit.verify) if v.tenant_id == tenant] == [(True, 1)]
     assert owner_conn.execute("select kind, query_hash, trace_id, model, candidate_count, returned_count"
                               " from kb.kb_rerank_audit where tenant_id = %s", [tenant]).fetchone() == (
         "served", q, "trace-1", "m", 3, 2)
@@ -104,7 +105,7 @@ def test_not_cacheable_and_fallback_write_the_audit_row_only(app_auto, owner_con
     # empty pair scores are none, whatever the query hash says
     assert call(app_auto, tenant, served(qh()), pair_query_hash=qh(), scores={}) == (False, 0, 2)
     assert counts(owner_conn, tenant) == (0, 0, 2)
-    assert audit.verify_macs(owner_conn, [KEY.key], tenant_id=tenant).ok
+    assert run(owner_conn, audit.verify_macs, [KEY.key], tenant_id=tenant).ok
 
 
 def test_a_live_row_is_kept_and_older_generations_are_replaced(app_auto, owner_conn, tenant):
@@ -184,13 +185,13 @@ def test_app_role_cannot_forge_an_audit_row_through_it(app_auto, owner_conn, ten
     rec = served(qh(), trace="forged")
     made_up = record.params(tenant, rec, audit.AuditKey(b"attacker-key" * 3), generation=1, ttl_s=60.0)
     app_auto.execute(record.RECORD, made_up)  # well-formed, so stored like any append ...
-    report = audit.verify_macs(owner_conn, [KEY.key], tenant_id=tenant)  # ... and caught by verification
+    report = run(owner_conn, audit.verify_macs, [KEY.key], tenant_id=tenant)  # ... and caught by verification
     assert [p.reason for p in report.problems] == ["unknown key " + audit.AuditKey(b"attacker-key" * 3).key_id]
     # a MAC under the right key id but not computed with the key
     fake = record.params(tenant, served(qh(), trace="forged-2"), KEY, generation=1, ttl_s=60.0)
     fake[-4] = "0" * 64  # mac, nonce, key_id, claimant
     app_auto.execute(record.RECORD, fake)
-    report = audit.verify_macs(owner_conn, [KEY.key], tenant_id=tenant)
+    report = run(owner_conn, audit.verify_macs, [KEY.key], tenant_id=tenant)
     assert [p.reason for p in report.problems][-1] == "forged"
     # no MAC at all is refused, and the table itself stays closed to the app role
     unkeyed = record.params(tenant, served(qh()), KEY, generation=1, ttl_s=60.0)

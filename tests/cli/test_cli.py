@@ -92,7 +92,7 @@ def test_log_lines_are_written_above_the_progress_bar_not_into_it(tmp_path):
     script = (
         "import logging, sys\n"
         "from tqdm import tqdm\n"
-        "from kb_rerank.cli import main as cli\n"
+        "from kb_rerank.cli import main, search\n"
         "def fake(args, settings):\n"
         "    bar = tqdm(total=2, desc='ingest', file=sys.stderr)\n"
         "    bar.update(1)\n"
@@ -100,8 +100,8 @@ def test_log_lines_are_written_above_the_progress_bar_not_into_it(tmp_path):
         "    bar.update(1)\n"
         "    bar.close()\n"
         "    return 0\n"
-        "cli.cmd_embed = fake\n"
-        "sys.exit(cli.main(['embed', 'x']))\n")
+        "search.cmd_embed = fake\n"
+        "sys.exit(main.main(['embed', 'x']))\n")
     r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd=tmp_path,
                        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), "HOME": str(tmp_path)})
     assert r.returncode == 0, r.stderr
@@ -119,7 +119,7 @@ def test_serve_dev_prints_how_to_read_metrics(monkeypatch, capsys, tmp_path):
 
     started = []
     monkeypatch.setattr("kb_rerank.http.server.run", lambda config: started.append(os.environ.get("KB_OPS_TOKEN")) or 0)
-    monkeypatch.setattr("kb_rerank.cli.main._check_embedded_database", lambda s: None)  # no database here
+    monkeypatch.setattr("kb_rerank.cli.serve._check_embedded_database", lambda s: None)  # no database here
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("KB_DATA_DIR", str(tmp_path / "data"))
     for name in ("KB_OPS_TOKEN", "KB_JWT_SECRET", "KB_JWT_PUBLIC_KEY", "KB_JWT_JWKS_URL", "KB_SERVE_DEV",

@@ -1,6 +1,6 @@
 """The CLI's tables align titles in any script: a CJK character takes two terminal columns."""
 
-from kb_rerank.cli.main import display_width, fit
+from kb_rerank.cli.common import display_width, fit
 
 
 def test_wide_characters_count_two_columns_and_cells_pad_to_the_same_width():

@@ -14,6 +14,7 @@ from kb_rerank.db import database as db
 from kb_rerank.core.settings import Settings
 from kb_rerank.audit import store as audit
 from kb_rerank.core.session import tenant_transaction
+from kb_rerank.core import session
 
 KEY = b"d" * 40
 BEHIND, PENDING = "0022_document_metadata", "0026_filter_typed"  # the revision before head, and head
@@ -23,7 +24,7 @@ def _row(app_conn, tenant):
     rec = audit.AuditRecord(kind="served", source="lexical_only", query_hash="a" * 64,
                             trace_id=uuid.uuid4().hex, model="m", duration_ms=1.5)
     with tenant_transaction(app_conn, tenant):
-        return audit.append_sync(app_conn, rec, key=audit.AuditKey(KEY))
+        return session.run(app_conn, audit.append_row, rec, key=audit.AuditKey(KEY))
 
 
 @pytest.fixture
@@ -80,7 +81,7 @@ def test_verify_all_tenants_as_an_rls_bound_role_fails_one_tenant_verifies(
         _row(app_conn, tenant)
     # the trap: this role's kb.audit_verify() returns no row at all, which used to print OK
     with psycopg.connect(rls_bound_role) as conn:
-        assert audit.verify(conn) == []
+        assert session.run(conn, audit.verify) == []
     assert verify_env(rls_bound_role) == 2
     captured = capsys.readouterr()
     assert "OK" not in captured.out and "bound by row-level security" in captured.err

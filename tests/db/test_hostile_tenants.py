@@ -18,6 +18,7 @@ from kb_rerank.core.session import tenant_transaction
 from tests.helpers import basis, insert_doc
 from tests.live_server import SECRET, URL, FakeReranker, bearer
 from kb_rerank.core import session
+from kb_rerank.core.session import run
 
 # table -> insert statement for a row of tenant %(t)s (the app role's point of view), or
 # None where the app has no INSERT privilege at all.
@@ -118,7 +119,7 @@ def ab(app_url):
                              " expires_at) values (gen_random_uuid(), kb.current_tenant(), repeat('b', 64),"
                              " 'lexical_only', '[]', now() + interval '1 hour')")
                 from kb_rerank.audit import store as audit
-                audit.append_sync(conn, audit.AuditRecord(kind="served", source="lexical_only", query_hash="c" * 64,
+                run(conn, audit.append_row, audit.AuditRecord(kind="served", source="lexical_only", query_hash="c" * 64,
                                                           trace_id="t"), key=audit.AuditKey(b"h" * 32))
                 conn.execute("insert into kb.kb_rerank_curation (tenant_id, query_hash, position, chunk_id)"
                              " values (kb.current_tenant(), repeat('c', 64), 0, %s)", [chunk])
@@ -282,7 +283,7 @@ def test_functions_as_b_return_nothing_of_a(app_conn, owner_conn, ab):
                                 ("select unnest(kb.search_filter_docs(%s))", [])):
                 assert app_conn.execute(sql, [*params, Jsonb(f)]).fetchall() == [], (sql, f)
         from kb_rerank.audit import store as audit
-        row = audit.append_sync(app_conn, audit.AuditRecord(kind="served", source="lexical_only", query_hash="e" * 64,
+        row = run(app_conn, audit.append_row, audit.AuditRecord(kind="served", source="lexical_only", query_hash="e" * 64,
                                                             trace_id="hostile"), key=audit.AuditKey(b"h" * 32))
         assert row["tenant_id"] == b
         live_a = owner_conn.execute("select count(*) from kb.kb_rerank_cache where tenant_id = %s", [a]).fetchone()[0]

@@ -16,6 +16,7 @@ from kb_rerank.cli import main as cli
 from kb_rerank.db import layer as sqlfiles
 from kb_rerank.db import database as db
 from kb_rerank.core.session import tenant_transaction
+from kb_rerank.core import session
 
 from tests.helpers import basis, insert_doc
 
@@ -165,7 +166,7 @@ def two_tenants(app_conn):
     for t in (a, b):
         with tenant_transaction(app_conn, t):
             app_conn.execute("select kb.refresh_term_blocks(4, 1)")
-            audit.append_sync(app_conn, audit.AuditRecord(kind="served", source="lexical_only",
+            session.run(app_conn, audit.append_row, audit.AuditRecord(kind="served", source="lexical_only",
                                                           query_hash="c" * 64, trace_id="t"), key=audit.AuditKey(KEY))
             app_conn.execute("insert into kb.kb_rerank_cache (cache_id, tenant_id, query_hash, source, results_jsonb,"
                              " expires_at) values (gen_random_uuid(), kb.current_tenant(), repeat('b', 64),"
@@ -304,7 +305,7 @@ def _row(app_conn, tenant, key=KEY, **fields):
     rec = audit.AuditRecord(**{"kind": "served", "source": "lexical_only", "query_hash": "a" * 64,
                                "trace_id": uuid.uuid4().hex, "model": "m", "duration_ms": 12.345, **fields})
     with tenant_transaction(app_conn, tenant):
-        return audit.append_sync(app_conn, rec, key=audit.AuditKey(key))
+        return session.run(app_conn, audit.append_row, rec, key=audit.AuditKey(key))
 
 
 def test_app_cannot_insert_audit_rows_or_hash_them(app_conn, tenant):
@@ -351,14 +352,14 @@ def test_made_up_mac_is_reported_forged_and_later_rows_still_verify(app_conn, te
     # a row MAC'd with a key the verifier does not hold
     _row(app_conn, tenant, key=OTHER_KEY)
     with psycopg.connect(owner_url) as conn:
-        report = audit.verify_macs(conn, [KEY], tenant_id=tenant)
-        assert [r.ok for r in audit.verify(conn) if r.tenant_id == tenant] == [True]  # the SQL chain is intact
+        report = session.run(conn, audit.verify_macs, [KEY], tenant_id=tenant)
+        assert [r.ok for r in session.run(conn, audit.verify) if r.tenant_id == tenant] == [True]  # the SQL chain is intact
     assert [(p.seq, p.reason) for p in report.problems] == [
         (forged, "forged"), (good2["seq"] + 1, f"unknown key {audit.AuditKey(OTHER_KEY).key_id}")]
     assert report.checked == 4 and good1["seq"] == 1 and good2["seq"] == 3
     # after a rotation, the old key verifies its rows: only the forged one is left
     with psycopg.connect(owner_url) as conn:
-        report = audit.verify_macs(conn, [OTHER_KEY, KEY], tenant_id=tenant)
+        report = session.run(conn, audit.verify_macs, [OTHER_KEY, KEY], tenant_id=tenant)
     assert [(p.seq, p.reason) for p in report.problems] == [(forged, "forged")]
     # the command: exit 1, naming the tenant and seq
     monkeypatch.setenv("KB_DATABASE_URL", owner_url)
@@ -396,8 +397,8 @@ def test_replayed_row_is_refused(app_conn, tenant, owner_url):
             [real[k] for k in ("kind", "severity", "source", "query_hash", "trace_id", "model", "candidate_count",
                                "returned_count", "duration_ms", "detail", "mac", "nonce", "key_id")]).fetchone()[0]
     with psycopg.connect(owner_url) as conn:
-        assert audit.verify_macs(conn, [KEY], tenant_id=tenant).ok
-        assert [(p.seq, p.reason) for p in audit.verify_macs(conn, [KEY], tenant_id=other).problems] == [
+        assert session.run(conn, audit.verify_macs, [KEY], tenant_id=tenant).ok
+        assert [(p.seq, p.reason) for p in session.run(conn, audit.verify_macs, [KEY], tenant_id=other).problems] == [
             (moved, "forged")]
 
 

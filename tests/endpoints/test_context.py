@@ -240,7 +240,7 @@ def test_cache_hit_on_repeat_and_miss_when_a_parameter_changes(api_tiny, sample_
             [[first["trace_id"], again["trace_id"], changed["trace_id"]]]).fetchall()]
         n_cache = app_conn.execute(
             "select count(*) from kb.kb_rerank_cache where source = 'hybrid_lexical_semantic'"
-            " and results_jsonb->>'kind' = 'kb_context_v2'").fetchone()[0]
+            " and results_jsonb->>'kind' = 'kb_context_v3'").fetchone()[0]
     assert kinds == ["served", "cache_hit", "served"]
     assert n_cache >= 3
     # the plaintext query is nowhere in the cache

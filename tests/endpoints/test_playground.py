@@ -11,7 +11,7 @@ import jwt as pyjwt
 import pytest
 from litestar.testing import TestClient
 
-from kb_rerank.cli.main import DEMO_TENANT, DEV_JWT_SECRET
+from kb_rerank.core.dev import DEMO_TENANT, DEV_JWT_SECRET
 from kb_rerank.app import create_app
 from kb_rerank.core.settings import SOURCES, Settings
 

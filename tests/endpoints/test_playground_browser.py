@@ -28,7 +28,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from kb_rerank.cli.main import DEMO_TENANT, DEV_JWT_SECRET
+from kb_rerank.core.dev import DEMO_TENANT, DEV_JWT_SECRET
 from kb_rerank.app import create_app
 from kb_rerank.http.auth import JwtConfig, mint_token
 

@@ -112,10 +112,10 @@ def test_a_miss_retrieves_scores_and_records_then_a_hit_skips_retrieval_and_scor
 
     first, after_miss, second, after_hit = run(settings, app_url, model, scenario)
     assert first.from_cache is False and after_miss == {"retrieve": 1, "score": 1}
-    n = len(first.body["results"])
+    n = len(first.body.results)
     assert n == 2 and model.calls == 1 and model.pairs == n  # the two documents holding "refund" and "invoice"
     # the model's order: longer passage first
-    assert [r["doc_title"] for r in first.body["results"]] == ["Refunds", "Invoices"]
+    assert [r.doc_title for r in first.body.results] == ["Refunds", "Invoices"]
 
     assert second.from_cache is True and second.body == first.body
     assert after_hit == after_miss and model.calls == 1  # no retrieval, no model call on a hit
@@ -147,8 +147,8 @@ def test_a_model_failure_falls_back_with_the_reason_and_is_not_cached(settings, 
     (first, second), spy = run(settings, app_url, model, scenario)
     for served in (first, second):
         assert served.from_cache is False and served.outcome.fallback_reason == "model_error"
-        assert [r["scored_by"] for r in served.body["results"]] == ["fused", "fused"]
-        assert all(r["rerank_score"] is None for r in served.body["results"])
+        assert [r.scored_by for r in served.body.results] == ["fused", "fused"]
+        assert all(r.rerank_score is None for r in served.body.results)
     assert spy == {"retrieve": 2, "score": 2} and model.calls == 2  # not cached: computed again, model retried
     rows = audit_rows(app_conn, kb_tenant)
     assert [k for k, *_ in rows] == ["fallback", "fallback"]
@@ -162,7 +162,7 @@ def test_the_record_step_writes_one_audit_row_with_the_cache_row(settings, app_u
         return await pipe.run(search(pipe, "export csv"), kb_tenant, "trace-record")
 
     served = run(settings, app_url, model, scenario)
-    assert served.from_cache is False and [r["doc_title"] for r in served.body["results"]] == ["Exports"]
+    assert served.from_cache is False and [r.doc_title for r in served.body.results] == ["Exports"]
     assert audit_rows(app_conn, kb_tenant) == [("served", model.model_name, 1, 1)]
     with tenant_transaction(app_conn, kb_tenant):
         trace, query_hash = app_conn.execute("select trace_id, query_hash from kb.kb_rerank_audit"

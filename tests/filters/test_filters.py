@@ -22,7 +22,8 @@ from kb_rerank.ingest.loader import ingest_paths
 from kb_rerank.filters import grammar as filters
 from kb_rerank.core.query import normalize_query
 from kb_rerank.retrieval import store as search
-from kb_rerank.core.session import tenant_transaction
+from kb_rerank.core.session import run, tenant_transaction
+from kb_rerank.core.settings import default
 
 from tests.helpers import search_key
 from tests.live_server import OPS_TOKEN, SECRET, FakeReranker, bearer, serve_in_thread
@@ -151,12 +152,12 @@ def test_filter_is_inside_both_lists_before_fusion(corpus, app_conn, embedder):
     emb = embedder.embed_query(q)
     only = {"product": "security"}
     with tenant_transaction(app_conn, corpus["a"]):
-        lex_all = search.lexical(app_conn, q, 1)
-        sem_all = search.semantic(app_conn, emb, 1)
+        lex_all = run(app_conn, search.alexical, q, 1)
+        sem_all = run(app_conn, search.asemantic, emb, 1)
         assert _names(corpus, [c.doc_id for c in lex_all + sem_all]) == {"billing-pdf"}
-        lex = search.lexical(app_conn, q, 1, filter=only)
-        sem = search.semantic(app_conn, emb, 1, filter=only)
-        hyb = search.hybrid(app_conn, q, emb, 1, filter=only)
+        lex = run(app_conn, search.alexical, q, 1, filter=only)
+        sem = run(app_conn, search.asemantic, emb, 1, filter=only)
+        hyb = run(app_conn, search.ahybrid, q, emb, 1, filter=only)
         assert [corpus["names"][c.doc_id] for c in lex] == ["security-2fa"]
         assert [corpus["names"][c.doc_id] for c in sem] == ["security-2fa"]
         assert [corpus["names"][c.doc_id] for c in hyb] == ["security-2fa"]
@@ -167,11 +168,11 @@ def test_filter_is_inside_both_lists_before_fusion(corpus, app_conn, embedder):
         assert [corpus["names"][r[0]] for r in rows] == ["security-2fa"]
         # a filter of two products: every row is one of them, both lists 10 deep within it
         two = {"product": {"$in": ["billing", "export"]}}
-        rows = search.hybrid(app_conn, q, emb, 10, filter=two)
+        rows = run(app_conn, search.ahybrid, q, emb, 10, filter=two)
         assert _names(corpus, [c.doc_id for c in rows]) == {"billing-pdf", "billing-refund", "export-csv"}
         # no filter, {} and null are the same search
-        assert [c.chunk_id for c in search.hybrid(app_conn, q, emb, filter={})] == \
-               [c.chunk_id for c in search.hybrid(app_conn, q, emb)]
+        assert [c.chunk_id for c in run(app_conn, search.ahybrid, q, emb, filter={})] == \
+               [c.chunk_id for c in run(app_conn, search.ahybrid, q, emb)]
 
 
 # ---------------------------------------------------------------------------- bad filters: REST and SQL
@@ -245,12 +246,12 @@ def test_a_filter_never_widens_what_the_tenant_sees(corpus, app_conn, embedder, 
                {"tenant_id": {"$in": [str(corpus["a"]), str(corpus["b"])]}}]
     a_docs = {d for d, t in corpus["ids"].values() if t == corpus["a"]}
     with tenant_transaction(app_conn, corpus["b"]):
-        assert [c.doc_id for c in search.lexical(app_conn, q, 5, filter=hostile[0])] == [b_doc]  # B sees it
+        assert [c.doc_id for c in run(app_conn, search.alexical, q, 5, filter=hostile[0])] == [b_doc]  # B sees it
     for f in hostile:
         with tenant_transaction(app_conn, corpus["a"]):
-            got = [c.doc_id for c in search.lexical(app_conn, q, 50, filter=f)]
-            got += [c.doc_id for c in search.semantic(app_conn, emb, 50, filter=f)]
-            got += [c.doc_id for c in search.hybrid(app_conn, q, emb, 50, filter=f)]
+            got = [c.doc_id for c in run(app_conn, search.alexical, q, 50, filter=f)]
+            got += [c.doc_id for c in run(app_conn, search.asemantic, emb, 50, filter=f)]
+            got += [c.doc_id for c in run(app_conn, search.ahybrid, q, emb, 50, filter=f)]
         docs = _filter_docs(app_conn, corpus["a"], f)
         assert set(got) <= a_docs and set(docs) <= a_docs and b_doc not in got, f
     # {"product": "billing", ...} matches A's own billing document only
@@ -284,7 +285,7 @@ def test_rest_filter_and_top_n(corpus, server):
     for n in (1, 3, 10):
         r = client.post(URL, json={"query": "invoice", "top_n": n}, headers=h)
         assert r.status_code == 200 and len(r.json()["results"]) == min(n, len(DOCS_A)), r.text
-    for n in (0, 11, -1, "3", 2.5):
+    for n in (0, default("max_top_n") + 1, -1, "3", 2.5):  # one past KB_MAX_TOP_N
         r = client.post(URL, json={"query": "invoice", "top_n": n}, headers=h)
         assert r.status_code == 422 and r.json()["field"] == "top_n", (n, r.text)
     # /v1/kb/context takes the filter too

@@ -23,6 +23,7 @@ from kb_rerank.ingest.loader import chunk_flags, guard_classifier, ingest_docume
 from kb_rerank.ingest.readers import SourceDoc
 from kb_rerank.guard.reviews import record_review
 from kb_rerank.core.session import tenant_transaction
+from kb_rerank.core.session import run
 
 from tests.endpoints.test_rerank_route import bearer
 from tests.endpoints.test_context import ScriptedReranker, client_for, set_policy
@@ -366,8 +367,8 @@ def test_guard_flagged_share_view(settings, embedder, app_conn, owner_conn):
     # a person's reviews: the classifier-only chunk allowed, an ordinary one blocked
     with tenant_transaction(app_conn, a):
         docs = dict(app_conn.execute("select source_uri, doc_id from kb.documents").fetchall())
-        record_review(app_conn, "allow", doc_id=docs["a0.md"])
-        record_review(app_conn, "block", doc_id=docs["a2.md"])
+        run(app_conn, record_review, "allow", doc_id=docs["a0.md"])
+        run(app_conn, record_review, "block", doc_id=docs["a2.md"])
 
     cols = ("chunks, flagged, flagged_share, flagged_by_patterns, flagged_by_classifier, classifier_scored,"
             " spam_flagged, last_ingested_at, flagged_strong, flagged_doubtful, reviewed_allowed, reviewed_blocked")

@@ -18,6 +18,7 @@ import pytest
 
 from kb_rerank.cli import main as cli
 from kb_rerank.core.session import tenant_transaction
+from kb_rerank.core import session
 
 from tests.endpoints.test_rerank_route import bearer
 from tests.endpoints.test_context import ScriptedReranker, client_for
@@ -196,7 +197,7 @@ def test_review_sql_is_held_to_the_tenant_and_to_the_text(app_conn, settings):
     from kb_rerank.guard.reviews import record_review
 
     with tenant_transaction(app_conn, a):
-        marked = record_review(app_conn, "allow", doc_id=doc_a)
+        marked = session.run(app_conn, record_review, "allow", doc_id=doc_a)
         assert sorted(c.review for c in marked) == ["allow", "allow"]
         assert app_conn.execute("select count(*) from kb.guard_reviews").fetchone()[0] == 2
     insert_doc(app_conn, a, "A2", [text], [basis(3)])  # the same text, written after the review
@@ -206,11 +207,11 @@ def test_review_sql_is_held_to_the_tenant_and_to_the_text(app_conn, settings):
         app_conn.execute("update kb.chunks set injection_review = 'block' where content = %s", [text])
         assert {r[0] for r in app_conn.execute("select injection_review from kb.chunks where content = %s",
                                                 [text])} == {"allow"}
-        record_review(app_conn, "block", doc_id=doc_a)  # a changed decision reaches every chunk of the text
+        session.run(app_conn, record_review, "block", doc_id=doc_a)  # a changed decision reaches every chunk of the text
         assert {r[0] for r in app_conn.execute("select injection_review from kb.chunks where content = %s",
                                                 [text])} == {"block"}
         with pytest.raises(ValueError, match="decision"):
-            record_review(app_conn, "maybe", doc_id=doc_a)
+            session.run(app_conn, record_review, "maybe", doc_id=doc_a)
     with tenant_transaction(app_conn, b):
         assert app_conn.execute("select injection_review from kb.chunks").fetchall() == [(None,)]
     with pytest.raises(psycopg.errors.InsufficientPrivilege):

@@ -470,17 +470,17 @@ def test_serve_refuses_placeholder_secret_but_dev_mode_keeps_working(monkeypatch
     assert cli.main(["serve", "--port", "1"]) == 2
     assert "KB_JWT_SECRET" in capsys.readouterr().err
     # the development secret only with --dev
-    monkeypatch.setenv("KB_JWT_SECRET", cli.DEV_JWT_SECRET)
+    monkeypatch.setenv("KB_JWT_SECRET", DEV_JWT_SECRET)
     assert cli.main(["serve", "--port", "1"]) == 2
     assert "placeholder" in capsys.readouterr().err
     started = []
     monkeypatch.setattr("kb_rerank.http.server.run", lambda *a, **kw: started.append((a, kw)) or 0)
-    monkeypatch.setattr("kb_rerank.cli.main._check_embedded_database", lambda s: None)  # no database here: the keys
+    monkeypatch.setattr("kb_rerank.cli.serve._check_embedded_database", lambda s: None)  # no database here: the keys
     monkeypatch.delenv("KB_JWT_SECRET")
     assert cli.main(["serve", "--dev", "--port", "1"]) == 0 and started
     from kb_rerank.app import app_from_env
 
-    assert app_from_env().state.jwt.secret == cli.DEV_JWT_SECRET  # KB_SERVE_DEV=1 set by --dev
+    assert app_from_env().state.jwt.secret == DEV_JWT_SECRET  # KB_SERVE_DEV=1 set by --dev
     monkeypatch.delenv("KB_SERVE_DEV")
     with pytest.raises(ValueError):
         app_from_env()
@@ -513,7 +513,7 @@ def test_serve_requires_strong_server_keys_in_a_deployment(monkeypatch, capsys, 
     assert not (tmp_path / "data").exists()  # no key file generated behind the operator's back
     # a single machine without the app URL (embedded server) may use the generated key files
     monkeypatch.delenv("KB_APP_DATABASE_URL")
-    monkeypatch.setattr("kb_rerank.cli.main._check_embedded_database", lambda s: None)  # no database here: the keys
+    monkeypatch.setattr("kb_rerank.cli.serve._check_embedded_database", lambda s: None)  # no database here: the keys
     monkeypatch.delenv("KB_AUDIT_KEY")
     monkeypatch.delenv("KB_QUERY_HASH_KEY")
     assert cli.main(["serve", "--port", "1"]) == 0 and len(started) == 2

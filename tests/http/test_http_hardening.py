@@ -311,7 +311,7 @@ def no_keys(monkeypatch):
         monkeypatch.delenv(var)
     started: list = []
     monkeypatch.setattr(server, "run", lambda config: started.append(config) or 0)
-    monkeypatch.setattr("kb_rerank.cli.main._check_embedded_database", lambda s: None)  # no database here
+    monkeypatch.setattr("kb_rerank.cli.serve._check_embedded_database", lambda s: None)  # no database here
     return started
 
 

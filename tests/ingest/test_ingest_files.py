@@ -23,6 +23,7 @@ from kb_rerank.ingest.loader import delete_documents, ingest_paths, sync_folder,
 from kb_rerank.ingest.readers import BadFile, SourceDoc, iter_documents, parse_front_matter
 from kb_rerank.retrieval import store as search
 from kb_rerank.core.session import tenant_transaction
+from kb_rerank.core.session import run
 
 from tests.endpoints.test_rerank_route import reranker, tiny_model_dir  # noqa: F401 - module fixtures
 from tests.cache.test_cache_invalidation import api, ask, counting, texts  # noqa: F401 - module fixtures
@@ -188,7 +189,7 @@ def _uris(conn, tenant) -> set[str]:
 
 def _lexical_uris(conn, tenant, query) -> set[str]:
     with tenant_transaction(conn, tenant):
-        rows = search.lexical(conn, query, 10)
+        rows = run(conn, search.alexical, query, 10)
         ids = [r.doc_id for r in rows]
         return {r[0] for r in conn.execute("select source_uri from kb.documents where doc_id = any(%s)", [ids])}
 

@@ -11,6 +11,7 @@ from kb_rerank.db import database as db
 from kb_rerank.ingest.loader import ingest_paths
 from kb_rerank.retrieval import store as search
 from kb_rerank.core.session import tenant_transaction
+from kb_rerank.core.session import run
 
 from tests.helpers import basis, insert_doc
 from tests.ingest.test_ingest import _stats_are_exact
@@ -32,9 +33,9 @@ def test_a_chunk_is_found_through_its_documents_title(app_conn, tenant):
     for lexemes in _lexemes(app_conn, tenant, doc):
         assert {"quokka", "~ quokka", "err_402", "care", "~ care"} <= lexemes
     with tenant_transaction(app_conn, tenant):
-        assert {r.doc_title for r in search.lexical(app_conn, "quokka", 10)} == {"Quokka care and ERR_402", "Other"}
-        assert [r.doc_title for r in search.lexical(app_conn, "ERR_402", 10)] == ["Quokka care and ERR_402"]
-        assert [r.doc_title for r in search.lexical(app_conn, "enclosure", 10)] == ["Quokka care and ERR_402"]
+        assert {r.doc_title for r in run(app_conn, search.alexical, "quokka", 10)} == {"Quokka care and ERR_402", "Other"}
+        assert [r.doc_title for r in run(app_conn, search.alexical, "ERR_402", 10)] == ["Quokka care and ERR_402"]
+        assert [r.doc_title for r in run(app_conn, search.alexical, "enclosure", 10)] == ["Quokka care and ERR_402"]
         lens = app_conn.execute("select doc_len from kb.chunks where doc_id = %s order by position", [doc]).fetchall()
     # the title's five words (ERR_402 is also `err` and `402`) and the content's two
     assert [n for (n,) in lens] == [5 + 2, 5 + 2]

@@ -13,7 +13,7 @@ import cohere
 import pytest
 from litestar.testing import TestClient
 
-from kb_rerank import cli
+from kb_rerank.cli import main as cli
 from kb_rerank.app import create_app
 from kb_rerank.models.cross_encoder import Reranker
 from kb_rerank.models.remote import RemoteReranker

@@ -19,6 +19,7 @@ from kb_rerank.core.session import tenant_transaction
 from kb_rerank.core.candidate import sha256_hex
 from kb_rerank.core.query import normalize_query, query_hash, query_hash_key
 from kb_rerank.core.settings import Settings
+from kb_rerank.core.session import run
 
 from tests.helpers import basis, insert_doc
 from tests.live_server import OPS
@@ -53,13 +54,13 @@ def candidates(conn, tenant, settings, embedder, query, source):
     normalized = normalize_query(query)
     with tenant_transaction(conn, tenant):
         if source == "lexical_only":
-            cands = search.lexical(conn, normalized, settings.candidates, k1=settings.bm25_k1, b=settings.bm25_b)
+            cands = run(conn, search.alexical, normalized, settings.candidates, k1=settings.bm25_k1, b=settings.bm25_b)
         else:
             emb = embedder.embed_query(normalized)
             if source == "semantic_only":
-                cands = search.semantic(conn, emb, settings.candidates)
+                cands = run(conn, search.asemantic, emb, settings.candidates)
             else:
-                cands = search.hybrid(conn, normalized, emb, settings.fusion_depth,
+                cands = run(conn, search.ahybrid, normalized, emb, settings.fusion_depth,
                                       **settings.fusion)[: 2 * settings.candidates]
     seen, out = set(), []
     for c in cands:

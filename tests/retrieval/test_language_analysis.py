@@ -19,6 +19,7 @@ import pytest
 
 from kb_rerank.retrieval import store as search
 from kb_rerank.core.session import tenant_transaction
+from kb_rerank.core.session import run
 
 from tests.helpers import basis, insert_doc
 
@@ -27,7 +28,7 @@ SEARCH_TERMS = "select coalesce(array_agg(c.term order by c.term), '{}') from kb
 
 def _titles(app_conn, tenant, query, k=20):
     with tenant_transaction(app_conn, tenant):
-        return [r.doc_title for r in search.lexical(app_conn, query, k)]
+        return [r.doc_title for r in run(app_conn, search.alexical, query, k)]
 
 
 # (language, document text, a query with another form of one of its words, that word's stem)
@@ -213,7 +214,7 @@ def _exhaustive(app_conn, tenant, docs, queries, ks=(5, 20)):
             groups = app_conn.execute(
                 "select grp, qtf, array_agg(term) from kb.search_term_groups(%s,"
                 " kb.query_languages(%s, kb.current_tenant())) group by grp, qtf", [q, q]).fetchall()
-            got = [(r.score, r.doc_title) for r in search.lexical(app_conn, q, k)]
+            got = [(r.score, r.doc_title) for r in run(app_conn, search.alexical, q, k)]
 
         def part(d, t):
             f = tf[d].get(t, 0)

@@ -11,7 +11,7 @@ import uuid
 import httpx
 import psycopg
 
-from kb_rerank.cli import main as cli
+from kb_rerank.cli.search import run_search
 from kb_rerank.eval.runs import first_stage
 from kb_rerank.app import create_app
 from kb_rerank.core.query import normalize_query
@@ -53,7 +53,7 @@ def test_sql_cli_eval_and_api_give_the_same_order(settings, app_url, embedder, s
                                             .fetch(session.AwaitedConnection(conn), q, emb))
             assert len(sql) > 10, query
             differs_from_old_defaults += old[:keep] != sql[:keep]
-            cli_rows = cli.run_search(conn, settings, embedder, tenant, query, "hybrid", settings.candidates)
+            cli_rows = run_search(conn, settings, embedder, tenant, query, "hybrid", settings.candidates)
             assert [c.chunk_id for c in cli_rows] == sql[:keep], query
             assert [c.chunk_id for c in evald] == sql[:keep], query
             r = client.post("/v1/kb/search/rerank", json={"query": query}, headers=bearer(tenant))

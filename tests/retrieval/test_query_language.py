@@ -15,7 +15,7 @@ import pytest
 from kb_rerank.app import create_app
 from kb_rerank.core.language import detect_query_language
 from kb_rerank.retrieval import store as search
-from kb_rerank.core.session import tenant_transaction
+from kb_rerank.core.session import run, tenant_transaction
 
 from tests.helpers import basis, insert_doc
 from tests.live_server import OPS_TOKEN, SECRET, FakeReranker, bearer, serve_in_thread
@@ -69,7 +69,7 @@ def test_a_query_is_analysed_in_its_own_language_in_an_english_tenant(app_conn, 
         terms = [t for t, in app_conn.execute(
             "select term from kb.search_term_groups(%s, kb.query_languages(%s, kb.current_tenant(), %s))",
             [query, query, language])]
-        got = [c.doc_title for c in search.lexical(app_conn, query, 5, language=detect_query_language(query))]
+        got = [c.doc_title for c in run(app_conn, search.alexical, query, 5, language=detect_query_language(query))]
     assert langs == ([language] if language != "ja" else [])  # Japanese: n-grams, no stemmer
     assert term in terms, terms
     assert got[0] == first, got
@@ -112,7 +112,7 @@ def test_a_word_analysed_twice_contributes_once(app_conn, tenant):
         rows = app_conn.execute("select d.title, c.doc_len, c.stem_len, c.tsv::text from kb.chunks c"
                                 " join kb.documents d using (doc_id)").fetchall()
         df = dict(app_conn.execute("select term, df from kb.term_stats where term in ('~ printer', '~ print', 'e-117')"))
-        got = {c.doc_title: c.score for c in search.lexical(app_conn, q, 10)}
+        got = {c.doc_title: c.score for c in run(app_conn, search.alexical, q, 10)}
     assert groups == {("~ print", "~ printer"): 1, ("e-117",): 1}
 
     def part(term, tf, length, avg):
@@ -170,8 +170,8 @@ def test_an_error_code_ranks_first_in_a_mixed_help_center(app_conn, tenant):
     q = "printer says E-117"
     assert detect_query_language(q) == "en"
     with tenant_transaction(app_conn, tenant):
-        detected = [c.doc_title for c in search.lexical(app_conn, q, 5, language="en")]
-        prior = [c.doc_title for c in search.lexical(app_conn, q, 5)]
+        detected = [c.doc_title for c in run(app_conn, search.alexical, q, 5, language="en")]
+        prior = [c.doc_title for c in run(app_conn, search.alexical, q, 5)]
     assert detected[0].endswith("e117"), (detected, prior)
     # without it, `printer` is also German '~ print', which the secure-print page holds three
     # times: one group, scored once, so the E-117 page stays in the top three

@@ -14,6 +14,7 @@ from hypothesis import HealthCheck, given, settings as hsettings, strategies as 
 
 from kb_rerank.retrieval import store as search
 from kb_rerank.core.session import tenant_transaction
+from kb_rerank.core.session import run
 
 from tests.helpers import basis, insert_doc, unit
 
@@ -60,9 +61,9 @@ def test_error_code_found_by_lexical_and_hybrid_but_missed_by_semantic(app_conn,
     q = "ERR_402"
     emb = embedder.embed_query(q)
     with tenant_transaction(app_conn, tenant):
-        lex = search.lexical(app_conn, q, 20)
-        sem = search.semantic(app_conn, emb, 20)
-        hyb = search.hybrid(app_conn, q, emb, 20)
+        lex = run(app_conn, search.alexical, q, 20)
+        sem = run(app_conn, search.asemantic, emb, 20)
+        hyb = run(app_conn, search.ahybrid, q, emb, 20)
     assert _titles(lex)[0] == "Subscription lapsed"
     assert _titles(hyb)[0] == "Subscription lapsed"
     assert _titles(sem)[0] != "Subscription lapsed"  # semantic alone misses it
@@ -71,8 +72,8 @@ def test_error_code_found_by_lexical_and_hybrid_but_missed_by_semantic(app_conn,
 def test_error_code_in_sample_knowledge_base(app_conn, sample_tenant, embedder):
     title = _err_title(app_conn, sample_tenant)
     with tenant_transaction(app_conn, sample_tenant):
-        lex = search.lexical(app_conn, "ERR_402", 20)
-        hyb = search.hybrid(app_conn, "what does ERR_402 mean", embedder.embed_query("what does ERR_402 mean"), 20)
+        lex = run(app_conn, search.alexical, "ERR_402", 20)
+        hyb = run(app_conn, search.ahybrid, "what does ERR_402 mean", embedder.embed_query("what does ERR_402 mean"), 20)
     assert _titles(lex)[0] == title
     assert _titles(hyb)[0] == title
 
@@ -83,8 +84,8 @@ def test_paraphrase_found_by_semantic_when_lexical_misses(app_conn, sample_tenan
         target = app_conn.execute(
             "select title from kb.documents where source_uri = 'change-account-owner.md'"
         ).fetchone()[0]
-        sem = search.semantic(app_conn, embedder.embed_query(q), 20)
-        lex = search.lexical(app_conn, q, 20)
+        sem = run(app_conn, search.asemantic, embedder.embed_query(q), 20)
+        lex = run(app_conn, search.alexical, q, 20)
     assert _titles(sem)[0] == target
     assert target not in _titles(lex)[:1]
 
@@ -92,7 +93,7 @@ def test_paraphrase_found_by_semantic_when_lexical_misses(app_conn, sample_tenan
 @pytest.mark.parametrize("query", ["hoa don dien tu", "xuat hoa don", "HÓA ĐƠN điện tử"])
 def test_vietnamese_without_diacritics_finds_documents_with_them(app_conn, sample_tenant, query):
     with tenant_transaction(app_conn, sample_tenant):
-        lex = search.lexical(app_conn, query, 5)
+        lex = run(app_conn, search.alexical, query, 5)
         langs = app_conn.execute(
             "select d.language from kb.documents d where d.doc_id = %s", [lex[0].doc_id]
         ).fetchone()[0]
@@ -105,7 +106,7 @@ def test_vietnamese_without_diacritics_finds_documents_with_them(app_conn, sampl
                                           ("ERR_402", "err-402.md")])
 def test_code_tokens_match_whole(app_conn, sample_tenant, token, source):
     with tenant_transaction(app_conn, sample_tenant):
-        lex = search.lexical(app_conn, token, 5)
+        lex = run(app_conn, search.alexical, token, 5)
         doc = app_conn.execute("select doc_id from kb.documents where source_uri = %s", [source]).fetchone()[0]
         terms = app_conn.execute(QUERY_TERMS, [token]).fetchone()[0]
     assert token.lower() in terms  # kept whole, besides its parts
@@ -137,7 +138,7 @@ RRF = {"fusion": "rrf", "rrf_k": 60, "lexical_weight": 1.0, "semantic_weight": 1
 def test_rrf_matches_hand_computed_values(app_conn, rrf_tenant):
     t, ids = rrf_tenant
     with tenant_transaction(app_conn, t):
-        rows = search.hybrid(app_conn, "apple banana", basis(0), k=2, **RRF)
+        rows = run(app_conn, search.ahybrid, "apple banana", basis(0), k=2, **RRF)
     # A: lexical 1              -> 1/61             = 0.0163934
     # B: lexical 2, semantic 1  -> 1/62 + 1/61      = 0.0325225
     # C: semantic 2             -> 1/62             = 0.0161290
@@ -145,7 +146,7 @@ def test_rrf_matches_hand_computed_values(app_conn, rrf_tenant):
     assert got == {"A": (1, None, 0.0163934), "B": (2, 1, 0.0325225), "C": (None, 2, 0.016129)}
     assert _titles(rows) == ["B", "A", "C"]
     with tenant_transaction(app_conn, t):
-        rows = search.hybrid(app_conn, "apple banana", basis(0), k=2, **{**RRF, "rrf_k": 0})
+        rows = run(app_conn, search.ahybrid, "apple banana", basis(0), k=2, **{**RRF, "rrf_k": 0})
     # rrf_k = 0: B = 1/2 + 1/1 = 1.5, A = 1, C = 1/2
     assert [(r.doc_title, round(r.score, 6)) for r in rows] == [("B", 1.5), ("A", 1.0), ("C", 0.5)]
 
@@ -153,7 +154,7 @@ def test_rrf_matches_hand_computed_values(app_conn, rrf_tenant):
 def test_weights_shift_fusion(app_conn, rrf_tenant):
     t, _ = rrf_tenant
     with tenant_transaction(app_conn, t):
-        rows = search.hybrid(app_conn, "apple banana", basis(0), k=2, **{**RRF, "lexical_weight": 3.0})
+        rows = run(app_conn, search.ahybrid, "apple banana", basis(0), k=2, **{**RRF, "lexical_weight": 3.0})
     # A = 3/61 = 0.04918, B = 3/62 + 1/61 = 0.06478, C = 1/62 = 0.01613
     assert [(r.doc_title, round(r.score, 5)) for r in rows] == [("B", 0.06478), ("A", 0.04918), ("C", 0.01613)]
 
@@ -161,7 +162,7 @@ def test_weights_shift_fusion(app_conn, rrf_tenant):
 def test_interleave_is_round_robin_without_duplicates(app_conn, rrf_tenant):
     t, _ = rrf_tenant
     with tenant_transaction(app_conn, t):
-        rows = search.hybrid(app_conn, "apple banana", basis(0), k=2, fusion="interleave")
+        rows = run(app_conn, search.ahybrid, "apple banana", basis(0), k=2, fusion="interleave")
     # lexical[1]=A, semantic[1]=B, lexical[2]=B (taken), semantic[2]=C
     assert [(r.doc_title, round(r.score, 6)) for r in rows] == [("A", 1.0), ("B", 0.5), ("C", round(1 / 3, 6))]
 
@@ -169,7 +170,7 @@ def test_interleave_is_round_robin_without_duplicates(app_conn, rrf_tenant):
 def test_convex_fusion_of_min_max_normalised_scores(app_conn, rrf_tenant):
     t, _ = rrf_tenant
     with tenant_transaction(app_conn, t):
-        rows = search.hybrid(app_conn, "apple banana", basis(0), k=3, fusion="convex",
+        rows = run(app_conn, search.ahybrid, "apple banana", basis(0), k=3, fusion="convex",
                              lexical_weight=1.0, semantic_weight=2.0)
     # lexical top 3 = [A, B] (C has neither word): normalised A 1, B 0
     # semantic top 3 = [B 1.0, C 1/sqrt(1.09), A 0.0]: normalised B 1, C 0.957826, A 0
@@ -177,7 +178,7 @@ def test_convex_fusion_of_min_max_normalised_scores(app_conn, rrf_tenant):
     assert [(r.doc_title, round(r.score, 6)) for r in rows] == [
         ("B", round(2 / 3, 6)), ("C", round(2 / math.sqrt(1.09) / 3, 6)), ("A", round(1 / 3, 6))]
     with tenant_transaction(app_conn, t):
-        rows = search.hybrid(app_conn, "apple banana", basis(0), k=2, fusion="convex",
+        rows = run(app_conn, search.ahybrid, "apple banana", basis(0), k=2, fusion="convex",
                              lexical_weight=3.0, semantic_weight=1.0)
     # semantic top 2 = [B, C]: C is the list's minimum, normalised to 0 like a missing score
     assert [(r.doc_title, round(r.score, 6)) for r in rows] == [("A", 0.75), ("B", 0.25), ("C", 0.0)]
@@ -194,7 +195,7 @@ def test_hybrid_rejects_bad_arguments(app_conn, rrf_tenant, args, message):
     t, _ = rrf_tenant
     with pytest.raises(psycopg.errors.InvalidParameterValue, match=message):
         with tenant_transaction(app_conn, t):
-            search.hybrid(app_conn, "apple", basis(0), **{"k": 2, **args})
+            run(app_conn, search.ahybrid, "apple", basis(0), **{"k": 2, **args})
 
 
 def test_bm25_matches_hand_computation(app_conn, rrf_tenant):
@@ -223,7 +224,7 @@ def test_bm25_matches_hand_computation(app_conn, rrf_tenant):
     for query, terms in (("apple banana dessert", ["apple", "banana", "dessert"]),
                          ("dessert apple, DESSERT", ["dessert", "apple", "dessert"])):
         with tenant_transaction(app_conn, t):
-            rows = search.lexical(app_conn, query, 10)
+            rows = run(app_conn, search.alexical, query, 10)
         got = {r.doc_title: r.score for r in rows}
         expected = {d: bm25(terms, d) for d in docs}
         assert set(got) == {d for d, s in expected.items() if s > 0}
@@ -238,9 +239,9 @@ def test_lexical_dedups_by_document_and_hybrid_fuses_per_document(app_conn, tena
                [basis(3), basis(4), basis(5)])
     insert_doc(app_conn, tenant, "Short", ["walrus seen"], [basis(6)])
     with tenant_transaction(app_conn, tenant):
-        lex = search.lexical(app_conn, "walrus", 20)
-        sem = search.semantic(app_conn, basis(3), 20)
-        hyb = search.hybrid(app_conn, "walrus", basis(3), 20, **RRF)
+        lex = run(app_conn, search.alexical, "walrus", 20)
+        sem = run(app_conn, search.asemantic, basis(3), 20)
+        hyb = run(app_conn, search.ahybrid, "walrus", basis(3), 20, **RRF)
     assert Counter(r.doc_id for r in lex).most_common(1)[0][1] == 1  # one chunk per document
     assert _titles(lex) == ["Long", "Short"]
     assert lex[0].content == "walrus two walrus"  # the document's best chunk
@@ -261,8 +262,8 @@ def test_hybrid_carries_the_chunk_of_the_better_rank(app_conn, tenant):
     insert_doc(app_conn, tenant, "Short", ["walrus seen"], [basis(6)])
     q = unit(basis(6) + 0.5 * basis(3))  # semantic: Short 1, Long 2 (through "walrus one")
     with tenant_transaction(app_conn, tenant):
-        lex = search.lexical(app_conn, "walrus", 20)
-        hyb = search.hybrid(app_conn, "walrus", q, 20)
+        lex = run(app_conn, search.alexical, "walrus", 20)
+        hyb = run(app_conn, search.ahybrid, "walrus", q, 20)
     assert _titles(lex) == ["Long", "Short"]
     got = {r.doc_title: (r.lexical_rank, r.semantic_rank, r.content, round(r.semantic_score, 6)) for r in hyb}
     # Long ranks higher lexically, so it carries its lexical chunk; semantic_score stays the
@@ -279,7 +280,7 @@ def test_semantic_list_reads_deeper_until_it_holds_k_documents(app_conn, tenant)
     insert_doc(app_conn, tenant, "Far", ["far away"], [unit(basis(0) + basis(20))])
     insert_doc(app_conn, tenant, "Farther", ["farther away"], [unit(basis(0) + 2 * basis(21))])
     with tenant_transaction(app_conn, tenant):
-        hyb = search.hybrid(app_conn, "zyxwv", basis(0), 2)
+        hyb = run(app_conn, search.ahybrid, "zyxwv", basis(0), 2)
     assert [(r.doc_title, r.semantic_rank, r.lexical_rank) for r in hyb] == [("Long", 1, None), ("Far", 2, None)]
     assert hyb[0].content == "part 0"
 
@@ -290,7 +291,7 @@ def test_any_query_text_is_accepted(app_conn, rrf_tenant, text):
     t, _ = rrf_tenant
     text = text.replace("\x00", "")  # NUL cannot be sent to PostgreSQL at all; the API refuses it
     with tenant_transaction(app_conn, t):
-        rows = search.lexical(app_conn, text, 5)
+        rows = run(app_conn, search.alexical, text, 5)
         assert all(r.score > 0 for r in rows)
 
 
@@ -298,8 +299,8 @@ def test_any_query_text_is_accepted(app_conn, rrf_tenant, text):
 def test_operator_like_queries_never_raise(app_conn, rrf_tenant, query):
     t, _ = rrf_tenant
     with tenant_transaction(app_conn, t):
-        search.lexical(app_conn, query, 5)
-        search.hybrid(app_conn, query, basis(0), 5)
+        run(app_conn, search.alexical, query, 5)
+        run(app_conn, search.ahybrid, query, basis(0), 5)
 
 
 def test_hnsw_with_tenant_filter_equals_exact_top20(app_conn, owner_conn):
@@ -337,7 +338,7 @@ def test_hnsw_with_tenant_filter_equals_exact_top20(app_conn, owner_conn):
             q = unit(centers[rng.integers(12)] + 0.6 * rng.normal(size=dim))
             exact = [ids[i] for i in np.argsort(-(vecs @ q), kind="stable")[:20]]
             with tenant_transaction(app_conn, t):
-                got = [r.chunk_id for r in search.semantic(app_conn, q, 20)]
+                got = [r.chunk_id for r in run(app_conn, search.asemantic, q, 20)]
             recalls.append(len(set(got) & set(exact)) / 20)
             assert len(got) == 20
     assert min(recalls) == 1.0, recalls
@@ -422,9 +423,9 @@ def test_diacritics_typed_are_exact_and_folded_queries_find_all(app_conn, tenant
     insert_doc(app_conn, tenant, "invoice", ["xuất hóa đơn điện tử"], [basis(7)])
     insert_doc(app_conn, tenant, "peace", ["hòa bình và hòa giải"], [basis(8)])
     with tenant_transaction(app_conn, tenant):
-        exact = {r.doc_title for r in search.lexical(app_conn, "hóa đơn", 10)}
-        folded = {r.doc_title for r in search.lexical(app_conn, "hoa", 10)}
-        other = {r.doc_title for r in search.lexical(app_conn, "hòa", 10)}
+        exact = {r.doc_title for r in run(app_conn, search.alexical, "hóa đơn", 10)}
+        folded = {r.doc_title for r in run(app_conn, search.alexical, "hoa", 10)}
+        other = {r.doc_title for r in run(app_conn, search.alexical, "hòa", 10)}
         terms = app_conn.execute(QUERY_TERMS, ["Hóa đơn hoa DON"]).fetchone()[0]
         lens = dict(app_conn.execute(
             "select d.title, c.doc_len from kb.chunks c join kb.documents d using (doc_id)").fetchall())
@@ -466,7 +467,7 @@ def test_stop_words_do_not_rank_documents(app_conn, tenant):
     insert_doc(app_conn, tenant, "stopwords", ["the of the of the of the of and and is is"], [basis(9)])
     insert_doc(app_conn, tenant, "content", ["supersonic nozzle design notes"], [basis(10)])
     with tenant_transaction(app_conn, tenant):
-        rows = search.lexical(app_conn, "the design of the nozzle", 10)
+        rows = run(app_conn, search.alexical, "the design of the nozzle", 10)
     assert [r.doc_title for r in rows] == ["content"]
 
 
@@ -538,7 +539,7 @@ def _check_bm25(app_conn, tenant, toks, queries, ks, n, avg, df, k1, b):
     checked = 0
     for terms, k in itertools.product(queries, ks):
         with tenant_transaction(app_conn, tenant):
-            rows = search.lexical(app_conn, " ".join(terms), k, k1=k1, b=b)
+            rows = run(app_conn, search.alexical, " ".join(terms), k, k1=k1, b=b)
         expected = sorted(((round(bm25(terms, d), 9), d) for d in toks), key=lambda x: (-x[0], x[1]))
         expected = [e for e in expected if e[0] > 0][:k]
         got = [(r.score, r.doc_title) for r in rows]
@@ -729,9 +730,9 @@ def test_english_query_finds_other_inflections_through_the_stemmed_field(app_con
     insert_doc(app_conn, tenant, "unrelated", ["Invoices are sent on the first day of the month."], [basis(2)],
                language="en")
     with tenant_transaction(app_conn, tenant):
-        hits = {q: [r.doc_title for r in search.lexical(app_conn, q, 10)]
+        hits = {q: [r.doc_title for r in run(app_conn, search.alexical, q, 10)]
                 for q in ("connections", "How do I connect the server?", "linking servers")}
-        exact_only = [r.doc_title for r in search.lexical(app_conn, "connexion", 10)]
+        exact_only = [r.doc_title for r in run(app_conn, search.alexical, "connexion", 10)]
     assert hits == {"connections": ["connected"], "How do I connect the server?": ["connected"],
                     "linking servers": ["connected"]}
     assert exact_only == []  # a different word, not an inflection
@@ -787,8 +788,8 @@ def test_identifiers_stay_exact_in_english_queries(app_conn, tenant, embedder):
     for title, text in ERROR_PAGES.items():
         insert_doc(app_conn, tenant, title, [text], embedder.embed_passages([f"{title}\n{text}"]), language="en")
     with tenant_transaction(app_conn, tenant):
-        rows = search.lexical(app_conn, "What does the ERR_402 banner mean?", 20)
-        sibling = search.lexical(app_conn, "ERR_409 conflicts", 20)
+        rows = run(app_conn, search.alexical, "What does the ERR_402 banner mean?", 20)
+        sibling = run(app_conn, search.alexical, "ERR_409 conflicts", 20)
     assert rows[0].doc_title == "Subscription lapsed"
     assert "Error ERR_409" not in _titles(rows)
     assert {"Error ERR_401", "Error ERR_403"} <= set(_titles(rows))  # `means` ~ `mean`, below
@@ -803,7 +804,7 @@ def test_vietnamese_search_is_unchanged_by_the_stemmed_field(app_conn, tenant):
     insert_doc(app_conn, tenant, "english", ["electronic invoices for customers"], [basis(9)], language="en")
     with tenant_transaction(app_conn, tenant):
         for query in ("hóa đơn điện tử", "hoa don", "hòa"):
-            rows = search.lexical(app_conn, query, 10)
+            rows = run(app_conn, search.alexical, query, 10)
             terms = app_conn.execute(SEARCH_TERMS, [query]).fetchone()[0]
             assert terms == app_conn.execute(QUERY_TERMS, [query]).fetchone()[0]
             assert not any(t.startswith("~ ") for t in terms)
@@ -820,8 +821,8 @@ def test_vietnamese_search_is_unchanged_by_the_stemmed_field(app_conn, tenant):
                         idf = math.log(1 + (n - df[0] + 0.5) / (df[0] + 0.5))
                         expected += idf * tf * 2.2 / (tf + 1.2 * (0.25 + 0.75 * dl / avg))
                 assert math.isclose(r.score, expected, rel_tol=1e-7), (query, r.doc_title)
-        assert _titles(search.lexical(app_conn, "hóa đơn", 10)) == ["invoice"]
-        assert _titles(search.lexical(app_conn, "hòa", 10)) == ["peace"]
+        assert _titles(run(app_conn, search.alexical, "hóa đơn", 10)) == ["invoice"]
+        assert _titles(run(app_conn, search.alexical, "hòa", 10)) == ["peace"]
 
 
 def _stem_corpus(app_conn, tenant, seed=21):
@@ -906,7 +907,7 @@ def test_pruned_bm25_top_k_equals_exhaustive_scoring_on_the_stemmed_field(app_co
             terms = ["~ " + stem[w] if w not in codes else w for w in words if w not in stop]
             with tenant_transaction(app_conn, tenant):
                 assert sorted(set(terms)) == app_conn.execute(SEARCH_TERMS, [q]).fetchone()[0]
-                rows = search.lexical(app_conn, q, k)
+                rows = run(app_conn, search.alexical, q, k)
             expected = sorted(((round(bm25(terms, d), 9), d) for d in docs), key=lambda x: (-x[0], x[1]))
             expected = [e for e in expected if e[0] > 0][:k]
             got = [(r.score, r.doc_title) for r in rows]
@@ -931,13 +932,13 @@ def test_hybrid_scores_its_lexical_list_with_the_given_bm25_parameters(app_conn,
     t, _ = rrf_tenant
     with tenant_transaction(app_conn, t):
         for k1, b in ((1.2, 0.75), (2.0, 0.2), (0.5, 1.0)):
-            lex = {r.doc_title: r.score for r in search.lexical(app_conn, "apple banana", 2, k1=k1, b=b)}
-            hyb = {r.doc_title: r.lexical_score for r in search.hybrid(app_conn, "apple banana", basis(0), k=2,
+            lex = {r.doc_title: r.score for r in run(app_conn, search.alexical, "apple banana", 2, k1=k1, b=b)}
+            hyb = {r.doc_title: r.lexical_score for r in run(app_conn, search.ahybrid, "apple banana", basis(0), k=2,
                                                                          k1=k1, b=b) if r.lexical_rank}
             assert hyb == pytest.approx(lex, rel=1e-9)
-        default = {r.doc_title: r.lexical_score for r in search.hybrid(app_conn, "apple banana", basis(0), k=2)
+        default = {r.doc_title: r.lexical_score for r in run(app_conn, search.ahybrid, "apple banana", basis(0), k=2)
                    if r.lexical_rank}
-        other = {r.doc_title: r.lexical_score for r in search.hybrid(app_conn, "apple banana", basis(0), k=2,
+        other = {r.doc_title: r.lexical_score for r in run(app_conn, search.ahybrid, "apple banana", basis(0), k=2,
                                                                        k1=2.0, b=0.2) if r.lexical_rank}
     assert default != pytest.approx(other)  # the parameters reach the scoring
     s = Settings(bm25_k1=1.7, bm25_b=0.4)

@@ -47,56 +47,58 @@ class Access(NamedTuple):
     can_checkpoints: bool | None
 
 
-def access(conn) -> Access:
+async def access(conn) -> Access:
     """The current role's access to the audit log (None: the object does not exist)."""
-    return Access(*conn.execute(ACCESS).fetchone())
+    return Access(*await (await conn.execute(ACCESS)).fetchone())
 
 
-def add_month(conn, first_day: dt.date) -> str | None:
+async def add_month(conn, first_day: dt.date) -> str | None:
     """Create the partition of the month starting ``first_day`` (kb.audit_add_month); its
     name, or None when it existed."""
-    return conn.execute("select kb.audit_add_month(%s)", [first_day]).fetchone()[0]
+    return (await (await conn.execute("select kb.audit_add_month(%s)", [first_day])).fetchone())[0]
 
 
-def months(conn) -> list[tuple[str, dt.date]]:
+async def months(conn) -> list[tuple[str, dt.date]]:
     """The log's month partitions, oldest first: (table name in kb, first day of its month)."""
-    return [(name, m) for name, m in conn.execute(MONTHS)]
+    return [(name, m) for name, m in await (await conn.execute(MONTHS)).fetchall()]
 
 
-def lock(conn) -> None:
+async def lock(conn) -> None:
     """Lock the log for the rest of the transaction: appends wait, reads go on."""
-    conn.execute("lock table kb.kb_rerank_audit in exclusive mode")
+    await conn.execute("lock table kb.kb_rerank_audit in exclusive mode")
 
 
 # Partition names come from :func:`months` (the catalog, matched against the pattern of
 # MONTHS), never from input: they are safe to put into SQL as written.
-def last_seqs(conn, partitions: list[str]) -> list[tuple[UUID, int]]:
+async def last_seqs(conn, partitions: list[str]) -> list[tuple[UUID, int]]:
     """Per tenant with rows in ``partitions``: (tenant_id, its last seq there)."""
     dropped = " union all ".join(f"select tenant_id, seq, row_hash from kb.{n}" for n in partitions)
-    return conn.execute(f"select d.tenant_id, max(d.seq) from ({dropped}) d group by d.tenant_id").fetchall()
+    return await (await conn.execute(f"select d.tenant_id, max(d.seq) from ({dropped}) d group by d.tenant_id")).fetchall()
 
 
-def first_kept_seq(conn, tenant_id: UUID, partitions: list[str]) -> int | None:
+async def first_kept_seq(conn, tenant_id: UUID, partitions: list[str]) -> int | None:
     """The tenant's first seq outside ``partitions`` (None: no row stays)."""
-    return conn.execute("select min(seq) from kb.kb_rerank_audit where tenant_id = %s and"
-                        " not (tableoid::regclass::text = any(%s))",
-                        [tenant_id, [f"kb.{n}" for n in partitions]]).fetchone()[0]
+    cur = await conn.execute("select min(seq) from kb.kb_rerank_audit where tenant_id = %s and"
+                             " not (tableoid::regclass::text = any(%s))",
+                             [tenant_id, [f"kb.{n}" for n in partitions]])
+    return (await cur.fetchone())[0]
 
 
-def row_hash(conn, tenant_id: UUID, seq: int) -> str:
+async def row_hash(conn, tenant_id: UUID, seq: int) -> str:
     """The row_hash of the tenant's row ``seq``."""
-    return conn.execute("select row_hash from kb.kb_rerank_audit where tenant_id = %s and seq = %s",
-                        [tenant_id, seq]).fetchone()[0]
+    cur = await conn.execute("select row_hash from kb.kb_rerank_audit where tenant_id = %s and seq = %s",
+                             [tenant_id, seq])
+    return (await cur.fetchone())[0]
 
 
-def write_checkpoint(conn, tenant_id: UUID, seq: int, row_hash: str, archived_before: dt.date, mac: str,
+async def write_checkpoint(conn, tenant_id: UUID, seq: int, row_hash: str, archived_before: dt.date, mac: str,
                      key_id: str) -> None:
     """Record a signed chain checkpoint (kept when one exists for the tenant and seq)."""
-    conn.execute(
+    await conn.execute(
         "insert into kb.audit_checkpoints (tenant_id, seq, row_hash, archived_before, mac, key_id)"
         " values (%s, %s, %s, %s, %s, %s) on conflict (tenant_id, seq) do nothing",
         [tenant_id, seq, row_hash, archived_before, mac, key_id])
 
 
-def drop_partition(conn, partition: str) -> None:
-    conn.execute(f'drop table kb."{partition}"')
+async def drop_partition(conn, partition: str) -> None:
+    await conn.execute(f'drop table kb."{partition}"')

@@ -115,15 +115,17 @@ async def append(conn, record: AuditRecord, *, tenant_id, key: AuditKey) -> None
     await conn.execute(APPEND, record.params(tenant_id, key))
 
 
-def append_sync(conn, record: AuditRecord, *, tenant_id=None, key: AuditKey | None = None):
-    """append() for a sync connection (administration, tests); the tenant read from the
-    transaction and the key from the environment's settings unless given. Returns the
-    stored row as a dict."""
+APPEND_ROW = APPEND.replace("select kb.audit_append(", "select * from kb.audit_append(", 1)
+
+
+async def append_row(conn, record: AuditRecord, *, tenant_id=None, key: AuditKey | None = None) -> dict:
+    """:func:`append` for administration and tests, returning the stored row as a dict; the
+    tenant read from the transaction and the key from the environment's settings unless
+    given."""
     if tenant_id is None:
-        tenant_id = conn.execute("select kb.current_tenant()").fetchone()[0]
-    cur = conn.execute(APPEND.replace("select kb.audit_append(", "select * from kb.audit_append(", 1),
-                       record.params(tenant_id, key or AuditKey.from_settings(Settings.from_env())))
-    return dict(zip([d.name for d in cur.description], cur.fetchone()))
+        tenant_id = (await (await conn.execute("select kb.current_tenant()")).fetchone())[0]
+    cur = await conn.execute(APPEND_ROW, record.params(tenant_id, key or AuditKey.from_settings(Settings.from_env())))
+    return dict(zip([d.name for d in cur.description], await cur.fetchone()))
 
 
 @dataclass(frozen=True)
@@ -139,11 +141,11 @@ class VerifyRow:
         return self.first_broken_seq is None and self.first_broken_audit_id is None and not self.reason
 
 
-def verify(conn) -> list[VerifyRow]:
-    """Run kb.audit_verify() (sync): one row per tenant visible to the connection."""
-    rows = conn.execute(
-        "select tenant_id, rows_checked, first_broken_seq, first_broken_audit_id, reason from kb.audit_verify()"
-    ).fetchall()
+async def verify(conn) -> list[VerifyRow]:
+    """Run kb.audit_verify(): one row per tenant visible to the connection."""
+    cur = await conn.execute(
+        "select tenant_id, rows_checked, first_broken_seq, first_broken_audit_id, reason from kb.audit_verify()")
+    rows = await cur.fetchall()
     return [VerifyRow(*r) for r in rows]
 
 
@@ -172,7 +174,7 @@ class MacReport:
         return not self.problems
 
 
-def verify_macs(conn, audit_keys: list[bytes], tenant_id=None) -> MacReport:
+async def verify_macs(conn, audit_keys: list[bytes], tenant_id=None) -> MacReport:
     """Check every visible row's MAC with the key its key_id names (``audit_keys``: the
     current key and any old ones), and every signed chain checkpoint's. A bad row is
     reported by (tenant, seq); the rows after it are checked on their own, so one bad row
@@ -186,9 +188,9 @@ def verify_macs(conn, audit_keys: list[bytes], tenant_id=None) -> MacReport:
     problems: list[MacProblem] = []
     keyed_seen: set = set()
     current, macs_seen = None, set()
-    with conn.cursor(name="kb_audit_macs") if not conn.autocommit else conn.cursor() as cur:
-        cur.execute(ROWS + where + " order by tenant_id, seq", params)
-        for (t, seq, kind, sev, source, qh, trace, model, cand, ret, dur, detail, m, nonce, key_id) in cur:
+    async with conn.cursor(name="kb_audit_macs") if not conn.autocommit else conn.cursor() as cur:
+        await cur.execute(ROWS + where + " order by tenant_id, seq", params)
+        async for (t, seq, kind, sev, source, qh, trace, model, cand, ret, dur, detail, m, nonce, key_id) in cur:
             if m is None:
                 if t in keyed_seen:
                     problems.append(MacProblem(t, seq, "unkeyed after keyed rows"))
@@ -211,8 +213,8 @@ def verify_macs(conn, audit_keys: list[bytes], tenant_id=None) -> MacReport:
             if not hmac.compare_digest(expected, m):
                 problems.append(MacProblem(t, seq, "forged"))
     points = 0
-    for t, seq, row_hash, archived_before, m, key_id in conn.execute(CHECKPOINTS + where + " order by tenant_id, seq",
-                                                                      params):
+    cur = await conn.execute(CHECKPOINTS + where + " order by tenant_id, seq", params)
+    for t, seq, row_hash, archived_before, m, key_id in await cur.fetchall():
         points += 1
         key = by_id.get(key_id)
         if key is None:

@@ -37,9 +37,9 @@ from typing import Any, Callable
 
 log = logging.getLogger(__name__)
 
+# the fields of a cached search result (a row without ``scored_by``, written before it existed,
+# misses once and is written again)
 RESULT_FIELDS = ("chunk_id", "doc_id", "doc_title", "snippet", "rerank_score", "source", "scored_by")
-# rows written before ``scored_by`` existed (a cached answer is a whole one: the model's)
-LEGACY_RESULT_FIELDS = RESULT_FIELDS[:-1]
 SCORED_BY = ("model", "fused", "curation")
 
 # The tenant's generation (0 without a row), or the one the caller fixes (``%s`` not null),
@@ -76,9 +76,9 @@ def valid_results(value: Any, max_results: int) -> bool:
         return False
     seen: set[str] = set()
     for item in value:
-        if not isinstance(item, dict) or set(item) not in (set(RESULT_FIELDS), set(LEGACY_RESULT_FIELDS)):
+        if not isinstance(item, dict) or set(item) != set(RESULT_FIELDS):
             return False
-        if item.get("scored_by", "model") not in SCORED_BY:
+        if item["scored_by"] not in SCORED_BY:
             return False
         for key in ("chunk_id", "doc_id"):
             try:
@@ -129,8 +129,8 @@ async def get_live(conn, query_hash: str, source: str, *, decode: Callable[[Any]
     return gen, CacheEntry(cache_id, body, model, trace_id)
 
 
-def invalidate(conn, source: str) -> int:
-    """Drop the tenant's cached answers of ``source``, every key and generation (sync; used by
+async def invalidate(conn, source: str) -> int:
+    """Drop the tenant's cached answers of ``source``, every key and generation (used by
     ``kb-rerank curate`` after changing a list: a key hashes the app's configuration with the
     query, which the CLI does not know, and curated answers cost no model call to rebuild)."""
-    return conn.execute(DELETE_SOURCE, [source]).rowcount
+    return (await conn.execute(DELETE_SOURCE, [source])).rowcount

@@ -1,22 +1,19 @@
 """`kb-rerank eval`: ranking quality of one retrieval mode on a BEIR-layout folder, and what
-the prompt-injection guard policy takes from it (``kb_rerank.eval.runs``, "Guard policy").
-
-Kept apart from cli/main.py; cli.build_parser registers it with ``add_eval_parser(sub)``.
-"""
+the prompt-injection guard policy takes from it (``kb_rerank.eval.runs``, "Guard policy")."""
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
 
+from kb_rerank.cli.common import command
 from kb_rerank.core.settings import Settings
 
 
-def add_eval_parser(sub) -> argparse.ArgumentParser:
+def register(sub) -> None:
     text = "evaluate ranking quality (nDCG@10, MRR@10, Recall@40, Recall@100) on a BEIR folder"
-    e = sub.add_parser("eval", help=text, description=text)
+    e = command(sub, "eval", help=text)
     e.add_argument("dataset", type=Path, help="BEIR folder: corpus.jsonl, queries.jsonl, qrels/test.tsv")
     e.add_argument("--mode", choices=["lexical", "semantic", "hybrid", "rerank"], default="hybrid",
                    help="the ranking evaluated: BM25, embeddings, both fused (default), or fused then reranked by "
@@ -36,7 +33,6 @@ def add_eval_parser(sub) -> argparse.ArgumentParser:
                         "weights first (as `kb-rerank guard scan`; a reused tenant keeps the verdicts of "
                         "the detector that ingested it)")
     e.set_defaults(func=cmd_eval)
-    return e
 
 
 def format_guard(res: dict) -> list[str]:

@@ -1,23 +1,22 @@
 """`kb-rerank mcp`: the Model Context Protocol server (kb_rerank.integrations.mcp) for one
-tenant's token. Kept apart from cli/main.py (cli.build_parser registers it with
-``add_mcp_parser(sub)``); the ``mcp`` SDK is imported only when the command runs."""
+tenant's token. The ``mcp`` SDK is imported only when the command runs."""
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 
+from kb_rerank.cli.common import command
 from kb_rerank.core.settings import Settings
 
 DEFAULT_URL = "http://127.0.0.1:8000"
 DEFAULT_PORT = 8765
 
 
-def add_mcp_parser(sub) -> argparse.ArgumentParser:
+def register(sub) -> None:
     text = ("a Model Context Protocol server (stdio or streamable HTTP) over the REST API, for one tenant's "
             "token (needs the mcp extra)")
-    m = sub.add_parser("mcp", help=text, description=text)
+    m = command(sub, "mcp", help=text)
     m.add_argument("--url", default=None,
                    help=f"base URL of the kb-rerank API (default KB_MCP_URL, else {DEFAULT_URL})")
     m.add_argument("--token", default=None,
@@ -31,7 +30,6 @@ def add_mcp_parser(sub) -> argparse.ArgumentParser:
     m.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"http: port (default {DEFAULT_PORT})")
     m.add_argument("--timeout", type=float, default=30.0, help="seconds per API call (default 30)")
     m.set_defaults(func=cmd_mcp)
-    return m
 
 
 def cmd_mcp(args, settings: Settings) -> int:

@@ -1,5 +1,10 @@
 """The tenant transaction: every SQL call of the request path runs inside one, whose first
-statement sets ``auth.tenant_id`` for that transaction only (row-level security reads it)."""
+statement sets ``auth.tenant_id`` for that transaction only (row-level security reads it).
+
+The store functions (retrieval, caches, audit, guard reviews, curation, documents) are async
+only. The CLI, ingestion and the eval hold synchronous connections: they open the tenant
+transaction with :func:`tenant_transaction` and call a store function through :func:`run`,
+the one sync bridge."""
 
 from __future__ import annotations
 
@@ -18,7 +23,8 @@ SET_TENANT = "select set_config('auth.tenant_id', %s, true)"
 
 @contextlib.contextmanager
 def tenant_transaction(conn: psycopg.Connection, tenant_id: UUID | str) -> Iterator[psycopg.Connection]:
-    """A transaction whose first statement sets ``auth.tenant_id`` for that transaction only."""
+    """A transaction whose first statement sets ``auth.tenant_id`` for that transaction only
+    (the sync bridge's: :func:`atenant_transaction` on the service's connections)."""
     with conn.transaction():
         conn.execute(SET_TENANT, [str(UUID(str(tenant_id)))])
         yield conn
@@ -65,8 +71,22 @@ async def aconfigure_connection(conn: psycopg.AsyncConnection, settings: "Settin
 
 
 class _AwaitedCursor:
+    """A synchronous cursor seen through the awaited calls of an async one."""
+
     def __init__(self, cur) -> None:
         self._cur = cur
+
+    @property
+    def rowcount(self) -> int:
+        return self._cur.rowcount
+
+    @property
+    def description(self):
+        return self._cur.description
+
+    async def execute(self, query, params=None) -> "_AwaitedCursor":
+        self._cur.execute(query, params)
+        return self
 
     async def fetchall(self):
         return self._cur.fetchall()
@@ -74,17 +94,45 @@ class _AwaitedCursor:
     async def fetchone(self):
         return self._cur.fetchone()
 
+    def __aiter__(self):
+        self._rows = iter(self._cur)  # a server-side cursor fetches its rows in batches
+        return self
+
+    async def __anext__(self):
+        try:
+            return next(self._rows)
+        except StopIteration:
+            raise StopAsyncIteration from None
+
+    async def __aenter__(self) -> "_AwaitedCursor":
+        self._cur.__enter__()
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        self._cur.__exit__(*exc)
+
 
 class AwaitedConnection:
-    """A synchronous connection seen through the awaited calls of the request path's store
-    functions (``await conn.execute(...)``, ``await cur.fetchall()``), so that the CLI and the
-    eval read with the very functions the service uses (:func:`run_awaited`)."""
+    """A synchronous connection seen through the awaited calls of the store functions
+    (``await conn.execute(...)``, ``await cur.fetchall()``, ``async for row in cur``), so that
+    the CLI, ingestion and the eval run the very functions the service uses (:func:`run`)."""
 
     def __init__(self, conn: psycopg.Connection) -> None:
         self._conn = conn
 
-    async def execute(self, query, params=None) -> _AwaitedCursor:
-        return _AwaitedCursor(self._conn.execute(query, params))
+    @property
+    def autocommit(self) -> bool:
+        return self._conn.autocommit
+
+    @property
+    def prepare_threshold(self) -> int | None:
+        return self._conn.prepare_threshold
+
+    async def execute(self, query, params=None, *, prepare: bool | None = None) -> _AwaitedCursor:
+        return _AwaitedCursor(self._conn.execute(query, params, prepare=prepare))
+
+    def cursor(self, *args, **kw) -> _AwaitedCursor:
+        return _AwaitedCursor(self._conn.cursor(*args, **kw))
 
 
 def run_awaited(coro):
@@ -96,3 +144,11 @@ def run_awaited(coro):
         return stop.value
     coro.close()
     raise RuntimeError("a store function awaited something other than the synchronous connection")
+
+
+def run(conn, fn, *args, **kw):
+    """The sync bridge: call the async store function ``fn(conn, *args, **kw)`` on the
+    synchronous connection ``conn`` (in the caller's transaction) and return its result."""
+    if not isinstance(conn, AwaitedConnection):
+        conn = AwaitedConnection(conn)
+    return run_awaited(fn(conn, *args, **kw))

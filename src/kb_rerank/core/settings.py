@@ -542,7 +542,7 @@ class Settings:
 
     @property
     def fusion(self) -> dict[str, Any]:
-        """Keyword arguments of kb_rerank.retrieval.store.hybrid / ahybrid: the configured fusion and
+        """Keyword arguments of kb_rerank.retrieval.store.ahybrid: the configured fusion and
         the BM25 parameters of its lexical list (the same as ``lexical_only`` uses)."""
         return {"fusion": self.fusion_method, "rrf_k": self.rrf_k, "lexical_weight": self.lexical_weight,
                 "semantic_weight": self.semantic_weight, "k1": self.bm25_k1, "b": self.bm25_b}

@@ -37,6 +37,7 @@ import uuid
 from dataclasses import dataclass, field, replace
 from typing import Any, Awaitable, Callable, Mapping, Protocol
 
+import msgspec
 import numpy as np
 
 from kb_rerank.core.candidate import Candidate
@@ -105,7 +106,7 @@ class Selection:
 class Outcome:
     """A computed answer: ``body`` is what the cache stores (encoded by the flow)."""
 
-    body: Any
+    body: Any  # the flow's response Struct (the cache row is encoded from it)
     candidate_count: int
     returned_count: int
     model: str | None  # the model that scored at least one result (compose.answer_model), else None
@@ -173,25 +174,31 @@ class Flow(Protocol):
     def returned(self, body: Any) -> int: ...
 
     def answer(self, served: Served, trace_id: str) -> Any:
-        """The response (a dict the HTTP layer converts to the route's response Struct)."""
+        """The response Struct the route returns: ``served.body`` with the request's own fields."""
 
 
 class StoredResponse:
-    """Cache rows of a flow whose answer is a JSON object: ``{"kind": cache_kind, "response"}``."""
+    """Cache rows of a flow whose answer is its whole response Struct: ``{"kind": cache_kind,
+    "response": <the Struct as msgspec builtins>}``, decoded back into ``response_type`` (a
+    row of another kind, or one that does not convert, is malformed: a miss). A new kind
+    whenever the Struct changes shape, so that older rows miss once."""
 
     cache_kind: str
+    response_type: type
 
-    def encode(self, body: dict[str, Any]) -> dict[str, Any]:
-        return {"kind": self.cache_kind, "response": body}
+    def encode(self, body: Any) -> dict[str, Any]:
+        return {"kind": self.cache_kind, "response": msgspec.to_builtins(body)}
 
-    def decode(self, payload: Any) -> dict[str, Any] | None:
-        if (isinstance(payload, dict) and payload.get("kind") == self.cache_kind
-                and isinstance(payload.get("response"), dict)):
-            return payload["response"]
-        return None
+    def decode(self, payload: Any) -> Any | None:
+        if not (isinstance(payload, dict) and payload.get("kind") == self.cache_kind):
+            return None
+        try:
+            return msgspec.convert(payload.get("response"), self.response_type)
+        except msgspec.ValidationError:
+            return None
 
-    def returned(self, body: dict[str, Any]) -> int:
-        return len(body.get("results", []))
+    def returned(self, body: Any) -> int:
+        return len(body.results)
 
 
 class Pipeline:
@@ -380,7 +387,7 @@ class Pipeline:
 
         async def read(conn, **kw):
             if unpaid:
-                unpaid.pop().filter(terms, await documents.acount(conn))
+                unpaid.pop().filter(terms, await documents.count(conn))
             return await read_spec(conn, spec, query, embedding, **kw)
 
         query_key = self.hash_query(query)  # the query alone: its curated list and its pair scores

@@ -2,7 +2,7 @@
 context: kb_rerank.http.telemetry's middleware and the auth guard): the body parsed (a
 rejection counted and logged, then answered by the error
 handler), the flow built and run by the app's :class:`~kb_rerank.endpoints.runner.Pipeline`,
-the answer converted to the route's response Struct with ``X-Trace-Id`` and ``Server-Timing``
+the flow's response Struct returned with ``X-Trace-Id`` and ``Server-Timing``
 (the stages' milliseconds, :mod:`kb_rerank.core.timing`), and on a degraded answer
 ``X-KB-Fallback: <reason>`` or ``X-KB-Partial: budget`` (:func:`~kb_rerank.rerank.compose.degraded_headers`).
 A body with a Content-Type other than JSON is a 415 (none at all is read as JSON).
@@ -27,7 +27,6 @@ from litestar.datastructures import State
 
 from kb_rerank.http import body
 from kb_rerank.http.body import ApiError
-from kb_rerank.endpoints.schemas import to_response
 from kb_rerank.core import timing
 from kb_rerank.rerank.compose import degraded_headers
 from kb_rerank.core.settings import Settings
@@ -61,7 +60,7 @@ async def serve(request: Request, state: State, parse: Callable[[bytes, Settings
                      (time.perf_counter() - t0) * 1000.0)
             return Response({"error": "client_closed_request"}, status_code=CLIENT_CLOSED,
                             headers={"X-Trace-Id": trace_id})
-        answer = to_response(flow.answer(served, trace_id), response_type)
+        answer = flow.answer(served, trace_id)
         stages["total"] = (time.perf_counter() - t0) * 1000.0
         out = served.outcome  # None on a cache hit: a cached answer is a whole model answer
         return Response(answer, headers={"X-Trace-Id": trace_id, "Server-Timing": timing.server_timing(stages),

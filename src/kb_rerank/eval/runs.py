@@ -289,7 +289,7 @@ def load_collection(conn, path: Path, settings: Settings, embedder, *, coll: Bei
     tenant = collection_tenant(path, settings)
     docs = source_docs(coll)
     with tenant_transaction(conn, tenant):
-        have = documents.count(conn)
+        have = session.run(conn, documents.count)
     info: dict[str, Any] = {"tenant": str(tenant), "documents": len(docs), "already_loaded": have == len(docs)}
     t0 = time.perf_counter()
     if have != len(docs):
@@ -309,7 +309,7 @@ def _doc_map(conn, tenant, prefix: str = BEIR_PREFIX) -> dict[Any, str]:
     from kb_rerank.core.session import tenant_transaction
 
     with tenant_transaction(conn, tenant):
-        rows = documents.sources(conn)
+        rows = session.run(conn, documents.sources)
     return {d: (u[len(prefix):] if u.startswith(prefix) else u) for d, u in rows}
 
 
@@ -375,14 +375,14 @@ def load_details(conn, cands: list) -> None:
     through :func:`kb_rerank.retrieval.store.adetails`, on the caller's tenant transaction."""
     from kb_rerank.retrieval import store as search
 
-    session.run_awaited(search.adetails(session.AwaitedConnection(conn), cands))
+    session.run(conn, search.adetails, cands)
 
 
 def tenant_policy(conn) -> str:
     """The current tenant's injection policy, read as the service reads it."""
-    from kb_rerank.guard.reviews import tenant_policy as read_policy
+    from kb_rerank.guard.reviews import atenant_policy
 
-    return read_policy(conn)
+    return session.run(conn, atenant_policy)
 
 
 def _where(c) -> dict[str, Any]:
@@ -418,7 +418,7 @@ def relevant_guard(conn, tenant, docmap: dict[Any, str], qrels: dict[str, dict[s
     by_beir = {b: d for d, b in docmap.items()}
     present = [d for d in relevant if d in by_beir]
     with tenant_transaction(conn, tenant):
-        cands = documents.chunks_of(conn, [by_beir[d] for d in present])
+        cands = session.run(conn, documents.chunks_of, [by_beir[d] for d in present])
         load_details(conn, cands)
     _, filtered = guard_policy.apply(cands, policy, demote_factor, _where)
     beir_of = {c.id: docmap[c.doc_id] for c in cands}
@@ -571,10 +571,9 @@ def evaluate_collection(
         for qid in _bar(qids, progress, mode, "query"):
             q = normalize_query(coll.queries[qid])
             with tenant_transaction(conn, tenant):
-                aconn = session.AwaitedConnection(conn)
-                rows = session.run_awaited(spec.fetch(aconn, q, qembs.get(qid)))
+                rows = session.run(conn, spec.fetch, q, qembs.get(qid))
                 if source == HYBRID:
-                    deep = session.run_awaited(recall_spec.fetch(aconn, q, qembs[qid]))
+                    deep = session.run(conn, recall_spec.fetch, q, qembs[qid])
                     recall_run[qid] = _dedup(docmap[r.doc_id] for r in deep)
                 t1 = time.perf_counter()
                 load_details(conn, rows)

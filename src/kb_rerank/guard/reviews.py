@@ -17,8 +17,6 @@ from dataclasses import dataclass
 from datetime import datetime
 from uuid import UUID
 
-import psycopg
-
 
 POLICY_SQL = "select injection_policy from kb.tenant_policy where tenant_id = kb.current_tenant()"
 DEFAULT_POLICY = "exclude"
@@ -32,14 +30,9 @@ def policy_of(row) -> str:
 
 
 async def atenant_policy(conn) -> str:
-    """The tenant's injection policy, in ``conn``'s tenant transaction (the request path)."""
+    """The injection policy of the transaction's tenant (``exclude`` without a row)."""
     cur = await conn.execute(POLICY_SQL)
     return policy_of(await cur.fetchone())
-
-
-def tenant_policy(conn: psycopg.Connection) -> str:
-    """The injection policy of the transaction's tenant (``exclude`` without a row)."""
-    return policy_of(conn.execute(POLICY_SQL).fetchone())
 
 
 @dataclass(frozen=True)
@@ -81,10 +74,10 @@ def _chunk(r) -> ChunkGuard:
                       list(r[8] or []), r[9], r[10], r[11], r[12])
 
 
-def list_chunks(conn: psycopg.Connection, *, every: bool = False) -> list[ChunkGuard]:
+async def list_chunks(conn, *, every: bool = False) -> list[ChunkGuard]:
     """The transaction's tenant's chunks that are flagged or reviewed (every chunk with
     ``every``), by source and position."""
-    return [_chunk(r) for r in conn.execute(LIST_SQL, {"all": every})]
+    return [_chunk(r) for r in await (await conn.execute(LIST_SQL, {"all": every})).fetchall()]
 
 
 class UnknownTarget(LookupError):
@@ -110,7 +103,7 @@ RECORD_SQL = (
 )
 
 
-def record_review(conn: psycopg.Connection, decision: str, *, doc_id: UUID | str | None = None,
+async def record_review(conn, decision: str, *, doc_id: UUID | str | None = None,
                   chunk_id: UUID | str | None = None, note: str | None = None,
                   reviewed_by: str | None = None) -> list[ChunkGuard]:
     """Record ``decision`` (``allow`` | ``block``) for every chunk of document ``doc_id``, or
@@ -123,14 +116,14 @@ def record_review(conn: psycopg.Connection, decision: str, *, doc_id: UUID | str
         raise ValueError("give exactly one of doc_id, chunk_id")
     params = {"doc": None if doc_id is None else str(UUID(str(doc_id))),
               "chunk": None if chunk_id is None else str(UUID(str(chunk_id)))}
-    rows = conn.execute(TARGET_SQL, params).fetchall()
+    rows = await (await conn.execute(TARGET_SQL, params)).fetchall()
     if not rows:
         what = f"document {doc_id}" if doc_id is not None else f"chunk {chunk_id}"
         raise UnknownTarget(f"no {what}")
     first: dict[str, tuple[UUID, UUID]] = {}
     for r in rows:
         first.setdefault(r[0], (r[2], r[1]))  # content_hash -> (doc_id, chunk_id)
-    conn.execute(RECORD_SQL, {"decision": decision, "note": note, "by": reviewed_by or "unknown",
+    await conn.execute(RECORD_SQL, {"decision": decision, "note": note, "by": reviewed_by or "unknown",
                               "hashes": list(first), "docs": [d for d, _ in first.values()],
                               "chunks": [c for _, c in first.values()]})
-    return [_chunk(r[1:]) for r in conn.execute(TARGET_SQL, params)]
+    return [_chunk(r[1:]) for r in await (await conn.execute(TARGET_SQL, params)).fetchall()]

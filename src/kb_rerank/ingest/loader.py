@@ -26,7 +26,7 @@ from psycopg.types.json import Jsonb
 from kb_rerank.core.candidate import sha256_hex
 from kb_rerank.ingest.readers import BadFile, ReadLimits, SourceDoc, iter_documents, list_source_files
 from kb_rerank.core.chunking import chunk_text
-from kb_rerank.core.session import configure_connection, tenant_transaction
+from kb_rerank.core.session import configure_connection, run, tenant_transaction
 from kb_rerank.models.embedders import Embedder
 from kb_rerank.guard.classifier import GuardClassifier, classifier_for
 # the decision stored per chunk is the one rule of kb_rerank.guard.verdict (also /v2/rerank's)
@@ -34,7 +34,7 @@ from kb_rerank.guard.verdict import ChunkFlags, chunk_flags, guard_classifier  #
 from kb_rerank.filters.grammar import FIELD_NAME, MAX_IN, MAX_STRING, RESERVED
 from kb_rerank.guard.policy import injection_decision
 from kb_rerank.core.settings import Settings
-from kb_rerank.guard.reviews import tenant_policy
+from kb_rerank.guard.reviews import atenant_policy
 from kb_rerank.retrieval import term_blocks
 
 log = logging.getLogger(__name__)
@@ -204,7 +204,7 @@ def ingest_documents(
     configure_connection(conn)
     report = IngestReport()
     with tenant_transaction(conn, tenant_id):
-        report.policy = tenant_policy(conn)
+        report.policy = run(conn, atenant_policy)
     items = docs
     if progress:
         from tqdm import tqdm
@@ -236,7 +236,7 @@ def refresh_term_lists_if_stale(conn: psycopg.Connection, tenant_id: UUID | str,
     if chunks_written <= 0:
         return None
     with tenant_transaction(conn, tenant_id):
-        n_chunks, has_lists = term_blocks.state(conn)
+        n_chunks, has_lists = run(conn, term_blocks.state)
         if has_lists and chunks_written < REFRESH_SHARE * n_chunks:
             return None
         return refresh_term_lists(conn, settings)
@@ -245,7 +245,7 @@ def refresh_term_lists_if_stale(conn: psycopg.Connection, tenant_id: UUID | str,
 def refresh_term_lists(conn: psycopg.Connection, settings: Settings) -> int:
     """Rebuild the BM25 term blocks of the tenant of the current transaction, with the
     configured list length, minimum document frequency and BM25 parameters."""
-    return term_blocks.refresh(conn, settings)
+    return run(conn, term_blocks.refresh, settings)
 
 
 def _ingest_one(conn, tenant_id, doc: SourceDoc, embedder: Embedder, settings: Settings, report: IngestReport) -> None:

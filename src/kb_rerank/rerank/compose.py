@@ -6,7 +6,7 @@ did not score, no model for an answer it did not rank, a header on each)."""
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Sequence
 
 from kb_rerank.rerank.diversify import tier
 from kb_rerank.core.settings import Settings
@@ -86,12 +86,12 @@ def reported_tier(final_score: float, scored_by: str, settings: Settings) -> str
     return tier(final_score, tiers(settings)) if scored_by == MODEL else None
 
 
-def answer_model(model: str | None, results: list[dict[str, Any]]) -> str | None:
+def answer_model(model: str | None, results: Sequence[Any]) -> str | None:
     """The ``model`` an answer names: ``model`` when it scored at least one of the answer's
-    ``results`` (a result without ``scored_by`` is from a row cached before the field existed:
-    a whole answer, the model's), else None: an empty answer, a "nothing relevant" answer and a
-    fallback name no model, whatever state the model is in."""
-    return model if any(r.get("scored_by", MODEL) != FUSED for r in results) else None
+    ``results`` (response Structs, whose ``scored_by`` reads ``model`` in a row cached before
+    the field existed: a whole answer, the model's), else None: an empty answer, a "nothing
+    relevant" answer and a fallback name no model, whatever state the model is in."""
+    return model if any(r.scored_by != FUSED for r in results) else None
 
 
 def ranked_by(model: str | None, fallback_reason: str | None, *, curated: bool = False) -> str:

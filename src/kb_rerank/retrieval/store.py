@@ -73,22 +73,6 @@ def _filter(filter: Mapping[str, Any] | None) -> Jsonb | None:
     return None if filter is None else Jsonb(dict(filter))
 
 
-def lexical(conn, query: str, k: int = K, *, k1: float = K1, b: float = B,
-            filter: Mapping[str, Any] | None = None, language: str | None = None) -> list[Candidate]:
-    return _lexical_rows(conn.execute(LEXICAL_SQL, [query, k, k1, b, _filter(filter), language]).fetchall())
-
-
-def semantic(conn, embedding, k: int = K, *, filter: Mapping[str, Any] | None = None) -> list[Candidate]:
-    return _semantic_rows(conn.execute(SEMANTIC_SQL, [_vec(embedding), k, _filter(filter)]).fetchall())
-
-
-def hybrid(conn, query: str, embedding, k: int = FUSION_DEPTH, *, rrf_k: int = RRF_K, fusion: str = FUSION,
-           lexical_weight: float = LEXICAL_WEIGHT, semantic_weight: float = SEMANTIC_WEIGHT, k1: float = K1,
-           b: float = B, filter: Mapping[str, Any] | None = None, language: str | None = None) -> list[Candidate]:
-    return _hybrid_rows(conn.execute(HYBRID_SQL, [query, _vec(embedding), k, rrf_k, fusion, lexical_weight,
-                                                  semantic_weight, k1, b, _filter(filter), language]).fetchall())
-
-
 async def alexical(conn, query: str, k: int = K, *, k1: float = K1, b: float = B,
                    filter: Mapping[str, Any] | None = None, language: str | None = None) -> list[Candidate]:
     cur = await conn.execute(LEXICAL_SQL, [query, k, k1, b, _filter(filter), language])

@@ -15,15 +15,15 @@ STATE = ("select coalesce((select n_chunks from kb.corpus_stats), 0),"
 REFRESH = "select kb.refresh_term_blocks(%s, %s, %s, %s)"
 
 
-def state(conn) -> tuple[int, bool]:
+async def state(conn) -> tuple[int, bool]:
     """(the tenant's chunk count, whether it has term blocks)."""
-    n_chunks, has_blocks = conn.execute(STATE).fetchone()
+    n_chunks, has_blocks = await (await conn.execute(STATE)).fetchone()
     return n_chunks, has_blocks
 
 
-def refresh(conn, settings: Settings) -> int:
+async def refresh(conn, settings: Settings) -> int:
     """Rebuild the tenant's term blocks with the configured level-0 length, minimum document
     frequency and BM25 parameters; returns the number of words with blocks."""
-    return conn.execute(
-        REFRESH, [settings.term_list_length, settings.term_list_min_df, settings.bm25_k1, settings.bm25_b],
-    ).fetchone()[0]
+    cur = await conn.execute(
+        REFRESH, [settings.term_list_length, settings.term_list_min_df, settings.bm25_k1, settings.bm25_b])
+    return (await cur.fetchone())[0]

@@ -16,24 +16,19 @@ CHUNKS_OF = (
 )
 
 
-def count(conn) -> int:
-    return conn.execute(COUNT).fetchone()[0]
+async def count(conn) -> int:
+    """The tenant's documents (also what a search filter can touch: its price, before it runs)."""
+    return (await (await conn.execute(COUNT)).fetchone())[0]
 
 
-async def acount(conn) -> int:
-    """The tenant's documents: what a search filter can touch (its price, before it runs)."""
-    cur = await conn.execute(COUNT)
-    return (await cur.fetchone())[0]
-
-
-def sources(conn) -> list[tuple[Any, str]]:
+async def sources(conn) -> list[tuple[Any, str]]:
     """(doc_id, source_uri) of every document."""
-    return conn.execute(SOURCES).fetchall()
+    return await (await conn.execute(SOURCES)).fetchall()
 
 
-def chunks_of(conn, doc_ids: list[Any]) -> list[Candidate]:
+async def chunks_of(conn, doc_ids: list[Any]) -> list[Candidate]:
     """The chunks of these documents, in order, as candidates (no first-stage score)."""
-    return [from_row(*r, 0.0) for r in conn.execute(CHUNKS_OF, [doc_ids]).fetchall()]
+    return [from_row(*r, 0.0) for r in await (await conn.execute(CHUNKS_OF, [doc_ids])).fetchall()]
 
 
 # ``GET /v1/kb/documents``: the current tenant's documents (row-level security), keyset paged by

@@ -17,7 +17,8 @@ Key: the whole normalised request (the documents as the SHA-256 of their canonic
 the tenant's injection policy,
 source ``caller_documents``, generation 0 (``pair_cache.CALLER_DOCUMENTS_GENERATION``): the
 answer reads no knowledge-base document, so an ingest does not evict it and it can hold no
-knowledge-base text. The cache row holds ``{"kind": "kb_v2_rerank_v1", "response": ...}``.
+knowledge-base text. The flow builds the :class:`~kb_rerank.endpoints.responses.V2Response`;
+the cache row holds ``{"kind": "kb_v2_rerank_v2", "response": ...}`` encoded from it.
 
 Compute (a miss):
 1. The documents (each with its pair) and one passage a scored document that the guard and
@@ -62,6 +63,7 @@ from typing import Any, Awaitable, Callable, Mapping
 
 import msgspec
 import numpy as np
+from msgspec import UNSET
 
 from kb_rerank.core.candidate import Candidate, sha256_hex
 from kb_rerank.guard import verdict
@@ -77,13 +79,15 @@ from kb_rerank.guard.policy import apply as apply_policy
 from kb_rerank.core.limits import LimitExceeded
 from kb_rerank.core.query import canonical_json, normalize_query
 from kb_rerank.endpoints.requests import V2Document, V2Request
+from kb_rerank.endpoints.responses import (Mmr, ScoreRank, V2ApiVersion, V2BilledUnits, V2Filtered, V2Meta,
+                                         V2RerankStage, V2Response, V2Result, V2ResultDocument, V2Stages)
 from kb_rerank.core.settings import Settings
 from kb_rerank.rerank import pair_cache
 
 log = logging.getLogger(__name__)
 
 SOURCE = "caller_documents"
-CACHE_KIND = "kb_v2_rerank_v1"
+CACHE_KIND = "kb_v2_rerank_v2"  # a new kind whenever the stored answer changes shape: older rows miss
 RRF_K = 60  # the first stage over the caller's scores: textbook RRF
 
 
@@ -160,6 +164,7 @@ class CallerDocumentsFlow(StoredResponse):
 
     source = SOURCE
     cache_kind = CACHE_KIND
+    response_type = V2Response
     tag = "v2_rerank"
     fixed_generation = pair_cache.CALLER_DOCUMENTS_GENERATION
     keyed_on_policy = True
@@ -212,11 +217,12 @@ class CallerDocumentsFlow(StoredResponse):
             "guard": req.guard,
         }
 
-    def answer(self, served: Served, trace_id: str) -> dict[str, Any]:
-        meta = {**served.body.get("meta", {}), "from_cache": served.from_cache, "trace_id": trace_id}
+    def answer(self, served: Served, trace_id: str) -> V2Response:
+        body: V2Response = served.body
+        meta = msgspec.structs.replace(body.meta, from_cache=served.from_cache, trace_id=trace_id)
         if served.from_cache:
-            meta["rerank_duration_ms"] = 0
-        return {"id": trace_id, **served.body, "meta": meta}
+            meta = msgspec.structs.replace(meta, rerank_duration_ms=0)
+        return msgspec.structs.replace(body, id=trace_id, meta=meta)
 
     def candidates(self) -> list[Candidate]:
         """The best ``rerank_max_candidates`` documents by first stage, truncated to
@@ -327,41 +333,40 @@ class CallerDocumentsFlow(StoredResponse):
         for pos, r in enumerate(ranked[:top_n]):
             c = kept[r.index]
             i = int(c.id)
-            item: dict[str, Any] = {"index": i, "relevance_score": reported_score(c.relevance, c.scored_by),
-                                    "final_score": reported_score(r.final_score, c.scored_by),
-                                    "tier": reported_tier(r.final_score, c.scored_by, s),
-                                    "mmr": {"penalty": r.mmr_penalty, "max_sim": r.max_sim}}
-            if docs[i].id is not None:
-                item["id"] = docs[i].id
-            if req.return_documents:
-                item["document"] = {"text": docs[i].text}
-            if req.explain:
-                item["stages"] = {"first_stage": {"score": rounded(first[i]), "rank": order.index(i) + 1},
-                                  "rerank": {"score": reported_score(c.relevance, c.scored_by)},
-                                  "final": {"score": reported_score(r.final_score, c.scored_by), "rank": pos + 1},
-                                  "demote": rounded(c.demote)}
-            item["scored_by"] = c.scored_by
-            results.append(item)
-        meta = {
-            "api_version": {"version": "2"}, "billed_units": {"search_units": 1},
-            "model": answer_model(self.model, results),
-            "ranked_by": ranked_by(answer_model(self.model, results), scored.reason),
-            "requested_model": req.model,
-            "documents": n, "scored": len(kept), "cut_off": n - len(cut),
-            "lambda": self.lam, "mmr": mmr_used, "injection_policy": look.policy, "guard": req.guard,
-            "order": "final_score" if self.composite else "relevance_score", "filtered": filtered,
+            results.append(V2Result(
+                index=i, relevance_score=reported_score(c.relevance, c.scored_by),
+                final_score=reported_score(r.final_score, c.scored_by),
+                tier=reported_tier(r.final_score, c.scored_by, s),
+                mmr=Mmr(penalty=r.mmr_penalty, max_sim=r.max_sim),
+                id=docs[i].id if docs[i].id is not None else UNSET,
+                document=V2ResultDocument(text=docs[i].text) if req.return_documents else UNSET,
+                stages=V2Stages(first_stage=ScoreRank(rounded(first[i]), order.index(i) + 1),
+                                rerank=V2RerankStage(reported_score(c.relevance, c.scored_by)),
+                                final=ScoreRank(reported_score(r.final_score, c.scored_by), pos + 1),
+                                demote=rounded(c.demote)) if req.explain else UNSET,
+                scored_by=c.scored_by,
+            ))
+        warning = degraded_warning(scored.reason, scored.partial)
+        model = answer_model(self.model, results)
+        meta = V2Meta(
+            api_version=V2ApiVersion(version="2"), billed_units=V2BilledUnits(search_units=1),
+            model=model, ranked_by=ranked_by(model, scored.reason),
+            requested_model=req.model,
+            documents=n, scored=len(kept), cut_off=n - len(cut),
+            lam=self.lam, mmr=mmr_used, injection_policy=look.policy, guard=req.guard,
+            order="final_score" if self.composite else "relevance_score",
+            filtered=msgspec.convert(filtered, list[V2Filtered]),
             # scored documents the injection classifier could not reach (judged by the patterns
             # alone, or without their spans): the answer is then not cached
-            "unclassified": self.unclassified,
-            "fallback": scored.reason is not None, "fallback_reason": scored.reason,
-            "reranked": scored.reranked, "partial_reason": scored.partial,
-            "rerank_duration_ms": scored.ms,
-        }
-        warning = degraded_warning(scored.reason, scored.partial)
-        if warning:
-            meta["warnings"] = [warning]  # Cohere's meta.warnings: shown by clients that read no header
+            unclassified=self.unclassified,
+            fallback=scored.reason is not None, fallback_reason=scored.reason,
+            reranked=scored.reranked, partial_reason=scored.partial,
+            rerank_duration_ms=scored.ms,
+            # Cohere's meta.warnings: shown by clients that read no header
+            warnings=[warning] if warning else UNSET,
+            from_cache=False, trace_id="")
         # an answer with documents the guard could not inspect or classify (load of the moment,
         # or a failed embedder: not a property of the request) is served but not cached
-        return Outcome({"results": results, "meta": meta}, n, len(results), meta["model"],
+        return Outcome(V2Response(id="", results=results, meta=meta), n, len(results), model,
                        fallback_reason=scored.reason, rerank_ms=scored.ms, new_pairs=scored.new_pairs,
                        cacheable=all(c.inspected and c.classified for c in cands))

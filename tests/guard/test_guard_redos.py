@@ -279,9 +279,11 @@ def test_rewritten_patterns_keep_their_findings():
 # --------------------------------------------------------------------------- policy
 
 
-def test_documents_not_inspected_in_budget_are_demoted(settings, embedder, app_conn):
+def test_documents_not_inspected_in_budget_are_reported(settings, embedder, app_conn):
     """Budget 0: nothing is inspected; under the default policy (exclude) the documents are
-    demoted, not dropped, and reported as "not_inspected"; under "allow" they are allowed."""
+    kept in Cohere's order, not dropped or demoted, and reported as "not_inspected" (the
+    /v2/rerank contract applies only the injection policy's own decisions); under "allow" they
+    are allowed."""
     from tests.endpoints.test_context import ScriptedReranker, client_for, set_policy
     from tests.endpoints.test_v2_rerank import call
 
@@ -294,9 +296,8 @@ def test_documents_not_inspected_in_budget_are_demoted(settings, embedder, app_c
         dm = call(client, t_default, {"query": "refunds", "documents": docs, "lambda": 1.0, "explain": True})
         al = call(client, t_allow, {"query": "refunds", "documents": docs, "lambda": 1.0})
     assert sorted((f["index"], f["reason"], f["action"]) for f in dm["meta"]["filtered"]) == [
-        (0, "not_inspected", "demoted"), (1, "not_inspected", "demoted")]
-    assert {x["index"] for x in dm["results"]} == {0, 1}
-    assert all(x["stages"]["demote"] == settings.demote_factor for x in dm["results"])
+        (0, "not_inspected", "reported"), (1, "not_inspected", "reported")]
+    assert [x["index"] for x in dm["results"]] == [1, 0]  # by relevance: nothing demoted
     assert sorted((f["index"], f["action"]) for f in al["meta"]["filtered"]) == [(0, "allowed"), (1, "allowed")]
     assert [x["index"] for x in al["results"]] == [1, 0]
     # an answer with uninspected documents is not cached: the same request with time to

@@ -289,14 +289,14 @@ def _write(path: Path, content: str | bytes) -> Path:
 
 def test_front_matter_is_parsed_and_removed(tmp_path):
     _write(tmp_path / "a.md", "---\ntitle: From front matter\nauthority: 2.0\nlanguage: vi\n---\n\nJust text, no heading.\n")
-    _write(tmp_path / "b.md", '---\ntitle: "Ignored title"\nauthority: 0.5\n---\n# Heading title\n\nBody text of the page.\n')
+    _write(tmp_path / "b.md", '---\ntitle: "Front matter title"\nauthority: 0.5\n---\n# Heading title\n\nBody text of the page.\n')
     _write(tmp_path / "c-stem.md", "Plain body without title.\n")
     docs = {d.source_uri: d for d in iter_documents([tmp_path])}
     assert set(docs) == {"a.md", "b.md", "c-stem.md"}
     a, b, c = docs["a.md"], docs["b.md"], docs["c-stem.md"]
     assert isinstance(a, SourceDoc)
     assert (a.title, a.authority, a.language, a.text) == ("From front matter", 2.0, "vi", "Just text, no heading.")
-    assert (b.title, b.authority, b.language) == ("Heading title", 0.5, "en")
+    assert (b.title, b.authority, b.language) == ("Front matter title", 0.5, "en")  # front matter is the truth
     assert b.text == "# Heading title\n\nBody text of the page."
     assert "---" not in a.text and "authority" not in b.text
     assert (c.title, c.authority, c.language) == ("c-stem", 1.0, "en")
@@ -354,7 +354,7 @@ def test_bad_files_are_reported_and_good_files_still_come_out(tmp_path):
     assert "unreadable" in bad["06-dangling.md"]
     txt = docs[2]
     assert txt.text == "Plain text note.\nSecond line."
-    assert txt.title == "07-good"
+    assert txt.title == "Plain text note."  # a text file is titled by its first line
     # results follow the sorted order of relative paths
     order = [Path(i.path).name if isinstance(i, BadFile) else Path(i.source_uri).name for i in items]
     assert order[:6] == ["01-good.md", "02-binary.md", "03-latin1.txt", "04-empty.md", "05-blank.txt", "06-dangling.md"]

@@ -73,8 +73,8 @@ def test_a_disconnected_client_stops_its_work(server, caplog):
     tenant = uuid.uuid4()
     # every chunk a text of its own (a text repeated is embedded once per request)
     docs = [" ".join(f"refund{i}x{j}" for j in range(2_000))[:20_000] for i in range(50)]
-    body = json.dumps({"query": "refunds", "documents": docs}).encode()
-    # 50 documents of 20,000 characters: ~17 chunks each for MMR's embeddings, one a unit
+    body = json.dumps({"query": "refunds", "documents": docs, "lambda": 0.5}).encode()  # MMR asked for: its embeddings
+    # 50 documents of 20,000 characters: ~17 chunks each for the embeddings MMR needs (asked for), one a unit
     submitted = 50 * 17
     with caplog.at_level(logging.INFO, logger="kb_rerank.endpoints.serve"):
         _post_and_leave(base, tenant, body, after_s=1.5)

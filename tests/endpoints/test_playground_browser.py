@@ -225,9 +225,13 @@ def test_a_fallback_answer_shows_no_model_and_no_relevance(page, settings, embed
         tiers = _cell_texts(page, "results", 5)
         assert tiers and set(tiers) == {"fused"}, tiers
         assert all("scored by fused" in e for e in _cell_texts(page, "results", 6))
-        # the bars show the fused score (the first stage's, said so), never an empty table
-        values = [float(v) for v in page.locator("#results meter").evaluate_all("ms => ms.map(m => m.value)")]
-        assert len(values) == len(tiers) and values[0] == max(values) > 0
+        # a fused score is an order, not a relevance: said in words ("fused 0.51"), no bar,
+        # never an empty table
+        assert page.locator("#results meter").count() == 0
+        words = page.locator("#results td.fused span").all_inner_texts()
+        values = [float(w.split()[1]) for w in words]
+        assert len(values) == len(tiers) and all(w.startswith("fused ") for w in words)
+        assert values[0] == max(values) > 0
         page.get_by_label("Endpoint").select_option("/v2/rerank")
         page.get_by_label("Documents (one per line)").fill("ERR_402 appears at checkout.\nRefunds take five days.")
         page.get_by_label("Query").press("Enter")

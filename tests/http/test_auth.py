@@ -462,6 +462,7 @@ def test_random_secrets_accepted():
 
 def test_serve_refuses_placeholder_secret_but_dev_mode_keeps_working(monkeypatch, capsys):
     from kb_rerank.cli import main as cli
+    from kb_rerank.core.dev import DEV_JWT_SECRET
 
     monkeypatch.delenv("KB_JWT_PUBLIC_KEY", raising=False)
     monkeypatch.delenv("KB_SERVE_DEV", raising=False)

@@ -256,14 +256,14 @@ def test_reader_bound_to_its_tenant_and_writes_nothing(sqlr, tenant_kb, owner):
     before = owner.execute(counts).fetchone()
     query = "user roles and permissions for a reader"
     with psycopg.connect(db.replace_url(url, user=access.role, dbname=settings.database_name)) as reader:
-        rows = [r for r in reader.execute(CALL, [query, "lexical_only", 10, None])]
+        rows = [r for r in reader.execute(CALL, [query, "hybrid_lexical_semantic", 10, None])]
         assert rows
         ids = [r[1] for r in rows]
         assert owner.execute("select count(*) from kb.chunks where tenant_id = %s and chunk_id = any(%s)",
                              [tenant_kb, ids]).fetchone()[0] == len(ids)
         # widening: another tenant in the setting changes nothing
         reader.execute("select set_config('auth.tenant_id', %s, false)", [str(uuid.uuid4())])
-        assert [r[1] for r in reader.execute(CALL, [query, "lexical_only", 10, None])] == ids
+        assert [r[1] for r in reader.execute(CALL, [query, "hybrid_lexical_semantic", 10, None])] == ids
         # it cannot write around the function either
         with pytest.raises(psycopg.errors.InsufficientPrivilege):
             reader.execute("insert into kb.kb_rerank_cache (tenant_id) values (%s)", [tenant_kb])

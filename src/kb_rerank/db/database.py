@@ -130,7 +130,7 @@ def plpython_path() -> str:
 
     import kb_rerank
 
-    paths = [str(Path(kb_rerank.__file__).resolve().parents[1])]
+    paths = [str(Path(list(kb_rerank.__path__)[0]).resolve().parent)]
     for key in ("purelib", "platlib"):
         p = sysconfig.get_paths()[key]
         if p not in paths:

@@ -4,6 +4,10 @@
 -- result. Installed only where the server has PL/Python (plpython3u); elsewhere this file
 -- creates nothing and `kb-rerank migrate` says so in one line.
 --
+-- No search_path of its own: its statements are the service's, run with the caller's search_path
+-- as the service's connections run them (pgvector's type lives in public); being an invoker,
+-- nothing it resolves runs with more than the caller's rights.
+--
 -- SECURITY INVOKER: every statement runs as the caller, under its tenant and RLS (no tenant:
 -- no rows; a per-tenant SQL reader: its mapped tenant, and nothing written). plpython3u is
 -- untrusted: only a superuser creates functions in it (this file, run by the migration);
@@ -32,7 +36,6 @@ returns table (
 language plpython3u
 volatile
 security invoker
-set search_path = pg_catalog, kb, public, pg_temp
 as $py$
 from kb_rerank import plpython as kb_sql
 try:

@@ -34,6 +34,8 @@ grant execute on function kb.current_tenant(), kb.sql_access_tenant(),
                           kb.search_filter(jsonb), kb.search_filter_time(text, text), kb.search_filter_docs(jsonb),
                           kb.search_filter_number(jsonb, text), kb.search_filter_language(text, text),
                           kb.guard_flagged_share_rows(),
+                          kb.search_lexical_ids(text, integer, double precision, double precision, jsonb, text),
+                          kb.search_semantic_ids(public.vector, integer, jsonb),
                           kb.retrieve_hybrid(text, public.vector, integer, integer, text, double precision, double precision,
                                              double precision, double precision, integer, text, text, bigint, jsonb, text)
   to kb_sql_reader;

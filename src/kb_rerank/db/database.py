@@ -143,10 +143,14 @@ def server_environment(settings: Settings):
     """Within: this process's environment as the embedded server starts with it (it inherits
     it): PL/Python imports this kb_rerank (:func:`plpython_path`), and ``kb.rerank_search``
     reads its settings from the ``KB_*`` variables, with the data folder (its key files) made
-    absolute."""
-    saved = {k: os.environ.get(k) for k in ("PYTHONPATH", "KB_DATA_DIR")}
+    absolute; OpenMP threads wait passively unless ``OMP_WAIT_POLICY`` says otherwise."""
+    saved = {k: os.environ.get(k) for k in ("PYTHONPATH", "KB_DATA_DIR", "OMP_WAIT_POLICY")}
     os.environ["PYTHONPATH"] = plpython_path()
     os.environ["KB_DATA_DIR"] = str(Path(settings.data_dir).resolve())
+    # the embedder's and the model's OpenMP threads sleep when idle instead of spinning: in a
+    # backend they spun against each other and against the other backends (3.5 times slower
+    # calls, bench/sql_rerank_cost.py); set it to keep another policy
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     try:
         yield
     finally:

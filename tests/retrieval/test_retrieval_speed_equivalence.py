@@ -273,14 +273,14 @@ def test_arguments_are_checked_as_search_hybrid_checks_them(app_conn, corpus, ar
                 fn(app_conn, "walrus", basis(0), 20, "convex", 5, lw=0.0, sw=0.0)
 
 
-def test_the_app_role_may_run_the_read_and_sql_readers_the_fusion_only(owner_conn):
-    """The service's read is granted to the service's role only; the fusion and the id lists
-    it fuses to the service's role and to kb_sql_reader (kb.search_hybrid, which SQL readers
-    call, ranks with them as its caller); none to PUBLIC."""
+def test_the_app_role_and_sql_readers_may_run_the_read_and_the_fusion(owner_conn):
+    """The service's read, the fusion and the id lists it fuses are granted to the service's
+    role and to kb_sql_reader (kb.search_hybrid and kb.rerank_search, which SQL readers call,
+    run them as their caller, under the reader's tenant); none to PUBLIC."""
     fusion = ("kb.hybrid_fusion(text, vector, integer, integer, text, double precision, double precision,"
               " double precision, double precision, jsonb, text)")
     for fn, sql_reader in (("kb.retrieve_hybrid(text, vector, integer, integer, text, double precision, double precision,"
-                            " double precision, double precision, integer, text, text, bigint, jsonb, text)", False),
+                            " double precision, double precision, integer, text, text, bigint, jsonb, text)", True),
                            (fusion, True),
                            ("kb.search_lexical_ids(text, integer, double precision, double precision, jsonb, text)", True),
                            ("kb.search_semantic_ids(vector, integer, jsonb)", True)):

@@ -23,8 +23,11 @@ def cmd_migrate(args, settings: Settings) -> int:
     db.migrate(settings, url, revision=args.revision)
     with psycopg.connect(url) as conn:
         after = db.current_revision(conn)
+        note = db.sql_rerank_note(conn)
     print(f"database already at {after}: nothing to apply" if after == before else
           f"migrated {before or 'an empty database'} to {after}")
+    if note:
+        print(note)
     return 0
 
 

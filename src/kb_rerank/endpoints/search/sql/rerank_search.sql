@@ -25,7 +25,7 @@ begin
 create or replace function kb.rerank_search(
   query text,
   source text default 'hybrid_lexical_semantic',
-  top_n integer default 10,
+  top_n integer default {{default:rerank_top_n}},
   filter jsonb default null
 )
 returns table (

@@ -96,7 +96,7 @@ FUNCTIONS = {
     "audit_add_month": "not executable by the app",
     "record_outcome": "writes the tenant it is given; refused in another tenant's transaction (test_record_outcome)",
     "evict_expired_cache": "not executable by the app",
-    "schema_layer_version": "pure: returns a constant (the SQL layer's version, issue 14)",
+    "schema_layer_version": "pure: returns a constant (the version of the SQL layer applied)",
     "guard_flagged_share_rows": "security invoker: reads kb.chunks under the caller's RLS (test_guard_caller_documents)",
 }
 HOSTILE = [

@@ -85,15 +85,19 @@ def token(private_key, kid: str | None, tenant, *, claim: str = "tenant_id", aud
 
 class JwksServer:
     """A JWK Set on 127.0.0.1 (a ThreadingHTTPServer in a thread); ``keys`` can change while
-    it runs (a provider's rotation); ``hits`` counts the fetches; ``delay_s`` slows them."""
+    it runs (a provider's rotation); ``hits`` counts the fetches; ``delay_s`` slows them;
+    ``hold``, when set, keeps a fetch waiting until that event is set (at most 10 s)."""
 
     def __init__(self, keys: list[dict]) -> None:
         self.keys, self.hits, self.delay_s = list(keys), 0, 0.0
+        self.hold: threading.Event | None = None
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self):  # noqa: N802 - http.server's name
                 outer.hits += 1
+                if outer.hold is not None:
+                    outer.hold.wait(10.0)
                 if outer.delay_s:
                     time.sleep(outer.delay_s)
                 body = json.dumps({"keys": outer.keys}).encode()
@@ -218,27 +222,23 @@ def test_jwks_fetch_runs_off_the_event_loop_with_a_timeout():
     with JwksServer([jwk(k1, "k1")]) as idp:
         cfg = JwtConfig(jwks_url=idp.url, jwks_timeout_s=2.0)
         keys = JwksKeys(cfg)
-        idp.delay_s = 0.5
+        # the provider answers only once the event loop has run while the fetch was pending:
+        # a fetch that blocked the loop would wait the hold's 10 s out and fail the check below
+        idp.hold = threading.Event()
 
-        async def run() -> int:
-            ticks = 0
-            done = asyncio.Event()
-
-            async def ticker():
-                nonlocal ticks
-                while not done.is_set():
-                    ticks += 1
-                    await asyncio.sleep(0.01)
-
-            t = asyncio.create_task(ticker())
-            key = await keys.key_for(token(k1, "k1", tenant))
-            done.set()
-            await t
+        async def run() -> bool:
+            fetch = asyncio.create_task(keys.key_for(token(k1, "k1", tenant)))
+            while idp.hits == 0 and not fetch.done():
+                await asyncio.sleep(0.001)
+            idp.hold.set()  # the loop ran while the provider held the fetch
+            key = await fetch
             assert key.key_id == "k1"
-            return ticks
+            return True
 
-        ticks = asyncio.run(run())
-        assert ticks >= 20, f"the loop ran only {ticks} ticks during a 0.5 s fetch: it was blocked"
+        t0 = time.monotonic()
+        assert asyncio.run(run())
+        assert time.monotonic() - t0 < 9.0, "the fetch blocked the event loop until the provider gave up holding it"
+        idp.hold = None
         # a provider slower than the timeout: 503 (JwksUnavailable) in about the timeout, not its delay
         idp.delay_s = 5.0
         slow = JwksKeys(JwtConfig(jwks_url=idp.url, jwks_timeout_s=0.3))

@@ -166,30 +166,31 @@ def test_ascore_runs_off_the_event_loop(reranker, monkeypatch):
     real = reranker._compute_logits
     seen_threads = []
 
+    started, loop_ran, waited = threading.Event(), threading.Event(), []
+
     def slow(query, passages):
         seen_threads.append(threading.current_thread().name)
-        time.sleep(0.3)  # would freeze the loop if score ran on it
+        started.set()
+        # the event loop must run while this waits: on the loop it would wait the 10 s out
+        waited.append(loop_ran.wait(10.0))
         return real(query, passages)
 
     monkeypatch.setattr(reranker, "_compute_logits", slow)
 
     async def main():
-        ticks = 0
-
         async def ticker():
-            nonlocal ticks
-            while True:
-                await asyncio.sleep(0.01)
-                ticks += 1
+            while not started.is_set():
+                await asyncio.sleep(0.001)
+            loop_ran.set()
 
         task = asyncio.create_task(ticker())
-        scores = await reranker.ascore(QUERY, PASSAGES)
-        task.cancel()
-        return scores, ticks
+        scores = await reranker.ascore(QUERY, PASSAGES, timeout_s=30)
+        await task
+        return scores
 
-    scores, ticks = asyncio.run(main())
+    scores = asyncio.run(main())
     assert _close(scores, expected)
-    assert ticks >= 10
+    assert waited == [True]
     assert seen_threads and seen_threads[0].startswith("kb-rerank")
     # torch's intra-op thread setting is the same on the worker thread.
     assert reranker._executor.submit(torch.get_num_threads).result() == torch.get_num_threads()
@@ -197,21 +198,24 @@ def test_ascore_runs_off_the_event_loop(reranker, monkeypatch):
 
 def test_ascore_timeout(reranker, monkeypatch):
     real = reranker._compute_logits
+    release, finished = threading.Event(), threading.Event()
 
     def slow(query, passages):
-        time.sleep(0.6)
+        release.wait(10.0)  # a forward pass that outlives the caller's timeout
+        finished.set()
         return real(query, passages)
 
     monkeypatch.setattr(reranker, "_compute_logits", slow)
     timeouts = reranker.timeouts
 
     async def main():
-        t0 = time.perf_counter()
         with pytest.raises(RerankerTimeout):
             await reranker.ascore(QUERY, PASSAGES, timeout_s=0.1)
-        return time.perf_counter() - t0
+        return finished.is_set()
 
-    assert asyncio.run(main()) < 0.45
+    # the caller was answered while the pass still ran (it waits for ``release``)
+    assert asyncio.run(main()) is False
+    release.set()
     assert issubclass(RerankerTimeout, RerankerError)
     assert reranker.timeouts == timeouts + 1
     monkeypatch.setattr(reranker, "_compute_logits", real)

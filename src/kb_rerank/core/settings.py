@@ -439,6 +439,12 @@ class Settings:
     tenant_pool_slots: int = setting(
         0,
         "pool connections one tenant may hold at once; 0: half of KB_POOL_MAX; < 0 disables")
+    tenant_retrieval_slots: int = setting(
+        1,
+        "retrieval statements (a search and its filter) one tenant may run at once while another tenant is "
+        "served: one tenant's searches cannot hold every core of the database; a tenant alone is not capped; "
+        "0 disables",
+        ge=0, see="docs/tuning.md, \"Rate limits\"")
     tenant_wait_s: float = setting(
         2.0,
         "a tenant at its cap waits this long for its own slot, then 429 `tenant_busy`",

@@ -378,8 +378,8 @@ class Pipeline:
                        embedding: Any, bill: Bill | None = None) -> tuple[list[Candidate], dict | None]:
         """The candidates and, read on the primary, their live pair scores: on a healthy
         standby when read replicas are set (the primary when none is, it is behind the
-        request's generation, or it fails), within the tenant's share of either pool. A
-        search filter is paid for first, in the same transaction (:meth:`Bill.filter`: its
+        request's generation, or it fails), within the tenant's share of either pool and one
+        of its retrieval slots (:meth:`Limits.retrieval_slot`). A search filter is paid for first, in the same transaction (:meth:`Bill.filter`: its
         terms over the tenant's documents; 429 when short)."""
         tenant = look.tenant
         terms = filters.terms(spec.filter)
@@ -394,19 +394,24 @@ class Pipeline:
         pairs = (self.model_name, query_key) if self.settings.pair_cache else None
         args = dict(generation=look.generation, query_hash=query_key, pairs=pairs)
         with timing.stage("retrieve"):
-            standby = self.replicas.pick() if self.replicas is not None else None
-            if standby is not None:
-                try:
-                    async with self.limits.connection(standby.pool, tenant) as conn:
-                        async with atenant_transaction(conn, tenant):
-                            return await read(conn, on_primary=False, **args)
-                except replica_reads.StandbyBehind:
-                    log.debug("standby %s behind the request's generation: read on the primary", standby.name)
-                except replica_reads.RETRY_ON_PRIMARY as exc:
-                    self.replicas.failed(standby, exc)
-            async with self.connection(tenant) as conn:
-                async with atenant_transaction(conn, tenant):
-                    return await read(conn, on_primary=True, **args)
+            async with self.limits.retrieval_slot(tenant):
+                return await self._read_where(read, tenant, args)
+
+    async def _read_where(self, read, tenant, args):
+        """``read`` on a healthy standby, else on the primary."""
+        standby = self.replicas.pick() if self.replicas is not None else None
+        if standby is not None:
+            try:
+                async with self.limits.connection(standby.pool, tenant) as conn:
+                    async with atenant_transaction(conn, tenant):
+                        return await read(conn, on_primary=False, **args)
+            except replica_reads.StandbyBehind:
+                log.debug("standby %s behind the request's generation: read on the primary", standby.name)
+            except replica_reads.RETRY_ON_PRIMARY as exc:
+                self.replicas.failed(standby, exc)
+        async with self.connection(tenant) as conn:
+            async with atenant_transaction(conn, tenant):
+                return await read(conn, on_primary=True, **args)
 
     async def score(self, flow: Flow, bill: Bill, look: Lookup, chosen: list[Candidate],
                     cached: dict | None) -> scoring.Scored:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import shutil
@@ -48,6 +49,9 @@ KEYS = 64
 # 16 date ranges on 16 of the 64 keys: 1 KB of JSON
 FILTER = {f"key_{i:02d}": {"$gte": f"20{10 + i % 10}-01-01T00:00:00Z", "$lt": f"20{11 + i % 10}-06-30T23:59:59Z"}
           for i in range(16)}
+# (--filter wide) the same 16 keys, each range holding every document: nothing narrows the
+# documents early, every range reads all of them (the most a 16-range filter costs)
+WIDE = {k: {"$gte": "2000-01-01T00:00:00Z", "$lt": "2099-12-31T23:59:59Z"} for k in FILTER}
 
 # A's documents: 64 keys each, dates spread over 2010-2029 (every key a date: the worst case
 # for the ranges), in one statement
@@ -91,6 +95,21 @@ def p(values: list[float], q: float) -> float | None:
     return statistics.quantiles(values, n=100, method="inclusive")[int(q) - 1] if len(values) > 1 else values[0]
 
 
+def timings(header: str) -> dict[str, float]:
+    """``Server-Timing``: ``cache;dur=1.2, retrieve;dur=3.4`` -> {stage: ms}."""
+    out = {}
+    for part in header.split(","):
+        name, _, rest = part.strip().partition(";dur=")
+        with contextlib.suppress(ValueError):
+            out[name] = float(rest)
+    return out
+
+
+def stage_medians(runs: list[dict[str, float]]) -> dict[str, float]:
+    names = sorted({k for r in runs for k in r})
+    return {k: round(statistics.median(r.get(k, 0.0) for r in runs), 1) for k in names}
+
+
 def free_port() -> int:
     import socket
 
@@ -111,7 +130,11 @@ def serve(args) -> int:
 
     from kb_rerank.app import create_app
 
-    settings = settings_for(Path(args.data), database_url=args.owner_url, app_database_url=args.app_url)
+    changes = {}
+    for kv in args.set:
+        k, _, v = kv.partition("=")
+        changes[k] = type(getattr(settings_for(Path(args.data)), k))(v)
+    settings = settings_for(Path(args.data), database_url=args.owner_url, app_database_url=args.app_url, **changes)
     app = create_app(settings, reranker=ConstantReranker(), embedder=StubEmbedder(settings.embedding_dim))
     uvicorn.run(app, host="127.0.0.1", port=args.serve, log_level="warning")
     return 0
@@ -143,18 +166,20 @@ def measure(args) -> int:
     from kb_rerank.http.auth import JwtConfig, mint_token
 
     versions = [tuple(v.split("=", 1)) for v in args.version] or [("run", str(HERE.parent / "src"))]
+    # LABEL=SRC[,SETTING=VALUE...]: settings of that version's server
+    versions = [(label, spec.split(",")[0], spec.split(",")[1:]) for label, spec in versions]
     data = Path(tempfile.mkdtemp(prefix="kb-filter-flood-"))
     owner, app, tenant_a, tenant_b, setup_s = setup(args, data)
     print(f"setup {setup_s:.1f} s", flush=True)
     procs, bases = [], {}
     try:
-        for label, path in versions:
+        for label, path, sets in versions:
             port = free_port()
             env = {**os.environ, "PYTHONPATH": str(Path(path).resolve()) + os.pathsep + str(HERE),
                    "OPENBLAS_NUM_THREADS": "1"}
             procs.append(subprocess.Popen(
                 [sys.executable, str(Path(__file__).resolve()), "--serve", str(port), "--data", str(data),
-                 "--owner-url", owner, "--app-url", app], env=env))
+                 "--owner-url", owner, "--app-url", app, *[x for kv in sets for x in ("--set", kv)]], env=env))
             bases[label] = f"http://127.0.0.1:{port}"
         for base in bases.values():
             deadline = time.monotonic() + 180
@@ -183,20 +208,21 @@ def measure(args) -> int:
         shutil.rmtree(data, ignore_errors=True)
     res = {
         "label": args.label, "cores": os.cpu_count(), "a_documents": args.docs, "keys": KEYS,
-        "filter_bytes": len(json.dumps(FILTER)), "flooders": args.flooders, "rounds": args.rounds,
+        "filter": args.filter, "filter_bytes": len(json.dumps(FILTER)), "flooders": args.flooders, "rounds": args.rounds,
         "queries_per_phase": args.queries, "interval_s": args.interval, "setup_s": round(setup_s, 1),
         "versions": {},
     }
-    for label, path in versions:
+    for label, path, sets in versions:
         g = got[label]
         alone, during = g["alone_ms"], g["during_ms"]
         res["versions"][label] = {
-            "path": path,
+            "path": path, "settings": sets,
             "b_alone": {"n": len(alone), "p50": p(alone, 50), "p95": p(alone, 95)},
             "b_during": {"n": len(during), "p50": p(during, 50), "p95": p(during, 95)},
             "p95_ratio": p(during, 95) / p(alone, 95), "p50_ratio": p(during, 50) / p(alone, 50),
             "rounds_p95_ratio": [round(p(d, 95) / p(a, 95), 2) for a, d in zip(g["alone_rounds"], g["during_rounds"])],
             "a_statuses": g["a_statuses"], "a_200_p50_ms": p(g["a_ms"], 50), "b_statuses": g["b_statuses"],
+            "b_server_stages_p50_ms": {phase: stage_medians(runs) for phase, runs in g["stages"].items()},
             "active_statements": {"mean": statistics.fmean(g["active"]) if g["active"] else None,
                                   "max": max(g["active"], default=None)},
         }
@@ -215,7 +241,7 @@ def markdown(res: dict, args) -> str:
         f"`{cmd}`",
         "",
         f"{res['cores']} cores; tenant A: {res['a_documents']} documents x {res['keys']} metadata keys, a "
-        f"{res['filter_bytes']}-byte filter of 16 date ranges, {res['flooders']} concurrent clients; tenant B: "
+        f"{res['filter_bytes']}-byte filter of 16 {res['filter']} date ranges, {res['flooders']} concurrent clients; tenant B: "
         f"lexical searches every {res['interval_s']} s, {res['queries_per_phase']} a phase; {res['rounds']} rounds "
         "of (B alone, B during the flood) per version, versions alternating, one database.",
         "",
@@ -227,10 +253,13 @@ def markdown(res: dict, args) -> str:
         st = ", ".join(f"{k}: {n}" for k, n in sorted(v["a_statuses"].items()))
         act = v["active_statements"]
         lines.append(
-            f"| {label} | {v['b_alone']['p50']:.0f} / {v['b_alone']['p95']:.0f} | "
+            f"| {label}{' (' + ', '.join(v['settings']) + ')' if v['settings'] else ''} | {v['b_alone']['p50']:.0f} / {v['b_alone']['p95']:.0f} | "
             f"{v['b_during']['p50']:.0f} / {v['b_during']['p95']:.0f} | {v['p95_ratio']:.2f} | "
             f"{', '.join(map(str, v['rounds_p95_ratio']))} | {st} | "
             f"{(act['mean'] or 0):.1f} / {act['max']} |")
+    lines += ["", "B's server-side stages (`Server-Timing`), median ms: " + "; ".join(
+        f"{label} {phase}: " + ", ".join(f"{k} {v:g}" for k, v in st.items())
+        for label, v in res["versions"].items() for phase, st in v["b_server_stages_p50_ms"].items())]
     lines += ["", "Active statements: the database's active backends, sampled every 0.1 s during the flood "
               "phases (B's included).", ""]
     return "\n".join(lines)
@@ -238,7 +267,7 @@ def markdown(res: dict, args) -> str:
 
 async def rounds(args, versions, bases, ha, hb, owner) -> dict:
     got = {label: {"alone_ms": [], "during_ms": [], "alone_rounds": [], "during_rounds": [], "a_statuses": {},
-                   "a_ms": [], "b_statuses": {}, "active": []} for label, _ in versions}
+                   "a_ms": [], "b_statuses": {}, "active": [], "stages": {}} for label, *_ in versions}
 
     async def b_phase(client, base, g, tag: str, n: int) -> list[float]:
         out = []
@@ -249,14 +278,19 @@ async def rounds(args, versions, bases, ha, hb, owner) -> dict:
                 r = await client.post(base + "/v1/kb/search/rerank", json={"query": q, "source": "lexical_only"},
                                       headers=hb, timeout=args.timeout)
                 status = str(r.status_code)
+                stages = timings(r.headers.get("server-timing", ""))
             except httpx.TimeoutException:
-                status = "timeout"
+                status, stages = "timeout", {}
             dt = time.perf_counter() - t0
+            if stages:
+                g["stages"].setdefault(tag.rstrip("0123456789"), []).append(stages)
             g["b_statuses"][status] = g["b_statuses"].get(status, 0) + 1
             if status in ("200", "timeout"):
                 out.append(dt * 1000.0)
             await asyncio.sleep(max(0.0, args.interval - dt))
         return out
+
+    a_filter = WIDE if args.filter == "wide" else FILTER
 
     async def flood(client, base, g, stop: asyncio.Event) -> None:
         while not stop.is_set():
@@ -264,12 +298,16 @@ async def rounds(args, versions, bases, ha, hb, owner) -> dict:
             t0 = time.perf_counter()
             try:
                 r = await client.post(base + "/v1/kb/search/rerank",
-                                      json={"query": q, "source": "lexical_only", "filter": FILTER},
+                                      json={"query": q, "source": "lexical_only", "filter": a_filter},
                                       headers=ha, timeout=120)
             except httpx.HTTPError as exc:
                 g["a_statuses"][type(exc).__name__] = g["a_statuses"].get(type(exc).__name__, 0) + 1
                 continue
-            g["a_statuses"][str(r.status_code)] = g["a_statuses"].get(str(r.status_code), 0) + 1
+            key = str(r.status_code)
+            if r.status_code >= 400:
+                with contextlib.suppress(ValueError):
+                    key += " " + str(r.json().get("error"))
+            g["a_statuses"][key] = g["a_statuses"].get(key, 0) + 1
             if r.status_code == 200:
                 g["a_ms"].append((time.perf_counter() - t0) * 1000.0)
             if r.status_code == 429:
@@ -285,11 +323,11 @@ async def rounds(args, versions, bases, ha, hb, owner) -> dict:
                 await asyncio.sleep(0.1)
 
     async with httpx.AsyncClient(timeout=120, limits=httpx.Limits(max_connections=50)) as client:
-        for label, _ in versions:
-            await b_phase(client, bases[label], {"b_statuses": {}}, "warm", 5)
+        for label, *_ in versions:
+            await b_phase(client, bases[label], {"b_statuses": {}, "stages": {}}, "warm", 5)
         for r in range(args.rounds):
             order = versions if r % 2 == 0 else versions[::-1]
-            for label, _ in order:
+            for label, *_ in order:
                 base, g = bases[label], got[label]
                 alone = await b_phase(client, base, g, f"alone{r}", args.queries)
                 stop = asyncio.Event()
@@ -319,11 +357,14 @@ def main() -> int:
     ap.add_argument("--settle", type=float, default=2.0, help="seconds of quiet after each flood")
     ap.add_argument("--quick", action="store_true", help="2 rounds of 10 searches a phase")
     ap.add_argument("--version", action="append", default=[],
-                    help="LABEL=SRC: a version to measure (its src folder); repeat to alternate several; "
+                    help="LABEL=SRC[,SETTING=VALUE...]: a version to measure (its src folder, settings of its server); repeat to alternate several; "
                          "default: this tree's src")
     ap.add_argument("--label", default="run")
     ap.add_argument("--timeout", type=float, default=60.0, help="B's client timeout, seconds")
+    ap.add_argument("--filter", choices=("narrow", "wide"), default="narrow",
+                    help="A's 16 ranges: narrow (each holds ~7%% of the documents) or wide (all of them)")
     ap.add_argument("--serve", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--set", action="append", default=[], help=argparse.SUPPRESS)
     ap.add_argument("--data", help=argparse.SUPPRESS)
     ap.add_argument("--owner-url", help=argparse.SUPPRESS)
     ap.add_argument("--app-url", help=argparse.SUPPRESS)

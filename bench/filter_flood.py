@@ -18,7 +18,7 @@ cross-encoder is a constant test double and the embedder a stub (both tenants se
     .venv/bin/python bench/filter_flood.py --version branch=src --version main=/tmp/flood-main/src
     .venv/bin/python bench/filter_flood.py --quick ...   # 2 rounds of 10 searches a phase: under 5 minutes
 
-Results: bench/results/filter-flood-<label>.{json,md} (``--label``).
+Results: bench/results/filter-flood[-<label>].{json,md} (``--label``).
 """
 
 from __future__ import annotations
@@ -226,9 +226,9 @@ def measure(args) -> int:
             "active_statements": {"mean": statistics.fmean(g["active"]) if g["active"] else None,
                                   "max": max(g["active"], default=None)},
         }
-    out = HERE / "results" / f"filter-flood-{args.label}.json"
-    out.write_text(json.dumps(res, indent=2) + "\n")
-    (HERE / "results" / f"filter-flood-{args.label}.md").write_text(markdown(res, args))
+    name = "filter-flood" + (f"-{args.label}" if args.label else "")
+    (HERE / "results" / f"{name}.json").write_text(json.dumps(res, indent=2) + "\n")
+    (HERE / "results" / f"{name}.md").write_text(markdown(res, args))
     print(json.dumps(res, indent=2))
     return 0
 
@@ -357,9 +357,9 @@ def main() -> int:
     ap.add_argument("--settle", type=float, default=2.0, help="seconds of quiet after each flood")
     ap.add_argument("--quick", action="store_true", help="2 rounds of 10 searches a phase")
     ap.add_argument("--version", action="append", default=[],
-                    help="LABEL=SRC[,SETTING=VALUE...]: a version to measure (its src folder, settings of its server); repeat to alternate several; "
-                         "default: this tree's src")
-    ap.add_argument("--label", default="run")
+                    help="LABEL=SRC[,SETTING=VALUE...]: a version to measure (its src folder, settings of its "
+                         "server); repeat to alternate several; default: this tree's src")
+    ap.add_argument("--label", default="", help="results: bench/results/filter-flood[-LABEL].{json,md}")
     ap.add_argument("--timeout", type=float, default=60.0, help="B's client timeout, seconds")
     ap.add_argument("--filter", choices=("narrow", "wide"), default="narrow",
                     help="A's 16 ranges: narrow (each holds ~7%% of the documents) or wide (all of them)")

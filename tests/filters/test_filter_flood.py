@@ -163,3 +163,44 @@ def test_a_filters_price_grows_with_its_ranges_and_the_tenants_documents(setting
     assert got[("small", 16)] == pytest.approx(1 + 16, abs=0.1)
     assert got[("large", 1)] == pytest.approx(1 + 3, abs=0.1)
     assert got[("large", 16)] == pytest.approx(1 + 48, abs=0.1)
+
+
+def test_the_tenants_document_count_is_read_once_per_generation(settings, embedder, app_url, monkeypatch):
+    """The filter's price needs the tenant's documents: read in the first filtered search's
+    transaction, then known before a connection is taken until the tenant's documents change
+    (a new generation), when it is read again and the price follows."""
+    from kb_rerank.endpoints import runner
+
+    reads = []
+    count = runner.documents.count
+
+    async def counted(conn):
+        n = await count(conn)
+        reads.append(n)
+        return n
+
+    monkeypatch.setattr(runner.documents, "count", counted)
+    tenant = _tenant(app_url, 1000)
+    app = _app(settings, embedder, rate_work_conserving=False, rate_cost_per_filter_kdoc=1.0,
+               rate_limit_per_minute=1, rate_limit_burst=1000)
+    bucket = app.state.limits.tenant_rate
+
+    def search():
+        before = bucket.level(tenant)
+        r = client.post(URL, json={"query": f"count {uuid.uuid4().hex[:8]}", "source": "lexical_only",
+                                   "filter": _ranges(4)}, headers=bearer(tenant))
+        assert r.status_code == 200, r.text
+        return before - bucket.level(tenant)
+
+    with TestClient(app) as client:
+        paid = [search() for _ in range(3)]
+        assert reads == [1000] and paid == pytest.approx([1 + 4] * 3, abs=0.1)
+        _add_documents(app_url, tenant, 1000)
+        assert search() == pytest.approx(1 + 8, abs=0.1) and reads == [1000, 2000]
+
+
+def _add_documents(app_url, tenant, n):
+    with psycopg.connect(app_url) as conn, tenant_transaction(conn, tenant):
+        conn.execute("insert into kb.documents (tenant_id, source_uri, title, content_hash, metadata)"
+                     " select %s, 'more' || g || '.md', 'd', 'h', '{}' from generate_series(1, %s) as g",
+                     [tenant, n])

@@ -31,14 +31,15 @@ evenly (docs/scaling.md says why the buckets are not kept in PostgreSQL).
    the limit or set it to 0 there, and limit at the proxy.
 
 **Work-conserving prices** (:meth:`Limits.prices`): the work a request does beyond its token
-(documents, embeddings, pairs, a search filter's terms) is charged at the prices of :mod:`kb_rerank.core.costs`
-only while the service is shared: another tenant sent a request within
-``SHARED_WINDOW_S``. A tenant alone pays one token a request, since the model and the
-embedder it would wait for are idle otherwise: one person's ordinary use (searches typed one
-after another, a few ``/v2/rerank`` calls) is never refused for work nobody else wanted. As
-soon as another tenant is served, every tenant's next requests pay the full prices, its
-retrieval statements are capped, and the per-tenant caps (2.) bound what the first one still has in flight, so a tenant that floods
-delays another's request by at most the bounded unit, as before.
+(documents, embeddings, pairs, a search filter's terms) is charged at the prices of
+:mod:`kb_rerank.core.costs` only while the service is shared: another tenant sent a request
+within ``SHARED_WINDOW_S``. A tenant alone pays one token a request, since the model, the
+embedder and the database it would wait for are idle otherwise: one person's ordinary use
+(searches typed one after another, a few ``/v2/rerank`` calls) is never refused for work
+nobody else wanted. As soon as another tenant is served, every tenant's next requests pay the
+full prices, its retrieval statements are capped, and the per-tenant caps (2.) bound what
+the first one still has in flight, so a tenant that floods delays another's request by at
+most the bounded unit, as before.
 (``KB_RATE_WORK_CONSERVING=false``: the full prices always.)
 
 Refusals are 429 with ``Retry-After`` and a JSON body ``{"error": "rate_limited" |

@@ -246,7 +246,7 @@ def markdown(res: dict, args) -> str:
         "of (B alone, B during the flood) per version, versions alternating, one database.",
         "",
         "| version | B alone p50 / p95 ms | B during p50 / p95 ms | p95 ratio | p95 ratio per round | "
-        "A's answers | A's active statements mean / max |",
+        "A's answers | database backends active mean / max |",
         "|---|---|---|---|---|---|---|",
     ]
     for label, v in res["versions"].items():

@@ -260,7 +260,7 @@ def markdown(res: dict, args) -> str:
     lines += ["", "B's server-side stages (`Server-Timing`), median ms: " + "; ".join(
         f"{label} {phase}: " + ", ".join(f"{k} {v:g}" for k, v in st.items())
         for label, v in res["versions"].items() for phase, st in v["b_server_stages_p50_ms"].items())]
-    lines += ["", "Active statements: the database's active backends, sampled every 0.1 s during the flood "
+    lines += ["", "Backends active: the database's active backends, sampled every 0.1 s during the flood "
               "phases (B's included).", ""]
     return "\n".join(lines)
 

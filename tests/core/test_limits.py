@@ -208,6 +208,61 @@ def test_slots_bounded_wait_then_429_and_cancelled_waiter_leaks_nothing():
     asyncio.run(main())
 
 
+def test_slots_held_past_the_cap_are_released_before_a_waiter_is_let_in():
+    """Holders taken unbounded (a tenant alone) count: once bounded, a waiter is let in only
+    when the holders are below the cap again."""
+    async def main():
+        s = Slots(1, 30.0, "retrieval")
+        for _ in range(3):
+            await s.acquire("a", bounded=False)
+        assert s.held("a") == 3
+        got = asyncio.create_task(s.acquire("a"))
+        await asyncio.sleep(0)
+        assert s.waiting("a") == 1
+        s.release("a")
+        s.release("a")
+        await asyncio.sleep(0)
+        assert not got.done() and s.held("a") == 1  # two released, one still held: at the cap
+        s.release("a")
+        await got
+        assert s.held("a") == 1 and s.waiting("a") == 0
+        s.release("a")
+        assert s.busy_keys() == 0
+
+    asyncio.run(main())
+
+
+def test_retrieval_slots_cap_a_tenant_only_while_another_is_served():
+    """Alone, a tenant's retrievals are not capped; once another tenant sends a request,
+    one more than its cap waits, then 429 tenant_busy with Retry-After, while the other
+    tenant's retrieval is served; one retrieval after another never waits."""
+    async def main():
+        lim = Limits(retrieval_slots=1, wait_s=0.05, shared_window_s=10.0)
+        lim.charge("a")
+        async with contextlib.AsyncExitStack() as stack:
+            for _ in range(3):  # alone: all three at once
+                await stack.enter_async_context(lim.retrieval_slot("a"))
+            assert lim.retrieval.held("a") == 3
+        lim.charge("b")  # shared from now on
+        for _ in range(5):  # one after another: never refused
+            async with lim.retrieval_slot("a"):
+                pass
+        async with lim.retrieval_slot("a"):
+            with pytest.raises(LimitExceeded) as ei:
+                async with lim.retrieval_slot("a"):
+                    pass
+            assert ei.value.payload == {"error": "tenant_busy", "resource": "retrieval",
+                                        "detail": "this tenant already uses 1 retrieval slots", "retry_after_s": 1}
+            assert ei.value.headers["Retry-After"] == "1"
+            async with lim.retrieval_slot("b"):  # another tenant is served meanwhile
+                assert lim.retrieval.held("b") == 1
+        assert lim.retrieval.busy_keys() == 0
+        assert Limits.from_settings(Settings()).retrieval.cap == 1
+        assert Limits.from_settings(Settings(tenant_retrieval_slots=0)).retrieval.cap == 0  # disabled
+
+    asyncio.run(main())
+
+
 class _FakePool:
     """connection() holds one of ``size`` connections until the block exits."""
 

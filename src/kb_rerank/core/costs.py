@@ -13,7 +13,8 @@ A flow declares two :class:`Work` figures (:class:`~kb_rerank.endpoints.runner.F
 A search filter's work is charged once its size is known, before it runs
 (:meth:`Bill.filter`): its terms (each value of ``$eq`` / ``$in``, each range:
 :func:`kb_rerank.filters.grammar.terms`) times the thousands of documents of the tenant it
-can touch, at ``rate_cost_per_filter_kdoc``; never given back (the filter ran).
+can touch, at ``rate_cost_per_filter_kdoc`` (free while the tenant is alone, as the other
+work-conserving prices); never given back (the filter ran).
 
 Work beyond what was declared (the guard's spans and the further chunks of long caller
 documents, known only once embedded) is debited after the fact when the request ends, never
@@ -44,9 +45,9 @@ class Work:
                 + prices.cost_per_pair * self.pairs)
 
 
-def filter_price(limits: Limits, terms: int, documents: int) -> float:
+def filter_price(prices: Prices | Limits, terms: int, documents: int) -> float:
     """A search filter's price: its terms times the thousands of documents it can touch."""
-    return limits.cost_per_filter_kdoc * terms * max(1.0, documents / 1000.0)
+    return prices.cost_per_filter_kdoc * terms * max(1.0, documents / 1000.0)
 
 
 class Bill:
@@ -152,7 +153,7 @@ class Bill:
     def filter(self, terms: int, documents: int) -> None:
         """Before a search filter runs (429 when short): ``terms`` terms over ``documents``
         documents, kept (the filter runs once paid)."""
-        price = filter_price(self.limits, terms, documents)
+        price = filter_price(self.prices, terms, documents)
         self.limits.charge(self.tenant, price, paid=self._paid)
         self._paid += price
 

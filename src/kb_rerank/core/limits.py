@@ -18,9 +18,12 @@ evenly (docs/scaling.md says why the buckets are not kept in PostgreSQL).
 2. **Per-tenant caps on concurrent work** (:class:`Slots`): a tenant holds at most
    ``tenant_model_slots`` calls of the cross-encoder and as many of the embedder (queued or
    running) and at most ``tenant_pool_slots`` database connections (0: half the pool) at
-   once. A tenant at its cap waits up to ``tenant_wait_s`` in FIFO order for one of its own
-   slots, then gets 429 ``tenant_busy``; the other tenants never wait behind more than the
-   cap of each busy tenant.
+   once; while the service is shared (below), at most ``tenant_retrieval_slots`` retrieval
+   statements (a search, its filter) at once, so that one tenant's searches cannot hold every
+   core of the database. A tenant at its cap waits up to ``tenant_wait_s`` in FIFO order for
+   one of its own slots, then gets 429 ``tenant_busy``; the other tenants never wait behind
+   more than the cap of each busy tenant. One client's requests one after another hold one
+   slot at a time and never wait.
 3. **Per-address token bucket before authentication** (``address_rate_limit_per_minute`` /
    ``address_rate_limit_burst``): every guarded request pays 1 for its client address (the
    TCP peer, never a forwarded header) before the JWT is verified, so floods of bad tokens
@@ -28,14 +31,15 @@ evenly (docs/scaling.md says why the buckets are not kept in PostgreSQL).
    the limit or set it to 0 there, and limit at the proxy.
 
 **Work-conserving prices** (:meth:`Limits.prices`): the work a request does beyond its token
-(documents, embeddings, pairs) is charged at the prices of :mod:`kb_rerank.core.costs`
-only while the service is shared: another tenant sent a request within
-``SHARED_WINDOW_S``. A tenant alone pays one token a request, since the model and the
-embedder it would wait for are idle otherwise: one person's ordinary use (searches typed one
-after another, a few ``/v2/rerank`` calls) is never refused for work nobody else wanted. As
-soon as another tenant is served, every tenant's next requests pay the full prices, and the
-per-tenant caps (2.) bound what the first one still has in flight, so a tenant that floods
-delays another's request by at most the bounded unit, as before.
+(documents, embeddings, pairs, a search filter's terms) is charged at the prices of
+:mod:`kb_rerank.core.costs` only while the service is shared: another tenant sent a request
+within ``SHARED_WINDOW_S``. A tenant alone pays one token a request, since the model, the
+embedder and the database it would wait for are idle otherwise: one person's ordinary use
+(searches typed one after another, a few ``/v2/rerank`` calls) is never refused for work
+nobody else wanted. As soon as another tenant is served, every tenant's next requests pay the
+full prices, its retrieval statements are capped, and the per-tenant caps (2.) bound what
+the first one still has in flight, so a tenant that floods delays another's request by at
+most the bounded unit, as before.
 (``KB_RATE_WORK_CONSERVING=false``: the full prices always.)
 
 Refusals are 429 with ``Retry-After`` and a JSON body ``{"error": "rate_limited" |
@@ -62,8 +66,10 @@ SHARED_WINDOW_S = 10.0
 class Prices:
     """What a unit of work costs one request (tokens): fixed for the request's life."""
 
-    def __init__(self, per_pair: float = 0.0, per_document: float = 0.0, per_embedding: float = 0.0) -> None:
+    def __init__(self, per_pair: float = 0.0, per_document: float = 0.0, per_embedding: float = 0.0,
+                 per_filter_kdoc: float = 0.0) -> None:
         self.cost_per_pair, self.cost_per_document, self.cost_per_embedding = per_pair, per_document, per_embedding
+        self.cost_per_filter_kdoc = per_filter_kdoc
 
 
 FREE = Prices()
@@ -189,11 +195,13 @@ class Slots:
                               "detail": f"this tenant already uses {self.cap} {self.resource} slots"},
                              max(1.0, self.wait_s))
 
-    async def acquire(self, key: Any) -> None:
+    async def acquire(self, key: Any, *, bounded: bool = True) -> None:
+        """``bounded=False``: held at once, beyond the cap if need be (counted, so that the
+        holders past the cap release theirs before a waiter is let in)."""
         if self.cap <= 0:
             return
         n = self._held.get(key, 0)
-        if n < self.cap and not self._waiters.get(key):
+        if not bounded or (n < self.cap and not self._waiters.get(key)):
             self._held[key] = n + 1
             return
         if self.wait_s <= 0:
@@ -218,14 +226,15 @@ class Slots:
     def release(self, key: Any) -> None:
         if self.cap <= 0:
             return
-        queue = self._waiters.get(key)
+        n = self._held.get(key, 0) - 1
+        queue = self._waiters.get(key) if n < self.cap else None  # holders past the cap: none handed over
         while queue:
             fut = queue.popleft()
             if not fut.done():
                 fut.set_result(None)
                 return
-        self._waiters.pop(key, None)
-        n = self._held.get(key, 0) - 1
+        if not self._waiters.get(key):
+            self._waiters.pop(key, None)
         if n > 0:
             self._held[key] = n
         else:
@@ -245,7 +254,8 @@ class Limits:
     ``on_reject(reason)`` is told of each refusal (the API counts them in its metrics)."""
 
     def __init__(self, *, tenant_rate: RateLimiter | None = None, address_rate: RateLimiter | None = None,
-                 model_slots: int = 0, pool_slots: int = 0, wait_s: float = 0.0, cost_per_pair: float = 0.0,
+                 model_slots: int = 0, pool_slots: int = 0, retrieval_slots: int = 0, wait_s: float = 0.0,
+                 cost_per_pair: float = 0.0,
                  cost_per_document: float = 0.0, cost_per_embedding: float = 0.0,
                  cost_per_filter_kdoc: float = 0.0, cost_per_model_second: float = 0.0, shared_window_s: float = 0.0,
                  on_reject: Callable[[str], None] | None = None) -> None:
@@ -255,6 +265,7 @@ class Limits:
         self.model = Slots(model_slots, wait_s, "model")
         self.embedder = Slots(model_slots, wait_s, "embedder")
         self.pool = Slots(pool_slots, wait_s, "database")
+        self.retrieval = Slots(retrieval_slots, wait_s, "retrieval")
         self.fixed_cost_per_pair = max(0.0, float(cost_per_pair))
         self.cost_per_document = max(0.0, float(cost_per_document))
         self.cost_per_embedding = max(0.0, float(cost_per_embedding))
@@ -266,16 +277,22 @@ class Limits:
         self.shared_window_s = max(0.0, float(shared_window_s))
         self._recent: collections.OrderedDict[Any, float] = collections.OrderedDict()  # tenant -> last request
 
+    def shared(self, tenant: Any) -> bool:
+        """Whether another tenant than ``tenant`` sent a request within ``shared_window_s``
+        (always, when that window is 0: the service counts as shared)."""
+        if self.shared_window_s <= 0:
+            return True
+        horizon = time.monotonic() - self.shared_window_s
+        while self._recent and next(iter(self._recent.values())) < horizon:
+            self._recent.popitem(last=False)
+        return not all(k == tenant for k in itertools.islice(self._recent, 2))
+
     def prices(self, tenant: Any) -> Prices:
         """The prices of ``tenant``'s request now: :data:`FREE` while it is alone (no other
         tenant sent a request within ``shared_window_s``), else the full prices."""
-        if self.shared_window_s > 0:
-            horizon = time.monotonic() - self.shared_window_s
-            while self._recent and next(iter(self._recent.values())) < horizon:
-                self._recent.popitem(last=False)
-            if all(k == tenant for k in itertools.islice(self._recent, 2)):
-                return FREE
-        return Prices(self.cost_per_pair, self.cost_per_document, self.cost_per_embedding)
+        if not self.shared(tenant):
+            return FREE
+        return Prices(self.cost_per_pair, self.cost_per_document, self.cost_per_embedding, self.cost_per_filter_kdoc)
 
     def _arrived(self, tenant: Any) -> None:
         if self.shared_window_s > 0:
@@ -304,7 +321,8 @@ class Limits:
             tenant_rate=RateLimiter(settings.rate_limit_per_minute * share, settings.rate_limit_burst * share),
             address_rate=RateLimiter(settings.address_rate_limit_per_minute * share,
                                      settings.address_rate_limit_burst * share),
-            model_slots=settings.tenant_model_slots, pool_slots=pool_slots, wait_s=settings.tenant_wait_s,
+            model_slots=settings.tenant_model_slots, pool_slots=pool_slots,
+            retrieval_slots=settings.tenant_retrieval_slots, wait_s=settings.tenant_wait_s,
             cost_per_pair=settings.rate_cost_per_pair, cost_per_document=settings.rate_cost_per_document,
             cost_per_embedding=settings.rate_cost_per_embedding, cost_per_filter_kdoc=settings.rate_cost_per_filter_kdoc,
             cost_per_model_second=settings.rate_cost_per_model_second,
@@ -356,6 +374,19 @@ class Limits:
             yield
         finally:
             self.embedder.release(tenant)
+
+    @contextlib.asynccontextmanager
+    async def retrieval_slot(self, tenant: Any) -> AsyncIterator[None]:
+        """One of the tenant's retrieval statements (429 ``tenant_busy`` past the wait); capped
+        only while the service is shared: a tenant alone may use every core it finds idle."""
+        if self.shared(tenant):
+            await self._take(self.retrieval, tenant)
+        else:
+            await self.retrieval.acquire(tenant, bounded=False)
+        try:
+            yield
+        finally:
+            self.retrieval.release(tenant)
 
     @contextlib.asynccontextmanager
     async def connection(self, pool, tenant: Any) -> AsyncIterator[Any]:

@@ -424,10 +424,10 @@ class Settings:
         "pairs costs 1 + 4 + 4 = 9",
         ge=0)
     rate_cost_per_filter_kdoc: float = setting(
-        0.05,
+        0.25,
         "extra tokens per search filter term (each value of `$eq` / `$in`, each range) per 1000 documents of "
-        "the tenant, charged before the filter runs (16 ranges over 20,000 documents: 16)",
-        ge=0)
+        "the tenant, charged before the filter runs (16 ranges over 20,000 documents: 80)",
+        ge=0, see="docs/tuning.md, \"A search filter's price\"")
     rate_work_conserving: bool = setting(
         True,
         "a tenant alone (no other tenant's request in the last 10 s) pays one token a request and nothing "
@@ -439,6 +439,12 @@ class Settings:
     tenant_pool_slots: int = setting(
         0,
         "pool connections one tenant may hold at once; 0: half of KB_POOL_MAX; < 0 disables")
+    tenant_retrieval_slots: int = setting(
+        1,
+        "retrieval statements (a search and its filter) one tenant may run at once while another tenant is "
+        "served: one tenant's searches cannot hold every core of the database; a tenant alone is not capped; "
+        "0 disables",
+        ge=0, see="docs/tuning.md, \"A search filter's price\"")
     tenant_wait_s: float = setting(
         2.0,
         "a tenant at its cap waits this long for its own slot, then 429 `tenant_busy`",

@@ -31,6 +31,7 @@ Litestar import: the HTTP layer maps exceptions to statuses.
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import time
 import uuid
@@ -226,6 +227,9 @@ class Pipeline:
         self.replicas = replicas  # kb_rerank.db.replicas.ReadReplicas, or None: reads on the primary
         self.metrics = metrics or PipelineMetrics()
         self.flights = Flights()
+        # tenant -> (knowledge-base generation, documents): what a search filter can touch, known
+        # before a connection is taken while the generation holds (bounded: the busy tenants)
+        self._documents: collections.OrderedDict[uuid.UUID, tuple[Any, int]] = collections.OrderedDict()
         # the learned injection detector, when its weights fit the embedder and it may vote
         self.classifier = (verdict.guard_classifier(self.embedder)
                            if self.embedder is not None and settings.guard_classifier_threshold < 1.0 else None)
@@ -378,35 +382,51 @@ class Pipeline:
                        embedding: Any, bill: Bill | None = None) -> tuple[list[Candidate], dict | None]:
         """The candidates and, read on the primary, their live pair scores: on a healthy
         standby when read replicas are set (the primary when none is, it is behind the
-        request's generation, or it fails), within the tenant's share of either pool. A
-        search filter is paid for first, in the same transaction (:meth:`Bill.filter`: its
-        terms over the tenant's documents; 429 when short)."""
+        request's generation, or it fails), within the tenant's share of either pool and one
+        of its retrieval slots (:meth:`Limits.retrieval_slot`). A search filter is paid for
+        first (:meth:`Bill.filter`: its terms over the tenant's documents; 429 when short):
+        before a connection is taken when the tenant's document count at this generation is
+        known, else in the retrieval's transaction."""
         tenant = look.tenant
         terms = filters.terms(spec.filter)
         unpaid = [bill] if terms and bill is not None else []
 
         async def read(conn, **kw):
             if unpaid:
-                unpaid.pop().filter(terms, await documents.count(conn))
+                n = await documents.count(conn)
+                if look.generation is not None:
+                    self._documents.pop(tenant, None)
+                    self._documents[tenant] = (look.generation, n)
+                    while len(self._documents) > 10_000:
+                        self._documents.popitem(last=False)
+                unpaid.pop().filter(terms, n)
             return await read_spec(conn, spec, query, embedding, **kw)
 
         query_key = self.hash_query(query)  # the query alone: its curated list and its pair scores
         pairs = (self.model_name, query_key) if self.settings.pair_cache else None
         args = dict(generation=look.generation, query_hash=query_key, pairs=pairs)
         with timing.stage("retrieve"):
-            standby = self.replicas.pick() if self.replicas is not None else None
-            if standby is not None:
-                try:
-                    async with self.limits.connection(standby.pool, tenant) as conn:
-                        async with atenant_transaction(conn, tenant):
-                            return await read(conn, on_primary=False, **args)
-                except replica_reads.StandbyBehind:
-                    log.debug("standby %s behind the request's generation: read on the primary", standby.name)
-                except replica_reads.RETRY_ON_PRIMARY as exc:
-                    self.replicas.failed(standby, exc)
-            async with self.connection(tenant) as conn:
-                async with atenant_transaction(conn, tenant):
-                    return await read(conn, on_primary=True, **args)
+            async with self.limits.retrieval_slot(tenant):
+                known = self._documents.get(tenant)
+                if unpaid and known is not None and look.generation is not None and known[0] == look.generation:
+                    unpaid.pop().filter(terms, known[1])  # refused before any statement
+                return await self._read_where(read, tenant, args)
+
+    async def _read_where(self, read, tenant, args):
+        """``read`` on a healthy standby, else on the primary."""
+        standby = self.replicas.pick() if self.replicas is not None else None
+        if standby is not None:
+            try:
+                async with self.limits.connection(standby.pool, tenant) as conn:
+                    async with atenant_transaction(conn, tenant):
+                        return await read(conn, on_primary=False, **args)
+            except replica_reads.StandbyBehind:
+                log.debug("standby %s behind the request's generation: read on the primary", standby.name)
+            except replica_reads.RETRY_ON_PRIMARY as exc:
+                self.replicas.failed(standby, exc)
+        async with self.connection(tenant) as conn:
+            async with atenant_transaction(conn, tenant):
+                return await read(conn, on_primary=True, **args)
 
     async def score(self, flow: Flow, bill: Bill, look: Lookup, chosen: list[Candidate],
                     cached: dict | None) -> scoring.Scored:

@@ -33,6 +33,9 @@ drop function if exists kb.retrieve_hybrid(text, public.vector, integer, integer
 drop function if exists kb.retrieve_hybrid(text, public.vector, integer, integer, text, double precision,
                                            double precision, double precision, double precision, integer, text,
                                            text, bigint, jsonb);
+-- Its parameters and returned columns are written out again in kb.hybrid_fusion and
+-- kb.search_hybrid: a signature is its callers' contract (named and positional calls, \df), and
+-- SQL has no shared one.
 create or replace function kb.retrieve_hybrid(
   query text,
   query_embedding public.vector,

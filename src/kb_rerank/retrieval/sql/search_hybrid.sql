@@ -29,6 +29,9 @@ drop function if exists kb.search_hybrid(text, public.vector, integer, integer, 
                                          double precision, double precision, double precision);
 drop function if exists kb.search_hybrid(text, public.vector, integer, integer, text, double precision,
                                          double precision, double precision, double precision, jsonb);
+-- Its parameters and returned columns are written out again in kb.hybrid_fusion,
+-- kb.retrieve_hybrid and the list searches: a signature is its callers' contract (named and
+-- positional calls, \df), and SQL has no shared one.
 create or replace function kb.search_hybrid(
   query text,
   query_embedding public.vector,

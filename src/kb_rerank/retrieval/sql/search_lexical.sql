@@ -30,6 +30,9 @@ drop function if exists kb.search_lexical_ids(text, integer, double precision, d
 -- and before the query's language
 drop function if exists kb.search_lexical(text, integer, double precision, double precision, jsonb);
 drop function if exists kb.search_lexical_ids(text, integer, double precision, double precision, jsonb);
+-- Its parameters and returned columns are written out again in kb.search_lexical and the
+-- semantic searches: a signature is its callers' contract (named and positional calls, \df),
+-- and SQL has no shared one.
 create or replace function kb.search_lexical_ids(
   query text,
   k integer default {{default:candidates}},

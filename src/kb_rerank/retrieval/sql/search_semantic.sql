@@ -9,6 +9,9 @@
 -- kb.search_semantic_ids, created after this file (retrieval/sql/search_semantic_ids.sql sorts later).
 -- the signature before the filter (one overload only: positional calls stay unambiguous)
 drop function if exists kb.search_semantic(public.vector, integer);
+-- Its parameters and returned columns are written out again in kb.search_semantic_ids and the
+-- lexical searches: a signature is its callers' contract (named and positional calls, \df), and
+-- SQL has no shared one.
 create or replace function kb.search_semantic(
   query_embedding public.vector,
   k integer default {{default:candidates}},

@@ -61,7 +61,7 @@ def test_every_tenant_table_takes_the_one_rule(owner_conn):
     """Each table with tenant_id (its audit partitions apart: reached through the parent) is
     listed once in db/sql/tenant_tables.sql, and every policy on it is the tenant condition,
     but for the named exceptions."""
-    listed = re.findall(r"^call kb\.apply_tenant_policies\('kb\.(\w+)'",
+    listed = re.findall(r"^select kb\.apply_tenant_policies\('kb\.(\w+)'",
                         (resources.files("kb_rerank") / "db" / "sql" / "tenant_tables.sql").read_text(), re.M)
     tables = {r[0] for r in owner_conn.execute(
         "select c.relname from pg_class c join pg_attribute a on a.attrelid = c.oid and a.attname = 'tenant_id'"
@@ -87,14 +87,14 @@ def _policies(conn, table):
 
 
 def test_apply_tenant_policies_forces_rls_names_policies_and_grants(owner_conn):
-    """The procedure on a scratch table (rolled back): RLS forced, one policy per command named
+    """The rule on a scratch table (rolled back): RLS forced, one policy per command named
     after the noun (or as `names` says), the app role holding exactly its privileges, the same
     after a second call; a command it does not know is refused before anything changes."""
     with owner_conn.transaction(force_rollback=True):
         owner_conn.execute("create table kb.scratch_rule (tenant_id uuid not null, v integer)")
         owner_conn.execute("grant select, insert, update, delete, truncate on kb.scratch_rule to kb_app")
         for _ in range(2):
-            owner_conn.execute("call kb.apply_tenant_policies('kb.scratch_rule', 'Scratches', '{select,insert,update}',"
+            owner_conn.execute("select kb.apply_tenant_policies('kb.scratch_rule', 'Scratches', '{select,insert,update}',"
                                " '{select,insert}', names => '{\"update\": \"Scratches are mended\"}')")
         assert owner_conn.execute("select relrowsecurity, relforcerowsecurity from pg_class"
                                   " where oid = 'kb.scratch_rule'::regclass").fetchone() == (True, True)
@@ -106,12 +106,12 @@ def test_apply_tenant_policies_forces_rls_names_policies_and_grants(owner_conn):
                       if owner_conn.execute("select has_table_privilege('kb_app', 'kb.scratch_rule', %s)",
                                             [p]).fetchone()[0]}
         assert privileges == {"SELECT", "INSERT"}
-        owner_conn.execute("call kb.apply_tenant_policies('kb.scratch_rule', null, '{}', '{}', one_policy => 'scratch_rls')")
+        owner_conn.execute("select kb.apply_tenant_policies('kb.scratch_rule', null, '{}', '{}', one_policy => 'scratch_rls')")
         assert ("scratch_rls", "ALL", True, True) in _policies(owner_conn, "scratch_rule")
         assert not owner_conn.execute("select has_table_privilege('kb_app', 'kb.scratch_rule', 'SELECT')").fetchone()[0]
         with pytest.raises(psycopg.errors.RaiseException, match="truncate is not select"):
             with owner_conn.transaction():
-                owner_conn.execute("call kb.apply_tenant_policies('kb.scratch_rule', 'Scratches', '{truncate}')")
+                owner_conn.execute("select kb.apply_tenant_policies('kb.scratch_rule', 'Scratches', '{truncate}')")
         assert not owner_conn.execute("select has_function_privilege('kb_app',"
                                       " 'kb.apply_tenant_policies(regclass, text, text[], text[], jsonb, text)',"
                                       " 'EXECUTE')").fetchone()[0]

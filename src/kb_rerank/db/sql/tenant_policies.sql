@@ -21,8 +21,10 @@
 -- Idempotent (each policy is dropped if it exists and created again), so the layer can run
 -- it on every upgrade. Policies of other names on the table are left as they are (a table
 -- with a rule of its own adds it in its capability's file).
--- SECURITY INVOKER: run by the migrating owner; it changes only tables its caller owns.
-create or replace procedure kb.apply_tenant_policies(
+-- SECURITY INVOKER: run by the migrating owner; it changes only tables its caller owns. A
+-- function called with select rather than a procedure: every kb routine then has a result
+-- type, which the catalog checks read.
+create or replace function kb.apply_tenant_policies(
   tbl regclass,
   noun text,
   commands text[],
@@ -30,6 +32,7 @@ create or replace procedure kb.apply_tenant_policies(
   names jsonb default '{}',
   one_policy text default null
 )
+returns void
 language plpgsql
 security invoker
 set search_path = pg_catalog, pg_temp
@@ -72,7 +75,7 @@ begin
   end if;
 end
 $$;
-revoke execute on procedure kb.apply_tenant_policies(regclass, text, text[], text[], jsonb, text) from public;
-comment on procedure kb.apply_tenant_policies(regclass, text, text[], text[], jsonb, text) is
+revoke execute on function kb.apply_tenant_policies(regclass, text, text[], text[], jsonb, text) from public;
+comment on function kb.apply_tenant_policies(regclass, text, text[], text[], jsonb, text) is
   'Row-level security forced on a tenant table, one policy per command on tenant_id = kb.current_tenant(), '
   'and the app role''s privileges on it; idempotent (the layer applies it on every upgrade)';

@@ -86,6 +86,8 @@ FUNCTIONS = {
     "hybrid_fusion": "security invoker: fuses what the two list searches return for kb.current_tenant()",
     "search_lexical_ids": "filters kb.current_tenant()", "search_semantic_ids": "filters kb.current_tenant()",
     "retrieve_hybrid": "security invoker: reads under the caller's RLS, joins on kb.current_tenant()",
+    "chunk_texts": "security invoker: reads under the caller's RLS, looks up kb.current_tenant()'s rows only",
+    "apply_tenant_policies": "not executable by the app",
     "search_filter": "checks and rewrites its argument: reads no table",
     "search_filter_time": "checks and rewrites its argument: reads no table",
     "search_filter_number": "checks and rewrites its argument: reads no table",

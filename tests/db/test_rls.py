@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import re
 import uuid
+from importlib import resources
 
 import psycopg
 import pytest
@@ -45,6 +47,74 @@ def test_every_table_in_kb_has_rls_enabled_and_forced(owner_conn):
             assert enabled and forced, f"kb.{name} has tenant_id but RLS is not enabled and forced"
     # the only table without tenant_id is the embedding configuration
     assert {r[0] for r in rows if not r[3]} <= {"embedding_config"}
+
+
+TENANT_CONDITION = "(tenant_id = ( SELECT kb.current_tenant() AS current_tenant))"
+# the policies on tenant tables that are not the tenant rule, each with its reason in its file
+OTHER_POLICIES = {("kb_generation", "Generation is written by the bump trigger")}
+# tables with tenant_id under a rule of their own: the login-to-tenant mapping, read by kb_access
+# alone and only the session user's row (db/sql/sql_access_policies.sql)
+OTHER_TABLES = {"sql_access"}
+
+
+def test_every_tenant_table_takes_the_one_rule(owner_conn):
+    """Each table with tenant_id (its audit partitions apart: reached through the parent) is
+    listed once in db/sql/tenant_tables.sql, and every policy on it is the tenant condition,
+    but for the named exceptions."""
+    listed = re.findall(r"^select kb\.apply_tenant_policies\('kb\.(\w+)'",
+                        (resources.files("kb_rerank") / "db" / "sql" / "tenant_tables.sql").read_text(), re.M)
+    tables = {r[0] for r in owner_conn.execute(
+        "select c.relname from pg_class c join pg_attribute a on a.attrelid = c.oid and a.attname = 'tenant_id'"
+        " where c.relnamespace = 'kb'::regnamespace and c.relkind in ('r', 'p') and not c.relispartition")}
+    tables -= OTHER_TABLES
+    assert sorted(listed) == sorted(tables)
+    assert TENANT_TABLES <= tables
+    policies = owner_conn.execute(
+        "select tablename, policyname, cmd, qual, with_check from pg_policies"
+        " where schemaname = 'kb' and tablename = any(%s)", [list(tables)]).fetchall()
+    assert {r[0] for r in policies} == tables
+    for table, name, cmd, qual, check in policies:
+        if (table, name) in OTHER_POLICIES:
+            continue
+        expected = {"SELECT": (TENANT_CONDITION, None), "DELETE": (TENANT_CONDITION, None),
+                    "INSERT": (None, TENANT_CONDITION)}.get(cmd, (TENANT_CONDITION, TENANT_CONDITION))
+        assert (qual, check) == expected, (table, name, cmd)
+
+
+def _policies(conn, table):
+    return sorted(conn.execute("select policyname, cmd, qual is not null, with_check is not null from pg_policies"
+                               " where schemaname = 'kb' and tablename = %s", [table]).fetchall())
+
+
+def test_apply_tenant_policies_forces_rls_names_policies_and_grants(owner_conn):
+    """The rule on a scratch table (rolled back): RLS forced, one policy per command named
+    after the noun (or as `names` says), the app role holding exactly its privileges, the same
+    after a second call; a command it does not know is refused before anything changes."""
+    with owner_conn.transaction(force_rollback=True):
+        owner_conn.execute("create table kb.scratch_rule (tenant_id uuid not null, v integer)")
+        owner_conn.execute("grant select, insert, update, delete, truncate on kb.scratch_rule to kb_app")
+        for _ in range(2):
+            owner_conn.execute("select kb.apply_tenant_policies('kb.scratch_rule', 'Scratches', '{select,insert,update}',"
+                               " '{select,insert}', names => '{\"update\": \"Scratches are mended\"}')")
+        assert owner_conn.execute("select relrowsecurity, relforcerowsecurity from pg_class"
+                                  " where oid = 'kb.scratch_rule'::regclass").fetchone() == (True, True)
+        assert _policies(owner_conn, "scratch_rule") == [
+            ("Scratches are inserted by their tenant", "INSERT", False, True),
+            ("Scratches are mended", "UPDATE", True, True),
+            ("Scratches are visible to their tenant", "SELECT", True, False)]
+        privileges = {p for p in ("SELECT", "INSERT", "UPDATE", "DELETE", "TRUNCATE")
+                      if owner_conn.execute("select has_table_privilege('kb_app', 'kb.scratch_rule', %s)",
+                                            [p]).fetchone()[0]}
+        assert privileges == {"SELECT", "INSERT"}
+        owner_conn.execute("select kb.apply_tenant_policies('kb.scratch_rule', null, '{}', '{}', one_policy => 'scratch_rls')")
+        assert ("scratch_rls", "ALL", True, True) in _policies(owner_conn, "scratch_rule")
+        assert not owner_conn.execute("select has_table_privilege('kb_app', 'kb.scratch_rule', 'SELECT')").fetchone()[0]
+        with pytest.raises(psycopg.errors.RaiseException, match="truncate is not select"):
+            with owner_conn.transaction():
+                owner_conn.execute("select kb.apply_tenant_policies('kb.scratch_rule', 'Scratches', '{truncate}')")
+        assert not owner_conn.execute("select has_function_privilege('kb_app',"
+                                      " 'kb.apply_tenant_policies(regclass, text, text[], text[], jsonb, text)',"
+                                      " 'EXECUTE')").fetchone()[0]
 
 
 def test_security_definer_functions_pin_search_path(owner_conn):

@@ -162,6 +162,8 @@ CALLS = {
     "kb.search_filter_number(jsonb,text)": "select kb.search_filter_number('2', 'filter.x')",
     "kb.search_filter_language(text,text)": "select kb.search_filter_language('JA', 'filter.x')",
     "kb.guard_flagged_share_rows()": "select * from kb.guard_flagged_share_rows()",
+    # the texts the searches read, asked for A's chunk by its ids (B's reader gets no row)
+    "kb.chunk_texts(uuid,uuid)": "select * from kb.chunk_texts(%(chunk)s, %(doc)s)",
     "kb.search_lexical_ids(text,integer,double precision,double precision,jsonb,text)":
         "select * from kb.search_lexical_ids('{word} zebra invoice', 50)",
     "kb.search_semantic_ids(vector,integer,jsonb)": "select * from kb.search_semantic_ids(%(vec)s, 50)",
@@ -217,11 +219,12 @@ def test_reader_reads_only_its_tenant_whatever_it_sets(setting, owner_conn, read
             assert seen > 0  # not vacuous: B's own rows are there
             for fn, stmt in CALLS.items():
                 with conn.transaction():
-                    rows = conn.execute(stmt.replace("{word}", word), {"vec": basis(3)}).fetchall()
+                    rows = conn.execute(stmt.replace("{word}", word),
+                                        {"vec": basis(3), "chunk": ids[a]["chunk"], "doc": ids[a]["doc"]}).fetchall()
                 text = repr(rows)
                 # the text functions echo their input (A's word): for them, A's identifiers
                 reads = fn.startswith(("kb.search_lexical", "kb.search_semantic", "kb.search_hybrid", "kb.hybrid_fusion",
-                                       "kb.guard_flagged", "kb.retrieve_hybrid",
+                                       "kb.guard_flagged", "kb.retrieve_hybrid", "kb.chunk_texts",
                                        "kb.search_filter_docs"))
                 assert not [m for m in (markers if reads else markers[:3]) if m in text], (fn, setting, rows)
             got = {r[0] for r in conn.execute("select chunk_id from kb.search_lexical(%s, 50)",

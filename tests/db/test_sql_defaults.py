@@ -38,7 +38,9 @@ SETTING_OF = {
 }
 # defaults that no setting has: a batch size of the owner's eviction call, and the SQL rerank's source
 NO_SETTING = {("evict_expired_cache", "batch"),
-              ("rerank_search", "source")}  # the API request's default source, SOURCES[0] (endpoints/requests.py)
+              ("rerank_search", "source"),  # the API request's default source, SOURCES[0] (endpoints/requests.py)
+              # the tenant-table rule's options (db/sql/tenant_policies.sql), run by the layer only
+              ("apply_tenant_policies", "names")}
 
 _ARG = re.compile(r"^(?:(?:IN|OUT|INOUT|VARIADIC) )?(\w+) (.+?) DEFAULT (.+)$")
 

@@ -417,6 +417,39 @@ def test_indexes_are_used_inside_search_functions_as_app_role(own_database):
     app_conn.close()
 
 
+def test_chunk_texts_is_inlined_into_every_search(owner_conn, app_conn, tenant):
+    """The four searches read their rows' texts through kb.chunk_texts; the planner inlines it
+    (as kb_app and inside the definers, as kb_search): auto_explain of every nested statement
+    shows the chunk and document key lookups and never a call of kb.chunk_texts."""
+    insert_doc(app_conn, tenant, "Inline title", ["quokka texts", "other words"], [basis(0), basis(1)])
+    plans: list[str] = []
+    owner_conn.add_notice_handler(lambda d: plans.append(d.message_primary or ""))
+    owner_conn.execute("load 'auto_explain'")
+    for s in ("auto_explain.log_min_duration = 0", "auto_explain.log_nested_statements = on",
+              "auto_explain.log_level = notice", "client_min_messages = notice"):
+        owner_conn.execute("set " + s)
+    owner_conn.execute("set role kb_app")
+    try:
+        with owner_conn.transaction():
+            owner_conn.execute("select set_config('auth.tenant_id', %s, true)", [str(tenant)])
+            got = {
+                "lexical": owner_conn.execute("select doc_title, snippet from kb.search_lexical('quokka', 5)").fetchall(),
+                "semantic": owner_conn.execute("select doc_title, snippet from kb.search_semantic(%s, 1)",
+                                               [basis(0)]).fetchall(),
+                "hybrid": owner_conn.execute("select doc_title, snippet from kb.search_hybrid('quokka', %s, 1)",
+                                             [basis(0)]).fetchall(),
+                "retrieve": owner_conn.execute(
+                    "select doc_title, snippet from kb.retrieve_hybrid('quokka', %s, 1, 60, 'rrf', 1, 1, 1.2, 0.75,"
+                    " 5, null, null, null)", [basis(0)]).fetchall()}
+    finally:
+        owner_conn.execute("reset role")
+    assert got == {name: [("Inline title", "quokka texts")] for name in got}
+    text = "\n".join(plans)
+    assert "Function Scan on chunk_texts" not in text, text
+    # one document lookup a search, in the search's own plan
+    assert text.count("using documents_pkey on documents d") >= 4, text
+
+
 def test_diacritics_typed_are_exact_and_folded_queries_find_all(app_conn, tenant):
     """Words with diacritics are indexed as typed and folded: `hóa` and `hòa` stay apart for a
     query typed with diacritics, while `hoa` (typed without) finds both."""

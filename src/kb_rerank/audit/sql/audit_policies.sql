@@ -1,24 +1,8 @@
--- kb.kb_rerank_audit: tenant rows, RLS enabled and forced (the owner is subject to it too).
--- Append-only, and written only through kb.audit_append (SECURITY DEFINER, owner kb_audit):
--- the app role has SELECT only (with INSERT it could write a back-dated
--- or chain-breaking row). No UPDATE, DELETE or TRUNCATE for anyone but the owner, and no
--- policy that would allow them. Policies compare with (select kb.current_tenant()),
--- evaluated once per statement; with no tenant set it is NULL and nothing matches (fail
--- closed). They bind kb_audit too (it does not bypass RLS).
-
-
-alter table kb.kb_rerank_audit enable row level security;
-alter table kb.kb_rerank_audit force row level security;
-
-drop policy if exists "Audit entries are visible to their tenant" on kb.kb_rerank_audit;
-drop policy if exists "Audit entries are appended by their tenant" on kb.kb_rerank_audit;
-create policy "Audit entries are visible to their tenant" on kb.kb_rerank_audit
-  for select using (tenant_id = (select kb.current_tenant()));
-create policy "Audit entries are appended by their tenant" on kb.kb_rerank_audit
-  for insert with check (tenant_id = (select kb.current_tenant()));
-
-revoke all on kb.kb_rerank_audit from {{app_role}};
-grant select on kb.kb_rerank_audit to {{app_role}};
+-- kb.kb_rerank_audit, kb.audit_checkpoints, kb.audit_heads: their row-level security, tenant
+-- policies and the app role's privileges (SELECT on the entries, none on the others) are the
+-- tenant rule (db/sql/tenant_tables.sql); the policies bind kb_audit too (it does not bypass
+-- RLS). Append-only: no UPDATE, DELETE or TRUNCATE for anyone but the owner, and no policy
+-- that would allow them. Written only through kb.audit_append (SECURITY DEFINER, owner kb_audit).
 revoke all on kb.kb_rerank_audit from kb_audit;
 grant select, insert on kb.kb_rerank_audit to kb_audit;
 -- audit_id's default (0015: a sequence, the table being partitioned)
@@ -48,25 +32,11 @@ $$;
 -- BYPASSRLS owner), read by kb.audit_verify (SECURITY INVOKER): a tenant's checkpoints are
 -- visible to the owner inside that tenant's transaction (`audit verify --tenant`). The app
 -- role has no privilege.
-alter table kb.audit_checkpoints enable row level security;
-alter table kb.audit_checkpoints force row level security;
-drop policy if exists "Audit checkpoints are visible to their tenant" on kb.audit_checkpoints;
-create policy "Audit checkpoints are visible to their tenant" on kb.audit_checkpoints
-  for select using (tenant_id = (select kb.current_tenant()));
-revoke all on kb.audit_checkpoints from public, {{app_role}}, kb_audit;
+revoke all on kb.audit_checkpoints from kb_audit;
 
 -- kb.audit_heads: each tenant's last seq and row_hash, locked by kb.audit_append to
 -- serialise a tenant's appends. Only kb_audit reaches it; the app role has no privilege, so
 -- it can neither read nor lock another tenant's head.
-alter table kb.audit_heads enable row level security;
-alter table kb.audit_heads force row level security;
-
-drop policy if exists "Audit heads belong to their tenant" on kb.audit_heads;
-create policy "Audit heads belong to their tenant" on kb.audit_heads
-  using (tenant_id = (select kb.current_tenant()))
-  with check (tenant_id = (select kb.current_tenant()));
-
-revoke all on kb.audit_heads from public, {{app_role}};
 revoke all on kb.audit_heads from kb_audit;
 grant select, insert, update on kb.audit_heads to kb_audit;
 

@@ -31,6 +31,8 @@ grant execute on function kb.current_tenant(), kb.code_tokens(text), kb.to_tsv(t
                           kb.bm25_tf_part(double precision, double precision, double precision, double precision, double precision),
                           kb.ts_rank_tf(), kb.ts_rank_tf_compute()
   to {{app_role}}, kb_search, kb_stats;
+-- a search row's texts, inlined into the searches (which need EXECUTE for it to be)
+grant execute on function kb.chunk_texts(uuid, uuid) to {{app_role}}, kb_search;
 -- the search filter (kb.search_filter's grammar): the app role checks it through the
 -- invoker hybrid searches, kb_search reads its documents inside the definer list searches
 grant execute on function kb.search_filter(jsonb), kb.search_filter_time(text, text), kb.search_filter_docs(jsonb),

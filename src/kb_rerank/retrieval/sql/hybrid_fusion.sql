@@ -38,6 +38,9 @@
 -- SECURITY INVOKER: it sees exactly what the two list functions (definers that filter on
 -- kb.current_tenant()) return for the caller's tenant. Stable: it writes nothing.
 -- search_path pinned, pg_temp last.
+-- Its parameters and returned columns are written out again in kb.search_hybrid and
+-- kb.retrieve_hybrid: a signature is its callers' contract (named and positional calls, \df),
+-- and SQL has no shared one.
 create or replace function kb.hybrid_fusion(
   query text,
   query_embedding public.vector,

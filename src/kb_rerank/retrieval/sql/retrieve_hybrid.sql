@@ -33,6 +33,9 @@ drop function if exists kb.retrieve_hybrid(text, public.vector, integer, integer
 drop function if exists kb.retrieve_hybrid(text, public.vector, integer, integer, text, double precision,
                                            double precision, double precision, double precision, integer, text,
                                            text, bigint, jsonb);
+-- Its parameters and returned columns are written out again in kb.hybrid_fusion and
+-- kb.search_hybrid: a signature is its callers' contract (named and positional calls, \df), and
+-- SQL has no shared one.
 create or replace function kb.retrieve_hybrid(
   query text,
   query_embedding public.vector,
@@ -84,16 +87,15 @@ begin
     order by f.score desc, f.chunk_id
     limit lim
   )
-  select t.chunk_id, t.doc_id, d.title, left(c.content, 300), c.content,
+  select t.chunk_id, t.doc_id, x.doc_title, x.snippet, x.content,
          t.lexical_rank, t.semantic_rank, t.lexical_score, t.semantic_score, t.score, p.score
   from top t
-  join kb.chunks c on c.tenant_id = kb.current_tenant() and c.chunk_id = t.chunk_id
-  join kb.documents d on d.tenant_id = kb.current_tenant() and d.doc_id = t.doc_id
+  cross join lateral kb.chunk_texts(t.chunk_id, t.doc_id) x
   left join kb.kb_rerank_pair_scores p
     on p.tenant_id = kb.current_tenant() and p.model = pair_model and p.query_hash = pair_query_hash::bpchar
    and p.generation = pair_generation and p.chunk_id = t.chunk_id
    -- the pair cache's content hash: sha256 hex of the text (kb_rerank.core.candidate.sha256_hex)
-   and p.content_hash = pg_catalog.encode(pg_catalog.sha256(pg_catalog.convert_to(c.content, 'UTF8')), 'hex')::bpchar
+   and p.content_hash = pg_catalog.encode(pg_catalog.sha256(pg_catalog.convert_to(x.content, 'UTF8')), 'hex')::bpchar
    and p.expires_at > pg_catalog.now()
   order by t.score desc, t.chunk_id;
 end

@@ -29,6 +29,9 @@ drop function if exists kb.search_hybrid(text, public.vector, integer, integer, 
                                          double precision, double precision, double precision);
 drop function if exists kb.search_hybrid(text, public.vector, integer, integer, text, double precision,
                                          double precision, double precision, double precision, jsonb);
+-- Its parameters and returned columns are written out again in kb.hybrid_fusion,
+-- kb.retrieve_hybrid and the list searches: a signature is its callers' contract (named and
+-- positional calls, \df), and SQL has no shared one.
 create or replace function kb.search_hybrid(
   query text,
   query_embedding public.vector,
@@ -59,11 +62,10 @@ stable
 security invoker
 set search_path = pg_catalog, kb, pg_temp
 as $$
-  select f.chunk_id, f.doc_id, d.title, left(c.content, 300), c.content,
+  select f.chunk_id, f.doc_id, t.doc_title, t.snippet, t.content,
          f.lexical_rank, f.semantic_rank, f.lexical_score, f.semantic_score, f.score
   from kb.hybrid_fusion(query, query_embedding, k, rrf_k, fusion, lexical_weight, semantic_weight, k1, b, filter, language) f
-  join kb.chunks c on c.tenant_id = kb.current_tenant() and c.chunk_id = f.chunk_id
-  join kb.documents d on d.tenant_id = kb.current_tenant() and d.doc_id = f.doc_id
+  cross join lateral kb.chunk_texts(f.chunk_id, f.doc_id) t
   order by f.score desc, f.chunk_id
 $$;
 comment on function kb.search_hybrid(text, public.vector, integer, integer, text, double precision, double precision,

@@ -30,6 +30,9 @@ drop function if exists kb.search_lexical_ids(text, integer, double precision, d
 -- and before the query's language
 drop function if exists kb.search_lexical(text, integer, double precision, double precision, jsonb);
 drop function if exists kb.search_lexical_ids(text, integer, double precision, double precision, jsonb);
+-- Its parameters and returned columns are written out again in kb.search_lexical and the
+-- semantic searches: a signature is its callers' contract (named and positional calls, \df),
+-- and SQL has no shared one.
 create or replace function kb.search_lexical_ids(
   query text,
   k integer default {{default:candidates}},
@@ -430,9 +433,9 @@ comment on function kb.search_lexical_ids(text, integer, double precision, doubl
   'BM25 top-k chunks (best chunk per document) as ids, score and rank, for the tenant in auth.tenant_id, within a search filter''s documents when given; empty when unset';
 
 -- kb.search_lexical: kb.search_lexical_ids' rows with the chunk's title, snippet and content,
--- in rank order. SECURITY DEFINER, owned by kb_search like the search it calls (so that a
--- caller needs EXECUTE on this function only): both joins name kb.current_tenant(), and with
--- no tenant set the search returns no rows. search_path pinned, pg_temp last.
+-- in rank order (kb.chunk_texts). SECURITY DEFINER, owned by kb_search like the search it calls
+-- (so that a caller needs EXECUTE on this function only): the texts' lookups name
+-- kb.current_tenant(), and with no tenant set the search returns no rows. search_path pinned, pg_temp last.
 create or replace function kb.search_lexical(
   query text,
   k integer default {{default:candidates}},
@@ -456,10 +459,9 @@ parallel safe
 security definer
 set search_path = pg_catalog, kb, pg_temp
 as $$
-  select t.chunk_id, t.doc_id, d.title, left(c.content, 300), c.content, t.score, t.rank
+  select t.chunk_id, t.doc_id, x.doc_title, x.snippet, x.content, t.score, t.rank
   from kb.search_lexical_ids(query, k, k1, b, filter, language) as t
-  join kb.chunks c on c.chunk_id = t.chunk_id and c.tenant_id = kb.current_tenant()
-  join kb.documents d on d.doc_id = t.doc_id and d.tenant_id = kb.current_tenant()
+  cross join lateral kb.chunk_texts(t.chunk_id, t.doc_id) x
   order by t.rank
 $$;
 alter function kb.search_lexical(text, integer, double precision, double precision, jsonb, text) owner to kb_search;

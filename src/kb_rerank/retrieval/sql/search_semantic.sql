@@ -4,13 +4,14 @@
 -- snippet and its content.
 --
 -- SECURITY DEFINER, owned by kb_search like the search it calls (so that a caller needs
--- EXECUTE on this function only): both joins name kb.current_tenant(), and with no tenant
--- set the search returns no rows. The document join names the chunk's tenant:
--- kb.documents' key is (tenant_id, doc_id), and on doc_id alone each of the k lookups
--- skip-scanned the key over every tenant. plpgsql (not sql): its body names
+-- EXECUTE on this function only): the texts are read by kb.chunk_texts, whose lookups name
+-- kb.current_tenant(), and with no tenant set the search returns no rows. plpgsql (not sql): its body names
 -- kb.search_semantic_ids, created after this file (retrieval/sql/search_semantic_ids.sql sorts later).
 -- the signature before the filter (one overload only: positional calls stay unambiguous)
 drop function if exists kb.search_semantic(public.vector, integer);
+-- Its parameters and returned columns are written out again in kb.search_semantic_ids and the
+-- lexical searches: a signature is its callers' contract (named and positional calls, \df), and
+-- SQL has no shared one.
 create or replace function kb.search_semantic(
   query_embedding public.vector,
   k integer default {{default:candidates}},
@@ -34,10 +35,9 @@ as $fn$
 #variable_conflict use_column
 begin
   return query
-    select s.chunk_id, s.doc_id, d.title, left(c.content, 300), c.content, s.score, s.rank
+    select s.chunk_id, s.doc_id, x.doc_title, x.snippet, x.content, s.score, s.rank
     from kb.search_semantic_ids(query_embedding, k, filter) as s
-    join kb.chunks c on c.tenant_id = kb.current_tenant() and c.chunk_id = s.chunk_id
-    join kb.documents d on d.tenant_id = kb.current_tenant() and d.doc_id = s.doc_id
+    cross join lateral kb.chunk_texts(s.chunk_id, s.doc_id) x
     order by s.rank;
 end
 $fn$;

@@ -352,7 +352,11 @@ def test_a_broad_filter_walks_the_indexes_and_stays_within_it(app_url, owner_con
                          "        (select string_agg((%s::text[])[1 + floor(random() * 40)::int], ' ')"
                          "         from generate_series(1, 6 + p)),"  # correlated on p: drawn per chunk
                          "        repeat('0', 64),"
-                         "        (select array_agg(random() - 0.5)::real[] from generate_series(1, 384 + 0 * p))::vector"
+                         # vectors near a curve (a position drawn per chunk, plus noise): neighbours
+                         # exist, as in real embeddings; uniform noise in 384 dimensions has none,
+                         # and a graph index's recall on it swings from build to build
+                         "        (select array_agg(cos(g * x.r) + 0.2 * (random() - 0.5))::real[]"
+                         "         from (select random() * 3 + 0 * p as r) x, generate_series(1, 384) g)::vector"
                          " from kb.documents d cross join generate_series(0, 9) as p", [words])
             conn.execute("select kb.refresh_term_blocks(16, 100)")
         conn.commit()
@@ -385,8 +389,7 @@ def test_a_broad_filter_walks_the_indexes_and_stays_within_it(app_url, owner_con
                 assert {r[0] for r in conn.execute("select doc_id from kb.chunks where chunk_id = any (%s)",
                                                    [sem])} <= wide
                 recalls.append(len(set(sem) & set(exact)) / 120)
-            # uniform random vectors, the hardest case for a graph index (the bench's clustered ones: higher)
-            assert sum(recalls) / len(recalls) >= 0.8, recalls
+            assert sum(recalls) / len(recalls) >= 0.9, recalls
 
 
 def test_the_curated_list_keeps_the_filter_documents(corpus, app_conn):

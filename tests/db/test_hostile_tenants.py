@@ -30,6 +30,8 @@ TABLES = {
               " (select array_fill(0.1::real, array[dim])::vector from kb.embedding_config))",
     "term_stats": None,
     "corpus_stats": None,
+    "term_language_stats": None,
+    "corpus_language_stats": None,
     "term_blocks": None,
     "audit_heads": None,  # no privilege at all: only kb.audit_append (owner kb_audit) reaches it
     "kb_generation": None,  # written only by the trigger function kb.bump_generation
@@ -73,6 +75,7 @@ FUNCTIONS = {
     "query_languages": "reads kb.term_stats under RLS: another tenant's id reads nothing (checked below)",
     "language_subtag": "pure text function", "text_script": "pure text function", "language_script": "pure text function",
     "script_language": "pure text function", "stem_languages": "pure text function", "language_lexeme": "pure text function",
+    "tsv_language": "pure text function",
     "has_nospace": "pure text function", "nospace_class": "pure text function", "nospace_grams": "pure text function",
     "terms_tsquery": "pure text function", "doc_length": "pure text function", "audit_row_hash": "pure: hashes the row it is given",
     "chunks_derive": "trigger", "documents_rederive_chunks": "trigger", "chunks_maintain_stats": "trigger", "chunks_maintain_term_blocks": "trigger",

@@ -174,6 +174,53 @@ def test_0007_moves_existing_tsvectors_in_line_and_keeps_statistics(server_url):
                             [tenant]).fetchone()[0] == 0
 
 
+def test_0027_backfills_the_statistics_per_language(server_url):
+    """Chunks written at 0026 in English, Greek and no known language, in two tenants: the
+    upgrade counts each in its language (a recount from the chunks), none for the unknown,
+    and the statistics triggers keep the counts from then on."""
+    url, s = _new_database(server_url)
+    db.migrate(s, revision="0026_filter_typed")
+    a, b = uuid.uuid4(), uuid.uuid4()
+    pages = [(a, "en", "The boundary layer grows along the plate."), (a, "en", "Heat transfer in supersonic flow."),
+             (a, "el", "Το νησί της Κρήτης είναι μεγάλο."), (a, None, "E-117 fuser"),
+             (b, "el", "Η Αθήνα είναι η πρωτεύουσα της Ελλάδας.")]
+    recount = ("select c.tenant_id, kb.tsv_language(c.tsv), count(*), sum(c.doc_len), sum(c.stem_len)"
+               " from kb.chunks c where kb.tsv_language(c.tsv) is not null group by 1, 2",
+               "select c.tenant_id, kb.tsv_language(c.tsv), l, count(*)"
+               " from kb.chunks c cross join unnest(tsvector_to_array(c.tsv)) as l"
+               " where kb.tsv_language(c.tsv) is not null group by 1, 2, 3")
+    stored = ("select tenant_id, language, n_chunks, total_len, stem_total_len from kb.corpus_language_stats",
+              "select tenant_id, language, term, df from kb.term_language_stats")
+
+    def insert(conn, tenant, language, text):
+        doc = conn.execute(
+            "insert into kb.documents (tenant_id, source_uri, title, content_hash, language)"
+            " values (%s, %s, '', repeat('0', 64), %s) returning doc_id",
+            [tenant, str(uuid.uuid4()), language]).fetchone()[0]
+        conn.execute(
+            "insert into kb.chunks (tenant_id, doc_id, position, content, content_hash, embedding)"
+            " select %s, %s, 0, %s, repeat('0', 64), array_fill(0.1::real, array[dim])::vector"
+            " from kb.embedding_config", [tenant, doc, text])
+
+    def rows(conn, sql):
+        return [set(conn.execute(q).fetchall()) for q in sql]
+
+    with psycopg.connect(url) as conn:
+        for page in pages:
+            insert(conn, *page)
+        conn.commit()
+    db.migrate(s)
+    with psycopg.connect(url) as conn:
+        want = rows(conn, recount)
+        assert {(t, lang) for t, lang, *_ in want[0]} == {(a, "en"), (a, "el"), (b, "el")}
+        assert rows(conn, stored) == want
+        insert(conn, b, "en", "Wind tunnel tests on the wing.")
+        conn.execute("delete from kb.documents where language = 'el' and tenant_id = %s", [a])
+        want = rows(conn, recount)
+        assert {(t, lang) for t, lang, *_ in want[0]} == {(a, "en"), (b, "el"), (b, "en")}
+        assert rows(conn, stored) == want
+
+
 def test_0009_upgrade_installs_the_tf_table_the_search_needs(server_url):
     """0009 changes functions only: upgrading a database at 0008 (which had no
     kb.ts_rank_tf) must apply the SQL layer, so that kb.search_lexical finds it."""
@@ -516,6 +563,20 @@ def _released_layers() -> dict[str, tuple[str, list[tuple[str, str]]]]:
     return out
 
 
+def _render_text(text: str, s: Settings) -> str:
+    """A released layer file's SQL with its placeholders filled as today's layer fills them
+    (kb_rerank.db.layer.render: the embedding dimension, the app role, the search filter's
+    constants, the settings' defaults)."""
+    import tempfile
+
+    from kb_rerank.db.layer import render
+
+    with tempfile.TemporaryDirectory() as d:
+        path = Path(d) / "layer.sql"
+        path.write_text(text, encoding="utf-8")
+        return render(path, embedding_dim=s.embedding_dim, app_role=s.app_role)
+
+
 def test_upgrade_from_every_released_head_equals_a_fresh_install(server_url, settings):
     """The realistic upgrade: a database that was at head when head was r (r's tables plus
     the idempotent layer shipped then, taken from git history), upgraded to today's head,
@@ -535,8 +596,7 @@ def test_upgrade_from_every_released_head_equals_a_fresh_install(server_url, set
         with psycopg.connect(url, autocommit=True) as conn:
             for rel, text in layer:
                 try:
-                    conn.execute(text.replace("{{embedding_dim}}", str(s.embedding_dim))
-                                 .replace("{{app_role}}", f'"{s.app_role}"'))
+                    conn.execute(_render_text(text, s))
                 except psycopg.Error as exc:
                     pytest.fail(f"the layer of {commit} (head {rev}) does not apply: {rel}: {exc}")
         db.migrate(s)

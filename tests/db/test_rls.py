@@ -13,7 +13,8 @@ from kb_rerank.core.session import tenant_transaction
 
 from tests.helpers import basis, insert_doc
 
-TENANT_TABLES = {"documents", "chunks", "term_stats", "corpus_stats", "term_blocks", "kb_rerank_cache", "kb_rerank_audit",
+TENANT_TABLES = {"documents", "chunks", "term_stats", "corpus_stats", "term_language_stats", "corpus_language_stats",
+                 "term_blocks", "kb_rerank_cache", "kb_rerank_audit",
                  "kb_rerank_curation", "kb_rerank_pair_scores", "tenant_policy", "guard_reviews"}
 
 
@@ -188,6 +189,8 @@ def test_fail_closed_without_tenant(app_conn, two_tenants, setting):
             "select count(*) from kb.chunks",
             "select count(*) from kb.term_stats",
             "select count(*) from kb.corpus_stats",
+            "select count(*) from kb.term_language_stats",
+            "select count(*) from kb.corpus_language_stats",
             "select count(*) from kb.term_blocks",
             "select count(*) from kb.kb_rerank_cache",
             "select count(*) from kb.search_lexical('zebra ERR_402', 20)",
@@ -238,6 +241,9 @@ def test_app_cannot_write_statistics_or_call_internal_functions(app_conn, two_te
     with pytest.raises(psycopg.errors.InsufficientPrivilege):
         with tenant_transaction(app_conn, a):
             app_conn.execute("update kb.term_stats set df = 1000")
+    with pytest.raises(psycopg.errors.InsufficientPrivilege):
+        with tenant_transaction(app_conn, a):
+            app_conn.execute("update kb.term_language_stats set df = 1000")
     with pytest.raises(psycopg.errors.InsufficientPrivilege):
         with tenant_transaction(app_conn, a):
             app_conn.execute("select kb.apply_stats_delta(array[]::kb.chunks[], 1)")

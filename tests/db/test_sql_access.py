@@ -136,6 +136,7 @@ CALLS = {
     "kb.script_language(text)": "select kb.script_language('{word}')",
     "kb.stem_languages()": "select kb.stem_languages()",
     "kb.language_lexeme(text)": "select kb.language_lexeme('{word}')",
+    "kb.tsv_language(tsvector)": "select kb.tsv_language(kb.to_tsv('{word}'))",
     "kb.has_nospace(text)": "select kb.has_nospace('{word}')",
     "kb.nospace_class()": "select kb.nospace_class()",
     "kb.nospace_grams(text)": "select kb.nospace_grams('{word} ภาษาไทย')",

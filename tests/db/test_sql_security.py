@@ -139,11 +139,13 @@ def test_definer_owners_can_do_only_their_job(owner_conn):
                                   [owner]).fetchone()[0] == 0, owner
         assert not owner_conn.execute("select pg_has_role('kb_app', %s, 'USAGE')", [owner]).fetchone()[0]
     # the search role only reads; statistics are written by kb_stats alone
-    for table in ("kb.term_stats", "kb.corpus_stats", "kb.term_blocks", "kb.chunks", "kb.documents"):
+    stats_tables = ("kb.term_stats", "kb.corpus_stats", "kb.term_language_stats", "kb.corpus_language_stats",
+                    "kb.term_blocks")
+    for table in (*stats_tables, "kb.chunks", "kb.documents"):
         for priv in ("INSERT", "UPDATE", "DELETE", "TRUNCATE"):
             assert not owner_conn.execute("select has_table_privilege('kb_search', %s, %s)",
                                           [table, priv]).fetchone()[0], (table, priv)
-    writable = {(t, p) for t in ("kb.term_stats", "kb.corpus_stats", "kb.term_blocks")
+    writable = {(t, p) for t in stats_tables
                 for p in ("INSERT", "UPDATE", "DELETE")}
     stats_writes = {(r[0], r[1]) for r in owner_conn.execute(
         "select c.oid::regclass::text, p.priv from pg_class c join pg_namespace n on n.oid = c.relnamespace"

@@ -208,7 +208,7 @@ def test_readme_psql_session_runs_as_the_app_role(readme_db, embedder, tmp_path)
                                 " from kb.search_lexical('ERR_402', 5)").fetchall()
         want_hyb = conn.execute(
             "select doc_title, lexical_rank::text, semantic_rank::text, round(score::numeric, 4)::text"
-             " from kb.search_hybrid('how do I emit hóa đơn', %s::vector)",
+             " from kb.search_hybrid('how do I emit hóa đơn', %s::vector, language => 'vi')",
             ["[" + ",".join(f"{x:.7g}" for x in qvec) + "]"]).fetchall()
         want_filtered = [t for (t,) in conn.execute(
             "select doc_title from kb.search_hybrid('how do I emit hóa đơn', %s::vector, filter => %s)",

@@ -201,26 +201,38 @@ def _exhaustive(app_conn, tenant, docs, queries, ks=(5, 20)):
         rows = app_conn.execute(
             "select d.title, c.doc_len, c.stem_len, u.lexeme, coalesce(array_length(u.positions, 1), 1)"
             " from kb.chunks c join kb.documents d using (doc_id) cross join lateral unnest(c.tsv) as u").fetchall()
-    tf, lens = {}, {}
+    tf, lens, lang = {}, {}, {}
     for title, dl, sl, lexeme, n in rows:
         tf.setdefault(title, {})[lexeme] = n
         lens[title] = (dl, sl)
-    n_docs = len(lens)
-    avg = {False: sum(d for d, _ in lens.values()) / n_docs, True: sum(s for _, s in lens.values()) / n_docs}
-    df = Counter(t for f in tf.values() for t in f)
+        if lexeme.startswith("@language "):
+            lang[title] = lexeme.split()[1]
+
+    def statistics(docs):  # N, average lengths (exact, stemmed field), df over these chunks
+        n = len(docs)
+        return (n, {False: sum(lens[d][0] for d in docs) / n, True: sum(lens[d][1] for d in docs) / n},
+                Counter(t for d in docs for t in tf[d]))
+
+    tenant_stats = statistics(list(lens))
     checked = 0
     for q, k in itertools.product(queries, ks):
         with tenant_transaction(app_conn, tenant):
+            langs = app_conn.execute("select kb.query_languages(%s, kb.current_tenant())", [q]).fetchone()[0]
             groups = app_conn.execute(
                 "select grp, qtf, array_agg(term) from kb.search_term_groups(%s,"
                 " kb.query_languages(%s, kb.current_tenant())) group by grp, qtf", [q, q]).fetchall()
             got = [(r.score, r.doc_title) for r in run(app_conn, search.alexical, q, k)]
+        # a query analysed in one language the tenant holds: a term its chunks hold is weighed
+        # with their statistics, any other with the tenant's
+        own = [d for d in lens if len(langs) == 1 and lang.get(d) == langs[0]]
+        language_stats = statistics(own) if own else None
 
         def part(d, t):
             f = tf[d].get(t, 0)
             if not f:
                 return 0.0
             stemmed = t.startswith("~ ")
+            n_docs, avg, df = language_stats if language_stats and language_stats[2][t] else tenant_stats
             idf = math.log(1 + (n_docs - df[t] + 0.5) / (df[t] + 0.5))
             return idf * f * 2.2 / (f + 1.2 * (0.25 + 0.75 * lens[d][stemmed] / avg[stemmed]))
 

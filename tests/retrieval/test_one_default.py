@@ -1,7 +1,7 @@
 """One default everywhere. kb.search_hybrid's own defaults are the service's
 (convex 0.7 / 0.3 of lists 60 deep, rrf_k 10, BM25 1.2 / 0.75), so the same query gets the
-same order from a psql caller writing `select * from kb.search_hybrid(q, embedding)` (as the
-app role), from `kb-rerank search` (the CLI's search path), from the eval's first stage and
+same order from a psql caller writing `select * from kb.search_hybrid(q, embedding, language =>
+l)` (as the app role; l the query's language, which the service detects), from `kb-rerank search` (the CLI's search path), from the eval's first stage and
 from the API (a real HTTP server whose model is not ready: the fallback keeps the fused order)."""
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import psycopg
 from kb_rerank.cli.search import run_search
 from kb_rerank.eval.runs import first_stage
 from kb_rerank.app import create_app
+from kb_rerank.core.language import detect_query_language
 from kb_rerank.core.query import normalize_query
 from kb_rerank.core import session
 from kb_rerank.core.session import tenant_transaction
@@ -46,9 +47,12 @@ def test_sql_cli_eval_and_api_give_the_same_order(settings, app_url, embedder, s
             emb = embedder.embed_query(q)
             with tenant_transaction(conn, tenant):
                 assert conn.execute("select current_user").fetchone()[0] == "kb_app"
-                sql = [r[0] for r in conn.execute("select chunk_id from kb.search_hybrid(%s, %s::vector)", [q, emb])]
+                # the language the service detects, named as a psql caller names it
+                sql = [r[0] for r in conn.execute("select chunk_id from kb.search_hybrid(%s, %s::vector, language => %s)",
+                                                  [q, emb, detect_query_language(q)])]
                 old = [r[0] for r in conn.execute(
-                    "select chunk_id from kb.search_hybrid(%s, %s::vector, 20, 60, 'rrf', 1, 1)", [q, emb])]
+                    "select chunk_id from kb.search_hybrid(%s, %s::vector, 20, 60, 'rrf', 1, 1, language => %s)",
+                    [q, emb, detect_query_language(q)])]
                 evald = session.run_awaited(first_stage(settings, "hybrid", 100, settings.candidates)
                                             .fetch(session.AwaitedConnection(conn), q, emb))
             assert len(sql) > 10, query

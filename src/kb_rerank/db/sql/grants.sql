@@ -25,7 +25,7 @@ grant execute on function kb.current_tenant(), kb.code_tokens(text), kb.to_tsv(t
                           kb.stem_config(text), kb.stem_tsv(text, text), kb.stem_length(tsvector), kb.query_stems(text),
                           kb.search_term_counts(text), kb.search_term_counts(text, text[]), kb.search_term_groups(text, text[]),
                           kb.language_subtag(text), kb.text_script(text), kb.language_script(text),
-                          kb.script_language(text), kb.stem_languages(), kb.language_lexeme(text),
+                          kb.script_language(text), kb.stem_languages(), kb.language_lexeme(text), kb.tsv_language(tsvector),
                           kb.nospace_class(), kb.has_nospace(text), kb.nospace_grams(text), kb.query_languages(text, uuid),
                           kb.query_languages(text, uuid, text),
                           kb.bm25_tf_part(double precision, double precision, double precision, double precision, double precision),

@@ -11,6 +11,7 @@
 revoke all on all tables in schema kb from kb_sql_reader;
 revoke all on all routines in schema kb from kb_sql_reader;
 grant select on kb.embedding_config, kb.documents, kb.document_values, kb.chunks, kb.term_stats, kb.corpus_stats, kb.term_blocks,
+                kb.term_language_stats, kb.corpus_language_stats,
                 kb.guard_reviews, kb.tenant_policy, kb.kb_generation, kb.kb_rerank_cache,
                 kb.kb_rerank_pair_scores, kb.kb_rerank_curation, kb.kb_rerank_audit,
                 kb.cache_stats, kb.audit_summary, kb.cache_hit_ratio, kb.guard_flagged_share
@@ -22,7 +23,7 @@ grant execute on function kb.current_tenant(), kb.sql_access_tenant(),
                           kb.stem_config(text), kb.stem_tsv(text, text), kb.stem_length(tsvector), kb.query_stems(text),
                           kb.search_term_counts(text), kb.search_term_counts(text, text[]), kb.search_term_groups(text, text[]),
                           kb.language_subtag(text), kb.text_script(text), kb.language_script(text),
-                          kb.script_language(text), kb.stem_languages(), kb.language_lexeme(text),
+                          kb.script_language(text), kb.stem_languages(), kb.language_lexeme(text), kb.tsv_language(tsvector),
                           kb.nospace_class(), kb.has_nospace(text), kb.nospace_grams(text), kb.query_languages(text, uuid),
                           kb.query_languages(text, uuid, text),
                           kb.bm25_tf_part(double precision, double precision, double precision, double precision, double precision),

@@ -35,6 +35,8 @@ select kb.apply_tenant_policies('kb.kb_rerank_inflight', null, '{}', '{select,in
 -- (retrieval/sql/corpus_stats_policies.sql, cache/sql/kb_generation_policies.sql).
 select kb.apply_tenant_policies('kb.term_stats', 'Term statistics', '{select}');
 select kb.apply_tenant_policies('kb.corpus_stats', 'Corpus statistics', '{select}');
+select kb.apply_tenant_policies('kb.term_language_stats', 'Term statistics per language', '{select}');
+select kb.apply_tenant_policies('kb.corpus_language_stats', 'Corpus statistics per language', '{select}');
 select kb.apply_tenant_policies('kb.term_blocks', 'Term blocks', '{select}');
 select kb.apply_tenant_policies('kb.kb_generation', 'Generation', '{select}',
                                 names => '{"select": "Generation is visible to its tenant"}');

@@ -156,6 +156,21 @@ as $$
                     else kb.language_subtag(language) end as l) as x
 $$;
 
+-- The language a chunk is counted in: the one its tsvector's kb.language_lexeme names
+-- ('@language ru' -> 'ru'); NULL for a chunk of no known language. The per-language BM25
+-- statistics (kb.corpus_language_stats, kb.term_language_stats) are kept by it.
+create or replace function kb.tsv_language(tsv tsvector)
+returns text
+language sql
+immutable
+parallel safe
+security invoker
+set search_path = pg_catalog, pg_temp
+as $$
+  select substr(l.lexeme, 11) from unnest(tsvector_to_array(tsv)) as l(lexeme)
+  where l.lexeme like '@language %' limit 1
+$$;
+
 -- The letters of scripts written without spaces between words, as a regular expression
 -- bracket: Thai, Lao, Myanmar, Khmer, Hiragana, Katakana (and their extensions, half-width
 -- Katakana), Han (unified ideographs, extension A, compatibility).

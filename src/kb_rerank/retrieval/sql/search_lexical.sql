@@ -18,6 +18,8 @@
 --   score(d) = sum over distinct query terms t in d of
 --              qtf(t) * idf(t) * tf * (k1 + 1) / (tf + k1 * (1 - b + b * len(d) / avglen))
 -- with N, df and avglen taken from the caller's tenant only (kb.corpus_stats, kb.term_stats),
+-- or, for a query in a language the tenant holds, from that language's chunks in it
+-- (kb.corpus_language_stats, kb.term_language_stats; see the statistics language below),
 -- and qtf(t) the number of times t occurs in the query (kb.search_term_counts), as in Lucene,
 -- where a repeated query word is a repeated clause. An English query's words are stemmed
 -- terms ('~ connect', its identifiers exact), another query's are exact (kb.search_term_counts);
@@ -91,6 +93,12 @@ declare
   v_n float8;
   v_avglen float8;
   v_stem_avglen float8;
+  v_langs text[];        -- the languages analysing the query (kb.query_languages)
+  v_lang text;           -- the language whose statistics weigh its terms, if any
+  v_lang_n float8;
+  v_lang_avglen float8;
+  v_lang_stem_avglen float8;
+  v_avg float8[];        -- the average length of each term's field, in its statistics
   v_gterm text[];        -- the query's terms by group (a term may be in more than one)
   v_gqtf integer[];      -- the group's qtf
   v_ggrp integer[];      -- the group
@@ -153,20 +161,52 @@ begin
   if v_n is null then
     return;
   end if;
+  -- The statistics language: the query's own (named or detected) when the tenant holds
+  -- chunks in it, else the one language its words are analysed in, if one. A term found in
+  -- that language's chunks is weighed with their statistics alone (N, df, avglen of that
+  -- language: kb.corpus_language_stats, kb.term_language_stats), as in a tenant of that
+  -- language only; a term found only in other languages' chunks (an identifier, a word of
+  -- another script), and every term of a query of no such language, with the tenant's.
+  v_langs := kb.query_languages(query, v_tenant, language);
+  v_lang := case kb.language_subtag(language) when 'nb' then 'no' when 'nn' then 'no'
+                 else kb.language_subtag(language) end;
+  if v_lang is null or not exists (select from kb.corpus_language_stats cl
+                                   where cl.tenant_id = v_tenant and cl.language = v_lang and cl.n_chunks > 0) then
+    v_lang := case when cardinality(v_langs) = 1 then v_langs[1] end;
+  end if;
+  select cl.n_chunks::float8, cl.total_len::float8 / greatest(cl.n_chunks, 1),
+         cl.stem_total_len::float8 / greatest(cl.n_chunks, 1)
+    into v_lang_n, v_lang_avglen, v_lang_stem_avglen
+  from kb.corpus_language_stats cl
+  where cl.tenant_id = v_tenant and cl.language = v_lang and cl.n_chunks > 0;
   -- the query's terms in groups (kb.search_term_groups: the forms of one word), those the
   -- tenant holds; weight of a term = its count in the query (qtf, over its groups) * idf
   select array_agg(g.term order by g.grp, g.term), array_agg(g.qtf order by g.grp, g.term),
          array_agg(g.grp order by g.grp, g.term)
     into v_gterm, v_gqtf, v_ggrp
-  from kb.search_term_groups(query, kb.query_languages(query, v_tenant, language)) as g
+  from kb.search_term_groups(query, v_langs) as g
   where exists (select from kb.term_stats ts where ts.tenant_id = v_tenant and ts.term = g.term and ts.df > 0);
+  -- (v_df: the term's chunks in the tenant, all languages: the postings a search reads)
   select array_agg(ts.term order by ts.df, ts.term),
          array_agg(ts.df order by ts.df, ts.term),
-         array_agg(q.qtf * ln(1 + (v_n - ts.df + 0.5) / (ts.df + 0.5)) order by ts.df, ts.term),
-         array_agg(ln(1 + (v_n - ts.df + 0.5) / (ts.df + 0.5)) order by ts.df, ts.term)
-    into v_terms, v_df, v_w, v_idf
+         array_agg(q.qtf * st.idf order by ts.df, ts.term),
+         array_agg(st.idf order by ts.df, ts.term),
+         array_agg(greatest(st.avglen, 1e-9) order by ts.df, ts.term)
+    into v_terms, v_df, v_w, v_idf, v_avg
   from (select g.term, sum(g.qtf) as qtf from unnest(v_gterm, v_gqtf) as g(term, qtf) group by g.term) as q
   join kb.term_stats ts on ts.tenant_id = v_tenant and ts.term = q.term
+  left join kb.term_language_stats tl
+    on tl.tenant_id = v_tenant and tl.language = v_lang and tl.term = q.term and tl.df > 0
+       and v_lang_n is not null
+  cross join lateral (
+    select ln(1 + (x.n - x.df + 0.5) / (x.df + 0.5)) as idf, x.avglen
+    from (select case when tl.df is null then v_n else v_lang_n end as n,
+                 coalesce(tl.df, ts.df)::float8 as df,
+                 case when tl.df is null and q.term like '~ %' then v_stem_avglen
+                      when tl.df is null then v_avglen
+                      when q.term like '~ %' then v_lang_stem_avglen
+                      else v_lang_avglen end as avglen) as x
+  ) as st
   where ts.df > 0;
   v_nt := coalesce(array_length(v_terms, 1), 0);
   if v_nt = 0 then
@@ -183,8 +223,8 @@ begin
      or ts_rank('{1,1,1,1}', 'x:1,2,3'::tsvector, 'x'::tsquery, 0) is distinct from v_tf[3] then
     v_tf := kb.ts_rank_tf_compute();
   end if;
-  -- A stemmed term ('~ ...') is normalised by its field's length (c.stem_len, average $10),
-  -- any other by the exact field's (c.doc_len, average $7).
+  -- A stemmed term ('~ ...') is normalised by its field's length (c.stem_len), any other by
+  -- the exact field's (c.doc_len), each against its average in the term's statistics ($7[i]).
   -- A group of one term that is in no other group adds that term's part, weight $2[i] (a
   -- query of one language: every group); any other group adds its qtf times the best of its
   -- terms' parts, each weighed by its idf alone ($18[i]). The bounds below weigh a term by
@@ -197,7 +237,8 @@ begin
     select t.i, t.term,
            format('case when c.tsv @@ $8[%s] then %%s * kb.bm25_tf_part(width_bucket(ts_rank('
                   '''{1,1,1,1}'', c.tsv, $8[%s], 0), $9), %s) else 0 end', t.i, t.i,
-                  case when t.term like '~ %' then 'c.stem_len, $5, $6, $10' else 'c.doc_len, $5, $6, $7' end) as expr
+                  format(case when t.term like '~ %' then 'c.stem_len, $5, $6, $7[%s]' else 'c.doc_len, $5, $6, $7[%s]' end,
+                         t.i)) as expr
     from unnest(v_terms) with ordinality as t(term, i)
   ),
   member as (
@@ -229,8 +270,7 @@ begin
              count(*)
         into v_lb, v_ln, v_cnt
       from (select tt.level,
-                   v_w[i] * max(tt.tail) * greatest(1, (case when v_terms[i] like '~ %' then v_stem_avglen
-                                                            else v_avglen end) / max(tt.avglen)) as bound,
+                   v_w[i] * max(tt.tail) * greatest(1, v_avg[i] / max(tt.avglen)) as bound,
                    sum(tt.n) as n
             from kb.term_blocks tt
             where tt.tenant_id = v_tenant and tt.term = v_terms[i]
@@ -313,8 +353,9 @@ begin
           select p.chunk_id, p.doc_id, p.score
           from unnest($14::uuid[], $15::uuid[], $16::float8[]) as p(chunk_id, doc_id, score)$p$ else '' end)
       into r_chunk, r_doc, r_score, v_min
-      using v_tenant, v_w, v_gin_q, v_k, k1, b, greatest(v_avglen, 1e-9), v_tq, v_tf,
-            greatest(v_stem_avglen, 1e-9), v_done_q, v_ids, v_seen, r_chunk, r_doc, r_score, v_docs, v_idf;
+      -- ($10 is not read)
+      using v_tenant, v_w, v_gin_q, v_k, k1, b, v_avg, v_tq, v_tf,
+            null::float8, v_done_q, v_ids, v_seen, r_chunk, r_doc, r_score, v_docs, v_idf;
     end if;
     v_seen := v_seen || v_ids;
     if v_gin_q is not null then

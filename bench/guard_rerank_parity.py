@@ -75,6 +75,7 @@ def stats(labels: list[int], flagged: list[bool]) -> dict:
 def ingestion_path(texts: list[str], embedder, s: Settings) -> tuple[list[bool], int, float]:
     """(flagged per text, texts the classifier could not judge, seconds)."""
     clf = verdict.guard_classifier(embedder)
+    voters = verdict.voters_for(s)  # the lexical vote (and KB_GUARD_MODEL's), as ingestion
     t0 = time.perf_counter()
     parts = [verdict.pieces(t, s.chunk_max_chars, s.chunk_overlap) for t in texts]
     flat = [p for ps in parts for p in ps]
@@ -83,7 +84,8 @@ def ingestion_path(texts: list[str], embedder, s: Settings) -> tuple[list[bool],
         vecs.extend(embedder.embed_passages(flat[i:i + s.embed_batch_size]))
     flags, at = [], 0
     for ps in parts:
-        got = [verdict.chunk_flags(p, vecs[at + k], clf, s.guard_classifier_threshold, embedder.embed_passages)
+        got = [verdict.chunk_flags(p, vecs[at + k], clf, s.guard_classifier_threshold, embedder.embed_passages,
+                                   voters)
                for k, p in enumerate(ps)]
         at += len(ps)
         flags.append(any(f.injection_flag for f in got))

@@ -195,7 +195,7 @@ def test_latency_hits_and_misses_are_counted_under_the_endpoints_source(endpoint
 
 
 @pytest.mark.parametrize("change", [{"candidates": 7}, {"rerank_top_n": 5}, {"demote_factor": 0.3},
-                                    {"fusion_method": "rrf"}])
+                                    {"fusion_method": "rrf"}, {"guard_lexical_threshold": 0.9}])
 @pytest.mark.parametrize("endpoint", list(ENDPOINTS))
 def test_a_change_of_configuration_is_not_served_the_old_configurations_answers(endpoint, change, settings,
                                                                                 reranker, embedder, sample_tenant):

@@ -20,6 +20,7 @@ import pytest
 from kb_rerank.guard import verdict
 from kb_rerank.guard.detectors import detect_injection
 from kb_rerank.ingest.loader import chunk_flags, guard_classifier, ingest_documents
+from kb_rerank.guard.verdict import voters_for
 from kb_rerank.ingest.readers import SourceDoc
 from kb_rerank.guard.reviews import record_review
 from kb_rerank.core.session import tenant_transaction
@@ -66,7 +67,7 @@ class CountingEmbedder:
 
 def ingestion_verdict(text, embedder, settings):
     return chunk_flags(text, embedder.embed_passages([text])[0], guard_classifier(embedder),
-                       settings.guard_classifier_threshold)
+                       settings.guard_classifier_threshold, voters=voters_for(settings))
 
 
 def p_of(reasons) -> float:
@@ -127,11 +128,23 @@ def test_v2_classifier_also_runs_without_mmr(settings, embedder):
 def test_v2_threshold_one_leaves_the_patterns_deciding(settings, embedder):
     counting = CountingEmbedder(embedder)
     with client_for(settings, ScriptedReranker(), counting, guard_budget_ms=60_000, guard_embed_timeout_s=120,
-                    guard_classifier_threshold=1.0) as client:
+                    guard_classifier_threshold=1.0, guard_lexical_threshold=1.0) as client:
         before = counting.passage_calls
         body = call(client, uuid.uuid4(), {"query": "invoice", "documents": [HARD_NEGATIVE, HIDDEN], "lambda": 1.0})
         assert counting.passage_calls == before  # nothing to embed: no MMR, no classifier vote
     assert body["meta"]["filtered"] == []
+
+
+def test_v2_without_the_classifier_the_lexical_vote_still_judges(settings, embedder):
+    counting = CountingEmbedder(embedder)
+    with client_for(settings, ScriptedReranker(), counting, guard_budget_ms=60_000, guard_embed_timeout_s=120,
+                    guard_classifier_threshold=1.0) as client:
+        before = counting.passage_calls
+        body = call(client, uuid.uuid4(), {"query": "invoice", "documents": [HARD_NEGATIVE, HIDDEN], "lambda": 1.0})
+        assert counting.passage_calls == before  # the lexical vote needs no embedding
+    (flag,) = body["meta"]["filtered"]
+    assert (flag["index"], flag["action"], flag["evidence"]) == (1, "demoted", "doubtful")
+    assert "fired:lexical" in flag["signals"] and not any(s.startswith("classifier_p=") for s in flag["signals"])
 
 
 def test_v2_hard_cap_bounds_the_embedding(settings, embedder):

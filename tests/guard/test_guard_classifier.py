@@ -182,7 +182,8 @@ def test_guard_scan_rescores_stored_chunks(capsys, monkeypatch, app_conn, embedd
     tenant = uuid.uuid4()
     docs = [SourceDoc(source_uri="para.md", title="", text=PARAPHRASED[0], language="en"),
             SourceDoc(source_uri="plain.md", title="", text=ORDINARY[1], language="en")]
-    ingest_documents(app_conn, tenant, docs, embedder, settings.with_(guard_classifier_threshold=1.0))
+    ingest_documents(app_conn, tenant, docs, embedder,
+                     settings.with_(guard_classifier_threshold=1.0, guard_lexical_threshold=1.0))
 
     def flags():
         with tenant_transaction(app_conn, tenant):
@@ -193,11 +194,13 @@ def test_guard_scan_rescores_stored_chunks(capsys, monkeypatch, app_conn, embedd
     assert flags()["para.md"][0] is False
     monkeypatch.setenv("KB_DATABASE_URL", settings.database_url)
     monkeypatch.delenv("KB_GUARD_CLASSIFIER_THRESHOLD", raising=False)
+    monkeypatch.delenv("KB_GUARD_LEXICAL_THRESHOLD", raising=False)
     assert cli.main(["guard", "scan", "--tenant", str(tenant), "--quiet"]) == 0
-    assert capsys.readouterr().out.startswith("2 chunks scanned, 1 verdicts changed, 1 flagged")
+    # both rows rewritten: the paraphrase now flagged, the plain chunk's reasons gain the lexical probability
+    assert capsys.readouterr().out.startswith("2 chunks scanned, 2 verdicts changed, 1 flagged")
     after = flags()
     assert after["para.md"][0] is True and "fired:classifier" in after["para.md"][1]
-    assert after["plain.md"][0] is False
+    assert after["plain.md"][0] is False and any(r.startswith("lexical_p=") for r in after["plain.md"][1])
     assert cli.main(["guard", "scan", "--tenant", str(tenant), "--quiet"]) == 0
     assert capsys.readouterr().out.startswith("2 chunks scanned, 0 verdicts changed, 1 flagged")
 

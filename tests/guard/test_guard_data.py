@@ -45,6 +45,9 @@ TRAINED_FROM_2026_12_01_5 = [MEASURING_V5] + WRITTEN[12:]
 MEASURING_V6 = ROOT / "tests/data/injection/after_freeze_v6.jsonl"
 # the seventh: written after the 2026-12-01.6 freeze (commit 4392ecc), scored once against it
 MEASURING_V7 = ROOT / "tests/data/injection/after_freeze_v7.jsonl"
+# the eighth: written after the lexical detector's 2026-12-07.1 freeze by an author who saw nothing of
+# the project (its SOURCE.md: 240 rows, six languages, 20 hostile and 20 benign each), scored once
+MEASURING_V8 = ROOT / "tests/data/injection/after_freeze_v8.jsonl"
 
 
 def _rows(path: Path) -> list[dict]:
@@ -56,7 +59,7 @@ def _norm(text: str) -> str:
 
 
 @pytest.mark.parametrize("path", WRITTEN + [MEASURING, MEASURING_V3, MEASURING_V4, MEASURING_V5, MEASURING_V6,
-                                            MEASURING_V7],
+                                            MEASURING_V7, MEASURING_V8],
                          ids=lambda p: p.name)
 def test_written_sets_are_labelled_balanced_and_multilingual(path):
     rows = _rows(path)
@@ -82,7 +85,7 @@ def test_written_sources_cover_every_language():
         assert {r["lang"] for r in rows if r["label"] == label} == LANGS
 
 
-@pytest.mark.parametrize("path", [MEASURING, MEASURING_V3, MEASURING_V4, MEASURING_V5, MEASURING_V6],
+@pytest.mark.parametrize("path", [MEASURING, MEASURING_V3, MEASURING_V4, MEASURING_V5, MEASURING_V6, MEASURING_V8],
                          ids=lambda p: p.name)
 def test_after_freeze_sets_are_balanced_with_half_hard_negatives(path):
     rows = _rows(path)
@@ -136,6 +139,29 @@ def test_v7_passages_are_new_to_every_training_source():
     trained = {_norm(r["text"]) for p in TRAINING + sorted((ROOT / "bench/data/ordinary").glob("*.jsonl"))
                for r in _rows(p)}
     assert len(measured) >= 200 and not measured & trained
+
+
+def test_v8_passages_are_new_to_every_training_source():
+    measured = {_norm(r["text"]) for r in _rows(MEASURING_V8)}
+    trained = {_norm(r["text"]) for p in TRAINING + [MEASURING_V7] + sorted((ROOT / "bench/data/ordinary").glob("*.jsonl"))
+               for r in _rows(p)}
+    assert len(measured) == 240 and not measured & trained
+
+
+def test_the_lexical_training_reads_v1_to_v6_and_no_later_set():
+    import importlib.util
+    import sys
+
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        spec = importlib.util.spec_from_file_location("kb_bench_train_lexical", ROOT / "bench" / "train_guard_lexical.py")
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+    finally:
+        sys.path.remove(str(ROOT / "bench"))
+    assert [name for name, _ in mod.AFTER_FREEZE] == ["after_freeze.jsonl"] + [f"after_freeze_v{i}.jsonl"
+                                                                                for i in range(2, 7)]
+    assert {h for h, _, _ in mod.WRITTEN} | {b for _, b, _ in mod.WRITTEN} == {p.name for p in WRITTEN}
 
 
 def test_training_reads_the_scored_after_freeze_sets_and_no_later_one():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from kb_rerank.core.settings import Settings
 
 from kb_rerank.ingest.readers import SourceDoc
 from kb_rerank.core.session import tenant_transaction
@@ -49,7 +50,8 @@ def test_ingest_stores_flags_and_recomputes_them_on_reuse(app_conn, embedder, se
     # sub-threshold pattern signals are kept, then the learned detector's probability
     pattern_reasons = list(detect_injection(GENUINE).reasons)
     assert rows["genuine.md"][2][: len(pattern_reasons)] == pattern_reasons
-    assert [r for r in rows["genuine.md"][2][len(pattern_reasons):] if not r.startswith("classifier_p=")] == []
+    assert [r for r in rows["genuine.md"][2][len(pattern_reasons):]
+            if not r.startswith(("classifier_p=", "lexical_p="))] == []
     inj = rows["hostile.md"]
     assert inj[0] is True and inj[1] >= 0.5 and len(inj[2]) >= 1 and inj[3] is False
     assert rows["stuffed.md"][3] is True and rows["stuffed.md"][0] is False
@@ -112,7 +114,8 @@ def test_spans_are_embedded_only_where_they_can_change_the_decision(app_conn, em
           for t, v in zip([flagged_whole, doubtful], embedder.embed_passages([flagged_whole, doubtful]))]
     # a threshold between the two texts' probabilities: the first flagged whole, the second doubtful
     t = round((ps[0] + ps[1]) / 2, 6)
-    settings = settings.with_(guard_classifier_threshold=t)
+    # the lexical vote off: it flags the doubtful text whole, and a flagged text has no spans embedded
+    settings = settings.with_(guard_classifier_threshold=t, guard_lexical_threshold=1.0)
     assert clf.wants_spans(ps[0]) and ps[0] >= t, ps  # doubtful enough for the old gate, flagged whole
     assert clf.wants_spans(ps[1]) and ps[1] < t, ps  # doubtful, not flagged whole
     assert spans(flagged_whole) and spans(doubtful)
@@ -127,3 +130,8 @@ def test_spans_are_embedded_only_where_they_can_change_the_decision(app_conn, em
     assert rows["flagged.md"][0] is True and "fired:classifier" in rows["flagged.md"][2]
     assert not any(r.startswith("span_p=") for r in rows["flagged.md"][2])
     assert any(r.startswith("span_p=") for r in rows["doubtful.md"][2])
+    # with the lexical vote on, the doubtful text is flagged whole by it: no span embedded
+    counting.calls.clear()
+    ingest_documents(app_conn, uuid.uuid4(), [_doc("doubtful.md", doubtful, title="")], counting,
+                     settings.with_(guard_lexical_threshold=Settings().guard_lexical_threshold))
+    assert counting.calls == [[doubtful]]

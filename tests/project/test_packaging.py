@@ -156,8 +156,9 @@ def test_every_resource_file_is_package_data():
              and ("sql" in p.parts or p.parts[len(src.parts)] in ("demo_kb", "playground")
                   or (p.parts[len(src.parts)] == "db" and not (p.parent == src / "db" and p.suffix == ".py")))]
     assert len([f for f in files if f.endswith(".sql")]) >= 60 and "db/layer.txt" in files
-    files += ["py.typed", "guard/classifier.npz"]  # the learned injection detector's weights
+    files += ["py.typed", "guard/classifier.npz", "guard/lexical.npz"]  # the learned injection detectors' weights
     assert (src / "py.typed").is_file() and (src / "guard" / "classifier.npz").is_file()
+    assert (src / "guard" / "lexical.npz").is_file()
     assert len([f for f in files if f.startswith("demo_kb/")]) >= 20
     patterns = _package_data_patterns()
     assert [f for f in files if not any(_matches(f, p) for p in patterns)] == []

@@ -110,6 +110,70 @@ def cmd_guard_review(args, settings: Settings) -> int:
     return 0
 
 
+def _ordinary_rows(paths: list[str]) -> list[dict]:
+    """The passages of ``paths``: JSON-lines files, or folders of them (``{"text", "lang", "kind"}`` a
+    line: the layout bench/ordinary_corpus.py writes)."""
+    import json
+    from pathlib import Path
+
+    files: list[Path] = []
+    for p in map(Path, paths):
+        if p.is_dir():
+            files += sorted(p.glob("*.jsonl"))
+        elif p.is_file():
+            files.append(p)
+        else:
+            raise FileNotFoundError(f"--ordinary: {str(p)!r} does not exist")
+    rows = []
+    for f in files:
+        for n, line in enumerate(f.read_text(encoding="utf-8").splitlines(), 1):
+            if line.strip():
+                try:
+                    r = json.loads(line)
+                except ValueError:
+                    raise ValueError(f"--ordinary: {f}:{n} is not a JSON line") from None
+                if isinstance(r, dict) and isinstance(r.get("text"), str):
+                    rows.append(r)
+    return rows
+
+
+def _rate(value: str) -> float:
+    """``--target``: a rate strictly between 0 and 1."""
+    try:
+        x = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError("a rate is a number, e.g. 0.005") from None
+    if not 0.0 < x < 1.0:
+        raise argparse.ArgumentTypeError("a rate is between 0 and 1, e.g. 0.005 (0.5 %)")
+    return x
+
+
+def cmd_guard_calibrate(args, settings: Settings) -> int:
+    """`kb-rerank guard calibrate`: the dedicated injection model's threshold, on ordinary text."""
+    from kb_rerank.guard.model import GuardModelError, InjectionModel, THRESHOLD_FILE, calibrate
+
+    folder = args.model or settings.guard_model
+    if not folder:
+        print("kb-rerank: error: guard calibrate: name the model folder (--model or KB_GUARD_MODEL)", file=sys.stderr)
+        return 2
+    try:
+        rows = _ordinary_rows(args.ordinary)
+        if not rows:
+            raise ValueError("--ordinary: no passages (JSON lines with a \"text\") in " + ", ".join(args.ordinary))
+        model = InjectionModel(folder, max_length=args.max_length or settings.guard_model_max_length,
+                               need_threshold=False)
+        cal, counts = calibrate(model, rows, args.target)
+    except (GuardModelError, FileNotFoundError, ValueError) as exc:
+        print(f"kb-rerank: error: guard calibrate: {exc}", file=sys.stderr)
+        return 2
+    print(f"threshold {cal.threshold:.6g}: {cal.flagged} of {cal.passages} ordinary passages flagged "
+          f"(target {100 * cal.target_fpr:g} % in every language and kind of 50 or more; worst {cal.worst_group} "
+          f"{100 * cal.worst_fpr:.2f} %); written to {model.folder / THRESHOLD_FILE}")
+    for g, (k, n) in counts.items():
+        print(f"  {g}: {k}/{n}")
+    return 0
+
+
 def register(sub) -> None:
     gsub = command_group(sub, "guard", dest="guard_command", help="prompt-injection guard of stored chunks")
     gs = command(gsub, "scan", help="re-score a tenant's stored chunks with the current detectors and shipped "
@@ -138,3 +202,13 @@ def register(sub) -> None:
                         help=f"reviewer label stored with the review, which the tenant's SQL reader can read"
                              f" (default {REVIEWER_LABEL!r}; never the OS user name)")
         gr.set_defaults(func=cmd_guard_review)
+    gc = command(gsub, "calibrate", help="set the dedicated injection model's threshold (KB_GUARD_MODEL) on ordinary "
+                                          "passages: the lowest that flags at most --target of them in every "
+                                          "language and kind; written beside the model")
+    gc.add_argument("--model", default=None, help="the model folder; default KB_GUARD_MODEL")
+    gc.add_argument("--ordinary", nargs="+", required=True,
+                    help="JSON-lines files, or folders of them, of ordinary passages ({\"text\", \"lang\", \"kind\"} "
+                         "a line; bench/ordinary_corpus.py builds the project's)")
+    gc.add_argument("--target", type=_rate, default=0.005, help="ordinary false-positive rate allowed (default 0.005)")
+    gc.add_argument("--max-length", type=int, default=None, help="tokens read; default KB_GUARD_MODEL_MAX_LENGTH")
+    gc.set_defaults(func=cmd_guard_calibrate)

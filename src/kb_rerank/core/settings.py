@@ -486,6 +486,21 @@ class Settings:
         "flag it and the shipped weights' veto floor does not overrule them (1 leaves only the patterns "
         "deciding); precision / recall per threshold in `docs/guardrails.md`",
         gt=0, le=1, see="docs/tuning.md, \"The injection classifier\"")
+    guard_lexical_threshold: float = setting(
+        0.958,
+        "a chunk at ingestion, or a `/v2/rerank` document, is also flagged (doubtful evidence: demoted, never "
+        "excluded on this alone) when the lexical detector's probability (hashed word and character n-grams of "
+        "the text and of its sentence windows) reaches this; the default is the operating point the shipped "
+        "weights carry (1 turns the lexical vote off)",
+        gt=0, le=1, see="docs/guardrails.md, \"What it catches today\"")
+    guard_model: Path | None = setting(
+        None,
+        "a folder holding a sequence-classification checkpoint of a dedicated injection model (Llama Prompt "
+        "Guard 2, ProtectAI deberta-v3-base-prompt-injection-v2; extra `rerank`), calibrated by `kb-rerank "
+        "guard calibrate`: its vote joins the verdict at the threshold written beside it",
+        default_doc="unset: none", see="docs/guardrails.md, \"A dedicated injection model\"")
+    guard_model_max_length: int = setting(
+        512, "tokens of each chunk the dedicated injection model reads (KB_GUARD_MODEL)", ge=16, le=8192)
     # Operations
     ops_token: str | None = setting(
         None,

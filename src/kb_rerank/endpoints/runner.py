@@ -77,6 +77,7 @@ def answer_config(settings: Settings, model: str, guard_version: str | None) -> 
         "tiers": [s.tier_high, s.tier_medium], "demote_factor": s.demote_factor,
         "chunking": [s.chunk_max_chars, s.chunk_overlap], "model": model,
         "guard_classifier": [guard_version, s.guard_classifier_threshold],
+        "guard_voters": verdict.voters_for(s).version,
     }
 
 

@@ -648,6 +648,13 @@ def _normalise(text: str) -> _Normalised:
     return _Normalised(norm, nfkc, max(zero_width, 0), bidi_override, bidi_other, tags, mixed)
 
 
+def normalised(text: str) -> str:
+    """``text`` as the patterns read it: hidden characters removed, tag-character, base64 and
+    rot13 payloads decoded and appended, NFKC, case folded, homoglyphs folded, accents stripped
+    (the lexical detector's input, :mod:`kb_rerank.guard.lexical`). Linear in the text."""
+    return _normalise(text).text if text else ""
+
+
 # Letters spelled out one by one ("i g n o r e  a l l"): at least five single letters, one
 # space apart (possessive, and a matched run is consumed whole: linear)
 _SPACED_LETTERS_RE = re.compile(r"(?<!\w)\w(?= )(?: \w(?!\w)){4,}+")

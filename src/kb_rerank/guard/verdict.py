@@ -11,7 +11,8 @@
 The rule (:func:`decide`): flagged when the learned detector's probability
 (:mod:`kb_rerank.guard.classifier`) reaches the threshold, or when the patterns
 (:mod:`kb_rerank.guard.detectors`) flag the text and that probability is not below the
-weights' veto floor; a threshold of 1.0 turns the classifier off, vote and veto (the
+weights' veto floor, or when another voter (:class:`Voters`: the lexical detector, a dedicated
+injection model) reaches its threshold; a threshold of 1.0 turns the classifier off, vote and veto (the
 patterns decide alone; the probability is still reported). A flagged text's evidence is
 strong or doubtful (:func:`strong_evidence`): the default policy excludes the first and
 demotes the second (:mod:`kb_rerank.guard.policy`).
@@ -24,7 +25,8 @@ import dataclasses
 import logging
 import time
 from dataclasses import dataclass
-from typing import Awaitable, Callable, Sequence
+from functools import lru_cache
+from typing import TYPE_CHECKING, Awaitable, Callable, Sequence
 
 import numpy as np
 
@@ -32,6 +34,11 @@ from kb_rerank.guard import detectors
 from kb_rerank.core.chunking import chunk_text
 from kb_rerank.guard.detectors import InjectionVerdict, SpamVerdict
 from kb_rerank.guard.classifier import GuardClassifier, classifier_for, spans
+from kb_rerank.guard.lexical import LexicalDetector
+from kb_rerank.guard.lexical import load_shipped as load_lexical
+
+if TYPE_CHECKING:
+    from kb_rerank.guard.model import InjectionModel
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +65,53 @@ class ChunkFlags:
     strong: bool = False
 
 
+# one other detector's vote: (name, probability, threshold); a threshold of 1 reports without voting
+Vote = tuple[str, float, float]
+
+
+@dataclass(frozen=True)
+class Voters:
+    """The learned detectors that vote beside the embedding classifier: the lexical detector
+    (:mod:`kb_rerank.guard.lexical`, shipped; ``KB_GUARD_LEXICAL_THRESHOLD``) and a dedicated
+    injection model (:mod:`kb_rerank.guard.model`, ``KB_GUARD_MODEL``). Neither needs an
+    embedding."""
+
+    lexical: LexicalDetector | None = None
+    lexical_threshold: float = 1.0
+    model: InjectionModel | None = None
+
+    def votes(self, texts: Sequence[str]) -> list[list[Vote]]:
+        """Each text's votes (the model scores the texts in batches)."""
+        out: list[list[Vote]] = [[] for _ in texts]
+        if self.lexical is not None and self.lexical_threshold < 1.0:
+            for v, t in zip(out, texts):
+                v.append(("lexical", self.lexical.text_probability(t), self.lexical_threshold))
+        if self.model is not None and texts:
+            for v, mp in zip(out, self.model.probabilities(list(texts))):
+                v.append(("model", float(mp), self.model.threshold))
+        return out
+
+    @property
+    def version(self) -> list:
+        """What an answer cache key holds of them."""
+        return [self.lexical.version if self.lexical is not None else None, self.lexical_threshold,
+                self.model.version if self.model is not None else None]
+
+
+def voters_for(settings) -> Voters:
+    """The voters ``settings`` ask for (the model loaded once per folder and length)."""
+    return _voters(float(settings.guard_lexical_threshold),
+                   str(settings.guard_model) if settings.guard_model else None, int(settings.guard_model_max_length))
+
+
+@lru_cache(maxsize=4)
+def _voters(lexical_threshold: float, model: str | None, max_length: int) -> Voters:
+    from kb_rerank.guard.model import InjectionModel
+
+    lex = load_lexical() if lexical_threshold < 1.0 else None
+    return Voters(lex, lexical_threshold, InjectionModel(model, max_length=max_length).load() if model else None)
+
+
 def strong_evidence(inj: InjectionVerdict, p: float | None, span_p: float | None,
                     classifier: GuardClassifier | None, threshold: float) -> bool:
     """Whether a flagged text's evidence of injection is strong enough to exclude it under the
@@ -80,7 +134,7 @@ def strong_evidence(inj: InjectionVerdict, p: float | None, span_p: float | None
 
 def decide(inj: InjectionVerdict, spam: SpamVerdict, embedding: np.ndarray | None = None,
            classifier: GuardClassifier | None = None, threshold: float = 1.0,
-           span_p: float | None = None, p: float | None = None) -> ChunkFlags:
+           span_p: float | None = None, p: float | None = None, votes: Sequence[Vote] = ()) -> ChunkFlags:
     """Flagged when the classifier's probability reaches ``threshold`` (it votes and vetoes
     only when ``threshold`` < 1), or when the patterns flag the text and the probability is not below
     the classifier's ``floor`` (its veto of pattern hits it finds clearly benign, trained
@@ -95,7 +149,10 @@ def decide(inj: InjectionVerdict, spam: SpamVerdict, embedding: np.ndarray | Non
     when they were scored: reported as ``span_p=<p>``, and the text is flagged
     (``fired:spans``) when it reaches the classifier's ``span_threshold`` (while the
     classifier votes, ``threshold`` < 1). ``p``: the classifier's probability for this text
-    when the caller computed it already (:func:`probability`), else computed here."""
+    when the caller computed it already (:func:`probability`), else computed here. ``votes``:
+    the other learned detectors' probabilities (:class:`Voters`: the lexical detector, a
+    dedicated injection model), each reported as ``<name>_p=<p>`` and flagging the text
+    (``fired:<name>``) when it reaches its threshold (below 1); their flags alone are doubtful."""
     score = min(1.0, max(0.0, float(inj.score)))
     reasons = list(inj.reasons)
     flagged = bool(inj.flagged)
@@ -121,6 +178,12 @@ def decide(inj: InjectionVerdict, spam: SpamVerdict, embedding: np.ndarray | Non
                 reasons.append("fired:spans")
                 score = max(score, min(1.0, span_p))
         flagged = patterns or fired or span_fired
+    for name, vp, vt in votes:
+        reasons.append(f"{name}_p={vp:.3f}")
+        if vt < 1.0 and vp >= vt:
+            reasons.append(f"fired:{name}")
+            score = max(score, min(1.0, vp))
+            flagged = True
     strong = False
     if flagged:
         strong = strong_evidence(inj, p, span_p, classifier, threshold)
@@ -130,17 +193,19 @@ def decide(inj: InjectionVerdict, spam: SpamVerdict, embedding: np.ndarray | Non
 
 def chunk_flags(piece: str, embedding: np.ndarray | None = None, classifier: GuardClassifier | None = None,
                 threshold: float = 1.0,
-                embed: Callable[[list[str]], np.ndarray] | None = None) -> ChunkFlags:
+                embed: Callable[[list[str]], np.ndarray] | None = None,
+                voters: Voters | None = None) -> ChunkFlags:
     """:func:`decide` over the detectors' verdicts of ``piece`` (cheap, deterministic:
     recomputed on every write, also for chunks whose embedding is reused). With ``embed``
     (the embedder's ``embed_passages``) and a classifier that scores spans, the spans of a
     chunk its whole text leaves doubtful and unflagged (:func:`span_texts`) are embedded and
-    scored too."""
+    scored too. ``voters``: the other learned detectors whose votes join (:class:`Voters`)."""
     inj, spam = detectors.detect_injection(piece), detectors.detect_stuffing(piece)
+    votes = voters.votes([piece])[0] if voters is not None else []
     p = probability(classifier, embedding, inj)
-    whole = decide(inj, spam, embedding, classifier, threshold, p=p)
+    whole = decide(inj, spam, embedding, classifier, threshold, p=p, votes=votes)
     span_p = span_probability(piece, whole, p, classifier, threshold, embed)
-    return whole if span_p is None else decide(inj, spam, embedding, classifier, threshold, span_p, p=p)
+    return whole if span_p is None else decide(inj, spam, embedding, classifier, threshold, span_p, p=p, votes=votes)
 
 
 def probability(classifier: GuardClassifier | None, embedding: np.ndarray | None,
@@ -158,7 +223,7 @@ def span_texts(piece: str, whole: ChunkFlags, p: float | None, classifier: Guard
     None unless the classifier votes (``threshold`` < 1), scores spans and finds the whole
     text (probability ``p``) at least as doubtful as its ``span_gate``, and none when the
     whole text is flagged already (``whole``: :func:`decide`'s verdict without spans, by the
-    classifier or by the patterns it did not veto): a span can only add a flag. The one gate
+    classifier, by the patterns it did not veto or by another voter): a span can only add a flag. The one gate
     of ingestion, ``guard scan`` and ``/v2/rerank``."""
     if classifier is None or p is None or threshold >= 1.0 or not classifier.wants_spans(p):
         return []
@@ -245,7 +310,8 @@ async def inspect_documents(texts: Sequence[str], budget_s: float, *, classifier
                             fatal: tuple[type[BaseException], ...] = (),
                             embed_timeout_s: float = 60.0,
                             embed_spans: Callable[[list[str]], Awaitable[np.ndarray]] | None = None,
-                            chunk: Callable[[str], list[str]] | None = None) -> Inspection:
+                            chunk: Callable[[str], list[str]] | None = None,
+                            voters: Voters | None = None) -> Inspection:
     """:func:`chunk_flags`'s rule over each document, off the event loop.
 
     ``chunk``: how a document is cut into the pieces judged (:func:`pieces`: the chunks
@@ -265,7 +331,9 @@ async def inspect_documents(texts: Sequence[str], budget_s: float, *, classifier
     embedder cap: 429, as for any embedding). ``embed_spans``: the embedder call for the
     spans (default ``embed``), so that a caller can count the span texts it embeds even when
     the inspection is interrupted (/v2/rerank charges its spans from that count when the
-    request ends).
+    request ends). ``voters``: the other learned detectors (:class:`Voters`), run over the
+    pieces in a worker thread before the same hard cap; a document whose pieces they did not
+    all score by then is not ``classified``.
     """
     n = len(texts)
     if n == 0:
@@ -280,6 +348,9 @@ async def inspect_documents(texts: Sequence[str], budget_s: float, *, classifier
     # thread got a fraction of a core, and their budget is short (on 2 loaded cores, 66 of 216
     # documents were not inspected when both ran at once); they take milliseconds
     verdicts = await detectors.inspect_documents(flat, budget_s)
+    votes: list[list[Vote] | None] = [[] for _ in range(m)]
+    if voters is not None and (voters.model is not None or voters.lexical is not None):
+        votes = await _votes_until(flat, voters, deadline)
     voting = classifier is not None and embed is not None
     vecs: list[np.ndarray | None] = [None] * m
     if voting:
@@ -294,10 +365,10 @@ async def inspect_documents(texts: Sequence[str], budget_s: float, *, classifier
             continue
         if voting and vec is not None:
             probs[j] = probability(classifier, vec, v[0])
-            whole[j] = decide(v[0], v[1], vec, classifier, threshold, p=probs[j])
+            whole[j] = decide(v[0], v[1], vec, classifier, threshold, p=probs[j], votes=votes[j] or ())
             wanted[j] = span_texts(flat[j], whole[j], probs[j], classifier, threshold)
         else:
-            whole[j] = decide(*v)  # the patterns alone
+            whole[j] = decide(*v, votes=votes[j] or ())  # the patterns (and the other voters) alone
     span_flat = [t for w in wanted for t in w]
     svecs: list[np.ndarray | None] = [None] * len(span_flat)
     if span_flat:
@@ -311,12 +382,15 @@ async def inspect_documents(texts: Sequence[str], budget_s: float, *, classifier
         if v is None:
             continue
         judged[j] = whole[j]
+        if votes[j] is None:
+            reached[j] = False  # the other voters did not score it in time
         if not voting:
             continue
         if vec is None or any(g is None for g in got):
             reached[j] = False  # decided without its embedding, or without its spans
         elif w:
-            judged[j] = decide(v[0], v[1], vec, classifier, threshold, classifier.span_probability(got, w), p=probs[j])
+            judged[j] = decide(v[0], v[1], vec, classifier, threshold, classifier.span_probability(got, w), p=probs[j],
+                               votes=votes[j] or ())
     flags: list[ChunkFlags | None] = []
     embeddings: list[np.ndarray | None] = []
     classified: list[bool] = []
@@ -337,6 +411,31 @@ async def inspect_documents(texts: Sequence[str], budget_s: float, *, classifier
         dv = [vecs[j] for j in idx]
         embeddings.append(pool(dv, [len(flat[j]) for j in idx]) if all(x is not None for x in dv) else None)
     return Inspection(flags, embeddings, unclassified, classified, parts)
+
+
+async def _votes_until(texts: Sequence[str], voters: Voters, deadline: float) -> list[list[Vote] | None]:
+    """:meth:`Voters.votes` of ``texts`` in a worker thread, in calls of :data:`EMBED_BATCH`,
+    until ``deadline``: the texts not scored by then (or whose call failed) are None."""
+    out: list[list[Vote] | None] = [None] * len(texts)
+    for start in range(0, len(texts), EMBED_BATCH):
+        left = deadline - time.monotonic()
+        if left <= 0:
+            break
+        batch = list(texts[start:start + EMBED_BATCH])
+        fut = asyncio.ensure_future(asyncio.to_thread(voters.votes, batch))
+        try:
+            got = await asyncio.wait_for(asyncio.shield(fut), timeout=left)
+        except asyncio.TimeoutError:
+            fut.add_done_callback(_consume)
+            break
+        except asyncio.CancelledError:
+            fut.add_done_callback(_consume)
+            raise
+        except Exception as exc:  # noqa: BLE001 - a detector failed: these texts are not classified
+            log.warning("the injection voters failed on %d texts: %s", len(batch), type(exc).__name__)
+            continue
+        out[start:start + len(batch)] = got
+    return out
 
 
 def _cut(texts: Sequence[str], chunk: Callable[[str], list[str]]) -> list[list[str]]:

@@ -31,6 +31,7 @@ from kb_rerank.models.embedders import Embedder
 from kb_rerank.guard.classifier import GuardClassifier, classifier_for
 # the decision stored per chunk is the one rule of kb_rerank.guard.verdict (also /v2/rerank's)
 from kb_rerank.guard.verdict import ChunkFlags, chunk_flags, guard_classifier  # noqa: F401 - re-exported
+from kb_rerank.guard.verdict import Voters, voters_for
 from kb_rerank.filters.grammar import FIELD_NAME, MAX_IN, MAX_STRING, RESERVED
 from kb_rerank.guard.policy import injection_decision
 from kb_rerank.core.settings import Settings
@@ -306,7 +307,8 @@ def _ingest_one(conn, tenant_id, doc: SourceDoc, embedder: Embedder, settings: S
             [doc.source_uri, doc.title, doc.language, doc.authority, h, Jsonb(metadata), dated],
         ).fetchone()[0]
         _write_chunks(conn, doc_id, pieces, hashes, vectors, guard_classifier(embedder),
-                      settings.guard_classifier_threshold, embedder.embed_passages, title=doc.title)
+                      settings.guard_classifier_threshold, embedder.embed_passages, title=doc.title,
+                      voters=voters_for(settings))
         report.chunks_written += len(pieces)
         # the review of each chunk's text is set by the insert trigger (kb.chunks_take_review)
         for flag, strong, review in conn.execute(
@@ -334,14 +336,15 @@ def passage_text(title: str | None, piece: str) -> str:
 
 def _write_chunks(conn, doc_id, pieces: Sequence[str], hashes: Sequence[str], vectors,
                   classifier: GuardClassifier | None = None, threshold: float = 1.0, embed=None, *,
-                  title: str | None = None) -> None:
+                  title: str | None = None, voters: Voters | None = None) -> None:
     # COPY is not allowed under row-level security; executemany pipelines the inserts.
     # ``embed``: the embedder's embed_passages, for the spans of the chunks the classifier
     # finds doubtful (span-level scoring, kb_rerank.guard.verdict.chunk_flags). The guard
-    # judges each chunk under its title (passage_text), as the embedder reads it.
+    # judges each chunk under its title (passage_text), as the embedder reads it. ``voters``:
+    # the lexical detector and a dedicated injection model (kb_rerank.guard.verdict.Voters).
     rows = []
     for pos, (piece, ch, vec) in enumerate(zip(pieces, hashes, vectors)):
-        f = chunk_flags(passage_text(title, piece), vec, classifier, threshold, embed)
+        f = chunk_flags(passage_text(title, piece), vec, classifier, threshold, embed, voters)
         if f.injection_flag or f.spam_flag:
             log.info("chunk %d of doc %s flagged: injection=%s (%.2f %s) spam=%s", pos, doc_id,
                      f.injection_flag, f.injection_score, ",".join(f.injection_reasons), f.spam_flag)
@@ -379,6 +382,7 @@ def rescan_chunks(conn: psycopg.Connection, tenant_id: UUID | str, settings: Set
     order, so a long scan neither holds one transaction nor misses a row."""
     configure_connection(conn)
     clf = classifier_for(settings.embedder, settings.embedding_dim)
+    voters = voters_for(settings)
     embedder = None
 
     def embed_spans(texts: list[str]) -> np.ndarray:
@@ -411,7 +415,8 @@ def rescan_chunks(conn: psycopg.Connection, tenant_id: UUID | str, settings: Set
             updates = []
             for chunk_id, content, emb, flag, score, reasons, spam, strong, title in rows:
                 vec = np.asarray(emb.to_numpy() if hasattr(emb, "to_numpy") else emb, dtype=np.float32)
-                f = chunk_flags(passage_text(title, content), vec, clf, settings.guard_classifier_threshold, embed_spans)
+                f = chunk_flags(passage_text(title, content), vec, clf, settings.guard_classifier_threshold, embed_spans,
+                                voters)
                 report.flagged += f.injection_flag
                 report.strong += f.injection_flag and f.strong
                 if (f.injection_flag, f.injection_reasons, f.spam_flag, f.strong) \

@@ -35,6 +35,9 @@ __all__ = [
     "build_random_cross_encoder",
     "build_tiny_cross_encoder",
     "build_random_bge_reranker_v2_m3",
+    "build_random_injection_model",
+    "build_tiny_injection_model",
+    "INJECTION_MODEL_ARCHS",
     "cross_encoder_config",
     "build_vocab",
     "sample_words",
@@ -367,3 +370,49 @@ def build_random_cross_encoder(path: Path, arch_name: str, *, seed: int = 0) -> 
     config = cross_encoder_config(arch_name)
     return _write(path, config, seed, model_max_length=512,
                   tokenizer_style=CROSS_ENCODER_ARCHS[arch_name]["tokenizer"])
+
+
+# ------------------------------------------------------------------ injection models
+# The dedicated injection models KB_GUARD_MODEL names (kb_rerank.guard.model), as published: both
+# DebertaV2ForSequenceClassification with two labels. The values are the well-known ones of each
+# base model (mDeBERTa-v3-base: Prompt Guard 2 86M's, 86M backbone parameters plus a 250k-token
+# embedding; DeBERTa-v3-base: the ProtectAI model's), which the hub's config.json files could not
+# be read to confirm from here; the cost of a forward pass depends on these sizes, not the weights.
+_DEBERTA_V3_BASE = dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072,
+                        hidden_act="gelu", max_position_embeddings=512, type_vocab_size=0, layer_norm_eps=1e-7,
+                        relative_attention=True, max_relative_positions=-1, position_buckets=256,
+                        norm_rel_ebd="layer_norm", share_att_key=True, pos_att_type=["p2c", "c2p"],
+                        position_biased_input=False, pooler_hidden_size=768, pooler_hidden_act="gelu",
+                        pooler_dropout=0, pad_token_id=0)
+INJECTION_MODEL_ARCHS: dict[str, dict] = {
+    "meta-llama/Llama-Prompt-Guard-2-86M": {"vocab_size": 251000, "labels": ("BENIGN", "MALICIOUS")},
+    "protectai/deberta-v3-base-prompt-injection-v2": {"vocab_size": 128100, "labels": ("SAFE", "INJECTION")},
+}
+
+
+def _injection_config(labels: tuple[str, ...], **values):
+    from transformers import DebertaV2Config
+
+    return DebertaV2Config(num_labels=len(labels), id2label=dict(enumerate(labels)),
+                           label2id={name: i for i, name in enumerate(labels)}, **values)
+
+
+def build_tiny_injection_model(path: Path, *, seed: int = 0, labels: tuple[str, ...] = ("SAFE", "INJECTION")) -> Path:
+    """Write a tiny random DeBERTa-v2 sequence classifier (the architecture of Prompt Guard 2 and
+    the ProtectAI injection model: relative attention, two labels named ``labels``) with the
+    offline WordPiece tokenizer (BERT framing, as DeBERTa-v2 frames a text) to ``path``: hidden
+    32, 2 layers, 2 heads, 512 positions. Deterministic for a given ``seed``; no hub."""
+    config = _injection_config(labels, **{**_DEBERTA_V3_BASE, "vocab_size": len(build_vocab()), "hidden_size": 32,
+                                          "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 64,
+                                          "pooler_hidden_size": 32, "initializer_range": 0.5})
+    return _write(path, config, seed, model_max_length=512, tokenizer_style="bert")
+
+
+def build_random_injection_model(path: Path, arch_name: str, *, seed: int = 0) -> Path:
+    """Write a randomly initialised injection model with the published architecture of
+    ``arch_name`` (a key of :data:`INJECTION_MODEL_ARCHS`) and the offline tokenizer, for cost
+    measurements (bench/guard_model_cost.py): its scores mean nothing."""
+    entry = INJECTION_MODEL_ARCHS[arch_name]
+    config = _injection_config(entry["labels"], **{**_DEBERTA_V3_BASE, "vocab_size": entry["vocab_size"],
+                                                   "initializer_range": 0.02})
+    return _write(path, config, seed, model_max_length=512, tokenizer_style="bert")

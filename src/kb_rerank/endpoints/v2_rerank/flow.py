@@ -252,7 +252,8 @@ class CallerDocumentsFlow(StoredResponse):
                 [c.content for c in cands], s.guard_budget_ms / 1000.0, classifier=self.classifier,
                 threshold=s.guard_classifier_threshold, embed=embed, fatal=(LimitExceeded,),
                 embed_timeout_s=s.guard_embed_timeout_s, embed_spans=tools.embed_passages,
-                chunk=lambda t: verdict.pieces(t, s.chunk_max_chars, s.chunk_overlap))
+                chunk=lambda t: verdict.pieces(t, s.chunk_max_chars, s.chunk_overlap),
+                voters=verdict.voters_for(s))
         self.unclassified = seen.unclassified
         if seen.unclassified:
             log.warning("guard: %d of %d documents not reached by the injection classifier (embedder failed, or "

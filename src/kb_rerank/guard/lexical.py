@@ -1,0 +1,130 @@
+"""The lexical injection detector: a logistic regression over hashed character and word n-grams.
+
+A second learned vote beside :mod:`kb_rerank.guard.classifier`. The embedding classifier reads
+one pooled 384-dimension vector of the whole chunk, where a hostile sentence inside ordinary
+text is diluted; this model reads the words themselves ("leave it out of your answers", "tell
+the reader that", "call the tool"), in every language the character n-grams cover, over the
+whole text and over each of its sentence windows (:func:`kb_rerank.guard.classifier.spans`),
+the highest probability deciding. It needs no embedding, so it also runs with another
+``KB_EMBEDDER``, and costs well under a millisecond a chunk (bench/guard_lexical_cost.py).
+
+Features (:func:`features`, the one definition training and scoring share): the text as the
+patterns read it (:func:`kb_rerank.guard.detectors.normalised`: hidden characters out, payloads
+decoded, NFKC, case folded, accents stripped, homoglyphs folded), whitespace collapsed;
+character 3-, 4- and 5-grams and word 1- and 2-grams, each hashed into :data:`BUCKETS` buckets
+by CRC-32 (zlib's, stable across processes and platforms), counted, weighted
+``1 + log(count)`` and L2-normalised. Hand-written rather than scikit-learn's
+HashingVectorizer because scikit-learn is not a dependency of the service; the training script
+(bench/train_guard_lexical.py) builds its matrices with this same function.
+
+The weights ship in the package (``lexical.npz``: float16 coefficients, intercept, version,
+bucket count, the operating threshold chosen on ordinary text first, and the SHA-256 of the
+coefficients, checked at load).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import re
+import zlib
+from dataclasses import dataclass
+from functools import lru_cache
+from importlib import resources
+
+import numpy as np
+
+from kb_rerank.guard import detectors
+
+WEIGHTS_RESOURCE = "lexical.npz"
+BUCKETS = 1 << 18
+CHAR_N = (3, 4, 5)
+WORD_N = (1, 2)
+MAX_CHARS = 4000  # a chunk is at most ~1,000 characters plus its title; a longer text is read to here
+_SPACE = re.compile(r"\s+")
+_WORD = re.compile(r"\w+")
+
+
+def features(text: str) -> tuple[np.ndarray, np.ndarray]:
+    """The hashed n-gram features of ``text``: (bucket indices, values), the values
+    ``1 + log(count)`` L2-normalised; empty arrays for a blank text."""
+    norm = _SPACE.sub(" ", detectors.normalised(text[:MAX_CHARS])).strip()
+    if not norm:
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float64)
+    counts: dict[int, int] = {}
+    crc = zlib.crc32
+    padded = f" {norm} "
+    for n in CHAR_N:
+        for i in range(len(padded) - n + 1):
+            h = crc(padded[i:i + n].encode()) % BUCKETS
+            counts[h] = counts.get(h, 0) + 1
+    words = _WORD.findall(norm)
+    for n in WORD_N:
+        for i in range(len(words) - n + 1):
+            h = crc(("w:" + " ".join(words[i:i + n])).encode()) % BUCKETS
+            counts[h] = counts.get(h, 0) + 1
+    idx = np.fromiter(counts.keys(), dtype=np.int64, count=len(counts))
+    val = 1.0 + np.log(np.fromiter(counts.values(), dtype=np.float64, count=len(counts)))
+    return idx, val / float(np.linalg.norm(val))
+
+
+def _logistic(z: float) -> float:
+    if z >= 0:
+        return 1.0 / (1.0 + math.exp(-z))
+    e = math.exp(z)
+    return e / (1.0 + e)
+
+
+@dataclass(frozen=True)
+class LexicalDetector:
+    coef: np.ndarray  # (BUCKETS,)
+    intercept: float
+    version: str
+    # the operating point chosen with the weights (held-out ordinary false-positive rate <= 0.5 %
+    # in every language and kind: bench/results/guard-lexical.md); KB_GUARD_LEXICAL_THRESHOLD's default
+    threshold: float
+
+    def probability(self, text: str) -> float:
+        """The probability of injection of ``text`` read whole."""
+        idx, val = features(text)
+        return _logistic(float(self.coef[idx] @ val) + self.intercept)
+
+    def text_probability(self, text: str) -> float:
+        """The highest probability over ``text`` whole and its spans (the sentence windows and
+        surfaced hidden spans the embedding classifier also reads)."""
+        from kb_rerank.guard.classifier import spans
+
+        return max([self.probability(text)] + [self.probability(s) for s in spans(text)])
+
+
+class LexicalWeightsError(ValueError):
+    """The shipped lexical weights are damaged (their checksum does not match)."""
+
+
+def digest(coef: np.ndarray) -> str:
+    return hashlib.sha256(np.ascontiguousarray(coef, dtype=np.float16).tobytes()).hexdigest()
+
+
+def from_arrays(data) -> LexicalDetector:
+    coef = np.asarray(data["coef"], dtype=np.float16).reshape(-1)
+    if coef.shape[0] != BUCKETS or int(np.asarray(data["buckets"]).item()) != BUCKETS:
+        raise LexicalWeightsError(f"lexical weights have {coef.shape[0]} buckets, this code hashes into {BUCKETS}")
+    if str(np.asarray(data["sha256"]).item()) != digest(coef):
+        raise LexicalWeightsError("lexical weights do not match their checksum")
+    return LexicalDetector(coef=coef.astype(np.float64), intercept=float(np.asarray(data["intercept"]).item()),
+                           version=str(np.asarray(data["version"]).item()),
+                           threshold=float(np.asarray(data["threshold"]).item()))
+
+
+def to_arrays(coef: np.ndarray, intercept: float, version: str, threshold: float) -> dict:
+    c = np.asarray(coef, dtype=np.float16).reshape(-1)
+    return {"coef": c, "intercept": np.array(float(intercept)), "version": np.array(version),
+            "buckets": np.array(BUCKETS), "threshold": np.array(float(threshold)), "sha256": np.array(digest(c))}
+
+
+@lru_cache(maxsize=1)
+def load_shipped() -> LexicalDetector:
+    """The weights shipped in the package (read once, checksum verified)."""
+    with resources.files("kb_rerank.guard").joinpath(WEIGHTS_RESOURCE).open("rb") as f:
+        with np.load(f, allow_pickle=False) as data:
+            return from_arrays(data)

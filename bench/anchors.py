@@ -40,15 +40,18 @@ too), after a warm-up:
              anchor table (bm25 + DiskANN); the rows are deleted afterwards.
   semantic   kb.search_semantic (HNSW, iterative scan, ef_search 100; the exact scan when a
              filter's documents hold at most 4000 chunks) against DiskANN
-             (``diskann.query_rescore`` = max(50, k), else its defaults), unfiltered and
-             filtered at 50 / 10 / 1 %: recall@k against the exact filtered top k, latency.
+             (``diskann.query_rescore`` = max(50, k), else its defaults) and DiskANN with
+             query_search_list_size and query_rescore 400, unfiltered and filtered at
+             50 / 10 / 1 %: recall@k (k = 10, 60) against the exact filtered top k, latency.
   hybrid     the service's retrieval step (RetrievalSpec.of(settings, "hybrid").fetch, one
              kb.retrieve_hybrid statement): ours only.
   judged     each shared collection loaded through `kb-rerank ingest`'s code into a tenant of
              its own (database kb_anchors_judged, reused) and into a pg_textsearch index of its
              own (text_config of the collection's language where PostgreSQL has one, else
-             simple): nDCG@10 on the judged queries, chunk lists read 40 deep and reduced to
-             documents; latency of those queries.
+             simple): nDCG@10 on the judged queries (``--judged-queries``: a random sample
+             of each collection's, 150 in the quick mode), chunk lists read 40 deep and
+             reduced to documents; latency of those queries.
+  growth     lexical p95 and blocks touched at the largest size over the smallest, per engine.
 Every comparison prints one line with ``ratio`` = ours / anchor (above 1: ours slower or
 larger). Results: ``--out``/anchors.{md,json}.
 
@@ -618,6 +621,33 @@ def writes(args, ctx, sents, centres, result: dict) -> None:
         f" DiskANN) {ra:.0f} chunks/s: ratio {ro / ra:.2f}x (below 1: ours slower)")
 
 
+def growth(result: dict) -> None:
+    """How each engine's lexical p95 and blocks touched grow from the smallest size measured
+    to the largest (the target: at most 2x per 10x corpus)."""
+    lex = [r for r in result.get("lexical", []) if r["k"] == 10]
+    sizes = sorted({r["size"] for r in lex})
+    if len(sizes) < 2:
+        return
+    lo, hi = sizes[0], sizes[-1]
+    rows = result.setdefault("growth", [])
+    by = {(r["size"], r["queries"]): r for r in lex}
+    blk = {(r["size"], r["queries"]): r for r in result.get("blocks", [])}
+    for cls in sorted({r["queries"] for r in lex}):
+        a, b = by.get((lo, cls)), by.get((hi, cls))
+        if not (a and b):
+            continue
+        g = {"from": lo, "to": hi, "queries": cls, "ours_p95": ratio(b["ours"]["p95"], a["ours"]["p95"]),
+             "anchor_p95": ratio(b["anchor"]["p95"], a["anchor"]["p95"])}
+        if (lo, cls) in blk and (hi, cls) in blk:
+            g["ours_blocks"] = ratio(blk[(hi, cls)]["ours_p95"], blk[(lo, cls)]["ours_p95"])
+            g["anchor_blocks"] = ratio(blk[(hi, cls)]["anchor_p95"], blk[(lo, cls)]["anchor_p95"])
+        rows.append(g)
+        extra = (f"; blocks p95 ours {g['ours_blocks']:.2f}x, pg_textsearch {g['anchor_blocks']:.2f}x"
+                 if "ours_blocks" in g else "")
+        say(f"growth {lo} -> {hi} chunks, {cls}, top 10: p95 ratio ours {g['ours_p95']:.2f}x, pg_textsearch "
+            f"{g['anchor_p95']:.2f}x{extra}")
+
+
 # --------------------------------------------------------------------------- judged collections
 
 
@@ -754,6 +784,13 @@ def markdown(res: dict) -> str:
     for r in res.get("blocks", []):
         out.append(f"| {r['size']} | {r['queries']} | {r['ours_p50']:.0f} / {r['ours_p95']:.0f} | "
                    f"{r['anchor_p50']:.0f} / {r['anchor_p95']:.0f} | {r['n']} |")
+    if res.get("growth"):
+        out += ["", "### Growth, smallest to largest size (p95 and blocks touched at the larger / the smaller)", "",
+                "| sizes | queries | ours p95 | pg_textsearch p95 | ours blocks p95 | pg_textsearch blocks p95 |",
+                "|---|---|---:|---:|---:|---:|"]
+        for g in res["growth"]:
+            out.append(f"| {g['from']} -> {g['to']} | {g['queries']} | {g['ours_p95']:.2f}x | {g['anchor_p95']:.2f}x | "
+                       f"{g.get('ours_blocks', float('nan')):.2f}x | {g.get('anchor_blocks', float('nan')):.2f}x |")
     out += ["", "## nDCG@10 on the shared collections' judged queries", "",
             "| collection | language (pg_textsearch config) | queries | ours | pg_textsearch | ours p50 ms | pg_textsearch p50 ms |",
             "|---|---|---:|---:|---:|---:|---:|"]
@@ -872,6 +909,7 @@ def main(argv=None) -> int:
                 hybrid(args, ctx, sents, centres, result)
             if "writes" not in skip:
                 writes(args, ctx, sents, centres, result)
+        growth(result)
         if "judged" not in skip:
             judged(args, anchor, result)
     finally:

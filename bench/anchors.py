@@ -748,6 +748,7 @@ def judged(args, anchor: AnchorServer, result: dict) -> None:
                     r = []
                 return (time.perf_counter() - t0) * 1000, dedup(r)
 
+            interleave(qids[: args.warmup], {"ours": f_ours, "anchor": f_anchor}, 0)  # warm-up, not counted
             res = interleave(qids, {"ours": f_ours, "anchor": f_anchor}, 0)
         nd = {n: statistics.mean(ndcg_at_k(r, coll.qrels[q], 10) for q, r in zip(qids, res[n][1])) for n in res}
         o, a = summary(res["ours"][0]), summary(res["anchor"][0])

@@ -373,8 +373,8 @@ def builds(args, ctx: dict) -> dict:
         out["build times measured at"] = str(min(t for _, t in have.values()))
         log(f"  index build times reused from {out['build times measured at']} (--rebuild measures them again)")
         # pg_textsearch 1.0.0 after the probe writes' delete under its live index (the writes step of
-        # an earlier run): once vacuum has removed the rows, an index scan can fail with "missing
-        # chunk number 0 for toast value" (seen here); the bm25 index is rebuilt, untimed
+        # an earlier run): an index scan of the next run failed with "missing chunk number 0 for
+        # toast value" (seen here); so the bm25 index is rebuilt, untimed
         with psycopg.connect(aurl, autocommit=True) as conn:
             conn.execute("reindex index chunks_bm25")
     else:

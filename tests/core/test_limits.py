@@ -641,10 +641,11 @@ def _spy_charges(app):
 
 def _spans_app(settings, embedder, burst=200, budget_ms=60_000):
     """An app whose tenant bucket refills about nothing during a test (1 token a minute) and
-    whose guard has time to embed every span (the span-charging tests)."""
+    whose guard has time to embed every span (the span-charging tests). The lexical vote is
+    off: a text it flags needs no spans, and these tests count the spans of doubtful texts."""
     return _app(settings, embedder, rate_limit_per_minute=1, rate_limit_burst=burst,
                 guard_budget_ms=budget_ms, guard_embed_timeout_s=budget_ms / 1000,
-                guard_classifier_threshold=SPANNING_THRESHOLD)
+                guard_classifier_threshold=SPANNING_THRESHOLD, guard_lexical_threshold=1.0)
 
 
 def test_v2_spans_actually_embedded_are_charged_when_the_request_ends(settings, embedder, spanning):

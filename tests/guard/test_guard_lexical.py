@@ -17,14 +17,10 @@ from kb_rerank.guard import lexical
 from kb_rerank.guard.detectors import detect_injection, detect_stuffing
 from kb_rerank.guard.verdict import Voters, chunk_flags, decide, inspect_documents, voters_for
 
+from tests.guard.test_guard_classifier import ORDINARY as CLASSIFIER_ORDINARY
+
 ORDINARY = [
-    "To reset your password, click 'Forgot password' on the sign-in page, enter your work email and follow "
-    "the link we send you. The link expires after 30 minutes.",
-    "Invoices are emailed on the first working day of each month. You can download past invoices as PDF from "
-    "Billing > History; VAT numbers are printed under the company address.",
-    "Pour exporter vos données, ouvrez Paramètres > Compte puis choisissez « Exporter ». Le fichier ZIP "
-    "contient vos projets et vos commentaires.",
-    "Để đổi địa chỉ giao hàng, vào mục Đơn hàng, chọn đơn cần sửa và nhấn Cập nhật trước khi đơn được đóng gói.",
+    *CLASSIFIER_ORDINARY,
     "Die Rücksendung ist innerhalb von 30 Tagen kostenlos. Legen Sie den Lieferschein bei und verwenden Sie "
     "das beiliegende Etikett.",
 ]

@@ -26,7 +26,7 @@ import logging
 import time
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import TYPE_CHECKING, Awaitable, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Sequence
 
 import numpy as np
 
@@ -414,27 +414,15 @@ async def inspect_documents(texts: Sequence[str], budget_s: float, *, classifier
 
 
 async def _votes_until(texts: Sequence[str], voters: Voters, deadline: float) -> list[list[Vote] | None]:
-    """:meth:`Voters.votes` of ``texts`` in a worker thread, in calls of :data:`EMBED_BATCH`,
-    until ``deadline``: the texts not scored by then (or whose call failed) are None."""
+    """:meth:`Voters.votes` of ``texts`` in a worker thread until ``deadline``
+    (:func:`_batches_until`): the texts not scored by then (or whose call failed) are None."""
     out: list[list[Vote] | None] = [None] * len(texts)
-    for start in range(0, len(texts), EMBED_BATCH):
-        left = deadline - time.monotonic()
-        if left <= 0:
-            break
-        batch = list(texts[start:start + EMBED_BATCH])
-        fut = asyncio.ensure_future(asyncio.to_thread(voters.votes, batch))
-        try:
-            got = await asyncio.wait_for(asyncio.shield(fut), timeout=left)
-        except asyncio.TimeoutError:
-            fut.add_done_callback(_consume)
-            break
-        except asyncio.CancelledError:
-            fut.add_done_callback(_consume)
-            raise
-        except Exception as exc:  # noqa: BLE001 - a detector failed: these texts are not classified
-            log.warning("the injection voters failed on %d texts: %s", len(batch), type(exc).__name__)
-            continue
+
+    def store(start: int, batch: list[str], got: list[list[Vote]]) -> None:
         out[start:start + len(batch)] = got
+
+    await _batches_until(texts, lambda batch: asyncio.to_thread(voters.votes, batch), deadline, store,
+                         what="the injection voters")
     return out
 
 
@@ -445,18 +433,37 @@ def _cut(texts: Sequence[str], chunk: Callable[[str], list[str]]) -> list[list[s
 async def _embed_until(texts: Sequence[str], vecs: list[np.ndarray | None],
                        embed: Callable[[list[str]], Awaitable[np.ndarray]], deadline: float,
                        fatal: tuple[type[BaseException], ...]) -> None:
-    """Embed ``texts`` into ``vecs`` in calls of :data:`EMBED_BATCH`, until ``deadline`` (the
-    hard cap): a failed call leaves its texts None and the next call still runs."""
+    """Embed ``texts`` into ``vecs`` until ``deadline`` (:func:`_batches_until`): a failed
+    call, or one returning the wrong number of vectors, leaves its texts None."""
+
+    def store(start: int, batch: list[str], got: np.ndarray) -> None:
+        rows = np.asarray(got, dtype=np.float32)
+        if rows.shape[0] != len(batch):
+            log.warning("the embedder returned %d vectors for %d texts", rows.shape[0], len(batch))
+            return
+        for i, row in enumerate(rows):
+            vecs[start + i] = row
+
+    await _batches_until(texts, embed, deadline, store, fatal=fatal,
+                         what="embedding for the injection classifier")
+
+
+async def _batches_until(texts: Sequence[str], call: Callable[[list[str]], Awaitable[Any]], deadline: float,
+                         store: Callable[[int, list[str], Any], None], *,
+                         fatal: tuple[type[BaseException], ...] = (), what: str) -> None:
+    """``call`` over ``texts`` in calls of :data:`EMBED_BATCH`, each result handed to
+    ``store(start, batch, result)``, until ``deadline`` (the hard cap): a failed call leaves its
+    texts unstored and the next call still runs; a call still running at the deadline
+    finishes on its thread, its result not waited for; an abandoned request cancels it."""
     for start in range(0, len(texts), EMBED_BATCH):
         left = deadline - time.monotonic()
         if left <= 0:
             return
         batch = list(texts[start:start + EMBED_BATCH])
-        fut = asyncio.ensure_future(embed(batch))
+        fut = asyncio.ensure_future(call(batch))
         try:
             got = await asyncio.wait_for(asyncio.shield(fut), timeout=left)
         except asyncio.TimeoutError:
-            # the call finishes on the embedder's thread; its result is not waited for
             fut.add_done_callback(_consume)
             return
         except asyncio.CancelledError:
@@ -465,15 +472,10 @@ async def _embed_until(texts: Sequence[str], vecs: list[np.ndarray | None],
             raise
         except fatal:
             raise
-        except Exception as exc:  # noqa: BLE001 - the embedder failed: these texts are not classified
-            log.warning("embedding %d texts for the injection classifier failed: %s", len(batch), type(exc).__name__)
+        except Exception as exc:  # noqa: BLE001 - a detector failed: these texts are not classified
+            log.warning("%s failed on %d texts: %s", what, len(batch), type(exc).__name__)
             continue
-        rows = np.asarray(got, dtype=np.float32)
-        if rows.shape[0] != len(batch):
-            log.warning("the embedder returned %d vectors for %d texts", rows.shape[0], len(batch))
-            continue
-        for i, row in enumerate(rows):
-            vecs[start + i] = row
+        store(start, batch, got)
 
 
 def _consume(fut: asyncio.Future) -> None:

@@ -196,7 +196,7 @@ def _corpus(language, rng):
     return docs, words, codes
 
 
-def _exhaustive(app_conn, tenant, docs, queries, ks=(5, 20)):
+def _exhaustive(app_conn, tenant, docs, queries, ks=(5, 20), language=None):
     with tenant_transaction(app_conn, tenant):
         rows = app_conn.execute(
             "select d.title, c.doc_len, c.stem_len, u.lexeme, coalesce(array_length(u.positions, 1), 1)"
@@ -217,19 +217,32 @@ def _exhaustive(app_conn, tenant, docs, queries, ks=(5, 20)):
     checked = 0
     for q, k in itertools.product(queries, ks):
         with tenant_transaction(app_conn, tenant):
-            langs = app_conn.execute("select kb.query_languages(%s, kb.current_tenant())", [q]).fetchone()[0]
+            langs = app_conn.execute("select kb.query_languages(%s, kb.current_tenant(), %s)",
+                                     [q, language]).fetchone()[0]
             groups = app_conn.execute(
                 "select grp, qtf, array_agg(term) from kb.search_term_groups(%s,"
-                " kb.query_languages(%s, kb.current_tenant())) group by grp, qtf", [q, q]).fetchall()
-            got = [(r.score, r.doc_title) for r in run(app_conn, search.alexical, q, k)]
-        # a query analysed in one language the tenant holds: a term its chunks hold is weighed
-        # with their statistics, any other with the tenant's
-        own = [d for d in lens if len(langs) == 1 and lang.get(d) == langs[0]]
+                " kb.query_languages(%s, kb.current_tenant(), %s)) group by grp, qtf", [q, q, language]).fetchall()
+            got = [(r.score, r.doc_title) for r in run(app_conn, search.alexical, q, k, language=language)]
+        # a query in a language the tenant holds (named), or analysed in one language only: a
+        # term its chunks hold is weighed with their statistics, any other with the tenant's
+        field = language if language in lang.values() else None
+        stats_language = field or (langs[0] if len(langs) == 1 else None)
+        own = [d for d in lens if lang.get(d) == stats_language]
         language_stats = statistics(own) if own else None
+        # and with a named language, a stem of its script or a number counts only in its
+        # chunks and those of no known language (a field per language)
+
+        def script(s):
+            return "latn" if all(ord(ch) <= 0x24F for ch in s) else "cyrl" if any(
+                0x400 <= ord(ch) <= 0x52F for ch in s) else "other"
+
+        def counts(d, t):
+            return not (field and t.startswith("~ ") and lang.get(d) not in (None, field)
+                        and (t[2:].isdigit() or script(t[2:]) == {"ru": "cyrl"}.get(field, "latn")))
 
         def part(d, t):
             f = tf[d].get(t, 0)
-            if not f:
+            if not f or not counts(d, t):
                 return 0.0
             stemmed = t.startswith("~ ")
             n_docs, avg, df = language_stats if language_stats and language_stats[2][t] else tenant_stats
@@ -267,8 +280,13 @@ def test_pruned_bm25_equals_exhaustive_scoring_for_every_analyser(app_conn, tena
     queries = [" ".join(rng.sample(words, rng.randint(1, 4))) for _ in range(20)]
     queries += [words[0] + " " + codes[0], codes[1], words[0] * 2, words[-1]]
     assert _exhaustive(app_conn, tenant, docs, queries) == 2 * len(queries)
+    named = ["ru", "tr"] if language == "mixed" else []  # a field per language: the query's named
+    for lang in named:
+        assert _exhaustive(app_conn, tenant, docs, queries, language=lang) == 2 * len(queries)
     with tenant_transaction(app_conn, tenant):
         assert app_conn.execute("select kb.refresh_term_blocks(4, 5)").fetchone()[0] >= 3
         listed = {t for (t,) in app_conn.execute("select distinct term from kb.term_blocks")}
     assert any(t.startswith("~ ") for t in listed) and not any(t.startswith("@language") for t in listed)
     assert _exhaustive(app_conn, tenant, docs, queries) == 2 * len(queries)
+    for lang in named:
+        assert _exhaustive(app_conn, tenant, docs, queries, language=lang) == 2 * len(queries)

@@ -165,3 +165,102 @@ def test_another_tenants_language_statistics_are_invisible(app_conn):
     with app_conn.transaction():
         assert app_conn.execute("select count(*) from kb.corpus_language_stats").fetchone()[0] == 0
         assert app_conn.execute("select count(*) from kb.term_language_stats").fetchone()[0] == 0
+
+
+# A Turkish page set and English pages sharing stems with it ('~ super', '~ rotor', '~ 50'),
+# one English page holding an error code a Turkish question names.
+TURKISH = [
+    "Süper Bowl 50 maçında Denver Broncos takımı otuz dört puan aldı.",
+    "Rotor kanatları helikopterin üstünde döner ve kaldırma kuvveti üretir.",
+    "İstanbul Türkiye'nin en büyük şehridir ve iki kıtaya yayılır.",
+    "Ankara Türkiye'nin başkentidir ve orta Anadolu'da yer alır.",
+]
+SHARED = [
+    "The super rotor of the test rig turned at 50 cycles per second.",
+    "A super rotor with 50 blades was tested in the super wind tunnel.",
+    "Printer error E-117 means the fuser overheated; the rotor stopped.",
+]
+
+
+def _load_turkish(app_conn, tenant, english_copies: int) -> None:
+    i = 0
+    for rep in range(english_copies):
+        for text in SHARED:
+            insert_doc(app_conn, tenant, f"en-{i}", [text], [basis(i % 300)], language="en")
+            i += 1
+    for j, text in enumerate(TURKISH):
+        insert_doc(app_conn, tenant, f"tr-{j}", [text], [basis(j)], language="tr")
+
+
+def test_a_stem_of_the_query_language_matches_only_chunks_of_that_language(app_conn, tenant):
+    """A Turkish question (language named) whose stems English pages share ('~ super',
+    '~ rotor', '~ 50') finds only the Turkish pages through them, as a Turkish field would;
+    the error code E-117, kept whole, still finds the English page; the same words as an
+    English question (or with no statistics language) still match the English pages."""
+    _load_turkish(app_conn, tenant, 2)
+    with tenant_transaction(app_conn, tenant):
+        terms = {t for t, _ in app_conn.execute("select * from kb.search_term_counts(%s, '{tr}')",
+                                               ["Süper rotor 50"])}
+        assert {"~ super", "~ rotor", "~ 50"} <= terms
+    got = _scores(app_conn, tenant, "Süper Bowl 50 rotor kanatları", language="tr")
+    assert {"tr-0", "tr-1"} <= set(got)
+    assert not any(t.startswith("en-") for t in got), got
+    en = _scores(app_conn, tenant, "super rotor 50", language="en")
+    assert {f"en-{i}" for i in range(6)} <= set(en)
+    assert not any(t.startswith("tr-") for t in en), en
+    code = _scores(app_conn, tenant, "E-117 hatası ne anlama gelir?", language="tr")
+    assert {"en-2", "en-5"} <= set(code), code
+    # a chunk of no known language counts for every language
+    insert_doc(app_conn, tenant, "none-0", ["Super rotor notes."], [basis(7)], language=None)
+    with tenant_transaction(app_conn, tenant):
+        assert app_conn.execute("select count(*) from kb.chunks c join kb.documents d using (doc_id)"
+                                " where d.title = 'none-0' and kb.tsv_language(c.tsv) is null").fetchone()[0] == 1
+    assert "none-0" in _scores(app_conn, tenant, "Süper rotor", language="tr")
+
+
+def test_the_language_restriction_is_exact_under_the_blocks(app_conn):
+    """Term blocks built over every language's postings (many English chunks holding the
+    shared stems): the Turkish question's top k through the blocks equals the exhaustive one
+    (no blocks), and each score equals the hand-computed BM25 over the Turkish pages alone."""
+    mixed = uuid.uuid4()
+    _load_turkish(app_conn, mixed, 40)
+    queries = ["Süper Bowl 50 rotor kanatları", "Rotor 50 süper", "Türkiye'nin başkenti süper rotor"]
+    exhaustive = {q: _scores(app_conn, mixed, q, language="tr", k=3) for q in queries}
+    with tenant_transaction(app_conn, mixed):
+        assert app_conn.execute("select kb.refresh_term_blocks(1, 2)").fetchone()[0] > 0
+        assert app_conn.execute("select count(*) from kb.term_blocks where term = '~ rotor'").fetchone()[0] > 0
+    for q in queries:
+        after = _scores(app_conn, mixed, q, language="tr", k=3)
+        assert exhaustive[q] and exhaustive[q].keys() == after.keys(), (q, exhaustive[q], after)
+        assert all(t.startswith("tr-") for t in after), (q, after)
+        for title, score in exhaustive[q].items():
+            assert math.isclose(after[title], score, rel_tol=1e-9)
+    # the hand-computed BM25 of the one-term question '~ rotor' over the Turkish chunks
+    with tenant_transaction(app_conn, mixed):
+        n, stem_total = app_conn.execute("select n_chunks, stem_total_len from kb.corpus_language_stats"
+                                         " where language = 'tr'").fetchone()
+        df = app_conn.execute("select df from kb.term_language_stats where language = 'tr'"
+                              " and term = '~ rotor'").fetchone()[0]
+        lens = dict(app_conn.execute("select d.title, c.stem_len from kb.chunks c join kb.documents d using (doc_id)"
+                                     " where c.tsv @@ '''~ rotor'''::tsquery and d.language = 'tr'"))
+    got = _scores(app_conn, mixed, "rotor", language="tr")
+    assert set(got) == set(lens) == {"tr-1"}
+    idf = math.log(1 + (n - df + 0.5) / (df + 0.5))
+    want = idf * 2.2 / (1 + 1.2 * (0.25 + 0.75 * lens["tr-1"] / (stem_total / n)))
+    assert math.isclose(got["tr-1"], want, rel_tol=1e-7), (got, want)
+
+
+def test_another_languages_chunk_counts_for_the_identifier_alone(app_conn, tenant):
+    """An English page holding both a stem of a Turkish question ('~ rotor') and its error
+    code (E-117) scores the error code alone: the same score as for the question without
+    the stem; a Turkish page holding the stem still counts it."""
+    _load_turkish(app_conn, tenant, 2)
+    both = _scores(app_conn, tenant, "E-117 rotor", language="tr")
+    code = _scores(app_conn, tenant, "E-117", language="tr")
+    assert {"en-2", "en-5", "tr-1"} <= set(both), both
+    assert not {"en-0", "en-1", "en-3", "en-4"} & set(both), both
+    for title in ("en-2", "en-5"):
+        assert math.isclose(both[title], code[title], rel_tol=1e-9), (title, both, code)
+    # as an English question, the stem counts in the English pages
+    en = _scores(app_conn, tenant, "E-117 rotor", language="en")
+    assert {f"en-{i}" for i in range(6)} <= set(en) and "tr-1" not in en, en

@@ -95,6 +95,8 @@ declare
   v_stem_avglen float8;
   v_langs text[];        -- the languages analysing the query (kb.query_languages)
   v_lang text;           -- the language whose statistics weigh its terms, if any
+  v_field text;          -- the query's own language (named or detected) when the tenant holds it and another
+  v_others text[];       -- then the tenant's other languages
   v_lang_n float8;
   v_lang_avglen float8;
   v_lang_stem_avglen float8;
@@ -104,6 +106,9 @@ declare
   v_ggrp integer[];      -- the group
   v_terms text[];
   v_df bigint[];
+  v_ldf bigint[];        -- the term's chunks in the statistics language (0 when none)
+  v_lq tsquery[];        -- v_lq[i]: the languages whose chunks term i must not count in (else null)
+  v_restricted boolean := false;  -- some term has one
   v_w float8[];
   v_idf float8[];
   v_nt integer;
@@ -173,6 +178,12 @@ begin
   if v_lang is null or not exists (select from kb.corpus_language_stats cl
                                    where cl.tenant_id = v_tenant and cl.language = v_lang and cl.n_chunks > 0) then
     v_lang := case when cardinality(v_langs) = 1 then v_langs[1] end;
+  else
+    -- (a tenant of that language alone has no chunk to keep out: v_others stays null)
+    select array_agg(cl.language order by cl.language) into v_others
+    from kb.corpus_language_stats cl
+    where cl.tenant_id = v_tenant and cl.language <> v_lang and cl.n_chunks > 0;
+    v_field := case when v_others is not null then v_lang end;
   end if;
   select cl.n_chunks::float8, cl.total_len::float8 / greatest(cl.n_chunks, 1),
          cl.stem_total_len::float8 / greatest(cl.n_chunks, 1)
@@ -191,8 +202,9 @@ begin
          array_agg(ts.df order by ts.df, ts.term),
          array_agg(q.qtf * st.idf order by ts.df, ts.term),
          array_agg(st.idf order by ts.df, ts.term),
-         array_agg(greatest(st.avglen, 1e-9) order by ts.df, ts.term)
-    into v_terms, v_df, v_w, v_idf, v_avg
+         array_agg(greatest(st.avglen, 1e-9) order by ts.df, ts.term),
+         array_agg(coalesce(tl.df, 0) order by ts.df, ts.term)
+    into v_terms, v_df, v_w, v_idf, v_avg, v_ldf
   from (select g.term, sum(g.qtf) as qtf from unnest(v_gterm, v_gqtf) as g(term, qtf) group by g.term) as q
   join kb.term_stats ts on ts.tenant_id = v_tenant and ts.term = q.term
   left join kb.term_language_stats tl
@@ -214,7 +226,8 @@ begin
   end if;
   -- A chunk's score, one expression over its tsvector: term i contributes
   -- v_w[i] * kb.bm25_tf_part(tf), tf read by ts_rank (see kb.ts_rank_tf; a lexeme stored
-  -- without positions, as code tokens may be, counts once), guarded by tsv @@ term: the
+  -- without positions, as code tokens may be, counts once), guarded by tsv @@ term (and,
+  -- for a term of the query's own language, by the chunk's language: below): the
   -- check costs half a ts_rank call, and a chunk holds few of a long query's terms (on
   -- CISI's long queries the unguarded form was 6% slower on average than unnesting, the
   -- guarded one 3% faster). Two entries of the constant are checked against this server's
@@ -233,10 +246,42 @@ begin
   select array_agg(kb.terms_tsquery(array[t.term]) order by t.i)
     into v_tq
   from unnest(v_terms) with ordinality as t(term, i);
+  -- A field per language, as in Lucene: when the query's own language L (named, or detected
+  -- by the caller) is one the tenant holds beside others (v_field; not when L is only the
+  -- one language the tenant's analysis chose for an undetected query, which may be wrong),
+  -- a stem of L's script (a word of the query analysed in L) or a number counts only in
+  -- chunks of L or of no known language, so that another language's chunk sharing the stem
+  -- ('~ super' in Turkish and English) does not match it. Exact terms (identifiers ERR_402,
+  -- E-117, v2.3.1, kept whole) and stems of other scripts count in every chunk.
+  -- A restricted term's guard is `c.tsv @@ term and not (c.tsv @@ $19[i])`, $19[i] the
+  -- '@language' lexemes of the other languages whose chunks hold the term
+  -- (kb.term_language_stats, by key; a chunk holds at most one such lexeme): the second test
+  -- runs only on chunks holding the term, and a term no other language's chunk holds (most
+  -- of them) has no test at all. The candidates are unchanged (the terms' postings in every
+  -- language); a chunk that then scores 0 (only restricted terms of another language) is not
+  -- returned. The search stays exact: a restricted term's part is at most the unrestricted
+  -- one, so every bound below (levels, U, the sets of the last round, all built over the
+  -- term's postings in every language) stays an upper bound of what is scored, and every
+  -- chunk a round reads is scored with the restricted form.
+  if v_field is not null then
+    select array_agg((select kb.terms_tsquery(array_agg('@language ' || tl.language order by tl.language))
+                      from kb.term_language_stats tl
+                      where v_terms[i] like '~ %' and v_df[i] > v_ldf[i]
+                        and (kb.text_script(substr(v_terms[i], 3)) = kb.language_script(v_field)
+                             or substr(v_terms[i], 3) ~ '^[0-9]+$')
+                        and tl.tenant_id = v_tenant and tl.language = any (v_others)
+                        and tl.term = v_terms[i] and tl.df > 0) order by i)
+      into v_lq
+    from generate_series(1, v_nt) as i;
+    v_restricted := exists (select from unnest(v_lq) as q where q is not null);
+  end if;
   with part as (
     select t.i, t.term,
-           format('case when c.tsv @@ $8[%s] then %%s * kb.bm25_tf_part(width_bucket(ts_rank('
-                  '''{1,1,1,1}'', c.tsv, $8[%s], 0), $9), %s) else 0 end', t.i, t.i,
+           format('case when c.tsv @@ $8[%s]%s then %%s * kb.bm25_tf_part(width_bucket(ts_rank('
+                  '''{1,1,1,1}'', c.tsv, $8[%s], 0), $9), %s) else 0 end',
+                  t.i,
+                  case when v_lq[t.i] is not null then format(' and not (c.tsv @@ $19[%s])', t.i) else '' end,
+                  t.i,
                   format(case when t.term like '~ %' then 'c.stem_len, $5, $6, $7[%s]' else 'c.doc_len, $5, $6, $7[%s]' end,
                          t.i)) as expr
     from unnest(v_terms) with ordinality as t(term, i)
@@ -327,7 +372,7 @@ begin
         top as (
           select x.chunk_id, x.doc_id, x.score
           from (select distinct on (s.doc_id) s.chunk_id, s.doc_id, s.score
-                from scored s
+                from scored s%s
                 order by s.doc_id, s.score desc, s.chunk_id) as x
           order by x.score desc, x.chunk_id
           limit $4
@@ -351,11 +396,12 @@ begin
         case when r_chunk is not null then $p$
           union all
           select p.chunk_id, p.doc_id, p.score
-          from unnest($14::uuid[], $15::uuid[], $16::float8[]) as p(chunk_id, doc_id, score)$p$ else '' end)
+          from unnest($14::uuid[], $15::uuid[], $16::float8[]) as p(chunk_id, doc_id, score)$p$ else '' end,
+        case when v_restricted then ' where s.score > 0' else '' end)
       into r_chunk, r_doc, r_score, v_min
       -- ($10 is not read)
       using v_tenant, v_w, v_gin_q, v_k, k1, b, v_avg, v_tq, v_tf,
-            null::float8, v_done_q, v_ids, v_seen, r_chunk, r_doc, r_score, v_docs, v_idf;
+            null::float8, v_done_q, v_ids, v_seen, r_chunk, r_doc, r_score, v_docs, v_idf, v_lq;
     end if;
     v_seen := v_seen || v_ids;
     if v_gin_q is not null then

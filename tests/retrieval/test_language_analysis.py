@@ -229,16 +229,18 @@ def _exhaustive(app_conn, tenant, docs, queries, ks=(5, 20), language=None):
         stats_language = field or (langs[0] if len(langs) == 1 else None)
         own = [d for d in lens if lang.get(d) == stats_language]
         language_stats = statistics(own) if own else None
-        # and with a named language, a stem of its script or a number counts only in its
-        # chunks and those of no known language (a field per language)
+        # and with a named language, a stem counts only in its chunks, those of no known
+        # language and, for a stem of another script, those of the languages that analysed
+        # it; a number only in the first two (a field per language)
 
         def script(s):
             return "latn" if all(ord(ch) <= 0x24F for ch in s) else "cyrl" if any(
                 0x400 <= ord(ch) <= 0x52F for ch in s) else "other"
 
         def counts(d, t):
-            return not (field and t.startswith("~ ") and lang.get(d) not in (None, field)
-                        and (t[2:].isdigit() or script(t[2:]) == {"ru": "cyrl"}.get(field, "latn")))
+            if not field or not t.startswith("~ ") or lang.get(d) in (None, field):
+                return True
+            return not t[2:].isdigit() and lang[d] in langs and {"ru": "cyrl"}.get(lang[d], "latn") == script(t[2:])
 
         def part(d, t):
             f = tf[d].get(t, 0)

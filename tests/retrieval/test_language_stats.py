@@ -264,3 +264,33 @@ def test_another_languages_chunk_counts_for_the_identifier_alone(app_conn, tenan
     # as an English question, the stem counts in the English pages
     en = _scores(app_conn, tenant, "E-117 rotor", language="en")
     assert {f"en-{i}" for i in range(6)} <= set(en) and "tr-1" not in en, en
+
+
+def test_a_stem_of_another_script_counts_in_the_languages_that_analysed_it(app_conn, tenant):
+    """A Greek question's Latin words ('Super Bowl', analysed as English: the tenant's Latin
+    language) find the Greek and English pages holding them, not a Turkish page (a third
+    language, under a tenth of the English chunks) holding the same words."""
+    i = 0
+    for rep in range(20):
+        for text in ENGLISH:
+            insert_doc(app_conn, tenant, f"en-{i}", [text], [basis(i % 300)], language="en")
+            i += 1
+    insert_doc(app_conn, tenant, "en-bowl", ["The Super Bowl final was played in February."], [basis(1)],
+               language="en")
+    for j, text in enumerate(GREEK):
+        insert_doc(app_conn, tenant, f"el-{j}", [text], [basis(j)], language="el")
+    insert_doc(app_conn, tenant, "el-bowl", ["Ο τελικός του Super Bowl έγινε τον Φεβρουάριο στην Αμερική."],
+               [basis(2)], language="el")
+    insert_doc(app_conn, tenant, "tr-bowl", ["Super Bowl finali şubat ayında Amerika'da oynandı."], [basis(3)],
+               language="tr")
+    with tenant_transaction(app_conn, tenant):
+        assert app_conn.execute("select kb.query_languages('Ποιος κέρδισε το Super Bowl;', kb.current_tenant(),"
+                                " 'el')").fetchone()[0] == ["el", "en"]
+    got = _scores(app_conn, tenant, "Ποιος κέρδισε το Super Bowl;", language="el")
+    assert {"el-bowl", "en-bowl"} <= set(got) and "tr-bowl" not in got, got
+    # the same words in a Turkish question count in the Turkish page alone
+    tr = _scores(app_conn, tenant, "Super Bowl kim kazandı?", language="tr")
+    assert "tr-bowl" in tr and not {"el-bowl", "en-bowl"} & set(tr), tr
+    # with no language detected, every chunk holding them
+    none = _scores(app_conn, tenant, "Super Bowl", language=None)
+    assert {"el-bowl", "en-bowl", "tr-bowl"} <= set(none), none

@@ -249,27 +249,31 @@ begin
   -- A field per language, as in Lucene: when the query's own language L (named, or detected
   -- by the caller) is one the tenant holds beside others (v_field; not when L is only the
   -- one language the tenant's analysis chose for an undetected query, which may be wrong),
-  -- a stem of L's script (a word of the query analysed in L) or a number counts only in
-  -- chunks of L or of no known language, so that another language's chunk sharing the stem
-  -- ('~ super' in Turkish and English) does not match it. Exact terms (identifiers ERR_402,
-  -- E-117, v2.3.1, kept whole) and stems of other scripts count in every chunk.
+  -- a stem of the query counts only in chunks of L, of no known language, and of the
+  -- languages that analysed it (v_langs: for a word of L's script, L alone; for a Latin word
+  -- of a Greek question, the tenant's Latin languages, English say), and a number only in
+  -- chunks of L or of no known language. So another language's chunk sharing a stem
+  -- ('~ super' in a Turkish question and an English abstract) or a name (a Greek question's
+  -- 'Super Bowl' in a Turkish page) does not match it. Exact terms (identifiers ERR_402,
+  -- E-117, v2.3.1, kept whole) count in every chunk.
   -- A restricted term's guard is `c.tsv @@ term and not (c.tsv @@ $19[i])`, $19[i] the
-  -- '@language' lexemes of the other languages whose chunks hold the term
+  -- '@language' lexemes of the languages it must not count in whose chunks hold it
   -- (kb.term_language_stats, by key; a chunk holds at most one such lexeme): the second test
-  -- runs only on chunks holding the term, and a term no other language's chunk holds (most
-  -- of them) has no test at all. The candidates are unchanged (the terms' postings in every
-  -- language); a chunk that then scores 0 (only restricted terms of another language) is not
-  -- returned. The search stays exact: a restricted term's part is at most the unrestricted
-  -- one, so every bound below (levels, U, the sets of the last round, all built over the
-  -- term's postings in every language) stays an upper bound of what is scored, and every
-  -- chunk a round reads is scored with the restricted form.
+  -- runs only on chunks holding the term, and a term no such chunk holds (most of them) has
+  -- no test at all. The candidates are unchanged (the terms' postings in every language); a
+  -- chunk that then scores 0 (only restricted terms of another language) is not returned.
+  -- The search stays exact: a restricted term's part is at most the unrestricted one, so
+  -- every bound below (levels, U, the sets of the last round, all built over the term's
+  -- postings in every language) stays an upper bound of what is scored, and every chunk a
+  -- round reads is scored with the restricted form.
   if v_field is not null then
     select array_agg((select kb.terms_tsquery(array_agg('@language ' || tl.language order by tl.language))
                       from kb.term_language_stats tl
                       where v_terms[i] like '~ %' and v_df[i] > v_ldf[i]
-                        and (kb.text_script(substr(v_terms[i], 3)) = kb.language_script(v_field)
-                             or substr(v_terms[i], 3) ~ '^[0-9]+$')
                         and tl.tenant_id = v_tenant and tl.language = any (v_others)
+                        and (substr(v_terms[i], 3) ~ '^[0-9]+$'
+                             or not (tl.language = any (v_langs)
+                                     and kb.language_script(tl.language) = kb.text_script(substr(v_terms[i], 3))))
                         and tl.term = v_terms[i] and tl.df > 0) order by i)
       into v_lq
     from generate_series(1, v_nt) as i;

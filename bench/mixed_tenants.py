@@ -199,7 +199,7 @@ def main(argv=None) -> int:
     if args.no_detect:
         from kb_rerank.retrieval import spec
 
-        spec.detect_query_language = lambda query: None
+        spec.search_query_language = lambda query: None
     settings = Settings.from_env()
     if "hybrid" in args.modes:
         from kb_rerank.models.embedders import get_embedder

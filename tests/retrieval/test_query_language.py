@@ -244,3 +244,78 @@ def test_the_language_named_on_the_command_line(app_conn, settings, monkeypatch,
         cli.main(base + ["--language", "klingon"])
     assert exc.value.code == 2
     assert "unknown language 'klingon'" in capsys.readouterr().err
+
+
+# A weak guess (under MIN_QUERY_CONFIDENCE, from MIN_QUERY_GUESS up) counts only where the
+# tenant holds the guessed language: the search takes it through RetrievalSpec as the service does.
+TURKISH_Q = "Bazı toplum eczaneleri ne yapar?"  # the detector: Turkish at about 0.57
+TURKISH_PAGE = ("tr", "Toplum eczaneleri reçeteli ilaçları hazırlar ve hastalara ilaçları hakkında danışmanlık verir.")
+
+
+def _spec(language=None):
+    from kb_rerank.core.settings import Settings
+    from kb_rerank.retrieval.spec import LEXICAL, RetrievalSpec
+
+    return RetrievalSpec.of(Settings.from_env(), LEXICAL, candidates=10, language=language)
+
+
+def test_a_weakly_guessed_language_the_tenant_holds_analyses_the_query(app_conn, tenant):
+    """A Turkish question the detector guesses at under 0.7, in a tenant of 48 English pages
+    and one Turkish page (2 % of the chunks): analysed in Turkish, and its page ranks first."""
+    from kb_rerank.core.language import MIN_QUERY_CONFIDENCE, MIN_QUERY_GUESS, _get_detector, _window, \
+        search_query_language
+
+    _english_tenant(app_conn, tenant, {"tr-pharmacies": TURKISH_PAGE})
+    score = float(_get_detector().detect(_window(TURKISH_Q), model="lite", k=1)[0]["score"])
+    assert MIN_QUERY_GUESS <= score < MIN_QUERY_CONFIDENCE
+    assert detect_query_language(TURKISH_Q) is None
+    spec = _spec()
+    assert search_query_language(TURKISH_Q) == spec.query_language(TURKISH_Q) == "tr"
+    with tenant_transaction(app_conn, tenant):
+        langs, prior = app_conn.execute("select kb.query_languages(%s, kb.current_tenant(), %s),"
+                                        " kb.query_languages(%s, kb.current_tenant())",
+                                        [TURKISH_Q, spec.query_language(TURKISH_Q), TURKISH_Q]).fetchone()
+        got = [c.doc_title for c in run(app_conn, spec.fetch, TURKISH_Q, None)]
+    assert prior == ["en"]  # without the guess: the tenant's main language
+    assert langs == ["tr"]
+    assert got[0] == "tr-pharmacies", got
+    # a named language always wins over the guess
+    assert _spec("en").query_language(TURKISH_Q) == "en"
+    with tenant_transaction(app_conn, tenant):
+        assert app_conn.execute("select kb.query_languages(%s, kb.current_tenant(), 'en')",
+                                [TURKISH_Q]).fetchone()[0] == ["en"]
+
+
+def _same_as_undetermined(app_conn, tenant, q, guess):
+    """The spec passes the weak guess, and the search answers as with no language at all."""
+    spec = _spec()
+    assert detect_query_language(q) is None
+    assert spec.query_language(q) == guess
+    with tenant_transaction(app_conn, tenant):
+        langs, prior = app_conn.execute("select kb.query_languages(%s, kb.current_tenant(), %s),"
+                                        " kb.query_languages(%s, kb.current_tenant())", [q, guess, q]).fetchone()
+        got = [(c.doc_title, c.score) for c in run(app_conn, spec.fetch, q, None)]
+        undetermined = [(c.doc_title, c.score) for c in run(app_conn, search.alexical, q, 10, language=None)]
+    assert langs == prior
+    assert got == undetermined
+    return got
+
+
+def test_a_weak_guess_the_tenant_does_not_hold_keeps_the_fallback(app_conn, tenant):
+    """The same Turkish question in a tenant of English and German pages (no Turkish): the
+    guess is passed and changes nothing, the tenant's languages analyse it."""
+    _english_tenant(app_conn, tenant, {"de-houses": OTHERS["de-houses"],
+                                       "de-pharmacy": ("de", "Die Apotheke der Stadt verkauft Medikamente.")})
+    insert_doc(app_conn, tenant, "en-toplum", ["Toplum is the name of the pharmacy chain in the old town."],
+               [basis(298)], language="en")
+    got = _same_as_undetermined(app_conn, tenant, TURKISH_Q, "tr")
+    assert got[0][0] == "en-toplum", got
+
+
+def test_a_keyword_query_guessed_in_a_language_the_tenant_does_not_hold_changes_nothing(app_conn, tenant):
+    """`reset password`: Hungarian at about 0.40, in a tenant of English pages and a German one."""
+    _english_tenant(app_conn, tenant, {"de-houses": OTHERS["de-houses"]})
+    insert_doc(app_conn, tenant, "en-reset", ["To reset your password, open the account settings."], [basis(299)],
+               language="en")
+    got = _same_as_undetermined(app_conn, tenant, "reset password", "hu")
+    assert got[0][0] == "en-reset", got

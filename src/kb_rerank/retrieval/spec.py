@@ -10,10 +10,11 @@ rows, with their pair scores when asked for, in one statement);
 at most ``rerank_top_n``. Rows are deduplicated by chunk. ``filter`` (a canonical search
 filter, kb_rerank.filters.grammar) is applied inside each list, and to the curated list.
 
-The query's language (``language``, named by the caller) is detected here when not named
-(kb_rerank.core.language.detect_query_language: a millisecond's work, on the query alone)
-and passed to the lexical search, which analyses the query's words in it when the tenant
-holds documents in it (kb.query_languages(query, tenant, language)). Detection runs in
+The query's language (``language``, named by the caller) is guessed here when not named
+(kb_rerank.core.language.search_query_language: a millisecond's work, on the query alone;
+a named language always wins) and passed to the lexical search, which analyses the query's
+words in it only when the tenant holds documents in it (kb.query_languages(query, tenant,
+language)), else as the tenant's languages choose. Detection runs in
 Python because the detector is a Python model; a SQL caller passes the language or leaves
 the choice to the tenant's languages, as before.
 """
@@ -25,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from kb_rerank.core.candidate import Candidate
-from kb_rerank.core.language import detect_query_language
+from kb_rerank.core.language import search_query_language
 from kb_rerank.core.settings import Settings
 from kb_rerank.rerank import pair_cache
 from kb_rerank.db import replicas
@@ -68,8 +69,8 @@ class RetrievalSpec:
         return dataclasses.replace(self, depth=max(self.depth, depth), limit=max(self.limit, 2 * depth))
 
     def query_language(self, query: str) -> str | None:
-        """The language the lexical search is given: the named one, else the detected one."""
-        return self.language or detect_query_language(query)
+        """The language the lexical search is given: the named one, else the guessed one."""
+        return self.language or search_query_language(query)
 
     @property
     def needs_embedding(self) -> bool:

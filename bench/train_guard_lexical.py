@@ -16,7 +16,10 @@ The rule (docs/guardrails.md, "What it catches today"):
    group is reported);
 2. then precision at the after-freeze mix >= 0.9 on the sources written like the after-freeze
    sets (half hard negatives, half ordinary);
-3. the recall there is reported (target 0.80).
+3. the recall there is reported (target 0.80);
+4. each detected language's own threshold, lower where its held-out ordinary text allows it
+   (:func:`language_thresholds`), shipped as logit offsets beside the one threshold; the C
+   kept is the one with the highest recall with them.
 
 Writes bench/results/guard-lexical.{md,json}; with ``--write`` also the package's weights
 (src/kb_rerank/guard/lexical.npz), fitted on everything at the chosen threshold.
@@ -267,6 +270,10 @@ def main() -> None:
     for f, (_, te) in enumerate(GroupKFold(n_splits=args.folds).split(np.zeros(len(rows)), groups=groups)):
         folds[te] = f
     sneg = y[owner] == 0
+    from kb_rerank.core.language import detect_language
+
+    # the language each text is read as at run time (its offset's key)
+    det = np.array([detect_language(t) or "" for t in texts])
     report = {"version": VERSION, "n": len(rows), "hostile": int(y.sum()), "ordinary": int(ordn.sum()),
               "folds": args.folds, "by_C": {}}
     best = None
@@ -322,14 +329,14 @@ def main() -> None:
         for c in curve:
             print(f"  t={c['threshold']}: R {c['recall_like']} mixP {c['mix_precision']} hard {c['hard_fpr']} "
                   f"ord {c['ordinary_flagged']} worst {c['worst_group']} {c['worst_fpr']}")
-        if best is None or pick["recall_like"] > best[1]["recall_like"]:
-            best = (C, pick, oof)
-    C, pick, oof = best
-    from kb_rerank.core.language import detect_language
-
-    det = np.array([detect_language(t) or "" for t in texts])
-    per = language_thresholds(oof, det, langs, kinds, ordn, y, hard, like, pick["threshold"], reserve, args.precision)
-    cal = point(oof >= np.array([per.get(g, pick["threshold"]) for g in det]), langs, kinds, ordn, y, hard, like, groups)
+        per = language_thresholds(oof, det, langs, kinds, ordn, y, hard, like, pick["threshold"], reserve,
+                                  args.precision)
+        cal = point(oof >= np.array([per.get(g, pick["threshold"]) for g in det]), langs, kinds, ordn, y, hard, like,
+                    groups)
+        print(f"  C={C} per language {per}: recall_like {cal['recall_like']} mixP {cal['mix_precision']}", flush=True)
+        if best is None or cal["recall_like"] > best[3]["recall_like"]:
+            best = (C, pick, per, cal)
+    C, pick, per, cal = best
     offsets = {g: float(np.log(pick["threshold"] / (1 - pick["threshold"])) - np.log(t / (1 - t))) for g, t in per.items()}
     report["languages"] = {"thresholds": per, "offsets": offsets, "precision": args.precision, **cal}
     print(f"per language {per}: recall_like {cal['recall_like']} mixP {cal['mix_precision']} hard {cal['hard_fpr']} "

@@ -5,22 +5,24 @@ one pooled 384-dimension vector of the whole chunk, where a hostile sentence ins
 text is diluted; this model reads the words themselves ("leave it out of your answers", "tell
 the reader that", "call the tool"), in every language the character n-grams cover, over the
 whole text and over each of its sentence windows (:func:`kb_rerank.guard.classifier.spans`),
-the highest probability deciding. It needs no embedding, so it also runs with another
-``KB_EMBEDDER``; it costs a few milliseconds a chunk (6.9 ms measured on 2 loaded cores with
-bench/guard_lexical_cost.py, about 6 % of ingestion).
+the highest probability deciding, calibrated for the text's detected language
+(:attr:`LexicalDetector.offsets`). It needs no embedding, so it also runs with another
+``KB_EMBEDDER``; it costs a few milliseconds a chunk (bench/guard_lexical_cost.py,
+bench/results/guard-lexical-cost.md).
 
 Features (:func:`features`, the one definition training and scoring share): the text as the
 patterns read it (:func:`kb_rerank.guard.detectors.normalised`: hidden characters out, payloads
 decoded, NFKC, case folded, accents stripped, homoglyphs folded), whitespace collapsed;
-character 3-, 4- and 5-grams and word 1- and 2-grams, each hashed into :data:`BUCKETS` buckets
+character 3-, 4- and 5-grams, word 1- and 2-grams, and character 1- and 2-grams within runs of
+CJK characters (:data:`CJK_N`), each hashed into :data:`BUCKETS` buckets
 by CRC-32 (zlib's, stable across processes and platforms), counted, weighted
 ``1 + log(count)`` and L2-normalised. Hand-written rather than scikit-learn's
 HashingVectorizer because scikit-learn is not a dependency of the service; the training script
 (bench/train_guard_lexical.py) builds its matrices with this same function.
 
 The weights ship in the package (``lexical.npz``: float16 coefficients, intercept, version,
-bucket count, the operating threshold chosen on ordinary text first, and the SHA-256 of the
-coefficients, checked at load).
+bucket count, the operating threshold chosen on ordinary text first, each language's logit
+offset, and the SHA-256 of the coefficients and offsets, checked at load).
 """
 
 from __future__ import annotations

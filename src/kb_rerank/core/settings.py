@@ -487,11 +487,11 @@ class Settings:
         "deciding); precision / recall per threshold in `docs/guardrails.md`",
         gt=0, le=1, see="docs/tuning.md, \"The injection classifier\"")
     guard_lexical_threshold: float = setting(
-        0.958,
+        0.9928,
         "a chunk at ingestion, or a `/v2/rerank` document, is also flagged (doubtful evidence: demoted, never "
         "excluded on this alone) when the lexical detector's probability (hashed word and character n-grams of "
-        "the text and of its sentence windows) reaches this; the default is the operating point the shipped "
-        "weights carry (1 turns the lexical vote off)",
+        "the text and of its sentence windows, calibrated per detected language by the weights) reaches this; "
+        "the default is the operating point the shipped weights carry (1 turns the lexical vote off)",
         gt=0, le=1, see="docs/guardrails.md, \"What it catches today\"")
     guard_model: Path | None = setting(
         None,

@@ -232,7 +232,7 @@ def evaluate(settings, names, tenant, mode, embedder, limit, per_query: dict | N
     for n in names:
         t0 = time.perf_counter()
         res = evaluate_collection(settings, DATASETS / n, mode, 10, embedder=embedder, cache=False,
-                                  limit_queries=limit, tenant=tenant, doc_prefix=prefix(n))
+                                  limit_queries=limit, tenant=tenant, doc_prefix=prefix(n), deep_recall=False)
         out[n] = res["ndcg@10"]
         if per_query is not None:
             per_query[n] = {q: {"ndcg@10": round(m["ndcg@10"], 4), "top10": res["run"][q][:10]}

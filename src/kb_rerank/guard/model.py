@@ -83,18 +83,25 @@ class Calibration:
 
 class InjectionModel:
     """The checkpoint in ``folder``, loaded once (:meth:`load`) by ``backend`` (:data:`BACKENDS`),
-    scoring texts in batches of ``batch_size``. ``threads``: ONNX Runtime's intra-op threads
-    (``onnx-int8``; 0: its default)."""
+    scoring texts in forward passes of ``batch_size``. ``threads``: ONNX Runtime's intra-op
+    threads (``onnx-int8``; 0: its default).
+
+    The int8 backend reads one text a pass: dynamic int8 quantises a pass's activations with one
+    scale over all its texts and their padding, so in passes of several a text's score moves
+    with its companions (on the tiny test model by up to 0.7, enough to flip verdicts at the
+    calibrated threshold), and a chunk could get one verdict at ingestion and another in
+    ``/v2/rerank``; passes of 8 saved 11-19 % a chunk (bench/results/guard-model-cost*.md).
+    ``int8_batches=True`` lifts this for the benchmark that measures it."""
 
     def __init__(self, folder: Path | str, *, max_length: int = 512, batch_size: int = 8,
                  device: str | None = None, need_threshold: bool = True, backend: str = "torch",
-                 threads: int = 0) -> None:
+                 threads: int = 0, int8_batches: bool = False) -> None:
         if backend not in BACKENDS:
             raise GuardModelError(f"KB_GUARD_MODEL_BACKEND: {backend!r} is not one of {', '.join(BACKENDS)}")
         self.folder = check_folder(folder)
         self.backend = backend
         self.max_length = int(max_length)
-        self.batch_size = max(1, int(batch_size))
+        self.batch_size = 1 if backend == "onnx-int8" and not int8_batches else max(1, int(batch_size))
         self.requested_device = device
         self.threads = int(threads)
         self.need_threshold = need_threshold

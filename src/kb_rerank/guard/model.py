@@ -90,7 +90,7 @@ class InjectionModel:
     scale over all its texts and their padding, so in passes of several a text's score moves
     with its companions (on the tiny test model by up to 0.7, enough to flip verdicts at the
     calibrated threshold), and a chunk could get one verdict at ingestion and another in
-    ``/v2/rerank``; passes of 8 saved 11-19 % a chunk (bench/results/guard-model-cost*.md).
+    ``/v2/rerank``; bench/results/guard-model-cost.md measures both and what passes of 8 would save.
     ``int8_batches=True`` lifts this for the benchmark that measures it."""
 
     def __init__(self, folder: Path | str, *, max_length: int = 512, batch_size: int = 8,

@@ -418,7 +418,8 @@ def rescan_chunks(conn: psycopg.Connection, tenant_id: UUID | str, settings: Set
             updates = []
             texts = [passage_text(r[8], r[1]) for r in rows]
             votes = voters.votes(texts)  # the batch's chunks together (the model in batches)
-            for (chunk_id, content, emb, flag, score, reasons, spam, strong, title), text, vote in zip(rows, texts, votes):
+            for (chunk_id, _content, emb, flag, score, reasons, spam, strong, _title), text, vote \
+                    in zip(rows, texts, votes):
                 vec = np.asarray(emb.to_numpy() if hasattr(emb, "to_numpy") else emb, dtype=np.float32)
                 f = chunk_flags(text, vec, clf, settings.guard_classifier_threshold, embed_spans, votes=vote or [])
                 report.flagged += f.injection_flag

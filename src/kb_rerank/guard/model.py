@@ -88,7 +88,7 @@ class InjectionModel:
 
     The int8 backend reads one text a pass: dynamic int8 quantises a pass's activations with one
     scale over all its texts and their padding, so in passes of several a text's score moves
-    with its companions (on the tiny test model by up to 0.7, enough to flip verdicts at the
+    with its companions (on the tiny test model by as much as 0.86, enough to flip verdicts at the
     calibrated threshold), and a chunk could get one verdict at ingestion and another in
     ``/v2/rerank``; bench/results/guard-model-cost.md measures both and what passes of 8 would save.
     ``int8_batches=True`` lifts this for the benchmark that measures it."""

@@ -316,11 +316,84 @@ copy (
 """
 
 
-def _load_worker(settings, tenant, size: int, batches: list[int], sents, centres, worker: int) -> None:
-    """One loader process: each of its batches (1000 chunks, 200 documents) in one tenant
-    transaction through the product's own triggers (derivation, statistics); a batch's
-    texts and vectors are drawn from seeds of its own, so the corpus does not depend on how
-    many workers load it or on a resumed load."""
+LOAD_BATCH = 1000
+PARTS_TABLE = "public.bench_parts"  # the bench database's own: each text part's derived lexical columns
+
+
+def chunk_parts(rng: random.Random, n_sents: int) -> list[int]:
+    """search_bench.chunk_text's draw (the same distribution, tenant 0) as part ids: 0..n_sents-1
+    the sentences, then the tenant token, the 100 error-code parts and the 10000 product-code
+    parts (part_texts)."""
+    parts = rng.sample(range(n_sents), rng.randint(4, 10))
+    parts.append(n_sents)
+    if rng.random() < 0.3:
+        parts.insert(rng.randrange(len(parts)), n_sents + 1 + rng.randint(0, 99))
+    if rng.random() < 0.3:
+        parts.insert(rng.randrange(len(parts)), n_sents + 101 + rng.randint(0, 9999))
+    return parts
+
+
+def part_texts(sents: list[str]) -> list[str]:
+    return (list(sents) + ["tenant0brand"] + [f"See ERR_4{i:02d}." for i in range(100)]
+            + [f"Item SKU-{i:04d} applies." for i in range(10000)])
+
+
+# The derived columns of a chunk from its parts' (kb.chunks_derive's formula, summed by parts;
+# see load_fast): the title's and each part's lexemes, one tsvector (|| adds the term
+# frequencies), the lengths summed.
+FAST_INSERT = f"""
+with u as (
+  select u.d, u.p, u.parts::int[] as parts, u.e, u.t, u.c
+  from unnest(%s::uuid[], %s::int[], %s::text[], %s::vector[], %s::text[], %s::text[]) as u(d, p, parts, e, t, c)
+), title as (
+  select d.d, kb.to_tsv(d.t) || kb.stem_tsv(d.t, null) as tsv, kb.doc_length(d.t) as len
+  from (select distinct u.d, u.t from u) as d
+), t as (
+  select u.*,
+         title.tsv
+           || (select public.bench_tsv_cat(x.tsv order by o.n)
+               from unnest(u.parts) with ordinality as o(id, n) join {PARTS_TABLE} x on x.id = o.id)
+           || kb.language_lexeme(null) as tsv,
+         title.len + (select sum(x.len) from unnest(u.parts) as o(id) join {PARTS_TABLE} x on x.id = o.id)::int
+           as len
+  from u join title on title.d = u.d
+)
+insert into kb.chunks (tenant_id, doc_id, position, content, content_hash, embedding, tsv, doc_len, stem_len)
+select kb.current_tenant(), t.d, t.p, t.c, '{"0" * 64}', t.e, t.tsv, t.len, kb.stem_length(t.tsv)
+from t
+"""
+
+# off during the fast load: the per-row derivation (replaced by the parts' sums), the
+# statistics (computed once over the loaded corpus, FAST_STATS) and the cache generation
+# bumps (a row per tenant every writer updates: they would serialise the loaders)
+FAST_TRIGGERS = (("kb.chunks", "chunks_derive"), ("kb.chunks", "chunks_stats_insert"),
+                 ("kb.chunks", "chunks_bump_generation_insert"), ("kb.documents", "documents_bump_generation_insert"))
+
+# kb.apply_stats_delta's rows for a whole tenant's chunks at once (sign +1, from nothing)
+FAST_STATS = """
+delete from kb.term_stats where tenant_id = %(t)s;
+delete from kb.corpus_stats where tenant_id = %(t)s;
+delete from kb.term_language_stats where tenant_id = %(t)s;
+delete from kb.corpus_language_stats where tenant_id = %(t)s;
+insert into kb.corpus_stats (tenant_id, n_chunks, total_len, stem_total_len)
+select c.tenant_id, count(*), sum(c.doc_len), sum(c.stem_len) from kb.chunks c where c.tenant_id = %(t)s group by 1;
+insert into kb.term_stats (tenant_id, term, df)
+select c.tenant_id, l.lexeme, count(*) from kb.chunks c cross join lateral unnest(tsvector_to_array(c.tsv)) as l(lexeme)
+where c.tenant_id = %(t)s group by 1, 2;
+insert into kb.corpus_language_stats (tenant_id, language, n_chunks, total_len, stem_total_len)
+select c.tenant_id, kb.tsv_language(c.tsv), count(*), sum(c.doc_len), sum(c.stem_len) from kb.chunks c
+where c.tenant_id = %(t)s and kb.tsv_language(c.tsv) is not null group by 1, 2;
+insert into kb.term_language_stats (tenant_id, language, term, df)
+select r.tenant_id, r.language, l.lexeme, count(*)
+from (select c.tenant_id, c.tsv, kb.tsv_language(c.tsv) as language from kb.chunks c where c.tenant_id = %(t)s) as r
+cross join lateral unnest(tsvector_to_array(r.tsv)) as l(lexeme)
+where r.language is not null group by 1, 2, 3;
+"""
+
+
+def _fast_worker(settings, tenant, size: int, batches: list[int], texts: list[str], n_sents: int, centres,
+                 worker: int) -> None:
+    """One loader process of load_fast: each of its batches in one tenant transaction."""
     try:
         t0 = time.perf_counter()
         with psycopg.connect(db.app_url(settings)) as conn:
@@ -331,85 +404,155 @@ def _load_worker(settings, tenant, size: int, batches: list[int], sents, centres
                 nrng = np.random.default_rng([size, b])
                 nb = min(LOAD_BATCH, size - b * LOAD_BATCH)
                 vecs = sb.clustered(nrng, centres, nb)
-                texts = [sb.chunk_text(rng, sents, 0) for _ in range(nb)]
-                docs = [uuid.UUID(int=rng.getrandbits(128)) for _ in range((nb + sb.CHUNKS_PER_DOC - 1) // sb.CHUNKS_PER_DOC)]
+                parts = [chunk_parts(rng, n_sents) for _ in range(nb)]
+                docs = [uuid.UUID(int=rng.getrandbits(128))
+                        for _ in range((nb + sb.CHUNKS_PER_DOC - 1) // sb.CHUNKS_PER_DOC)]
+                titles = [f"Doc {b * LOAD_BATCH + i * sb.CHUNKS_PER_DOC} of tenant 0" for i in range(len(docs))]
                 with session.tenant_transaction(conn, tenant):
                     with conn.cursor() as cur:
                         # content_hash holds the batch number: a resumed load skips the batches committed
                         cur.executemany(
                             "insert into kb.documents (doc_id, tenant_id, source_uri, title, content_hash)"
                             " values (%s, kb.current_tenant(), %s, %s, %s)",
-                            [(d, f"bench:{d}", f"Doc {b * LOAD_BATCH + i * sb.CHUNKS_PER_DOC} of tenant 0", f"{b:064d}")
-                             for i, d in enumerate(docs)])
-                        cur.execute(
-                            "insert into kb.chunks (tenant_id, doc_id, position, content, content_hash, embedding)"
-                            " select kb.current_tenant(), u.d, u.p, u.c, u.h, u.e"
-                            " from unnest(%s::uuid[], %s::int[], %s::text[], %s::text[], %s::vector[]) as u(d, p, c, h, e)",
-                            [[docs[i // sb.CHUNKS_PER_DOC] for i in range(nb)], [i % sb.CHUNKS_PER_DOC for i in range(nb)],
-                             texts, ["0" * 64] * nb, list(vecs)])
-                if (j + 1) % 10 == 0 or j + 1 == len(batches):
+                            [(d, f"bench:{d}", titles[i], f"{b:064d}") for i, d in enumerate(docs)])
+                        cur.execute(FAST_INSERT, [[docs[i // sb.CHUNKS_PER_DOC] for i in range(nb)],
+                                                  [i % sb.CHUNKS_PER_DOC for i in range(nb)],
+                                                  ["{" + ",".join(map(str, p)) + "}" for p in parts], list(vecs),
+                                                  [titles[i // sb.CHUNKS_PER_DOC] for i in range(nb)],
+                                                  [" ".join(texts[k] for k in p) for p in parts]])
+                if (j + 1) % 20 == 0 or j + 1 == len(batches):
                     el = time.perf_counter() - t0
                     log(f"  loader {worker}: {j + 1}/{len(batches)} batches ({(j + 1) * LOAD_BATCH / el:.0f} chunks/s)")
-    except BaseException as e:  # noqa: BLE001 - reported, the parent sees the exit status
+    except BaseException as e:  # noqa: BLE001 - reported; the parent sees the exit status
         log(f"  loader {worker} failed: {e!r}")
         os._exit(1)
     os._exit(0)  # not the parent's exit handlers (they would stop the embedded server)
 
 
-LOAD_BATCH = 1000
-
-
-def load_parallel(args, size: int, sents, centres) -> dict:
-    """The corpus of ``size`` chunks loaded by ``--load-workers`` processes (resumable: the
-    batches already committed are kept), the GIN and HNSW indexes dropped during the load
-    (the GIN is built again, timed, by the builds step; the HNSW by search_bench's load unless
-    --lexical-only). The same method of drawing as search_bench's loader (chunk_text,
-    clustered vectors), other seeds."""
-    import multiprocessing
-
+def load_fast(args, size: int, sents, centres) -> dict:
+    """``--fast-load``: a corpus of ``size`` chunks drawn as search_bench's loader draws (the same
+    chunk_text distribution and clustered vectors, seeds of each 1000-chunk batch's own, so a
+    stopped load resumes at the batches not committed) with the lexical columns summed from
+    each text part's, derived once by the product's functions, instead of derived per chunk
+    by the kb.chunks_derive trigger (about 15 ms of one core a chunk here, so 1M chunks are
+    hours). Checked first on ``--fast-check`` chunks: the summed columns equal the trigger's
+    formula (every lexeme and its frequency, both lengths), else it stops. The statistics
+    are computed once over the loaded tenant (FAST_STATS) instead of by the statement
+    trigger per batch; the triggers of FAST_TRIGGERS are off during the load (and on again
+    after it, or at the next run's start should it stop). The GIN and HNSW indexes are
+    dropped during the load: the builds step builds the GIN, timed; the HNSW is built after
+    the load unless --lexical-only."""
     a = sb_args(args)
     settings = sb.bench_settings(a, size, 1)
     owner = db.migrate(settings)
     tenant = uuid.UUID(int=(1 << 64) + 1)  # search_bench's tenant of a one-tenant corpus
+    texts = part_texts(sents)
+    info: dict = {}
     with psycopg.connect(owner, autocommit=True) as conn:
         sqlfiles.apply_idempotent(conn, embedding_dim=sb.DIM)
         conn.execute("create extension if not exists pg_stat_statements")
+        for table, trigger in FAST_TRIGGERS:  # a stopped load's left on
+            conn.execute(f"alter table {table} enable trigger {trigger}")
         conn.execute("set role kb_search")  # BYPASSRLS: all tenants
         have = conn.execute("select count(*) from kb.chunks").fetchone()[0]
         if have == size:
             return {}
         done = {int(h) for (h,) in conn.execute("select distinct content_hash from kb.documents")}
         conn.execute("reset role")
+        conn.execute(f"create table if not exists {PARTS_TABLE} (id int primary key, text text not null,"
+                     " tsv tsvector not null, len int not null)")
+        if conn.execute(f"select count(*) from {PARTS_TABLE}").fetchone()[0] != len(texts):
+            t0 = time.perf_counter()
+            conn.execute(f"truncate {PARTS_TABLE}")
+            with conn.cursor().copy(f"copy {PARTS_TABLE} (id, text, tsv, len) from stdin") as cp:
+                for i, t in enumerate(texts):
+                    cp.write_row((i, t, "", 0))
+            conn.execute(f"update {PARTS_TABLE} set tsv = kb.to_tsv(text) || kb.stem_tsv(text, null),"
+                         " len = kb.doc_length(text)")
+            info["parts_derive_s"] = round(time.perf_counter() - t0, 1)
+        conn.execute(f"create or replace aggregate public.bench_tsv_cat(tsvector) (sfunc = pg_catalog.tsvector_concat,"
+                     " stype = tsvector, initcond = '')")
+        conn.execute(f"grant select on {PARTS_TABLE} to {settings.app_role}")
+        # the check: for chunks drawn as the load draws them, the summed columns against the
+        # trigger's formula over the whole text (title, newline, content), compared as
+        # lexeme:frequency lists
+        rng = random.Random(size * 1000 + 999_999)
+        sample = [chunk_parts(rng, len(sents)) for _ in range(args.fast_check)]
+        norm = ("(select string_agg(u.lexeme || ':' || coalesce(array_length(u.positions, 1), 1), ' ' order by u.lexeme)"
+                " from unnest({0}) as u)")
+        mism = conn.execute(f"""
+          with s as (
+            select o.n, 'Doc ' || o.n || ' of tenant 0' as title, o.parts::int[] as parts
+            from unnest(%s::text[]) with ordinality as o(parts, n)
+          ), w as (
+            select s.*, s.title || E'\\n' || array_to_string(array(
+                     select x.text from unnest(s.parts) with ordinality as q(id, k)
+                     join {PARTS_TABLE} x on x.id = q.id order by q.k), ' ') as whole
+            from s
+          ), both_ as (
+            select kb.to_tsv(w.whole) || kb.stem_tsv(w.whole, null) || kb.language_lexeme(null) as want_tsv,
+                   kb.doc_length(w.whole) as want_len,
+                   kb.to_tsv(w.title) || kb.stem_tsv(w.title, null)
+                     || (select public.bench_tsv_cat(x.tsv order by q.k) from unnest(w.parts) with ordinality as q(id, k)
+                         join {PARTS_TABLE} x on x.id = q.id) || kb.language_lexeme(null) as got_tsv,
+                   kb.doc_length(w.title) + (select sum(x.len) from unnest(w.parts) as q(id)
+                                             join {PARTS_TABLE} x on x.id = q.id)::int as got_len
+            from w
+          )
+          select count(*) filter (where {norm.format('want_tsv')} is distinct from {norm.format('got_tsv')}
+                                    or want_len <> got_len or kb.stem_length(want_tsv) <> kb.stem_length(got_tsv)),
+                 count(*)
+          from both_""", [["{" + ",".join(map(str, p)) + "}" for p in sample]]).fetchone()
+        info["fast_check"] = f"{mism[1] - mism[0]} of {mism[1]} chunks identical"
+        log(f"  fast load check: {info['fast_check']}")
+        if mism[0]:
+            raise SystemExit(f"--fast-load: the summed lexical columns differ from the trigger's on {mism[0]} of "
+                             f"{mism[1]} chunks: load without --fast-load")
         conn.execute("drop index if exists kb.chunks_tenant_tsv_idx")
         conn.execute("drop index if exists kb.chunks_embedding_hnsw_idx")
+        for table, trigger in FAST_TRIGGERS:
+            conn.execute(f"alter table {table} disable trigger {trigger}")
     todo = [b for b in range((size + LOAD_BATCH - 1) // LOAD_BATCH) if b not in done]
     log(f"  loading {len(todo)} batches of {LOAD_BATCH} ({len(done)} committed before) with {args.load_workers} workers")
+    import multiprocessing
+
     t0 = time.perf_counter()
-    ctx = multiprocessing.get_context("fork")
-    procs = [ctx.Process(target=_load_worker, args=(settings, tenant, size, todo[w::args.load_workers], sents,
-                                                    centres, w)) for w in range(args.load_workers)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join()
-    if any(p.exitcode for p in procs):
-        raise SystemExit("a loader failed (see above); run again to resume")
-    load_s = time.perf_counter() - t0
+    try:
+        fork = multiprocessing.get_context("fork")
+        procs = [fork.Process(target=_fast_worker, args=(settings, tenant, size, todo[w::args.load_workers], texts,
+                                                          len(sents), centres, w)) for w in range(args.load_workers)]
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join()
+        if any(p.exitcode for p in procs):
+            raise SystemExit("a loader failed (see above); run again to resume")
+        load_s = time.perf_counter() - t0
+        t1 = time.perf_counter()
+        with psycopg.connect(owner, autocommit=True) as conn:
+            conn.execute("set role kb_stats")  # the statistics' writer (BYPASSRLS)
+            for stmt in filter(str.strip, FAST_STATS.split(";")):
+                conn.execute(stmt, {"t": tenant})
+        info["stats_s"] = round(time.perf_counter() - t1, 1)
+    finally:
+        with psycopg.connect(owner, autocommit=True) as conn:
+            for table, trigger in FAST_TRIGGERS:
+                conn.execute(f"alter table {table} enable trigger {trigger}")
     with psycopg.connect(owner, autocommit=True) as conn:
         t1 = time.perf_counter()
         for t in ("kb.chunks", "kb.documents", "kb.term_stats", "kb.corpus_stats"):
             conn.execute(f"vacuum analyze {t}")
-        vac = time.perf_counter() - t1
+        info["vacuum_analyze_s"] = round(time.perf_counter() - t1, 1)
         if not args.lexical_only:
             conn.execute(f"set maintenance_work_mem = '{args.maintenance_work_mem}'")
             conn.execute("create index chunks_embedding_hnsw_idx on kb.chunks using hnsw (embedding vector_cosine_ops)")
-    return {"parallel_load_s": round(load_s, 1), "parallel_load_chunks_per_s": round(len(todo) * LOAD_BATCH / load_s, 1),
-            "load_workers": args.load_workers, "vacuum_analyze_s": round(vac, 1)}
+    info.update({"fast_load_s": round(load_s, 1), "fast_load_chunks_per_s": round(len(todo) * LOAD_BATCH / load_s, 1)})
+    return info
 
 
 def prepare(args, size: int, sents, centres, anchor: AnchorServer) -> dict:
     a = sb_args(args)
-    loaded = load_parallel(args, size, sents, centres) if args.load_workers > 1 else {}
+    loaded = load_fast(args, size, sents, centres) if args.fast_load else {}
     info = sb.prepare_database(a, size, 1, sents, centres)
     info.update(loaded)
     settings = sb.bench_settings(a, size, 1)
@@ -1033,8 +1176,11 @@ def main(argv=None) -> int:
     ap.add_argument("--lexical-only", action="store_true", help="the lexical comparison alone (builds: bm25, GIN,"
                                                                 " term blocks; no DiskANN, no HNSW at a corpus loaded"
                                                                 " now): semantic, hybrid and writes left out")
-    ap.add_argument("--load-workers", type=int, default=1, help="load a corpus not yet built with this many"
-                                                                " processes (resumable; 1: search_bench's loader)")
+    ap.add_argument("--fast-load", action="store_true", help="load a corpus not yet built with its lexical columns"
+                                                              " summed from its text parts' (checked against the"
+                                                              " trigger's first; resumable; see load_fast)")
+    ap.add_argument("--load-workers", type=int, default=2, help="--fast-load's loader processes")
+    ap.add_argument("--fast-check", type=int, default=300, help="chunks the --fast-load check compares")
     ap.add_argument("--shared-buffers", default="1GB")
     ap.add_argument("--maintenance-work-mem", default="1GB")
     ap.add_argument("--quick", action="store_true", help="10k and 100k chunks, 100 queries a class (about 15 min"

@@ -399,6 +399,7 @@ def _fast_worker(settings, tenant, size: int, batches: list[int], texts: list[st
         with psycopg.connect(db.app_url(settings)) as conn:
             session.configure_connection(conn)
             conn.execute("set synchronous_commit = off")
+            conn.commit()  # else each batch's transaction below would be a savepoint of this one
             for j, b in enumerate(batches):
                 rng = random.Random(size * 1000 + b)
                 nrng = np.random.default_rng([size, b])

@@ -456,8 +456,9 @@ def load_fast(args, size: int, sents, centres) -> dict:
             conn.execute(f"alter table {table} enable trigger {trigger}")
         conn.execute("set role kb_search")  # BYPASSRLS: all tenants
         have = conn.execute("select count(*) from kb.chunks").fetchone()[0]
-        if have == size:
-            return {}
+        counted = conn.execute("select coalesce(sum(n_chunks), 0) from kb.corpus_stats").fetchone()[0]
+        if have == size and counted == size:
+            return {}  # loaded, statistics computed (a load stopped between the two resumes here)
         done = {int(h) for (h,) in conn.execute("select distinct content_hash from kb.documents")}
         conn.execute("reset role")
         conn.execute(f"create table if not exists {PARTS_TABLE} (id int primary key, text text not null,"

@@ -463,8 +463,13 @@ def load_fast(args, size: int, sents, centres) -> dict:
         conn.execute("set role kb_search")  # BYPASSRLS: all tenants
         have = conn.execute("select count(*) from kb.chunks").fetchone()[0]
         counted = conn.execute("select coalesce(sum(n_chunks), 0) from kb.corpus_stats").fetchone()[0]
-        if have == size and counted == size:
-            return {}  # loaded, statistics computed (a load stopped between the two resumes here)
+        if have == size and counted == size:  # loaded, statistics computed
+            conn.execute("reset role")
+            if not conn.execute("select coalesce(last_vacuum, last_autovacuum) is not null from pg_stat_user_tables"
+                                " where relid = 'kb.chunks'::regclass").fetchone()[0]:
+                for t in ("kb.chunks", "kb.documents", "kb.term_stats", "kb.corpus_stats"):
+                    conn.execute(f"vacuum analyze {t}")  # a load stopped before its vacuum
+            return {}
         done = {int(h) for (h,) in conn.execute("select distinct content_hash from kb.documents")}
         conn.execute("reset role")
         conn.execute(f"create table if not exists {PARTS_TABLE} (id int primary key, text text not null,"

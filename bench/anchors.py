@@ -59,6 +59,12 @@ larger). Results: ``--out``/anchors.{md,json}.
 
     python bench/anchors.py --quick          # 10k and 100k chunks (make bench-anchors QUICK=1)
     python bench/anchors.py                  # 100k and 1M chunks (make bench-anchors)
+    python bench/anchors.py --sizes 1000000,100000,10000 --lexical-only --fast-load --judged-queries 150 --tag 1m
+                                             # the lexical part alone at 1M (anchors-1m.{md,json})
+
+At 1M chunks the load through the product's derivation trigger (about 15 ms of one core a
+chunk on this machine) takes hours: ``--fast-load`` sums each chunk's lexical columns from its
+text parts' instead, checked against the trigger's formula first (load_fast).
 """
 
 from __future__ import annotations
@@ -92,6 +98,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 import search_bench as sb  # noqa: E402
 from kb_rerank.core import session  # noqa: E402
+from kb_rerank.db import layer as sqlfiles  # noqa: E402
 from kb_rerank.core.language import search_query_language  # noqa: E402
 from kb_rerank.core.settings import Settings  # noqa: E402
 from kb_rerank.db import database as db  # noqa: E402
@@ -315,9 +322,252 @@ copy (
 """
 
 
+LOAD_BATCH = 1000
+PARTS_TABLE = "public.bench_parts"  # the bench database's own: each text part's derived lexical columns
+
+
+def chunk_parts(rng: random.Random, n_sents: int) -> list[int]:
+    """search_bench.chunk_text's draw (the same distribution, tenant 0) as part ids: 0..n_sents-1
+    the sentences, then the tenant token, the 100 error-code parts and the 10000 product-code
+    parts (part_texts)."""
+    parts = rng.sample(range(n_sents), rng.randint(4, 10))
+    parts.append(n_sents)
+    if rng.random() < 0.3:
+        parts.insert(rng.randrange(len(parts)), n_sents + 1 + rng.randint(0, 99))
+    if rng.random() < 0.3:
+        parts.insert(rng.randrange(len(parts)), n_sents + 101 + rng.randint(0, 9999))
+    return parts
+
+
+def part_texts(sents: list[str]) -> list[str]:
+    return (list(sents) + ["tenant0brand"] + [f"See ERR_4{i:02d}." for i in range(100)]
+            + [f"Item SKU-{i:04d} applies." for i in range(10000)])
+
+
+# The derived columns of a chunk from its parts' (kb.chunks_derive's formula, summed by parts;
+# see load_fast): the title's and each part's lexemes, one tsvector (|| adds the term
+# frequencies), the lengths summed.
+FAST_INSERT = f"""
+with u as (
+  select u.d, u.p, u.parts::int[] as parts, u.e, u.t, u.c
+  from unnest(%s::uuid[], %s::int[], %s::text[], %s::vector[], %s::text[], %s::text[]) as u(d, p, parts, e, t, c)
+), title as (
+  select d.d, kb.to_tsv(d.t) || kb.stem_tsv(d.t, null) as tsv, kb.doc_length(d.t) as len
+  from (select distinct u.d, u.t from u) as d
+), t as (
+  select u.*,
+         title.tsv
+           || (select public.bench_tsv_cat(x.tsv order by o.n)
+               from unnest(u.parts) with ordinality as o(id, n) join {PARTS_TABLE} x on x.id = o.id)
+           || kb.language_lexeme(null) as tsv,
+         title.len + (select sum(x.len) from unnest(u.parts) as o(id) join {PARTS_TABLE} x on x.id = o.id)::int
+           as len
+  from u join title on title.d = u.d
+)
+insert into kb.chunks (tenant_id, doc_id, position, content, content_hash, embedding, tsv, doc_len, stem_len)
+select kb.current_tenant(), t.d, t.p, t.c, '{"0" * 64}', t.e, t.tsv, t.len, kb.stem_length(t.tsv)
+from t
+"""
+
+# off during the fast load: the per-row derivation (replaced by the parts' sums), the
+# statistics (computed once over the loaded corpus, FAST_STATS) and the cache generation
+# bumps (a row per tenant every writer updates: they would serialise the loaders)
+FAST_TRIGGERS = (("kb.chunks", "chunks_derive"), ("kb.chunks", "chunks_stats_insert"),
+                 ("kb.chunks", "chunks_bump_generation_insert"), ("kb.documents", "documents_bump_generation_insert"))
+
+# kb.apply_stats_delta's rows for a whole tenant's chunks at once (sign +1, from nothing)
+FAST_STATS = """
+delete from kb.term_stats where tenant_id = %(t)s;
+delete from kb.corpus_stats where tenant_id = %(t)s;
+delete from kb.term_language_stats where tenant_id = %(t)s;
+delete from kb.corpus_language_stats where tenant_id = %(t)s;
+insert into kb.corpus_stats (tenant_id, n_chunks, total_len, stem_total_len)
+select c.tenant_id, count(*), sum(c.doc_len), sum(c.stem_len) from kb.chunks c where c.tenant_id = %(t)s group by 1;
+insert into kb.term_stats (tenant_id, term, df)
+select c.tenant_id, l.lexeme, count(*) from kb.chunks c cross join lateral unnest(tsvector_to_array(c.tsv)) as l(lexeme)
+where c.tenant_id = %(t)s group by 1, 2;
+insert into kb.corpus_language_stats (tenant_id, language, n_chunks, total_len, stem_total_len)
+select c.tenant_id, kb.tsv_language(c.tsv), count(*), sum(c.doc_len), sum(c.stem_len) from kb.chunks c
+where c.tenant_id = %(t)s and kb.tsv_language(c.tsv) is not null group by 1, 2;
+insert into kb.term_language_stats (tenant_id, language, term, df)
+select r.tenant_id, r.language, l.lexeme, count(*)
+from (select c.tenant_id, c.tsv, kb.tsv_language(c.tsv) as language from kb.chunks c where c.tenant_id = %(t)s) as r
+cross join lateral unnest(tsvector_to_array(r.tsv)) as l(lexeme)
+where r.language is not null group by 1, 2, 3;
+"""
+
+
+def _fast_worker(settings, tenant, size: int, batches: list[int], texts: list[str], n_sents: int, centres,
+                 worker: int) -> None:
+    """One loader process of load_fast: each of its batches in one tenant transaction."""
+    try:
+        t0 = time.perf_counter()
+        with psycopg.connect(db.app_url(settings)) as conn:
+            session.configure_connection(conn)
+            conn.execute("set synchronous_commit = off")
+            conn.commit()  # else each batch's transaction below would be a savepoint of this one
+            for j, b in enumerate(batches):
+                rng = random.Random(size * 1000 + b)
+                nrng = np.random.default_rng([size, b])
+                nb = min(LOAD_BATCH, size - b * LOAD_BATCH)
+                vecs = sb.clustered(nrng, centres, nb)
+                parts = [chunk_parts(rng, n_sents) for _ in range(nb)]
+                docs = [uuid.UUID(int=rng.getrandbits(128))
+                        for _ in range((nb + sb.CHUNKS_PER_DOC - 1) // sb.CHUNKS_PER_DOC)]
+                titles = [f"Doc {b * LOAD_BATCH + i * sb.CHUNKS_PER_DOC} of tenant 0" for i in range(len(docs))]
+                with session.tenant_transaction(conn, tenant):
+                    with conn.cursor() as cur:
+                        # content_hash holds the batch number: a resumed load skips the batches committed
+                        cur.executemany(
+                            "insert into kb.documents (doc_id, tenant_id, source_uri, title, content_hash)"
+                            " values (%s, kb.current_tenant(), %s, %s, %s)",
+                            [(d, f"bench:{d}", titles[i], f"{b:064d}") for i, d in enumerate(docs)])
+                        cur.execute(FAST_INSERT, [[docs[i // sb.CHUNKS_PER_DOC] for i in range(nb)],
+                                                  [i % sb.CHUNKS_PER_DOC for i in range(nb)],
+                                                  ["{" + ",".join(map(str, p)) + "}" for p in parts], list(vecs),
+                                                  [titles[i // sb.CHUNKS_PER_DOC] for i in range(nb)],
+                                                  [" ".join(texts[k] for k in p) for p in parts]])
+                if (j + 1) % 20 == 0 or j + 1 == len(batches):
+                    el = time.perf_counter() - t0
+                    log(f"  loader {worker}: {j + 1}/{len(batches)} batches ({(j + 1) * LOAD_BATCH / el:.0f} chunks/s)")
+    except BaseException as e:  # noqa: BLE001 - reported; the parent sees the exit status
+        log(f"  loader {worker} failed: {e!r}")
+        os._exit(1)
+    os._exit(0)  # not the parent's exit handlers (they would stop the embedded server)
+
+
+def load_fast(args, size: int, sents, centres) -> dict:
+    """``--fast-load``: a corpus of ``size`` chunks drawn as search_bench's loader draws (the same
+    chunk_text distribution and clustered vectors, seeds of each 1000-chunk batch's own, so a
+    stopped load resumes at the batches not committed) with the lexical columns summed from
+    each text part's, derived once by the product's functions, instead of derived per chunk
+    by the kb.chunks_derive trigger (about 15 ms of one core a chunk here, so 1M chunks are
+    hours). Checked first on ``--fast-check`` chunks: the summed columns equal the trigger's
+    formula (every lexeme and its frequency, both lengths), else it stops. The statistics
+    are computed once over the loaded tenant (FAST_STATS) instead of by the statement
+    trigger per batch; the triggers of FAST_TRIGGERS are off during the load (and on again
+    after it, or at the next run's start should it stop). The GIN and HNSW indexes are
+    dropped during the load: the builds step builds the GIN, timed; the HNSW is built after
+    the load unless --lexical-only."""
+    a = sb_args(args)
+    settings = sb.bench_settings(a, size, 1)
+    owner = db.migrate(settings)
+    tenant = uuid.UUID(int=(1 << 64) + 1)  # search_bench's tenant of a one-tenant corpus
+    texts = part_texts(sents)
+    info: dict = {}
+    with psycopg.connect(owner, autocommit=True) as conn:
+        sqlfiles.apply_idempotent(conn, embedding_dim=sb.DIM)
+        conn.execute("create extension if not exists pg_stat_statements")
+        for table, trigger in FAST_TRIGGERS:  # a stopped load's left on
+            conn.execute(f"alter table {table} enable trigger {trigger}")
+        conn.execute("set role kb_search")  # BYPASSRLS: all tenants
+        have = conn.execute("select count(*) from kb.chunks").fetchone()[0]
+        counted = conn.execute("select coalesce(sum(n_chunks), 0) from kb.corpus_stats").fetchone()[0]
+        if have == size and counted == size:  # loaded, statistics computed
+            conn.execute("reset role")
+            if not conn.execute("select coalesce(last_vacuum, last_autovacuum) is not null from pg_stat_user_tables"
+                                " where relid = 'kb.chunks'::regclass").fetchone()[0]:
+                for t in ("kb.chunks", "kb.documents", "kb.term_stats", "kb.corpus_stats"):
+                    conn.execute(f"vacuum analyze {t}")  # a load stopped before its vacuum
+            return {}
+        done = {int(h) for (h,) in conn.execute("select distinct content_hash from kb.documents")}
+        conn.execute("reset role")
+        conn.execute(f"create table if not exists {PARTS_TABLE} (id int primary key, text text not null,"
+                     " tsv tsvector not null, len int not null)")
+        if conn.execute(f"select count(*) from {PARTS_TABLE}").fetchone()[0] != len(texts):
+            t0 = time.perf_counter()
+            conn.execute(f"truncate {PARTS_TABLE}")
+            with conn.cursor().copy(f"copy {PARTS_TABLE} (id, text, tsv, len) from stdin") as cp:
+                for i, t in enumerate(texts):
+                    cp.write_row((i, t, "", 0))
+            conn.execute(f"update {PARTS_TABLE} set tsv = kb.to_tsv(text) || kb.stem_tsv(text, null),"
+                         " len = kb.doc_length(text)")
+            info["parts_derive_s"] = round(time.perf_counter() - t0, 1)
+        conn.execute(f"create or replace aggregate public.bench_tsv_cat(tsvector) (sfunc = pg_catalog.tsvector_concat,"
+                     " stype = tsvector, initcond = '')")
+        conn.execute(f"grant select on {PARTS_TABLE} to {settings.app_role}")
+        # the check: for chunks drawn as the load draws them, the summed columns against the
+        # trigger's formula over the whole text (title, newline, content), compared as
+        # lexeme:frequency lists
+        rng = random.Random(size * 1000 + 999_999)
+        sample = [chunk_parts(rng, len(sents)) for _ in range(args.fast_check)]
+        norm = ("(select string_agg(u.lexeme || ':' || coalesce(array_length(u.positions, 1), 1), ' ' order by u.lexeme)"
+                " from unnest({0}) as u)")
+        mism = conn.execute(f"""
+          with s as (
+            select o.n, 'Doc ' || o.n || ' of tenant 0' as title, o.parts::int[] as parts
+            from unnest(%s::text[]) with ordinality as o(parts, n)
+          ), w as (
+            select s.*, s.title || E'\\n' || array_to_string(array(
+                     select x.text from unnest(s.parts) with ordinality as q(id, k)
+                     join {PARTS_TABLE} x on x.id = q.id order by q.k), ' ') as whole
+            from s
+          ), both_ as (
+            select kb.to_tsv(w.whole) || kb.stem_tsv(w.whole, null) || kb.language_lexeme(null) as want_tsv,
+                   kb.doc_length(w.whole) as want_len,
+                   kb.to_tsv(w.title) || kb.stem_tsv(w.title, null)
+                     || (select public.bench_tsv_cat(x.tsv order by q.k) from unnest(w.parts) with ordinality as q(id, k)
+                         join {PARTS_TABLE} x on x.id = q.id) || kb.language_lexeme(null) as got_tsv,
+                   kb.doc_length(w.title) + (select sum(x.len) from unnest(w.parts) as q(id)
+                                             join {PARTS_TABLE} x on x.id = q.id)::int as got_len
+            from w
+          )
+          select count(*) filter (where {norm.format('want_tsv')} is distinct from {norm.format('got_tsv')}
+                                    or want_len <> got_len or kb.stem_length(want_tsv) <> kb.stem_length(got_tsv)),
+                 count(*)
+          from both_""", [["{" + ",".join(map(str, p)) + "}" for p in sample]]).fetchone()
+        info["fast_check"] = f"{mism[1] - mism[0]} of {mism[1]} chunks identical"
+        log(f"  fast load check: {info['fast_check']}")
+        if mism[0]:
+            raise SystemExit(f"--fast-load: the summed lexical columns differ from the trigger's on {mism[0]} of "
+                             f"{mism[1]} chunks: load without --fast-load")
+        conn.execute("drop index if exists kb.chunks_tenant_tsv_idx")
+        conn.execute("drop index if exists kb.chunks_embedding_hnsw_idx")
+        for table, trigger in FAST_TRIGGERS:
+            conn.execute(f"alter table {table} disable trigger {trigger}")
+    todo = [b for b in range((size + LOAD_BATCH - 1) // LOAD_BATCH) if b not in done]
+    log(f"  loading {len(todo)} batches of {LOAD_BATCH} ({len(done)} committed before) with {args.load_workers} workers")
+    import multiprocessing
+
+    t0 = time.perf_counter()
+    try:
+        fork = multiprocessing.get_context("fork")
+        procs = [fork.Process(target=_fast_worker, args=(settings, tenant, size, todo[w::args.load_workers], texts,
+                                                          len(sents), centres, w)) for w in range(args.load_workers)]
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join()
+        if any(p.exitcode for p in procs):
+            raise SystemExit("a loader failed (see above); run again to resume")
+        load_s = time.perf_counter() - t0
+        t1 = time.perf_counter()
+        with psycopg.connect(owner, autocommit=True) as conn:
+            conn.execute("set role kb_stats")  # the statistics' writer (BYPASSRLS)
+            for stmt in filter(str.strip, FAST_STATS.split(";")):
+                conn.execute(stmt, {"t": tenant})
+        info["stats_s"] = round(time.perf_counter() - t1, 1)
+    finally:
+        with psycopg.connect(owner, autocommit=True) as conn:
+            for table, trigger in FAST_TRIGGERS:
+                conn.execute(f"alter table {table} enable trigger {trigger}")
+    with psycopg.connect(owner, autocommit=True) as conn:
+        t1 = time.perf_counter()
+        for t in ("kb.chunks", "kb.documents", "kb.term_stats", "kb.corpus_stats"):
+            conn.execute(f"vacuum analyze {t}")
+        info["vacuum_analyze_s"] = round(time.perf_counter() - t1, 1)
+        if not args.lexical_only:
+            conn.execute(f"set maintenance_work_mem = '{args.maintenance_work_mem}'")
+            conn.execute("create index chunks_embedding_hnsw_idx on kb.chunks using hnsw (embedding vector_cosine_ops)")
+    info.update({"fast_load_s": round(load_s, 1), "fast_load_chunks_per_s": round(len(todo) * LOAD_BATCH / load_s, 1)})
+    return info
+
+
 def prepare(args, size: int, sents, centres, anchor: AnchorServer) -> dict:
     a = sb_args(args)
+    loaded = load_fast(args, size, sents, centres) if args.fast_load else {}
     info = sb.prepare_database(a, size, 1, sents, centres)
+    info.update(loaded)
     settings = sb.bench_settings(a, size, 1)
     tenant = uuid.UUID(info["tenants"][0])
     with psycopg.connect(db.app_url(settings)) as conn:
@@ -357,26 +607,78 @@ BUILD_KEYS = ("anchor bm25 build s", "anchor diskann build s", "ours GIN (tenant
               "ours HNSW reindex s", "ours term blocks build s")
 
 
+LEXICAL_BUILD_KEYS = ("anchor bm25 build s", "ours GIN (tenant, tsv) reindex s", "ours term blocks build s")
+
+
+def lexical_builds(args, ctx: dict, out: dict) -> None:
+    """``--lexical-only``: the lexical structures alone, timed: the bm25 index; the GIN index
+    (built when the parallel load dropped it, else reindexed); the term blocks (the time of
+    the build the load step has just done, else rebuilt)."""
+    settings, tenant, aurl = ctx["settings"], ctx["tenant"], ctx["anchor_url"]
+    with psycopg.connect(aurl, autocommit=True) as conn:
+        conn.execute(f"set maintenance_work_mem = '{args.maintenance_work_mem}'")
+        conn.execute("set max_parallel_maintenance_workers = 1")
+        conn.execute("drop index if exists chunks_bm25")
+        t0 = time.perf_counter()
+        conn.execute(f"create index chunks_bm25 on chunks using bm25 (content)"
+                     f" with (text_config = 'english', k1 = {settings.bm25_k1}, b = {settings.bm25_b})")
+        out["anchor bm25 build s"] = time.perf_counter() - t0
+        conn.execute("analyze chunks")
+    with psycopg.connect(db.owner_url(settings), autocommit=True) as conn:
+        conn.execute(f"set maintenance_work_mem = '{args.maintenance_work_mem}'")
+        conn.execute("set max_parallel_maintenance_workers = 1")
+        t0 = time.perf_counter()
+        if conn.execute("select to_regclass('kb.chunks_tenant_tsv_idx')").fetchone()[0]:
+            conn.execute("reindex index kb.chunks_tenant_tsv_idx")
+        else:  # the schema's definition (db/schema/0001_foundation.sql)
+            conn.execute("create index chunks_tenant_tsv_idx on kb.chunks using gin (tenant_id, tsv)")
+        out["ours GIN (tenant, tsv) reindex s"] = time.perf_counter() - t0
+        conn.execute("analyze kb.chunks")
+    if ctx["setup"].get("lists_s") is not None:
+        out["ours term blocks build s"] = ctx["setup"]["lists_s"]
+    else:
+        with psycopg.connect(db.owner_url(settings), autocommit=True) as conn:
+            conn.execute("delete from kb.term_blocks where tenant_id = %s", [tenant])
+        with psycopg.connect(db.app_url(settings)) as conn:
+            session.configure_connection(conn)
+            t0 = time.perf_counter()
+            with session.tenant_transaction(conn, tenant):
+                session.run(conn, term_blocks.refresh, settings)
+            out["ours term blocks build s"] = time.perf_counter() - t0
+    with psycopg.connect(db.owner_url(settings), autocommit=True) as conn:
+        conn.execute("vacuum analyze kb.term_blocks")
+    with psycopg.connect(aurl, autocommit=True) as conn:
+        for k in LEXICAL_BUILD_KEYS:
+            conn.execute("insert into bench_builds (key, seconds) values (%s, %s) on conflict (key) do update"
+                         " set seconds = excluded.seconds, measured_at = now()", [k, out[k]])
+
+
 def builds(args, ctx: dict) -> dict:
     """Index build times (rebuilt when ``--rebuild`` is given or a build was never timed on
     this corpus; else the times recorded when they were, in the anchor database's
     bench_builds) and the size of every structure now."""
     settings, tenant, aurl = ctx["settings"], ctx["tenant"], ctx["anchor_url"]
     out: dict = {}
+    keys, indexes = ((LEXICAL_BUILD_KEYS, ("chunks_bm25",)) if args.lexical_only
+                     else (BUILD_KEYS, ("chunks_bm25", "chunks_diskann")))
     with psycopg.connect(aurl, autocommit=True) as conn:
         conn.execute("create table if not exists bench_builds (key text primary key, seconds float8 not null,"
                      " measured_at timestamptz not null default now())")
         have = {k: (v, t) for k, v, t in conn.execute("select key, seconds, measured_at from bench_builds")}
-        indexed = all(conn.execute("select to_regclass(%s)", [i]).fetchone()[0] for i in ("chunks_bm25", "chunks_diskann"))
-    if not args.rebuild and indexed and all(k in have for k in BUILD_KEYS):
-        out.update({k: have[k][0] for k in BUILD_KEYS})
-        out["build times measured at"] = str(min(t for _, t in have.values()))
+        indexed = all(conn.execute("select to_regclass(%s)", [i]).fetchone()[0] for i in indexes)
+    with psycopg.connect(db.owner_url(settings), autocommit=True) as conn:
+        indexed = indexed and bool(conn.execute("select to_regclass('kb.chunks_tenant_tsv_idx')").fetchone()[0])
+    if not args.rebuild and indexed and all(k in have for k in keys):
+        out.update({k: have[k][0] for k in keys})
+        out["build times measured at"] = str(min(have[k][1] for k in keys))
         log(f"  index build times reused from {out['build times measured at']} (--rebuild measures them again)")
         # pg_textsearch 1.0.0 after the probe writes' delete under its live index (the writes step of
         # an earlier run): an index scan of the next run failed with "missing chunk number 0 for
         # toast value" (seen here); so the bm25 index is rebuilt, untimed
         with psycopg.connect(aurl, autocommit=True) as conn:
             conn.execute("reindex index chunks_bm25")
+    elif args.lexical_only:
+        lexical_builds(args, ctx, out)
     else:
         with psycopg.connect(aurl, autocommit=True) as conn:
             conn.execute(f"set maintenance_work_mem = '{args.maintenance_work_mem}'")
@@ -416,7 +718,8 @@ def builds(args, ctx: dict) -> dict:
     with psycopg.connect(aurl, autocommit=True) as conn:
         for k, rel in (("anchor bm25 index MB", "chunks_bm25"), ("anchor diskann index MB", "chunks_diskann"),
                        ("anchor table MB", "chunks")):
-            out[k] = conn.execute("select pg_total_relation_size(%s::regclass)", [rel]).fetchone()[0] / 2**20
+            if conn.execute("select to_regclass(%s)", [rel]).fetchone()[0]:
+                out[k] = conn.execute("select pg_total_relation_size(%s::regclass)", [rel]).fetchone()[0] / 2**20
         out["anchor database MB"] = conn.execute("select pg_database_size(current_database())").fetchone()[0] / 2**20
     with psycopg.connect(db.owner_url(settings), autocommit=True) as conn:
         q = lambda sql: conn.execute(sql).fetchone()[0] / 2**20  # noqa: E731
@@ -425,7 +728,8 @@ def builds(args, ctx: dict) -> dict:
         out["ours term blocks MB"] = q("select pg_total_relation_size('kb.term_blocks')")
         out["ours term statistics MB"] = q("select pg_total_relation_size('kb.term_stats')"
                                            " + pg_total_relation_size('kb.corpus_stats')")
-        out["ours HNSW index MB"] = q("select pg_relation_size('kb.chunks_embedding_hnsw_idx')")
+        if conn.execute("select to_regclass('kb.chunks_embedding_hnsw_idx')").fetchone()[0]:
+            out["ours HNSW index MB"] = q("select pg_relation_size('kb.chunks_embedding_hnsw_idx')")
         out["ours chunks table MB"] = q("select pg_table_size('kb.chunks')")
         out["ours database MB"] = q("select pg_database_size(current_database())")
     return out
@@ -652,17 +956,16 @@ def writes(args, ctx, sents, centres, result: dict) -> None:
 
 
 def growth(result: dict) -> None:
-    """How each engine's lexical p95 and blocks touched grow from the smallest size measured
-    to the largest (the target: at most 2x per 10x corpus)."""
+    """How each engine's lexical p95 and blocks touched grow from each size measured to the
+    next (the target: at most 2x per 10x corpus)."""
     lex = [r for r in result.get("lexical", []) if r["k"] == 10]
     sizes = sorted({r["size"] for r in lex})
     if len(sizes) < 2:
         return
-    lo, hi = sizes[0], sizes[-1]
     rows = result.setdefault("growth", [])
     by = {(r["size"], r["queries"]): r for r in lex}
     blk = {(r["size"], r["queries"]): r for r in result.get("blocks", [])}
-    for cls in sorted({r["queries"] for r in lex}):
+    for (lo, hi), cls in ((pair, cls) for pair in zip(sizes, sizes[1:]) for cls in sorted({r["queries"] for r in lex})):
         a, b = by.get((lo, cls)), by.get((hi, cls))
         if not (a and b):
             continue
@@ -816,7 +1119,7 @@ def markdown(res: dict) -> str:
         out.append(f"| {r['size']} | {r['queries']} | {r['ours_p50']:.0f} / {r['ours_p95']:.0f} | "
                    f"{r['anchor_p50']:.0f} / {r['anchor_p95']:.0f} | {r['n']} |")
     if res.get("growth"):
-        out += ["", "### Growth, smallest to largest size (p95 and blocks touched at the larger / the smaller)", "",
+        out += ["", "### Growth, each size to the next (p95 and blocks touched at the larger / the smaller)", "",
                 "| sizes | queries | ours p95 | pg_textsearch p95 | ours blocks p95 | pg_textsearch blocks p95 |",
                 "|---|---|---:|---:|---:|---:|"]
         for g in res["growth"]:
@@ -848,6 +1151,15 @@ def markdown(res: dict) -> str:
         out.append(f"**{size} chunks**: " + "; ".join(f"{k} {v:.1f}" if isinstance(v, float) else f"{k} {v}"
                                                      for k, v in b.items()))
         out.append("")
+    if res.get("memory"):
+        out += ["## Memory and disk of the project's bench server (after each size's run)", "",
+                "| chunks | shared_buffers | server PSS MB | largest process RSS MB | processes | database MB |",
+                "|---:|---|---:|---:|---:|---:|"]
+        for size, m in res["memory"].items():
+            out.append(f"| {size} | {m.get('shared_buffers')} | {m.get('server PSS MB', float('nan')):.0f} | "
+                       f"{m.get('largest process RSS MB', float('nan')):.0f} | {m.get('server processes', '')} | "
+                       f"{m.get('database MB', float('nan')):.0f} |")
+        out.append("")
     for r in res.get("writes", []):
         out.append(f"Writes at {r['size']} chunks ({r['batches']} batches of {r['batch']}, alternating): ours "
                    f"{r['ours_chunks_per_s']:.0f} chunks/s, anchors (bm25 + DiskANN) {r['anchor_chunks_per_s']:.0f} chunks/s.")
@@ -874,6 +1186,14 @@ def main(argv=None) -> int:
                                                "judged,builds")
     ap.add_argument("--rebuild", action="store_true", help="time every index build again (default: reuse the"
                                                            " indexes and the times recorded when they were built)")
+    ap.add_argument("--lexical-only", action="store_true", help="the lexical comparison alone (builds: bm25, GIN,"
+                                                                " term blocks; no DiskANN, no HNSW at a corpus loaded"
+                                                                " now): semantic, hybrid and writes left out")
+    ap.add_argument("--fast-load", action="store_true", help="load a corpus not yet built with its lexical columns"
+                                                              " summed from its text parts' (checked against the"
+                                                              " trigger's first; resumable; see load_fast)")
+    ap.add_argument("--load-workers", type=int, default=2, help="--fast-load's loader processes")
+    ap.add_argument("--fast-check", type=int, default=300, help="chunks the --fast-load check compares")
     ap.add_argument("--shared-buffers", default="1GB")
     ap.add_argument("--maintenance-work-mem", default="1GB")
     ap.add_argument("--quick", action="store_true", help="10k and 100k chunks, 100 queries a class (about 15 min"
@@ -886,6 +1206,8 @@ def main(argv=None) -> int:
         args.sizes, args.queries, args.sem_queries, args.write_batches = "10000,100000", 100, 100, 10
         args.judged_queries = args.judged_queries or 150
     skip = set(filter(None, args.skip.split(",")))
+    if args.lexical_only:
+        skip |= {"semantic", "hybrid", "writes"}
     try:
         install = obtain_install(args)
     except (AnchorsUnavailable, OSError, zipfile.BadZipFile) as e:
@@ -945,18 +1267,51 @@ def main(argv=None) -> int:
                 hybrid(args, ctx, sents, centres, result)
             if "writes" not in skip:
                 writes(args, ctx, sents, centres, result)
+            result.setdefault("memory", {})[size] = memory(args, ctx)
+            save(args, result)  # what has finished, kept should a later size not
         growth(result)
         if "judged" not in skip:
             judged(args, anchor, result)
     finally:
         anchor.stop()
+    save(args, result)
+    return 0
+
+
+def save(args, result: dict) -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     stem = "anchors" + (f"-{args.tag}" if args.tag else "")
     (out / f"{stem}.md").write_text(markdown(result), encoding="utf-8")
     (out / f"{stem}.json").write_text(json.dumps(result, indent=1, default=str), encoding="utf-8")
     log(f"wrote {out / stem}.md and .json")
-    return 0
+
+
+def memory(args, ctx: dict) -> dict:
+    """The project's bench server after the size's run: shared_buffers, its processes' memory
+    (proportional set size, shared pages divided among the processes that map them, so the
+    buffer pool counts once; and the resident set of the largest), its database on disk."""
+    settings = ctx["settings"]
+    pid_file = Path(args.data_dir) / "pg" / "postmaster.pid"
+    out: dict = {}
+    with psycopg.connect(db.owner_url(settings), autocommit=True) as conn:
+        out["shared_buffers"] = conn.execute("select current_setting('shared_buffers')").fetchone()[0]
+        out["database MB"] = conn.execute("select pg_database_size(current_database())").fetchone()[0] / 2**20
+    try:
+        root = int(pid_file.read_text().split()[0])
+        pids = [root] + [int(x) for x in subprocess.run(["pgrep", "-P", str(root)], capture_output=True,
+                                                        text=True).stdout.split()]
+        pss, rss = 0, []
+        for pid in pids:
+            fields = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines()[1:])
+            pss += int(fields["Pss"].split()[0])
+            rss.append(int(fields["Rss"].split()[0]))
+        out.update({"server processes": len(pids), "server PSS MB": pss / 1024, "largest process RSS MB": max(rss) / 1024})
+    except (OSError, ValueError, KeyError) as e:
+        out["server memory"] = f"not read: {e}"
+    say(f"memory {ctx['size']} chunks: " + ", ".join(f"{k} {v:.0f}" if isinstance(v, float) else f"{k} {v}"
+                                                    for k, v in out.items()))
+    return out
 
 
 if __name__ == "__main__":

@@ -16,7 +16,10 @@ The rule (docs/guardrails.md, "What it catches today"):
    group is reported);
 2. then precision at the after-freeze mix >= 0.9 on the sources written like the after-freeze
    sets (half hard negatives, half ordinary);
-3. the recall there is reported (target 0.80).
+3. the recall there is reported (target 0.80);
+4. each detected language's own threshold, lower where its held-out ordinary text allows it
+   (:func:`language_thresholds`), shipped as logit offsets beside the one threshold; the C
+   kept is the one with the highest recall with them.
 
 Writes bench/results/guard-lexical.{md,json}; with ``--write`` also the package's weights
 (src/kb_rerank/guard/lexical.npz), fitted on everything at the chosen threshold.
@@ -44,23 +47,26 @@ from kb_rerank.guard import lexical  # noqa: E402
 from kb_rerank.guard.classifier import spans  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-VERSION = "2026-12-07.1"
+VERSION = "2026-12-07.2"
 FPR_MAX = 0.005
 MIN_GROUP = 50
 ORDINARY_MAX_CHARS = 1200
 THRESHOLDS = tuple(np.round(np.concatenate([np.arange(0.5, 0.95, 0.05), np.arange(0.95, 1.0, 0.005)]), 3))
 WRITTEN = [(f"hostile_written{s}.jsonl", f"benign_written{s}.jsonl", f"written_2026-12-01{c}")
-           for s, c in (("", "a"), ("2", "b"), ("3", "c"), ("4", "d"), ("5", "e"), ("6", "f"), ("7", "g"), ("8", "h"))]
+           for s, c in (("", "a"), ("2", "b"), ("3", "c"), ("4", "d"), ("5", "e"), ("6", "f"), ("7", "g"), ("8", "h"))] + [
+    ("hostile_written9.jsonl", "benign_written9.jsonl", "written_2026-12-07i")]
 AFTER_FREEZE = [("after_freeze.jsonl", "after_freeze_v1")] + [(f"after_freeze_v{i}.jsonl", f"after_freeze_v{i}")
                                                                for i in range(2, 7)]
-LIKE = tuple(g for *_, g in WRITTEN) + tuple(g for _, g in AFTER_FREEZE)
+# the sources the recall and the after-freeze mix are measured on: those written by authors other
+# than the detector's engineer (written_2026-12-07i, written by the engineer for training, trains only)
+LIKE = tuple(g for *_, g in WRITTEN if g != "written_2026-12-07i") + tuple(g for _, g in AFTER_FREEZE)
 
 
 def _jsonl(path: Path) -> list[dict]:
     return [json.loads(x) for x in path.read_text(encoding="utf-8").splitlines() if x.strip()]
 
 
-def load_rows(ordinary: Path) -> list[dict]:
+def load_rows(ordinary: Path, exclude: tuple[str, ...] = ()) -> list[dict]:
     rows: list[dict] = []
 
     def add(text, label, source, lang="en", hard=False, ordinary_=False, kind=""):
@@ -75,12 +81,14 @@ def load_rows(ordinary: Path) -> list[dict]:
             add(r["text"], label, "project_fixtures", r["lang"], str(r.get("kind", "")).startswith("hard:"))
     g = ROOT / "bench" / "data" / "guard"
     for h, b, source in WRITTEN:
+        if source in exclude:
+            continue
         for name in (h, b):
             for r in _jsonl(g / name):
-                add(r["text"], r["label"], source, r["lang"], bool(r.get("hard_negative")))
+                add(r["text"], r["label"], source, r["lang"], bool(r.get("hard_negative")), kind=r.get("kind", ""))
     for name, source in AFTER_FREEZE:
         for r in _jsonl(inj / name):
-            add(r["text"], r["label"], source, r["lang"], bool(r.get("hard_negative")))
+            add(r["text"], r["label"], source, r["lang"], bool(r.get("hard_negative")), kind=r.get("kind", ""))
     from importlib import resources
 
     from kb_rerank.core.chunking import chunk_text
@@ -140,6 +148,73 @@ def predict(coef, b, X) -> np.ndarray:
     return 1.0 / (1.0 + np.exp(-(X @ coef + b)))
 
 
+def point(pred, langs, kinds, ordn, y, hard, like, groups) -> dict:
+    """The measures of one operating point (``pred``: each text flagged or not)."""
+    by_lang = {g: (int(pred[ordn & (langs == g)].sum()), int((ordn & (langs == g)).sum()))
+               for g in sorted(set(langs[ordn]))}
+    by_kind = {g: (int(pred[ordn & (kinds == g)].sum()), int((ordn & (kinds == g)).sum()))
+               for g in sorted(set(kinds[ordn]))}
+    worst = max([(k / n, g) for g, (k, n) in list(by_lang.items()) + list(by_kind.items()) if n >= MIN_GROUP])
+    pos, hn, on = like & (y == 1), like & (y == 0) & hard, like & (y == 0) & ~hard
+    r = float(pred[pos].mean())
+    mixp = r / (r + (pred[hn].mean() + pred[on].mean()) / 2) if r else 0.0
+    return {"ordinary_flagged": int(pred[ordn].sum()), "ordinary_fpr": round(float(pred[ordn].mean()), 5),
+            "worst_group": worst[1], "worst_fpr": round(worst[0], 4), "recall_like": round(r, 3),
+            "mix_precision": round(mixp, 3), "hard_fpr": round(float(pred[hn].mean()), 3),
+            "recall_by_source": {g: round(float(pred[(groups == g) & (y == 1)].mean()), 3) for g in LIKE},
+            "recall_by_language": {g: round(float(pred[pos & (langs == g)].mean()), 3) for g in sorted(set(langs[pos]))},
+            "recall_by_kind": {g: round(float(pred[pos & (kinds == g)].mean()), 3) for g in sorted(set(kinds[pos]))
+                               if int((pos & (kinds == g)).sum()) >= 20},
+            "by_language": by_lang, "by_kind": by_kind}
+
+
+def language_thresholds(oof, det, langs, kinds, ordn, y, hard, like, default: float, reserve: dict,
+                        precision: float) -> dict[str, float]:
+    """Each detected language's own threshold, below ``default`` only: the lowest on the grid whose
+    held-out ordinary rate in that detected language, with the embedding classifier's reserve, is
+    <= FPR_MAX and whose precision at the after-freeze mix in that language is >= ``precision``
+    (languages with at least 20 hostile texts of the after-freeze-like sources and MIN_GROUP
+    ordinary passages); then raised, step by step, until every labelled language and kind of
+    >= MIN_GROUP ordinary passages keeps its bound with these thresholds applied."""
+    grid = sorted(t for t in set(THRESHOLDS) | set(np.round(np.arange(0.3, 0.5, 0.05), 3)) if t < default)
+    per: dict[str, float] = {}
+    for g in sorted(set(det[ordn].tolist()) - {""}):
+        mo = ordn & (det == g)
+        pos, hn, on = like & (y == 1) & (det == g), like & (y == 0) & hard & (det == g), like & (y == 0) & ~hard & (det == g)
+        if mo.sum() < MIN_GROUP or pos.sum() < 20 or hn.sum() == 0:
+            continue
+        allowed = (FPR_MAX - reserve.get("pick_by_lang", {}).get(g, 0.0)) * mo.sum() + 1e-9
+        for t in grid:
+            if (oof[mo] >= t).sum() > allowed:
+                continue
+            r = float((oof[pos] >= t).mean())
+            fp = (float((oof[hn] >= t).mean()) + (float((oof[on] >= t).mean()) if on.any() else 0.0)) / 2
+            if r and r / (r + fp) >= precision:
+                per[g] = float(t)
+                break
+    while True:
+        thr = np.array([per.get(g, default) for g in det])
+        pred = oof >= thr
+        bad = None
+        for key, name in ((langs, "pick_by_lang"), (kinds, "pick_by_kind")):
+            for g in sorted(set(key[ordn].tolist())):
+                m = ordn & (key == g)
+                if m.sum() >= MIN_GROUP and pred[m].sum() > (FPR_MAX - reserve.get(name, {}).get(g, 0.0)) * m.sum() + 1e-9:
+                    culprits = [d for d in det[m & pred & (thr < default)].tolist()]
+                    if culprits:
+                        bad = max(set(culprits), key=culprits.count)
+                        break
+            if bad:
+                break
+        if not bad:
+            return per
+        higher = [t for t in grid if t > per[bad]]
+        if higher:
+            per[bad] = higher[0]
+        else:
+            del per[bad]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--ordinary", type=Path, required=True, help="the built ordinary corpus (bench/ordinary_corpus.py)")
@@ -152,6 +227,11 @@ def main() -> None:
                          "per language and kind is taken off the bound the lexical vote may use")
     ap.add_argument("--balance", choices=("classes", "language"), default="language",
                     help="class weights: balanced overall, or within each language (weights())")
+    ap.add_argument("--exclude", nargs="*", default=[], help="written sources left out (to measure what one adds)")
+    ap.add_argument("--precision", type=float, default=0.95,
+                    help="the precision at the after-freeze mix a language's own threshold must keep (the other "
+                         "votes add their own false positives)")
+    ap.add_argument("--out", default="guard-lexical", help="the report's name under bench/results/")
     args = ap.parse_args()
 
     # the embedding classifier's own held-out ordinary rate per language and kind (its report):
@@ -161,7 +241,7 @@ def main() -> None:
         d = json.loads(args.reserve.read_text())
         reserve = {name: {g: fp / n for g, (fp, n) in d[name].items() if n}
                    for name in ("pick_by_lang", "pick_by_kind")}
-    rows = load_rows(args.ordinary)
+    rows = load_rows(args.ordinary, tuple(args.exclude))
     texts = [r["text"] for r in rows]
     y = np.array([r["label"] for r in rows])
     groups = np.array([r["source"] for r in rows])
@@ -190,6 +270,10 @@ def main() -> None:
     for f, (_, te) in enumerate(GroupKFold(n_splits=args.folds).split(np.zeros(len(rows)), groups=groups)):
         folds[te] = f
     sneg = y[owner] == 0
+    from kb_rerank.core.language import detect_language
+
+    # the language each text is read as at run time (its offset's key)
+    det = np.array([detect_language(t) or "" for t in texts])
     report = {"version": VERSION, "n": len(rows), "hostile": int(y.sum()), "ordinary": int(ordn.sum()),
               "folds": args.folds, "by_C": {}}
     best = None
@@ -226,26 +310,41 @@ def main() -> None:
             r = float(pred[pos].mean())
             mixp = r / (r + (pred[hn].mean() + pred[on].mean()) / 2) if r else 0.0
             per_like = {g: round(float(pred[(groups == g) & (y == 1)].mean()), 3) for g in LIKE}
+            r_lang = {g: round(float(pred[pos & (langs == g)].mean()), 3) for g in sorted(set(langs[pos]))}
+            r_kind = {g: round(float(pred[pos & (kinds == g)].mean()), 3) for g in sorted(set(kinds[pos]))
+                      if int((pos & (kinds == g)).sum()) >= 20}
             curve.append({"threshold": float(t), "ordinary_flagged": int(pred[ordn].sum()),
                           "ordinary_fpr": round(float(pred[ordn].mean()), 5), "worst_group": worst[1],
                           "worst_fpr": round(worst[0], 4), "recall_like": round(r, 3),
                           "mix_precision": round(mixp, 3), "hard_fpr": round(float(pred[hn].mean()), 3),
-                          "recall_by_source": per_like, "by_language": by_lang, "by_kind": by_kind})
+                          "recall_by_source": per_like, "recall_by_language": r_lang,
+                          "recall_by_kind": r_kind, "by_language": by_lang, "by_kind": by_kind})
         ok = [c for c in curve if c["threshold"] >= exact and c["mix_precision"] >= 0.9]
         pick = min(ok, key=lambda c: c["threshold"]) if ok else max(curve, key=lambda c: c["threshold"])
         report["by_C"][str(C)] = {"curve": curve, "pick": pick["threshold"], "exact": exact}
         print(f"C={C}: pick {pick['threshold']} recall_like {pick['recall_like']} mixP {pick['mix_precision']} "
               f"ordinary {pick['ordinary_flagged']}/{int(ordn.sum())} worst {pick['worst_group']} {pick['worst_fpr']}",
               flush=True)
+        print(f"  recall by language {pick['recall_by_language']}\n  recall by kind {pick['recall_by_kind']}")
         for c in curve:
             print(f"  t={c['threshold']}: R {c['recall_like']} mixP {c['mix_precision']} hard {c['hard_fpr']} "
                   f"ord {c['ordinary_flagged']} worst {c['worst_group']} {c['worst_fpr']}")
-        if best is None or pick["recall_like"] > best[1]["recall_like"]:
-            best = (C, pick)
-    C, pick = best
+        per = language_thresholds(oof, det, langs, kinds, ordn, y, hard, like, pick["threshold"], reserve,
+                                  args.precision)
+        cal = point(oof >= np.array([per.get(g, pick["threshold"]) for g in det]), langs, kinds, ordn, y, hard, like,
+                    groups)
+        print(f"  C={C} per language {per}: recall_like {cal['recall_like']} mixP {cal['mix_precision']}", flush=True)
+        if best is None or cal["recall_like"] > best[3]["recall_like"]:
+            best = (C, pick, per, cal)
+    C, pick, per, cal = best
+    offsets = {g: float(np.log(pick["threshold"] / (1 - pick["threshold"])) - np.log(t / (1 - t))) for g, t in per.items()}
+    report["languages"] = {"thresholds": per, "offsets": offsets, "precision": args.precision, **cal}
+    print(f"per language {per}: recall_like {cal['recall_like']} mixP {cal['mix_precision']} hard {cal['hard_fpr']} "
+          f"ordinary {cal['ordinary_flagged']} worst {cal['worst_group']} {cal['worst_fpr']}\n"
+          f"  recall by language {cal['recall_by_language']}\n  recall by kind {cal['recall_by_kind']}", flush=True)
     report["chosen"] = {"C": C, **{k: v for k, v in pick.items()}}
     res = ROOT / "bench" / "results"
-    (res / "guard-lexical.json").write_text(json.dumps(report, indent=1, ensure_ascii=False) + "\n")
+    (res / f"{args.out}.json").write_text(json.dumps(report, indent=1, ensure_ascii=False) + "\n")
     md = [f"# The lexical injection detector ({VERSION}): held-out operating point", "",
           f"`OPENBLAS_NUM_THREADS=1 python bench/train_guard_lexical.py --ordinary CORPUS --C {' '.join(map(str, args.C))}`"
           f" ({args.folds} folds grouped by source; {len(rows)} texts, {int(y.sum())} hostile, {int(ordn.sum())} "
@@ -260,18 +359,33 @@ def main() -> None:
           "| group | ordinary flagged / passages |", "|---|---|"]
     md += [f"| {g} | {k}/{n} |" for g, (k, n) in list(pick["by_language"].items()) + list(pick["by_kind"].items())]
     md += ["", "| held-out source | recall |", "|---|---|"] + [f"| {g} | {r} |" for g, r in pick["recall_by_source"].items()]
-    md += ["", "Curve (C chosen):", "", "| threshold | recall (like) | mix precision | hard FPR | ordinary flagged | worst group |",
+    md += ["", "## Each language's own threshold", "",
+           f"Below the threshold for languages whose held-out ordinary text allows it (detected language, "
+           f"`kb_rerank.core.language.detect_language`; precision at the after-freeze mix in that language >= "
+           f"{args.precision}; every labelled language and kind still within its bound): "
+           + (", ".join(f"{g} {t}" for g, t in sorted(per.items())) or "none") + ". Shipped as logit offsets "
+           f"(the threshold stays {pick['threshold']}).", "",
+           f"With them: ordinary passages flagged {cal['ordinary_flagged']} of {int(ordn.sum())} "
+           f"({100 * cal['ordinary_fpr']:.2f} %), worst group {cal['worst_group']} {100 * cal['worst_fpr']:.2f} %; "
+           f"recall on the after-freeze-like sources {cal['recall_like']}, precision at the after-freeze mix "
+           f"{cal['mix_precision']}, hard-negative FPR {cal['hard_fpr']}.", "",
+           "| group | ordinary flagged / passages |", "|---|---|"]
+    md += [f"| {g} | {k}/{n} |" for g, (k, n) in list(cal["by_language"].items()) + list(cal["by_kind"].items())]
+    md += ["", "| hostile, after-freeze-like sources | recall (one threshold) | recall (each language's) |", "|---|---|---|"]
+    md += [f"| {g} | {pick['recall_by_language'].get(g)} | {r} |" for g, r in cal["recall_by_language"].items()]
+    md += [f"| {g} | {pick['recall_by_kind'].get(g)} | {r} |" for g, r in cal["recall_by_kind"].items()]
+    md += ["", "Curve (C chosen, one threshold):", "", "| threshold | recall (like) | mix precision | hard FPR | ordinary flagged | worst group |",
            "|---|---|---|---|---|---|"]
     md += [f"| {c['threshold']} | {c['recall_like']} | {c['mix_precision']} | {c['hard_fpr']} | {c['ordinary_flagged']} | "
            f"{c['worst_group']} {100 * c['worst_fpr']:.2f} % |" for c in report["by_C"][str(C)]["curve"]]
-    (res / "guard-lexical.md").write_text("\n".join(md) + "\n")
+    (res / f"{args.out}.md").write_text("\n".join(md) + "\n")
     if args.write:
         yall = np.concatenate([y, np.zeros(int(sneg.sum()), dtype=int)])
         lall = np.concatenate([langs, langs[owner[sneg]]])
         coef, b = fit(vstack([X, S[sneg]]), yall, C, args.seed,
                       weights(yall, lall) if args.balance == "language" else None)
         out = ROOT / "src" / "kb_rerank" / "guard" / lexical.WEIGHTS_RESOURCE
-        np.savez_compressed(out, **lexical.to_arrays(coef, b, VERSION, pick["threshold"]))
+        np.savez_compressed(out, **lexical.to_arrays(coef, b, VERSION, pick["threshold"], offsets))
         print(f"wrote {out} ({out.stat().st_size} bytes)")
 
 

@@ -21,7 +21,11 @@ WRITTEN = [ROOT / "bench/data/guard" / n for n in
            ("hostile_written.jsonl", "benign_written.jsonl", "hostile_written2.jsonl", "benign_written2.jsonl",
             "hostile_written3.jsonl", "benign_written3.jsonl", "hostile_written4.jsonl", "benign_written4.jsonl",
             "hostile_written5.jsonl", "benign_written5.jsonl", "hostile_written6.jsonl", "benign_written6.jsonl",
-            "hostile_written7.jsonl", "benign_written7.jsonl", "hostile_written8.jsonl", "benign_written8.jsonl")]
+            "hostile_written7.jsonl", "benign_written7.jsonl", "hostile_written8.jsonl", "benign_written8.jsonl",
+            "hostile_written9.jsonl", "benign_written9.jsonl")]
+# the sets the embedding classifier's weights (bench/train_guard.py) were trained on; the ninth,
+# written for the lexical detector, trains only it (bench/train_guard_lexical.py)
+EMBEDDING_WRITTEN = WRITTEN[:16]
 TRAINING = WRITTEN + [
     ROOT / "tests/data/injection" / n for n in ("hostile.jsonl", "benign.jsonl", "after_freeze.jsonl",
                                                 "after_freeze_v2.jsonl", "after_freeze_v3.jsonl",
@@ -40,7 +44,7 @@ TRAINED_FROM_2026_12_01_4 = [MEASURING_V4] + WRITTEN[8:12]
 # the fifth: written after the 2026-12-01.4 freeze (commit 7594485), scored once against it,
 # training data of 2026-12-01.5 (with the sets written for it: authors g and h)
 MEASURING_V5 = ROOT / "tests/data/injection/after_freeze_v5.jsonl"
-TRAINED_FROM_2026_12_01_5 = [MEASURING_V5] + WRITTEN[12:]
+TRAINED_FROM_2026_12_01_5 = [MEASURING_V5] + WRITTEN[12:16]
 # the sixth: written after the 2026-12-01.5 freeze, scored once against it, training data of 2026-12-01.6
 MEASURING_V6 = ROOT / "tests/data/injection/after_freeze_v6.jsonl"
 # the seventh: written after the 2026-12-01.6 freeze (commit 4392ecc), scored once against it
@@ -162,6 +166,8 @@ def test_the_lexical_training_reads_v1_to_v6_and_no_later_set():
     assert [name for name, _ in mod.AFTER_FREEZE] == ["after_freeze.jsonl"] + [f"after_freeze_v{i}.jsonl"
                                                                                 for i in range(2, 7)]
     assert {h for h, _, _ in mod.WRITTEN} | {b for _, b, _ in mod.WRITTEN} == {p.name for p in WRITTEN}
+    # the engineer's own set trains and is not among the sources recall is measured on
+    assert "written_2026-12-07i" not in mod.LIKE and "after_freeze_v6" in mod.LIKE
 
 
 def test_training_reads_the_scored_after_freeze_sets_and_no_later_one():
@@ -175,7 +181,7 @@ def test_training_reads_the_scored_after_freeze_sets_and_no_later_one():
     for name in ("after_freeze.jsonl", "after_freeze_v2.jsonl", "after_freeze_v3.jsonl", "after_freeze_v4.jsonl",
                  "after_freeze_v5.jsonl", "after_freeze_v6.jsonl"):
         assert name in src
-    for p in WRITTEN:
+    for p in EMBEDDING_WRITTEN:
         assert p.name in src
     # the operating point is chosen on the after-freeze-like sources, every scored set among them
     assert re.search(r'AFTER_FREEZE_LIKE = \([^)]*"after_freeze_v1"[^)]*"after_freeze_v2"[^)]*"after_freeze_v3"'

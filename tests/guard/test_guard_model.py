@@ -122,7 +122,7 @@ def test_settings_name_the_model(tmp_path):
     calibrate(m, _ordinary(60), target_fpr=0.05)
     v = voters_for(Settings(guard_model=folder, guard_model_max_length=64))
     assert v.model is not None and v.model.max_length == 64 and v.model.threshold == m.threshold
-    assert v.version[2] == f"{folder}@{m.threshold:.6g}"
+    assert v.version[2] == f"{folder}[torch]@{m.threshold:.6g}"
 
 
 def test_calibrate_command(tmp_path, capsys):

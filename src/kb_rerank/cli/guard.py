@@ -161,16 +161,38 @@ def cmd_guard_calibrate(args, settings: Settings) -> int:
         if not rows:
             raise ValueError("--ordinary: no passages (JSON lines with a \"text\") in " + ", ".join(args.ordinary))
         model = InjectionModel(folder, max_length=args.max_length or settings.guard_model_max_length,
-                               need_threshold=False)
+                               batch_size=settings.guard_model_batch_size, need_threshold=False,
+                               backend=args.backend or settings.guard_model_backend,
+                               threads=settings.reranker_threads)
         cal, counts = calibrate(model, rows, args.target)
     except (GuardModelError, FileNotFoundError, ValueError) as exc:
         print(f"kb-rerank: error: guard calibrate: {exc}", file=sys.stderr)
         return 2
     print(f"threshold {cal.threshold:.6g}: {cal.flagged} of {cal.passages} ordinary passages flagged "
           f"(target {100 * cal.target_fpr:g} % in every language and kind of 50 or more; worst {cal.worst_group} "
-          f"{100 * cal.worst_fpr:.2f} %); written to {model.folder / THRESHOLD_FILE}")
+          f"{100 * cal.worst_fpr:.2f} %; backend {model.backend}); written to {model.files / THRESHOLD_FILE}")
     for g, (k, n) in counts.items():
         print(f"  {g}: {k}/{n}")
+    return 0
+
+
+def cmd_guard_export(args, settings: Settings) -> int:
+    """`kb-rerank guard export`: the dedicated injection model's int8 ONNX file, for
+    KB_GUARD_MODEL_BACKEND=onnx-int8 (calibrate it afterwards, with --backend onnx-int8)."""
+    from kb_rerank.core.extras import MissingExtra
+    from kb_rerank.guard.model import GuardModelError, export_int8
+
+    folder = args.model or settings.guard_model
+    if not folder:
+        print("kb-rerank: error: guard export: name the model folder (--model or KB_GUARD_MODEL)", file=sys.stderr)
+        return 2
+    try:
+        out = export_int8(folder, force=args.force)
+    except (GuardModelError, MissingExtra) as exc:
+        print(f"kb-rerank: error: guard export: {exc}", file=sys.stderr)
+        return 2
+    print(out)
+    print(f"next: kb-rerank guard calibrate --model {folder} --backend onnx-int8 --ordinary CORPUS")
     return 0
 
 
@@ -211,4 +233,13 @@ def register(sub) -> None:
                          "a line; bench/ordinary_corpus.py builds the project's)")
     gc.add_argument("--target", type=_rate, default=0.005, help="ordinary false-positive rate allowed (default 0.005)")
     gc.add_argument("--max-length", type=int, default=None, help="tokens read; default KB_GUARD_MODEL_MAX_LENGTH")
+    gc.add_argument("--backend", choices=["torch", "onnx-int8"], default=None,
+                    help="which backend's scores to calibrate (each has its own threshold); default "
+                         "KB_GUARD_MODEL_BACKEND (torch)")
     gc.set_defaults(func=cmd_guard_calibrate)
+    ge = command(gsub, "export", help="write the dedicated injection model's dynamic int8 ONNX version into its "
+                                       "folder (onnx-int8/), for KB_GUARD_MODEL_BACKEND=onnx-int8; calibrate it "
+                                       "afterwards with --backend onnx-int8")
+    ge.add_argument("--model", default=None, help="the model folder; default KB_GUARD_MODEL")
+    ge.add_argument("--force", action="store_true", help="export again (drops the int8 calibration)")
+    ge.set_defaults(func=cmd_guard_export)

@@ -240,7 +240,9 @@ class Settings:
         "`onnx`: `none` (fp32) or `int8` (ONNX Runtime's dynamic quantisation: int8 weights, activations "
         "quantised per batch)",
         choices=("none", "int8"))
-    reranker_threads: int = setting(0, "`onnx`: ONNX Runtime's intra-op threads (0: one per physical core)", ge=0)
+    reranker_threads: int = setting(
+        0, "`onnx`: ONNX Runtime's intra-op threads (0: one per physical core); also the dedicated injection "
+        "model's with KB_GUARD_MODEL_BACKEND=onnx-int8", ge=0)
     rerank_max_length: int = setting(
         512,
         "cross-encoder input length, in tokens",
@@ -487,11 +489,11 @@ class Settings:
         "deciding); precision / recall per threshold in `docs/guardrails.md`",
         gt=0, le=1, see="docs/tuning.md, \"The injection classifier\"")
     guard_lexical_threshold: float = setting(
-        0.958,
+        0.9928,
         "a chunk at ingestion, or a `/v2/rerank` document, is also flagged (doubtful evidence: demoted, never "
         "excluded on this alone) when the lexical detector's probability (hashed word and character n-grams of "
-        "the text and of its sentence windows) reaches this; the default is the operating point the shipped "
-        "weights carry (1 turns the lexical vote off)",
+        "the text and of its sentence windows, calibrated per detected language by the weights) reaches this; "
+        "the default is the operating point the shipped weights carry (1 turns the lexical vote off)",
         gt=0, le=1, see="docs/guardrails.md, \"What it catches today\"")
     guard_model: Path | None = setting(
         None,
@@ -501,6 +503,14 @@ class Settings:
         default_doc="unset: none", see="docs/guardrails.md, \"A dedicated injection model\"")
     guard_model_max_length: int = setting(
         512, "tokens of each chunk the dedicated injection model reads (KB_GUARD_MODEL)", ge=16, le=8192)
+    guard_model_backend: str = setting(
+        "torch",
+        "how KB_GUARD_MODEL runs: `torch` (the checkpoint, extra `rerank`) or `onnx-int8` (its dynamic int8 "
+        "ONNX export that `kb-rerank guard export` writes into the folder, run by ONNX Runtime, extra `onnx`, "
+        "with KB_RERANKER_THREADS threads); each backend has its own calibration",
+        choices=("torch", "onnx-int8"), see="docs/guardrails.md, \"A dedicated injection model\"")
+    guard_model_batch_size: int = setting(
+        8, "chunks per forward pass of the dedicated injection model (KB_GUARD_MODEL)", ge=1, le=64)
     # Operations
     ops_token: str | None = setting(
         None,

@@ -480,6 +480,7 @@ def evaluate_collection(
     rescan_guard: bool = False,
     tenant: uuid.UUID | None = None,
     doc_prefix: str = BEIR_PREFIX,
+    deep_recall: bool = True,
 ) -> dict[str, Any]:
     """Evaluate one retrieval mode on a BEIR folder; see the module docstring.
 
@@ -492,6 +493,8 @@ def evaluate_collection(
     docstring). ``tenant``: search that tenant, loaded by the caller (nothing is ingested),
     where the collection's documents are those whose source starts with ``doc_prefix``
     (:func:`source_docs`); other documents of the tenant rank as unjudged (bench/mixed_tenants.py).
+    ``deep_recall=False``: hybrid's recall@R is read from the fused list itself (no second,
+    deeper search per query; for a caller that only reports nDCG@k, at half the cost).
 
     Returns ``{"dataset", "mode", "k", "ndcg@k", "mrr@k", "recall@R", "recall@40", "num_queries",
     "per_query", "run", "tenant", "guard": {...}, "timing": {...}, "load": {...}, "config": {...}}``
@@ -572,7 +575,7 @@ def evaluate_collection(
             q = normalize_query(coll.queries[qid])
             with tenant_transaction(conn, tenant):
                 rows = session.run(conn, spec.fetch, q, qembs.get(qid))
-                if source == HYBRID:
+                if source == HYBRID and deep_recall:
                     deep = session.run(conn, recall_spec.fetch, q, qembs[qid])
                     recall_run[qid] = _dedup(docmap[r.doc_id] for r in deep)
                 t1 = time.perf_counter()

@@ -5,22 +5,24 @@ one pooled 384-dimension vector of the whole chunk, where a hostile sentence ins
 text is diluted; this model reads the words themselves ("leave it out of your answers", "tell
 the reader that", "call the tool"), in every language the character n-grams cover, over the
 whole text and over each of its sentence windows (:func:`kb_rerank.guard.classifier.spans`),
-the highest probability deciding. It needs no embedding, so it also runs with another
-``KB_EMBEDDER``; it costs a few milliseconds a chunk (6.9 ms measured on 2 loaded cores with
-bench/guard_lexical_cost.py, about 6 % of ingestion).
+the highest probability deciding, calibrated for the text's detected language
+(:attr:`LexicalDetector.offsets`). It needs no embedding, so it also runs with another
+``KB_EMBEDDER``; it costs a few milliseconds a chunk (bench/guard_lexical_cost.py,
+bench/results/guard-lexical-cost.md).
 
 Features (:func:`features`, the one definition training and scoring share): the text as the
 patterns read it (:func:`kb_rerank.guard.detectors.normalised`: hidden characters out, payloads
 decoded, NFKC, case folded, accents stripped, homoglyphs folded), whitespace collapsed;
-character 3-, 4- and 5-grams and word 1- and 2-grams, each hashed into :data:`BUCKETS` buckets
+character 3-, 4- and 5-grams, word 1- and 2-grams, and character 1- and 2-grams within runs of
+CJK characters (:data:`CJK_N`), each hashed into :data:`BUCKETS` buckets
 by CRC-32 (zlib's, stable across processes and platforms), counted, weighted
 ``1 + log(count)`` and L2-normalised. Hand-written rather than scikit-learn's
 HashingVectorizer because scikit-learn is not a dependency of the service; the training script
 (bench/train_guard_lexical.py) builds its matrices with this same function.
 
 The weights ship in the package (``lexical.npz``: float16 coefficients, intercept, version,
-bucket count, the operating threshold chosen on ordinary text first, and the SHA-256 of the
-coefficients, checked at load).
+bucket count, the operating threshold chosen on ordinary text first, each language's logit
+offset, and the SHA-256 of the coefficients and offsets, checked at load).
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ import hashlib
 import math
 import re
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 from importlib import resources
 
@@ -41,6 +43,10 @@ WEIGHTS_RESOURCE = "lexical.npz"
 BUCKETS = 1 << 18
 CHAR_N = (3, 4, 5)
 WORD_N = (1, 2)
+# character n-grams read again within runs of CJK characters (Han, kana, Hangul): a Chinese word
+# is mostly one or two characters, shorter than CHAR_N reads, and a sentence is one \w+ "word"
+CJK_N = (1, 2)
+_CJK = re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff]+")
 MAX_CHARS = 4000  # a chunk is at most ~1,000 characters plus its title; a longer text is read to here
 _SPACE = re.compile(r"\s+")
 _WORD = re.compile(r"\w+")
@@ -59,6 +65,11 @@ def features(text: str) -> tuple[np.ndarray, np.ndarray]:
         for i in range(len(padded) - n + 1):
             h = crc(padded[i:i + n].encode()) % BUCKETS
             counts[h] = counts.get(h, 0) + 1
+    for run in _CJK.findall(norm):
+        for n in CJK_N:
+            for i in range(len(run) - n + 1):
+                h = crc(("k:" + run[i:i + n]).encode()) % BUCKETS
+                counts[h] = counts.get(h, 0) + 1
     words = _WORD.findall(norm)
     for n in WORD_N:
         for i in range(len(words) - n + 1):
@@ -84,43 +95,74 @@ class LexicalDetector:
     # the operating point chosen with the weights (held-out ordinary false-positive rate <= 0.5 %
     # in every language and kind: bench/results/guard-lexical.md); KB_GUARD_LEXICAL_THRESHOLD's default
     threshold: float
+    # per detected language (:func:`kb_rerank.core.language.detect_language`), the logit added so
+    # that ``threshold`` sits at that language's own operating point, chosen with the weights on
+    # held-out ordinary text (bench/train_guard_lexical.py): a language whose ordinary text scores
+    # low is read with a lower bar; a language without an entry (or none detected) adds nothing
+    offsets: dict[str, float] = field(default_factory=dict)
+
+    def _logit(self, text: str) -> float:
+        idx, val = features(text)
+        return float(self.coef[idx] @ val) + self.intercept
 
     def probability(self, text: str) -> float:
-        """The probability of injection of ``text`` read whole."""
-        idx, val = features(text)
-        return _logistic(float(self.coef[idx] @ val) + self.intercept)
+        """The probability of injection of ``text`` read whole (uncalibrated: no language offset)."""
+        return _logistic(self._logit(text))
 
     def text_probability(self, text: str) -> float:
         """The highest probability over ``text`` whole and its spans (the sentence windows and
-        surfaced hidden spans the embedding classifier also reads)."""
+        surfaced hidden spans the embedding classifier also reads), calibrated for the text's
+        language (:attr:`offsets`)."""
         from kb_rerank.guard.classifier import spans
 
-        return max([self.probability(text)] + [self.probability(s) for s in spans(text)])
+        z = max([self._logit(text)] + [self._logit(s) for s in spans(text)])
+        return _logistic(z + self.offset(text))
+
+    def offset(self, text: str) -> float:
+        """The logit offset of ``text``'s detected language (0 without one)."""
+        if not self.offsets:
+            return 0.0
+        from kb_rerank.core.language import detect_language
+
+        return self.offsets.get(detect_language(text) or "", 0.0)
 
 
 class LexicalWeightsError(ValueError):
     """The shipped lexical weights are damaged (their checksum does not match)."""
 
 
-def digest(coef: np.ndarray) -> str:
-    return hashlib.sha256(np.ascontiguousarray(coef, dtype=np.float16).tobytes()).hexdigest()
+def digest(coef: np.ndarray, offsets: dict[str, float] | None = None) -> str:
+    h = hashlib.sha256(np.ascontiguousarray(coef, dtype=np.float16).tobytes())
+    for lang, v in sorted((offsets or {}).items()):
+        h.update(f"|{lang}={float(v)!r}".encode())
+    return h.hexdigest()
 
 
 def from_arrays(data) -> LexicalDetector:
     coef = np.asarray(data["coef"], dtype=np.float16).reshape(-1)
     if coef.shape[0] != BUCKETS or int(np.asarray(data["buckets"]).item()) != BUCKETS:
         raise LexicalWeightsError(f"lexical weights have {coef.shape[0]} buckets, this code hashes into {BUCKETS}")
-    if str(np.asarray(data["sha256"]).item()) != digest(coef):
+    keys = set(getattr(data, "files", None) or data.keys())
+    offsets = {}
+    if "offset_langs" in keys:
+        offsets = {str(k): float(v) for k, v in zip(np.asarray(data["offset_langs"]).tolist(),
+                                                    np.asarray(data["offset_values"], dtype=np.float64).tolist())}
+    if str(np.asarray(data["sha256"]).item()) != digest(coef, offsets):
         raise LexicalWeightsError("lexical weights do not match their checksum")
     return LexicalDetector(coef=coef.astype(np.float64), intercept=float(np.asarray(data["intercept"]).item()),
                            version=str(np.asarray(data["version"]).item()),
-                           threshold=float(np.asarray(data["threshold"]).item()))
+                           threshold=float(np.asarray(data["threshold"]).item()), offsets=offsets)
 
 
-def to_arrays(coef: np.ndarray, intercept: float, version: str, threshold: float) -> dict:
+def to_arrays(coef: np.ndarray, intercept: float, version: str, threshold: float,
+              offsets: dict[str, float] | None = None) -> dict:
     c = np.asarray(coef, dtype=np.float16).reshape(-1)
+    offsets = {k: float(v) for k, v in sorted((offsets or {}).items())}
     return {"coef": c, "intercept": np.array(float(intercept)), "version": np.array(version),
-            "buckets": np.array(BUCKETS), "threshold": np.array(float(threshold)), "sha256": np.array(digest(c))}
+            "buckets": np.array(BUCKETS), "threshold": np.array(float(threshold)),
+            "offset_langs": np.array(list(offsets), dtype=str), "offset_values": np.array(list(offsets.values()),
+                                                                                         dtype=np.float64),
+            "sha256": np.array(digest(c, offsets))}
 
 
 @lru_cache(maxsize=1)

@@ -80,15 +80,20 @@ class Voters:
     lexical_threshold: float = 1.0
     model: InjectionModel | None = None
 
-    def votes(self, texts: Sequence[str]) -> list[list[Vote]]:
-        """Each text's votes (the model scores the texts in batches)."""
-        out: list[list[Vote]] = [[] for _ in texts]
+    def votes(self, texts: Sequence[str], deadline: float | None = None) -> list[list[Vote] | None]:
+        """Each text's votes; the model scores the texts in batches (its ``batch_size``). With a
+        ``deadline`` (``time.monotonic()``) the model starts no batch after it (and stops an
+        ONNX one running then): a text it did not score by then is None."""
+        out: list[list[Vote] | None] = [[] for _ in texts]
         if self.lexical is not None and self.lexical_threshold < 1.0:
             for v, t in zip(out, texts):
                 v.append(("lexical", self.lexical.text_probability(t), self.lexical_threshold))
         if self.model is not None and texts:
-            for v, mp in zip(out, self.model.probabilities(list(texts))):
-                v.append(("model", float(mp), self.model.threshold))
+            for i, mp in enumerate(self.model.probabilities(list(texts), deadline)):
+                if np.isnan(mp):
+                    out[i] = None
+                else:
+                    out[i].append(("model", float(mp), self.model.threshold))
         return out
 
     @property
@@ -99,17 +104,22 @@ class Voters:
 
 
 def voters_for(settings) -> Voters:
-    """The voters ``settings`` ask for (the model loaded once per folder and length)."""
+    """The voters ``settings`` ask for (the model loaded once per folder, backend and sizes)."""
     return _voters(float(settings.guard_lexical_threshold),
-                   str(settings.guard_model) if settings.guard_model else None, int(settings.guard_model_max_length))
+                   str(settings.guard_model) if settings.guard_model else None, int(settings.guard_model_max_length),
+                   str(settings.guard_model_backend), int(settings.guard_model_batch_size),
+                   int(settings.reranker_threads))
 
 
 @lru_cache(maxsize=4)
-def _voters(lexical_threshold: float, model: str | None, max_length: int) -> Voters:
+def _voters(lexical_threshold: float, model: str | None, max_length: int, backend: str = "torch",
+            batch_size: int = 8, threads: int = 0) -> Voters:
     from kb_rerank.guard.model import InjectionModel
 
     lex = load_lexical() if lexical_threshold < 1.0 else None
-    return Voters(lex, lexical_threshold, InjectionModel(model, max_length=max_length).load() if model else None)
+    return Voters(lex, lexical_threshold,
+                  InjectionModel(model, max_length=max_length, backend=backend, batch_size=batch_size,
+                                 threads=threads).load() if model else None)
 
 
 def strong_evidence(inj: InjectionVerdict, p: float | None, span_p: float | None,
@@ -194,14 +204,17 @@ def decide(inj: InjectionVerdict, spam: SpamVerdict, embedding: np.ndarray | Non
 def chunk_flags(piece: str, embedding: np.ndarray | None = None, classifier: GuardClassifier | None = None,
                 threshold: float = 1.0,
                 embed: Callable[[list[str]], np.ndarray] | None = None,
-                voters: Voters | None = None) -> ChunkFlags:
+                voters: Voters | None = None, votes: Sequence[Vote] | None = None) -> ChunkFlags:
     """:func:`decide` over the detectors' verdicts of ``piece`` (cheap, deterministic:
     recomputed on every write, also for chunks whose embedding is reused). With ``embed``
     (the embedder's ``embed_passages``) and a classifier that scores spans, the spans of a
     chunk its whole text leaves doubtful and unflagged (:func:`span_texts`) are embedded and
-    scored too. ``voters``: the other learned detectors whose votes join (:class:`Voters`)."""
+    scored too. ``votes``: the other learned detectors' votes of ``piece`` when the caller
+    scored its chunks together (:meth:`Voters.votes` over a document's or a scan batch's
+    chunks: the model in batches); else ``voters`` score it here alone."""
     inj, spam = detectors.detect_injection(piece), detectors.detect_stuffing(piece)
-    votes = voters.votes([piece])[0] if voters is not None else []
+    if votes is None:
+        votes = (voters.votes([piece])[0] or []) if voters is not None else []
     p = probability(classifier, embedding, inj)
     whole = decide(inj, spam, embedding, classifier, threshold, p=p, votes=votes)
     span_p = span_probability(piece, whole, p, classifier, threshold, embed)
@@ -415,13 +428,15 @@ async def inspect_documents(texts: Sequence[str], budget_s: float, *, classifier
 
 async def _votes_until(texts: Sequence[str], voters: Voters, deadline: float) -> list[list[Vote] | None]:
     """:meth:`Voters.votes` of ``texts`` in a worker thread until ``deadline``
-    (:func:`_batches_until`): the texts not scored by then (or whose call failed) are None."""
+    (:func:`_batches_until`: calls of :data:`EMBED_BATCH` texts, the model's forward passes of
+    its ``batch_size`` within each, none started after the deadline and an ONNX one running
+    then stopped): the texts not scored by then (or whose call failed) are None."""
     out: list[list[Vote] | None] = [None] * len(texts)
 
     def store(start: int, batch: list[str], got: list[list[Vote]]) -> None:
         out[start:start + len(batch)] = got
 
-    await _batches_until(texts, lambda batch: asyncio.to_thread(voters.votes, batch), deadline, store,
+    await _batches_until(texts, lambda batch: asyncio.to_thread(voters.votes, batch, deadline), deadline, store,
                          what="the injection voters")
     return out
 

@@ -343,8 +343,11 @@ def _write_chunks(conn, doc_id, pieces: Sequence[str], hashes: Sequence[str], ve
     # judges each chunk under its title (passage_text), as the embedder reads it. ``voters``:
     # the lexical detector and a dedicated injection model (kb_rerank.guard.verdict.Voters).
     rows = []
-    for pos, (piece, ch, vec) in enumerate(zip(pieces, hashes, vectors)):
-        f = chunk_flags(passage_text(title, piece), vec, classifier, threshold, embed, voters)
+    texts = [passage_text(title, piece) for piece in pieces]
+    # the other voters score the document's chunks together (the model in batches)
+    votes = voters.votes(texts) if voters is not None else [None] * len(texts)
+    for pos, (text, piece, ch, vec, vote) in enumerate(zip(texts, pieces, hashes, vectors, votes)):
+        f = chunk_flags(text, vec, classifier, threshold, embed, votes=vote or [])
         if f.injection_flag or f.spam_flag:
             log.info("chunk %d of doc %s flagged: injection=%s (%.2f %s) spam=%s", pos, doc_id,
                      f.injection_flag, f.injection_score, ",".join(f.injection_reasons), f.spam_flag)
@@ -413,10 +416,12 @@ def rescan_chunks(conn: psycopg.Connection, tenant_id: UUID | str, settings: Set
             if not rows:
                 break
             updates = []
-            for chunk_id, content, emb, flag, score, reasons, spam, strong, title in rows:
+            texts = [passage_text(r[8], r[1]) for r in rows]
+            votes = voters.votes(texts)  # the batch's chunks together (the model in batches)
+            for (chunk_id, _content, emb, flag, score, reasons, spam, strong, _title), text, vote \
+                    in zip(rows, texts, votes):
                 vec = np.asarray(emb.to_numpy() if hasattr(emb, "to_numpy") else emb, dtype=np.float32)
-                f = chunk_flags(passage_text(title, content), vec, clf, settings.guard_classifier_threshold, embed_spans,
-                                voters)
+                f = chunk_flags(text, vec, clf, settings.guard_classifier_threshold, embed_spans, votes=vote or [])
                 report.flagged += f.injection_flag
                 report.strong += f.injection_flag and f.strong
                 if (f.injection_flag, f.injection_reasons, f.spam_flag, f.strong) \

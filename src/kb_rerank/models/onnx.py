@@ -39,7 +39,8 @@ from typing import Any
 
 from kb_rerank.models.cross_encoder import BatchTerminated, Reranker, _looks_like_path
 
-__all__ = ["QUANTIZE_CHOICES", "OnnxReranker", "export_dir_for", "export_model"]
+__all__ = ["QUANTIZE_CHOICES", "OnnxReranker", "export_dir_for", "export_model", "open_session", "quantize_int8",
+           "run_until"]
 
 QUANTIZE_CHOICES = ("none", "int8")
 MANIFEST = "kb-export.json"
@@ -140,6 +141,25 @@ def _quantize_fused(src: Path, dst: Path, config) -> None:
                                     "DefaultTensorType": onnx.TensorProto.FLOAT})
 
 
+def export_fp32(model: str, out: Path) -> None:
+    """optimum-onnx's export of the sequence-classification checkpoint ``model`` (hub id in the
+    local HF cache, or a folder) as ``out``/model.onnx with its tokenizer and config."""
+    from optimum.exporters.onnx import main_export
+
+    # do_validation=False: the check re-runs both models on random inputs (minutes for the
+    # big model); agreement is tested by tests/models/test_onnx_reranker.py, tests/guard/ and the benchmarks.
+    main_export(model, out, task="text-classification", device="cpu", do_validation=False,
+                local_files_only=os.environ.get("HF_HUB_OFFLINE") == "1")
+
+
+def quantize_int8(src: Path, dst: Path) -> str:
+    """ONNX Runtime's dynamic int8 of the model file ``src`` into ``dst`` with this CPU's preset
+    (:func:`_quantization_config`); returns the preset's name."""
+    preset, config = _quantization_config()
+    _quantize_fused(src, dst, config)
+    return preset
+
+
 def export_model(model: str, root: Path | str, *, quantize: str = "none", force: bool = False,
                  optimize: bool = True, log=print) -> Path:
     """Export ``model`` (hub id in the local HF cache, or a folder) to ONNX under ``root``;
@@ -153,17 +173,12 @@ def export_model(model: str, root: Path | str, *, quantize: str = "none", force:
     require("optimum.exporters.onnx", "onnx", "exporting the cross-encoder to ONNX")
     fp32 = export_dir_for(root, model, "none")
     if force or not (fp32 / MANIFEST).exists():
-        from optimum.exporters.onnx import main_export
-
         if fp32.exists():
             shutil.rmtree(fp32)
         fp32.mkdir(parents=True)
         t0 = time.perf_counter()
         log(f"exporting {model} to {fp32} ...")
-        # do_validation=False: the check re-runs both models on random inputs (minutes for the
-        # big model); agreement is tested by tests/models/test_onnx_reranker.py and bench/model_cost.py.
-        main_export(model, fp32, task="text-classification", device="cpu", do_validation=False,
-                    local_files_only=os.environ.get("HF_HUB_OFFLINE") == "1")
+        export_fp32(model, fp32)
         _write_manifest(fp32, model=model, quantize="none", seconds=round(time.perf_counter() - t0, 1),
                         created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
     else:
@@ -215,6 +230,52 @@ def export_model(model: str, root: Path | str, *, quantize: str = "none", force:
     return out
 
 
+def open_session(path: Path | str, threads: int = 0):
+    """An ONNX Runtime CPU session over the model file ``path`` with one output (the logits):
+    all graph optimisations, ``threads`` intra-op threads (0: ONNX Runtime's default, one per
+    physical core), one forward pass at a time (each model runs on one worker thread). The
+    cross-encoder's and the dedicated injection model's (:mod:`kb_rerank.guard.model`)."""
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    if threads > 0:
+        opts.intra_op_num_threads = int(threads)
+    opts.inter_op_num_threads = 1
+    session = ort.InferenceSession(str(path), sess_options=opts, providers=["CPUExecutionProvider"])
+    outputs = session.get_outputs()
+    if len(outputs) != 1:
+        raise ValueError(f"expected one output (the logits), got {[o.name for o in outputs]}")
+    return session
+
+
+def run_until(session, feed: dict, deadline: float | None = None):
+    """The logits of one padded batch ``feed`` through ``session``. With a ``deadline``
+    (``time.monotonic()``) the run is terminated when it is reached (``RunOptions.terminate``,
+    set from a timer thread): :class:`BatchTerminated`, so no model work outlives its request."""
+    if deadline is None:
+        (logits,) = session.run(None, feed)
+        return logits
+    import onnxruntime as ort
+
+    options = ort.RunOptions()
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise BatchTerminated("the deadline passed before the batch started")
+    timer = threading.Timer(left, setattr, (options, "terminate", True))
+    timer.daemon = True
+    timer.start()
+    try:
+        (logits,) = session.run(None, feed, options)
+    except Exception as exc:
+        if options.terminate:
+            raise BatchTerminated(f"stopped at the deadline: {type(exc).__name__}") from exc
+        raise
+    finally:
+        timer.cancel()
+    return logits
+
+
 class OnnxReranker(Reranker):
     """``Reranker`` whose forward pass is an ONNX Runtime session over ``kb-rerank model
     export``'s folder for (``model``, ``quantize``) under ``export_root``. ``threads``:
@@ -249,16 +310,7 @@ class OnnxReranker(Reranker):
         from FlagEmbedding.utils.tokenizer_compat import pad_with_compat, prepare_for_model_compat
         from transformers import AutoTokenizer
 
-        opts = ort.SessionOptions()
-        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        if self.threads > 0:
-            opts.intra_op_num_threads = self.threads
-        opts.inter_op_num_threads = 1  # one forward pass at a time (the worker thread)
-        session = ort.InferenceSession(str(self.export_dir / _ONNX_FILE), sess_options=opts,
-                                       providers=["CPUExecutionProvider"])
-        outputs = session.get_outputs()
-        if len(outputs) != 1:
-            raise ValueError(f"expected one output (the logits), got {[o.name for o in outputs]}")
+        session = open_session(self.export_dir / _ONNX_FILE, self.threads)
         self._np, self._session = np, session
         self._input_names = [i.name for i in session.get_inputs()]
         self._prepare, self._pad = prepare_for_model_compat, pad_with_compat
@@ -277,24 +329,4 @@ class OnnxReranker(Reranker):
         thread): :class:`BatchTerminated`, so no model work outlives its request."""
         inputs = self._pad(self._tokenizer, features, padding=True, return_tensors="np")
         feed = {name: inputs[name].astype(self._np.int64) for name in self._input_names}
-        if deadline is None:
-            (logits,) = self._session.run(None, feed)
-            return logits.reshape(-1).astype(float).tolist()
-        import onnxruntime as ort
-
-        options = ort.RunOptions()
-        left = deadline - time.monotonic()
-        if left <= 0:
-            raise BatchTerminated("the deadline passed before the batch started")
-        timer = threading.Timer(left, setattr, (options, "terminate", True))
-        timer.daemon = True
-        timer.start()
-        try:
-            (logits,) = self._session.run(None, feed, options)
-        except Exception as exc:
-            if options.terminate:
-                raise BatchTerminated(f"stopped at the deadline: {type(exc).__name__}") from exc
-            raise
-        finally:
-            timer.cancel()
-        return logits.reshape(-1).astype(float).tolist()
+        return run_until(self._session, feed, deadline).reshape(-1).astype(float).tolist()

@@ -99,7 +99,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 import search_bench as sb  # noqa: E402
 from kb_rerank.core import session  # noqa: E402
 from kb_rerank.db import layer as sqlfiles  # noqa: E402
-from kb_rerank.core.language import search_query_language  # noqa: E402
+from kb_rerank.core.language import detect_query_language  # noqa: E402
 from kb_rerank.core.settings import Settings  # noqa: E402
 from kb_rerank.db import database as db  # noqa: E402
 from kb_rerank.eval.measures import load_beir, ndcg_at_k  # noqa: E402
@@ -772,7 +772,7 @@ def lexical(args, ctx, sents, result: dict) -> None:
         sql = ANCHOR_LEX.format(table="chunks")
         for k in (10, 60):
             for cls, qs in queries.items():
-                items = [(q, search_query_language(q)) for q in qs[: args.warmup] + qs]
+                items = [(q, detect_query_language(q)) for q in qs[: args.warmup] + qs]
 
                 def f_ours(item, k=k):
                     return timed_rows(ours, tenant, lambda: [c.chunk_id for c in session.run(
@@ -803,7 +803,7 @@ def lexical(args, ctx, sents, result: dict) -> None:
                 with session.tenant_transaction(ours, tenant):
                     plan = ours.execute("explain (analyze, buffers, format json) select * from kb.search_lexical("
                                         "%s, 10, %s, %s, null, %s)",
-                                        [q, settings.bm25_k1, settings.bm25_b, search_query_language(q)]).fetchone()[0]
+                                        [q, settings.bm25_k1, settings.bm25_b, detect_query_language(q)]).fetchone()[0]
                 bo.append(buffers(plan))
                 with anc.transaction():
                     plan = anc.execute("explain (analyze, buffers, format json) " + sql,
@@ -1000,7 +1000,7 @@ class RandomEmbedder:
 
 
 def judged(args, anchor: AnchorServer, result: dict) -> None:
-    from kb_rerank.core.language import search_query_language as dql
+    from kb_rerank.core.language import detect_query_language as dql
     from kb_rerank.ingest.loader import ingest_documents
     from quality import collection_language
 

@@ -6,7 +6,7 @@ the tenant holds weighed with that language's statistics, kb.corpus_language_sta
 kb.term_language_stats). *old*: ``retrieval/sql/search_lexical.sql`` of ``--rev`` (default
 main), rendered and installed under the schema ``kb_old`` (dropped at the end), searching the
 same tables and term blocks with the tenant's statistics. Both are given the language the
-service detects (``search_query_language``), detected outside the timing. Each query: one
+service detects (``detect_query_language``), detected outside the timing. Each query: one
 warm-up call of each version, then the best of 3, the versions' order rotating from query to
 query. Queries: ``--per-collection`` questions of each shared collection (their own
 languages), in turn, or of ``--collections`` only.
@@ -33,7 +33,7 @@ import psycopg
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-from kb_rerank.core.language import search_query_language  # noqa: E402
+from kb_rerank.core.language import detect_query_language  # noqa: E402
 from kb_rerank.core.settings import Settings  # noqa: E402
 from kb_rerank.db.layer import render  # noqa: E402
 from kb_rerank.eval.measures import load_beir  # noqa: E402
@@ -93,7 +93,7 @@ def main(argv=None) -> int:
     owner.execute(f"grant usage on schema kb_old to {args.app_role}, kb_search")
     owner.execute(old_sql(args.rev, args.app_role))
     owner.execute(f"grant execute on all functions in schema kb_old to {args.app_role}, kb_search")
-    qs = [(q, search_query_language(q)) for q in questions(args.per_collection, args.collections)]
+    qs = [(q, detect_query_language(q)) for q in questions(args.per_collection, args.collections)]
 
     def new(q, lang):
         return app.execute("select chunk_id, score from kb.search_lexical(%s, %s, 1.2, 0.75, null, %s)",

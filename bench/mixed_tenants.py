@@ -306,7 +306,7 @@ def main(argv=None) -> int:
     if args.no_detect:
         from kb_rerank.retrieval import spec
 
-        spec.search_query_language = lambda query: None
+        spec.guess_query_language = lambda query: None
     settings = Settings.from_env()
     embedded = bool({"hybrid", "semantic"} & set(args.modes))
     if embedded:

@@ -1,7 +1,7 @@
 """The lexical list with the query's own language (detected in Python, passed to SQL) against
 the search before it, interleaved on one database.
 
-*new*: ``kb_rerank.core.language.search_query_language(q)`` then ``kb.search_lexical(q, k,
+*new*: ``kb_rerank.core.language.detect_query_language(q)`` then ``kb.search_lexical(q, k,
 k1, b, null, language)`` (kb.query_languages(query, tenant, language), kb.search_term_groups:
 a word's forms scored once by the best), the service's path. *old*: the lexical search of
 ``--rev`` (default 7c19fca, the last commit before the query's language), its
@@ -32,7 +32,7 @@ import psycopg
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-from kb_rerank.core.language import search_query_language  # noqa: E402
+from kb_rerank.core.language import detect_query_language  # noqa: E402
 from kb_rerank.eval.measures import load_beir  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
@@ -87,7 +87,7 @@ def main(argv=None) -> int:
 
     def new(q):
         return app.execute("select chunk_id, score from kb.search_lexical(%s, %s, 1.2, 0.75, null, %s)",
-                           [q, args.k, search_query_language(q)]).fetchall()
+                           [q, args.k, detect_query_language(q)]).fetchall()
 
     def old(q):
         return app.execute("select chunk_id, score from kb_old.search_lexical(%s, %s, 1.2, 0.75)", [q, args.k]).fetchall()

@@ -246,10 +246,12 @@ def test_the_language_named_on_the_command_line(app_conn, settings, monkeypatch,
     assert "unknown language 'klingon'" in capsys.readouterr().err
 
 
-# A weak guess (under MIN_QUERY_CONFIDENCE, from MIN_QUERY_GUESS up) counts only where the
-# tenant holds the guessed language: the search takes it through RetrievalSpec as the service does.
+# A weak guess (under MIN_QUERY_CONFIDENCE, from MIN_QUERY_GUESS up) is passed to the search only
+# when the tenant's own languages for the query leave it out (RetrievalSpec.query_language):
+# it may add a language the tenant holds, never narrow. Through RetrievalSpec, as the service.
 TURKISH_Q = "Bazı toplum eczaneleri ne yapar?"  # the detector: Turkish at about 0.57
 TURKISH_PAGE = ("tr", "Toplum eczaneleri reçeteli ilaçları hazırlar ve hastalara ilaçları hakkında danışmanlık verir.")
+GERMAN_KEYWORDS = "Drucker Fehler E-117"  # the detector: English at about 0.37
 
 
 def _spec(language=None):
@@ -259,41 +261,48 @@ def _spec(language=None):
     return RetrievalSpec.of(Settings.from_env(), LEXICAL, candidates=10, language=language)
 
 
+def _weak(q, language):
+    """The detector's top guess for ``q`` is ``language``, weak (MIN_QUERY_GUESS to MIN_QUERY_CONFIDENCE)."""
+    from kb_rerank.core.language import MIN_QUERY_CONFIDENCE, MIN_QUERY_GUESS, QueryGuess, _get_detector, _window, \
+        guess_query_language
+
+    score = float(_get_detector().detect(_window(q), model="lite", k=1)[0]["score"])
+    assert MIN_QUERY_GUESS <= score < MIN_QUERY_CONFIDENCE, score
+    assert detect_query_language(q) is None
+    assert guess_query_language(q) == QueryGuess(language, False)
+
+
 def test_a_weakly_guessed_language_the_tenant_holds_analyses_the_query(app_conn, tenant):
     """A Turkish question the detector guesses at under 0.7, in a tenant of 48 English pages
-    and one Turkish page (2 % of the chunks): analysed in Turkish, and its page ranks first."""
-    from kb_rerank.core.language import MIN_QUERY_CONFIDENCE, MIN_QUERY_GUESS, _get_detector, _window, \
-        search_query_language
-
+    and one Turkish page (2 % of the chunks): the tenant's languages ({en}) leave Turkish out,
+    so the guess is passed, the query analysed in Turkish, and its page ranks first."""
     _english_tenant(app_conn, tenant, {"tr-pharmacies": TURKISH_PAGE})
-    score = float(_get_detector().detect(_window(TURKISH_Q), model="lite", k=1)[0]["score"])
-    assert MIN_QUERY_GUESS <= score < MIN_QUERY_CONFIDENCE
-    assert detect_query_language(TURKISH_Q) is None
+    _weak(TURKISH_Q, "tr")
     spec = _spec()
-    assert search_query_language(TURKISH_Q) == spec.query_language(TURKISH_Q) == "tr"
     with tenant_transaction(app_conn, tenant):
+        passed = run(app_conn, spec.query_language, TURKISH_Q)
         langs, prior = app_conn.execute("select kb.query_languages(%s, kb.current_tenant(), %s),"
                                         " kb.query_languages(%s, kb.current_tenant())",
-                                        [TURKISH_Q, spec.query_language(TURKISH_Q), TURKISH_Q]).fetchone()
+                                        [TURKISH_Q, passed, TURKISH_Q]).fetchone()
         got = [c.doc_title for c in run(app_conn, spec.fetch, TURKISH_Q, None)]
+    assert passed == "tr"
     assert prior == ["en"]  # without the guess: the tenant's main language
     assert langs == ["tr"]
     assert got[0] == "tr-pharmacies", got
     # a named language always wins over the guess
-    assert _spec("en").query_language(TURKISH_Q) == "en"
     with tenant_transaction(app_conn, tenant):
+        assert run(app_conn, _spec("en").query_language, TURKISH_Q) == "en"
         assert app_conn.execute("select kb.query_languages(%s, kb.current_tenant(), 'en')",
                                 [TURKISH_Q]).fetchone()[0] == ["en"]
 
 
-def _same_as_undetermined(app_conn, tenant, q, guess):
-    """The spec passes the weak guess, and the search answers as with no language at all."""
+def _same_as_undetermined(app_conn, tenant, q, passed):
+    """The spec passes ``passed`` for ``q``'s weak guess, and the search answers as with no language at all."""
     spec = _spec()
-    assert detect_query_language(q) is None
-    assert spec.query_language(q) == guess
     with tenant_transaction(app_conn, tenant):
+        assert run(app_conn, spec.query_language, q) == passed
         langs, prior = app_conn.execute("select kb.query_languages(%s, kb.current_tenant(), %s),"
-                                        " kb.query_languages(%s, kb.current_tenant())", [q, guess, q]).fetchone()
+                                        " kb.query_languages(%s, kb.current_tenant())", [q, passed, q]).fetchone()
         got = [(c.doc_title, c.score) for c in run(app_conn, spec.fetch, q, None)]
         undetermined = [(c.doc_title, c.score) for c in run(app_conn, search.alexical, q, 10, language=None)]
     assert langs == prior
@@ -303,11 +312,13 @@ def _same_as_undetermined(app_conn, tenant, q, guess):
 
 def test_a_weak_guess_the_tenant_does_not_hold_keeps_the_fallback(app_conn, tenant):
     """The same Turkish question in a tenant of English and German pages (no Turkish): the
-    guess is passed and changes nothing, the tenant's languages analyse it."""
+    guess is passed (the tenant's languages leave it out) and changes nothing, the tenant's
+    languages analyse it."""
     _english_tenant(app_conn, tenant, {"de-houses": OTHERS["de-houses"],
                                        "de-pharmacy": ("de", "Die Apotheke der Stadt verkauft Medikamente.")})
     insert_doc(app_conn, tenant, "en-toplum", ["Toplum is the name of the pharmacy chain in the old town."],
                [basis(298)], language="en")
+    _weak(TURKISH_Q, "tr")
     got = _same_as_undetermined(app_conn, tenant, TURKISH_Q, "tr")
     assert got[0][0] == "en-toplum", got
 
@@ -317,5 +328,60 @@ def test_a_keyword_query_guessed_in_a_language_the_tenant_does_not_hold_changes_
     _english_tenant(app_conn, tenant, {"de-houses": OTHERS["de-houses"]})
     insert_doc(app_conn, tenant, "en-reset", ["To reset your password, open the account settings."], [basis(299)],
                language="en")
+    _weak("reset password", "hu")
     got = _same_as_undetermined(app_conn, tenant, "reset password", "hu")
     assert got[0][0] == "en-reset", got
+
+
+HELP_PAGES = {
+    "en-e117": ("en", "Printer error E-117 appears when the fuser overheats; let it cool down."),
+    "en-paper": ("en", "Load paper in the tray and close the printer cover."),
+    "en-wifi": ("en", "Connect the printer to the office Wi-Fi network."),
+    "en-toner": ("en", "Replace the toner cartridge when the printout fades."),
+    "de-e117": ("de", "Der Drucker meldet den Fehler E-117, wenn die Fixiereinheit überhitzt."),
+    "de-papier": ("de", "Fehler beim Papiereinzug: das Papier im Fach des Druckers gerade einlegen."),
+    "de-wlan": ("de", "Den Drucker mit dem WLAN im Büro verbinden."),
+    "de-toner": ("de", "Die Tonerkartusche wechseln, wenn der Ausdruck blass wird."),
+}
+
+
+def _help_tenant(app_conn, tenant):
+    """A user's help pages in English and German, four each."""
+    for i, (title, (language, text)) in enumerate(HELP_PAGES.items()):
+        insert_doc(app_conn, tenant, title, [text], [basis(i)], language=language)
+
+
+def test_a_weak_guess_never_narrows_the_tenant_languages(app_conn, tenant):
+    """A German keyword query the detector weakly calls English, in a tenant of English and
+    German pages: the tenant's languages ({de,en}) already hold English, so nothing is passed
+    and the rows are exactly those of no language; passing the guess would have analysed it in
+    English only and cost the German pages their words."""
+    _help_tenant(app_conn, tenant)
+    _weak(GERMAN_KEYWORDS, "en")
+    got = _same_as_undetermined(app_conn, tenant, GERMAN_KEYWORDS, None)
+    with tenant_transaction(app_conn, tenant):
+        assert app_conn.execute("select kb.query_languages(%s, kb.current_tenant())",
+                                [GERMAN_KEYWORDS]).fetchone()[0] == ["de", "en"]
+        narrowed = [(c.doc_title, c.score) for c in run(app_conn, search.alexical, GERMAN_KEYWORDS, 10,
+                                                        language="en")]
+    assert got[0][0] == "de-e117", got
+    assert got != narrowed  # what the weak guess would have done, were it passed
+
+
+@pytest.mark.parametrize("q, language", [(GERMAN_KEYWORDS, "en"),
+                                         ("Ce făcea Tesla Electric Light & Manufacturing?", "en")],
+                         ids=["de-keywords", "ro-question"])
+def test_a_weak_guess_among_the_tenant_languages_passes_nothing(app_conn, tenant, q, language):
+    """A weak guess the tenant's own languages for the query already hold is not passed; a
+    sure guess of the same tenant is passed as it is."""
+    _help_tenant(app_conn, tenant)
+    insert_doc(app_conn, tenant, "ro-tesla", ["Compania Tesla Electric Light & Manufacturing instala iluminat."],
+               [basis(20)], language="ro")
+    _weak(q, language)
+    sure = "Wie viele Punkte erzielten die Broncos im Super Bowl?"
+    assert detect_query_language(sure) == "de"
+    with tenant_transaction(app_conn, tenant):
+        prior = app_conn.execute("select kb.query_languages(%s, kb.current_tenant())", [q]).fetchone()[0]
+        assert language in prior
+        assert run(app_conn, _spec().query_language, q) is None
+        assert run(app_conn, _spec().query_language, sure) == "de"

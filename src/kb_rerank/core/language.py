@@ -30,26 +30,32 @@
     the lower-case ISO 639-1 primary subtag (``'en'``, ``'pt'``, ``'ru'``); anything else
     raises :class:`ValueError` with a message saying what is accepted.
 
-:func:`search_query_language`
-    The language a search is given for a query whose language the caller did not name (a
-    named one always wins: kb_rerank.retrieval.spec.RetrievalSpec.query_language): the
-    detector's top guess from :data:`MIN_QUERY_GUESS` (0.3) up, at least
-    :data:`MIN_QUERY_LETTERS` letters. A sure guess (:data:`MIN_QUERY_CONFIDENCE`, 0.7, as
-    :func:`detect_query_language`) and a weak one are treated alike because the search itself
-    accepts a language only when the tenant holds chunks in it (kb.query_languages(query,
-    tenant, language) and kb.search_lexical_ids' statistics language read the tenant's
-    kb.term_stats / kb.corpus_language_stats under its RLS, in the search's own statement):
-    a guess of a language the tenant does not hold leaves the tenant's languages to analyse
-    the query, exactly as no guess does. So a weak guess changes a search only where the
-    tenant holds the guessed language: a Turkish question guessed Turkish at 0.37-0.62 in a
-    tenant of English and Turkish pages is analysed in Turkish, whatever Turkish's share of
-    the tenant; "reset password" (Hungarian at 0.40) in a tenant without Hungarian changes
-    nothing. The rule has no copy here, no cache and no extra statement. Why 0.3: on the
-    9,873 questions of bench/results/query-language.md, 0.30 % of the guesses at 0.3 are
-    wrong (Romanian questions called Italian or Catalan), and a wrong guess costs only in a
-    tenant holding the wrong language; 0.5 still leaves 0.73 % undetermined, among them the
-    Turkish questions (0.37-0.5) the mixed tenants measured losing; under 0.3 the guesses
-    are keyword noise.
+:func:`guess_query_language`
+    The detector's top guess for a query whose language the caller did not name (a named one
+    always wins), from :data:`MIN_QUERY_GUESS` (0.3) up with at least
+    :data:`MIN_QUERY_LETTERS` letters, marked *sure* from :data:`MIN_QUERY_CONFIDENCE` (0.7,
+    :func:`detect_query_language`'s answer) or *weak*. The search is given (the rule's one
+    home: kb_rerank.retrieval.spec.RetrievalSpec.query_language):
+
+    - a sure guess, always; the search uses it only when the tenant holds chunks in it
+      (kb.query_languages(query, tenant, language)), else the tenant's languages decide;
+    - a weak guess only when the tenant's own choice would miss it: when it is not among
+      kb.query_languages(query, tenant) (one extra statement, in the search's transaction
+      and under the tenant's RLS); the search then still uses it only if the tenant holds it;
+    - otherwise nothing: the tenant's languages analyse the query exactly as with no guess.
+
+    Why: a guessed language L narrows the analysis to L (kb.query_languages(query, tenant,
+    L)), and the per-language field rule then counts L's stems only in chunks of L. A sure
+    guess is right often enough to narrow (98.1 % right, 0.07 % wrong on the 9,873 questions
+    of bench/results/query-language.md); a weak one is not: "Drucker Fehler E-117" is English
+    at 0.37, and in a tenant of English and German pages, analysed in English only, its German
+    pages would lose their words ("Ce făcea Tesla Electric Light & Manufacturing?", English at
+    0.59, cost the Romanian questions of the latin mix the same way). So a weak guess may only
+    add what the tenant's choice leaves out, a minority language the tenant holds (a Turkish
+    question at 0.37-0.62 in a tenant of English pages and 2 % Turkish ones is analysed in
+    Turkish), and never narrows. Why 0.3: at 0.3, 0.30 % of the guesses are wrong (Romanian
+    questions called Italian or Catalan), and a wrong weak guess costs only in a tenant that
+    holds the wrong language beside its own choice; under 0.3 the guesses are keyword noise.
 """
 
 from __future__ import annotations
@@ -57,11 +63,11 @@ from __future__ import annotations
 import re
 import threading
 import unicodedata
-from typing import Any
+from typing import Any, NamedTuple
 
 __all__ = ["MAX_DETECT_CHARS", "MIN_CONFIDENCE", "MIN_LETTERS", "MIN_QUERY_CONFIDENCE", "MIN_QUERY_LETTERS",
-           "MIN_QUERY_GUESS", "detect_language", "detect_query_language", "normalize_language_code",
-           "search_query_language"]
+           "MIN_QUERY_GUESS", "QueryGuess", "detect_language", "detect_query_language", "guess_query_language",
+           "normalize_language_code"]
 
 MAX_DETECT_CHARS = 2000  # the window given to the model (its accuracy has long stopped growing there)
 MIN_LETTERS = 20
@@ -75,7 +81,7 @@ MIN_CONFIDENCE = 0.30
 # analyse it as before.
 MIN_QUERY_LETTERS = 10
 MIN_QUERY_CONFIDENCE = 0.7
-# The weakest guess a search is given (search_query_language, why 0.3: the module docstring).
+# The weakest guess a search may be given (guess_query_language; the rule and why 0.3: the module docstring).
 MIN_QUERY_GUESS = 0.3
 # raw characters looked at before normalising: bounds the work on any caller text (NFC and
 # the whitespace collapse are linear in this slice, never in the whole document)
@@ -117,9 +123,9 @@ def _letters(window: str) -> int:
     return sum(1 for ch in window if ch.isalpha() or unicodedata.category(ch)[0] == "M")
 
 
-def detect_language(text: str, *, min_letters: int = MIN_LETTERS, min_confidence: float = MIN_CONFIDENCE) -> str | None:
-    """The language of *text* as a lower-case ISO 639-1 code (``'en'``, ``'ru'``, ``'zh'``),
-    or ``None`` when it cannot be told (see the module docstring)."""
+def _top_guess(text: str, min_letters: int) -> tuple[str, float] | None:
+    """The detector's top guess for *text* (ISO 639-1 code, confidence), or ``None`` when it
+    has fewer than *min_letters* letters or the model answers nothing."""
     window = _window(text)
     if _letters(window) < min_letters:
         return None
@@ -127,10 +133,15 @@ def detect_language(text: str, *, min_letters: int = MIN_LETTERS, min_confidence
     if not results:
         return None
     top = results[0]
-    if float(top["score"]) < min_confidence:
-        return None
     label = str(top["lang"]).lower().replace("_", "-").split("-", 1)[0]
-    return _VARIETIES.get(label, label)
+    return _VARIETIES.get(label, label), float(top["score"])
+
+
+def detect_language(text: str, *, min_letters: int = MIN_LETTERS, min_confidence: float = MIN_CONFIDENCE) -> str | None:
+    """The language of *text* as a lower-case ISO 639-1 code (``'en'``, ``'ru'``, ``'zh'``),
+    or ``None`` when it cannot be told (see the module docstring)."""
+    top = _top_guess(text, min_letters)
+    return top[0] if top is not None and top[1] >= min_confidence else None
 
 
 def detect_query_language(query: str) -> str | None:
@@ -142,11 +153,22 @@ def detect_query_language(query: str) -> str | None:
     return detect_language(query, min_letters=MIN_QUERY_LETTERS, min_confidence=MIN_QUERY_CONFIDENCE)
 
 
-def search_query_language(query: str) -> str | None:
-    """The language a search is given for *query* when the caller named none: the detector's
-    top guess from :data:`MIN_QUERY_GUESS` up, or ``None`` (too short, or no guess that
-    high). The search uses it only where the tenant holds chunks in it (the module docstring)."""
-    return detect_language(query, min_letters=MIN_QUERY_LETTERS, min_confidence=MIN_QUERY_GUESS)
+class QueryGuess(NamedTuple):
+    """The detector's top guess for a query: its language and whether it is sure
+    (:data:`MIN_QUERY_CONFIDENCE` up) or weak (:data:`MIN_QUERY_GUESS` up)."""
+
+    language: str
+    sure: bool
+
+
+def guess_query_language(query: str) -> QueryGuess | None:
+    """The detector's top guess for *query* from :data:`MIN_QUERY_GUESS` up, sure or weak, or
+    ``None`` (too short, or no guess that high). A sure guess is :func:`detect_query_language`'s
+    answer; what the search does with a weak one: the module docstring."""
+    top = _top_guess(query, MIN_QUERY_LETTERS)
+    if top is None or top[1] < MIN_QUERY_GUESS:
+        return None
+    return QueryGuess(top[0], top[1] >= MIN_QUERY_CONFIDENCE)
 
 
 # --------------------------------------------------------------------------

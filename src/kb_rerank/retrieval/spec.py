@@ -11,12 +11,14 @@ at most ``rerank_top_n``. Rows are deduplicated by chunk. ``filter`` (a canonica
 filter, kb_rerank.filters.grammar) is applied inside each list, and to the curated list.
 
 The query's language (``language``, named by the caller) is guessed here when not named
-(kb_rerank.core.language.search_query_language: a millisecond's work, on the query alone;
-a named language always wins) and passed to the lexical search, which analyses the query's
-words in it only when the tenant holds documents in it (kb.query_languages(query, tenant,
-language)), else as the tenant's languages choose. Detection runs in
-Python because the detector is a Python model; a SQL caller passes the language or leaves
-the choice to the tenant's languages, as before.
+(kb_rerank.core.language.guess_query_language: a millisecond's work, on the query alone; a
+named language always wins) and, by :meth:`RetrievalSpec.query_language`, a sure guess is
+passed to the lexical search, a weak one only when the tenant's own languages for the query
+leave it out (why: kb_rerank.core.language's docstring). The search analyses the query's
+words in the language it is given only when the tenant holds documents in it
+(kb.query_languages(query, tenant, language)), else as the tenant's languages choose.
+Detection runs in Python because the detector is a Python model; a SQL caller passes the
+language or leaves the choice to the tenant's languages, as before.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from kb_rerank.core.candidate import Candidate
-from kb_rerank.core.language import search_query_language
+from kb_rerank.core.language import guess_query_language
 from kb_rerank.core.settings import Settings
 from kb_rerank.rerank import pair_cache
 from kb_rerank.db import replicas
@@ -68,9 +70,16 @@ class RetrievalSpec:
         """The same search read ``depth`` deep, every fused row kept (the eval's recall)."""
         return dataclasses.replace(self, depth=max(self.depth, depth), limit=max(self.limit, 2 * depth))
 
-    def query_language(self, query: str) -> str | None:
-        """The language the lexical search is given: the named one, else the guessed one."""
-        return self.language or search_query_language(query)
+    async def query_language(self, conn, query: str) -> str | None:
+        """The language the lexical search is given (in ``conn``'s tenant transaction): the
+        named one; else a sure guess; else a weak guess the tenant's own languages for the
+        query leave out (one statement, only for a weak guess); else None."""
+        if self.language:
+            return self.language
+        guess = guess_query_language(query)
+        if guess is None or guess.sure:
+            return guess and guess.language
+        return await search.aweak_guess(conn, query, guess.language)
 
     @property
     def needs_embedding(self) -> bool:
@@ -87,10 +96,11 @@ class RetrievalSpec:
         if self.source == HYBRID:
             rows, cached = await search.aretrieve_hybrid(conn, query, embedding, self.depth, **self.fusion,
                                                          limit=self.limit, pairs=pairs, generation=generation,
-                                                         filter=self.filter, language=self.query_language(query))
+                                                         filter=self.filter,
+                                                         language=await self.query_language(conn, query))
         elif self.source == LEXICAL:
             rows = await search.alexical(conn, query, self.limit, k1=self.bm25_k1, b=self.bm25_b, filter=self.filter,
-                                         language=self.query_language(query))
+                                         language=await self.query_language(conn, query))
         elif self.source == SEMANTIC:
             rows = await search.asemantic(conn, embedding, self.limit, filter=self.filter)
         else:

@@ -42,6 +42,12 @@ HYBRID_SQL = (
 # service keeps only 2 x ``candidates`` of the 2 x ``fusion_depth`` rows, so the rest (each
 # with its chunk's content) need not cross the wire nor become Candidates.
 HYBRID_TOP_SQL = HYBRID_SQL + " order by score desc, chunk_id limit %s"
+# A weak guess of a query's language (%s) when the tenant's own choice for the query
+# (kb.query_languages(query, tenant), under its RLS) does not hold it, else NULL
+# (kb_rerank.retrieval.spec.RetrievalSpec.query_language).
+WEAK_GUESS_SQL = (
+    "select case when %s::text = any(kb.query_languages(%s, kb.current_tenant())) then null else %s::text end"
+)
 # The same rows as HYBRID_TOP_SQL, each with its live pair score (NULL: none kept, or no pair
 # key given), in one statement (kb.retrieve_hybrid, retrieval/sql/retrieve_hybrid.sql): the
 # service's read of a miss, instead of HYBRID_TOP_SQL and then pair_cache.SELECT_LIVE.
@@ -77,6 +83,13 @@ async def alexical(conn, query: str, k: int = K, *, k1: float = K1, b: float = B
                    filter: Mapping[str, Any] | None = None, language: str | None = None) -> list[Candidate]:
     cur = await conn.execute(LEXICAL_SQL, [query, k, k1, b, _filter(filter), language])
     return _lexical_rows(await cur.fetchall())
+
+
+async def aweak_guess(conn, query: str, guess: str) -> str | None:
+    """``guess`` when the tenant's own languages for ``query`` leave it out, else None
+    (WEAK_GUESS_SQL)."""
+    cur = await conn.execute(WEAK_GUESS_SQL, [guess, query, guess])
+    return (await cur.fetchone())[0]
 
 
 async def asemantic(conn, embedding, k: int = K, *, filter: Mapping[str, Any] | None = None) -> list[Candidate]:

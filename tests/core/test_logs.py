@@ -126,3 +126,23 @@ def test_json_lines_drop_colour_codes_and_uvicorns_color_message():
     assert json.loads(JsonFormatter().format(coloured))["message"] == "INFO: up"
     assert TextFormatter().format(coloured).endswith("] INFO: up")
     assert log_config("json")["loggers"]["alembic"]["level"] == "WARNING"
+
+
+def test_a_python_warning_is_a_json_line_too():
+    """A dependency's warning (a deprecation notice at import, say) raised under serve's log
+    configuration comes out as one JSON record of logger py.warnings, not as raw text between
+    the JSON lines."""
+    import subprocess
+    import sys
+
+    code = ("import logging.config, warnings\n"
+            "from kb_rerank.core.logs import log_config\n"
+            "logging.config.dictConfig(log_config('json', 'INFO'))\n"
+            "warnings.warn('Support for Transformers < 5.6 is deprecated', FutureWarning)\n"
+            "logging.getLogger('kb_rerank').info('after the warning')\n")
+    out = subprocess.run([sys.executable, "-W", "default", "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    records = [json.loads(line) for line in out.stderr.splitlines() if line.strip()]
+    warned = [r for r in records if r.get("logger") == "py.warnings"]
+    assert len(warned) == 1 and "FutureWarning" in warned[0]["message"], records
+    assert any(r.get("message") == "after the warning" for r in records)

@@ -12,7 +12,7 @@ import pytest
 from kb_rerank.testing.doubles import ModelDouble
 
 from kb_rerank.rerank import pair_cache
-from kb_rerank.retrieval import store as search
+from kb_rerank.retrieval.spec import RetrievalSpec
 from kb_rerank.endpoints.context import route as context_route
 from kb_rerank.endpoints.v2_rerank import route as v2_route
 from kb_rerank.core.session import tenant_transaction
@@ -50,18 +50,13 @@ def drop_result_cache(conn, tenant):
 
 
 def candidates(conn, tenant, settings, embedder, query, source):
-    """The chunks the pipeline retrieves for ``source`` (same calls, same settings), deduplicated."""
+    """The chunks the pipeline retrieves for ``source`` (its own retrieval step: the same
+    statements, settings and query language), deduplicated."""
     normalized = normalize_query(query)
+    spec = RetrievalSpec.of(settings, source)
+    emb = embedder.embed_query(normalized) if spec.needs_embedding else None
     with tenant_transaction(conn, tenant):
-        if source == "lexical_only":
-            cands = run(conn, search.alexical, normalized, settings.candidates, k1=settings.bm25_k1, b=settings.bm25_b)
-        else:
-            emb = embedder.embed_query(normalized)
-            if source == "semantic_only":
-                cands = run(conn, search.asemantic, emb, settings.candidates)
-            else:
-                cands = run(conn, search.ahybrid, normalized, emb, settings.fusion_depth,
-                                      **settings.fusion)[: 2 * settings.candidates]
+        cands = run(conn, spec.fetch, normalized, emb)
     seen, out = set(), []
     for c in cands:
         if c.chunk_id not in seen:

@@ -80,13 +80,16 @@ class TextFormatter(logging.Formatter):
 class BackgroundStreamHandler(QueueHandler):
     """Formats a record on the thread that logs it (so the context's ids are its own) and
     writes the line to stderr on a listener thread: a slow pipe or disk never stalls the
-    event loop. Flushed at exit."""
+    event loop. Flushed at exit. Python's warnings (a dependency's deprecation notice at
+    import) are routed through logging too (logger ``py.warnings``), so that stderr stays one
+    record a line in the chosen format instead of a raw warning between JSON lines."""
 
     def __init__(self) -> None:
         super().__init__(queue.SimpleQueue())
         self.listener = QueueListener(self.queue, logging.StreamHandler(sys.stderr))
         self.listener.start()
         atexit.register(self.listener.stop)
+        logging.captureWarnings(True)
 
 
 def log_config(fmt: str = "json", level: str = "INFO") -> dict[str, Any]:

@@ -300,25 +300,7 @@ def main() -> None:
         exact = round(float(np.ceil(exact * 1e4) / 1e4), 4)
         curve = []
         for t in sorted(set(THRESHOLDS) | {exact}):
-            pred = oof >= t
-            by_lang = {g: (int(pred[ordn & (langs == g)].sum()), int((ordn & (langs == g)).sum()))
-                       for g in sorted(set(langs[ordn]))}
-            by_kind = {g: (int(pred[ordn & (kinds == g)].sum()), int((ordn & (kinds == g)).sum()))
-                       for g in sorted(set(kinds[ordn]))}
-            worst = max([(k / n, g) for g, (k, n) in list(by_lang.items()) + list(by_kind.items()) if n >= MIN_GROUP])
-            pos, hn, on = like & (y == 1), like & (y == 0) & hard, like & (y == 0) & ~hard
-            r = float(pred[pos].mean())
-            mixp = r / (r + (pred[hn].mean() + pred[on].mean()) / 2) if r else 0.0
-            per_like = {g: round(float(pred[(groups == g) & (y == 1)].mean()), 3) for g in LIKE}
-            r_lang = {g: round(float(pred[pos & (langs == g)].mean()), 3) for g in sorted(set(langs[pos]))}
-            r_kind = {g: round(float(pred[pos & (kinds == g)].mean()), 3) for g in sorted(set(kinds[pos]))
-                      if int((pos & (kinds == g)).sum()) >= 20}
-            curve.append({"threshold": float(t), "ordinary_flagged": int(pred[ordn].sum()),
-                          "ordinary_fpr": round(float(pred[ordn].mean()), 5), "worst_group": worst[1],
-                          "worst_fpr": round(worst[0], 4), "recall_like": round(r, 3),
-                          "mix_precision": round(mixp, 3), "hard_fpr": round(float(pred[hn].mean()), 3),
-                          "recall_by_source": per_like, "recall_by_language": r_lang,
-                          "recall_by_kind": r_kind, "by_language": by_lang, "by_kind": by_kind})
+            curve.append({"threshold": float(t), **point(oof >= t, langs, kinds, ordn, y, hard, like, groups)})
         ok = [c for c in curve if c["threshold"] >= exact and c["mix_precision"] >= 0.9]
         pick = min(ok, key=lambda c: c["threshold"]) if ok else max(curve, key=lambda c: c["threshold"])
         report["by_C"][str(C)] = {"curve": curve, "pick": pick["threshold"], "exact": exact}

@@ -1,7 +1,7 @@
 """The semantic list's exact-scan threshold, by measurement: recall@k against the exact
 filtered top k and latency of kb.search_semantic_ids (the kNN step) joined to each chunk's content and
 document title (the rows kb.search_semantic returns) with the threshold as it was (4000 chunks) and as it is now
-(kb_rerank.retrieval.knn.SEMANTIC_EXACT_MAX_CHUNKS), interleaved query by query, unfiltered
+(kb_rerank.core.knn.SEMANTIC_EXACT_MAX_CHUNKS), interleaved query by query, unfiltered
 and at 50 / 10 / 1 % selectivity.
 
 Corpus: bench/anchors.py's (``kb_bench_<size>_1`` under ``--data-dir``, its tags "p50",
@@ -37,7 +37,7 @@ from kb_rerank.core import session  # noqa: E402
 from kb_rerank.core.settings import Settings  # noqa: E402
 from kb_rerank.db import database as db  # noqa: E402
 from kb_rerank.db import layer  # noqa: E402
-from kb_rerank.retrieval import knn  # noqa: E402
+from kb_rerank.core import knn  # noqa: E402
 
 TAGS = {"50%": "p50", "10%": "p10", "1%": "p1"}
 FILES = ("retrieval/sql/search_semantic_ids.sql",)

@@ -21,7 +21,7 @@ from kb_rerank.app import create_app
 from kb_rerank.ingest.loader import ingest_paths
 from kb_rerank.filters import grammar as filters
 from kb_rerank.core.query import normalize_query
-from kb_rerank.retrieval import knn
+from kb_rerank.core import knn
 from kb_rerank.retrieval import store as search
 from kb_rerank.core.session import run, tenant_transaction
 from kb_rerank.core.settings import default

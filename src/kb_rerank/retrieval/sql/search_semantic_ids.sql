@@ -18,7 +18,7 @@
 -- true`, a hashed subplan built once (one lookup a visited chunk; `c.doc_id = any ($3)` is
 -- not hashed on the index scan and compares each visited chunk with the whole array).
 -- When the filter's documents hold at most {{semantic_exact_max_chunks}} chunks
--- (kb_rerank.retrieval.knn.SEMANTIC_EXACT_MAX_CHUNKS), the exact search: every such chunk's
+-- (kb_rerank.core.knn.SEMANTIC_EXACT_MAX_CHUNKS), the exact search: every such chunk's
 -- distance, through the (tenant_id, doc_id) index. The graph walk loses the filter's nearest
 -- chunks when they are a minority of the graph's neighbourhoods (recall@60 0.85 at 10 % of a
 -- 100k-chunk tenant); the exact search keeps all of them, at the cost of reading each vector

@@ -395,6 +395,34 @@ def test_a_filter_below_the_exact_threshold_gets_the_exact_semantic_list(app_url
                     assert sem == _exact(conn, f, v, k) and len(sem) == k
 
 
+def test_the_exact_semantic_list_reads_the_vectors_from_the_covering_index(app_url, owner_url):
+    """The exact search over a filter's chunks reads (chunk_id, embedding) from the covering
+    index chunks_tenant_doc_vectors_idx, an index-only scan with no heap visit or TOAST read a
+    chunk (auto_explain of the definer's nested statement, called as kb_app), and its list is
+    the exact filtered top k."""
+    with psycopg.connect(app_url) as conn:
+        t = _broad_tenant(conn, 520)
+        with tenant_transaction(conn, t):
+            v = conn.execute("select embedding from kb.chunks offset 101 limit 1").fetchone()[0]
+    f = Jsonb({"tags": "wide"})
+    plans: list[str] = []
+    with psycopg.connect(owner_url, autocommit=True) as conn:
+        conn.execute("vacuum analyze kb.chunks")  # the visibility map, as autovacuum keeps it
+        conn.add_notice_handler(lambda d: plans.append(d.message_primary or ""))
+        conn.execute("load 'auto_explain'")
+        for s in ("auto_explain.log_min_duration = 0", "auto_explain.log_nested_statements = on",
+                  "auto_explain.log_level = notice", "client_min_messages = notice"):
+            conn.execute("set " + s)
+        conn.execute("set role kb_app")
+        with conn.transaction():
+            conn.execute("select set_config('auth.tenant_id', %s, true)", [str(t)])
+            sem = [r[0] for r in conn.execute("select chunk_id from kb.search_semantic_ids(%s, 60, %s)", [v, f])]
+            conn.execute("reset client_min_messages")
+            assert sem == _exact(conn, f, v, 60) and len(sem) == 60
+    text = "\n".join(plans)
+    assert "Index Only Scan using chunks_tenant_doc_vectors_idx" in text, text[-3000:]
+
+
 @pytest.mark.slow
 def test_a_broad_filter_walks_the_graph_and_stays_within_it(app_url):
     """More than SEMANTIC_EXACT_MAX_CHUNKS chunks in the filter: the semantic list walks the

@@ -21,11 +21,12 @@
 -- (kb_rerank.core.knn.SEMANTIC_EXACT_MAX_CHUNKS), the exact search: every such chunk's
 -- distance. It reads only chunk_id, doc_id and embedding, which the covering index
 -- chunks_tenant_doc_vectors_idx (tenant_id, doc_id) INCLUDE (chunk_id, embedding) holds: an
--- index-only scan, no heap visit or TOAST lookup a chunk (embedders of up to 660 dimensions;
--- above, the vectors are read from the table). The graph walk loses the filter's nearest
--- chunks when they are a minority of the graph's neighbourhoods (recall@60 0.86 at 10 % of a
--- 100k-chunk tenant, whatever ef_search, scan memory or tuple limit); the exact search keeps
--- all of them (bench/results/semantic-exact-threshold.md measures the paths).
+-- index-only scan, no heap visit or TOAST lookup a chunk (where the vectors fit a B-tree
+-- entry, db/schema/0028_vector_storage.sql; else the vectors are read from the table). The
+-- graph walk loses the filter's nearest chunks when they are a minority of the graph's
+-- neighbourhoods (recall@60 0.86 at 10 % of a 100k-chunk tenant, whatever ef_search, scan
+-- memory or tuple limit); the exact search keeps all of them
+-- (bench/results/semantic-exact-threshold.md measures the paths).
 -- the signature before the filter (one overload only: positional calls stay unambiguous)
 drop function if exists kb.search_semantic_ids(public.vector, integer);
 create or replace function kb.search_semantic_ids(

@@ -22,9 +22,9 @@ WRITTEN = [ROOT / "bench/data/guard" / n for n in
             "hostile_written3.jsonl", "benign_written3.jsonl", "hostile_written4.jsonl", "benign_written4.jsonl",
             "hostile_written5.jsonl", "benign_written5.jsonl", "hostile_written6.jsonl", "benign_written6.jsonl",
             "hostile_written7.jsonl", "benign_written7.jsonl", "hostile_written8.jsonl", "benign_written8.jsonl",
-            "hostile_written9.jsonl", "benign_written9.jsonl")]
-# the sets the embedding classifier's weights (bench/train_guard.py) were trained on; the ninth,
-# written for the lexical detector, trains only it (bench/train_guard_lexical.py)
+            "hostile_written9.jsonl", "benign_written9.jsonl", "hostile_written10.jsonl", "benign_written10.jsonl")]
+# the sets the embedding classifier's weights (bench/train_guard.py) were trained on; the ninth and
+# tenth, written for the lexical detector, train only it (bench/train_guard_lexical.py)
 EMBEDDING_WRITTEN = WRITTEN[:16]
 TRAINING = WRITTEN + [
     ROOT / "tests/data/injection" / n for n in ("hostile.jsonl", "benign.jsonl", "after_freeze.jsonl",
@@ -166,8 +166,9 @@ def test_the_lexical_training_reads_v1_to_v6_and_no_later_set():
     assert [name for name, _ in mod.AFTER_FREEZE] == ["after_freeze.jsonl"] + [f"after_freeze_v{i}.jsonl"
                                                                                 for i in range(2, 7)]
     assert {h for h, _, _ in mod.WRITTEN} | {b for _, b, _ in mod.WRITTEN} == {p.name for p in WRITTEN}
-    # the engineer's own set trains and is not among the sources recall is measured on
-    assert "written_2026-12-07i" not in mod.LIKE and "after_freeze_v6" in mod.LIKE
+    # the engineer's own sets train and are not among the sources recall is measured on
+    assert {"written_2026-12-07i", "written_2026-12-07j"} <= set(mod.ENGINEER)
+    assert not set(mod.ENGINEER) & set(mod.LIKE) and "after_freeze_v6" in mod.LIKE
 
 
 def test_training_reads_the_scored_after_freeze_sets_and_no_later_one():

@@ -52,6 +52,9 @@ MEASURING_V7 = ROOT / "tests/data/injection/after_freeze_v7.jsonl"
 # the eighth: written after the lexical detector's 2026-12-07.1 freeze by an author who saw nothing of
 # the project (its SOURCE.md: 240 rows, six languages, 20 hostile and 20 benign each), scored once
 MEASURING_V8 = ROOT / "tests/data/injection/after_freeze_v8.jsonl"
+# the ninth: written by another author who saw nothing of the project, after the lexical detector's
+# 2026-12-07.3 weights were frozen; scored once against them and once against the 2026-12-07.2 weights
+MEASURING_V9 = ROOT / "tests/data/injection/after_freeze_v9.jsonl"
 
 
 def _rows(path: Path) -> list[dict]:
@@ -63,7 +66,7 @@ def _norm(text: str) -> str:
 
 
 @pytest.mark.parametrize("path", WRITTEN + [MEASURING, MEASURING_V3, MEASURING_V4, MEASURING_V5, MEASURING_V6,
-                                            MEASURING_V7, MEASURING_V8],
+                                            MEASURING_V7, MEASURING_V8, MEASURING_V9],
                          ids=lambda p: p.name)
 def test_written_sets_are_labelled_balanced_and_multilingual(path):
     rows = _rows(path)
@@ -150,6 +153,13 @@ def test_v8_passages_are_new_to_every_training_source():
     trained = {_norm(r["text"]) for p in TRAINING + [MEASURING_V7] + sorted((ROOT / "bench/data/ordinary").glob("*.jsonl"))
                for r in _rows(p)}
     assert len(measured) == 240 and not measured & trained
+
+
+def test_v9_passages_are_new_to_every_training_source_and_earlier_set():
+    measured = {_norm(r["text"]) for r in _rows(MEASURING_V9)}
+    seen = {_norm(r["text"]) for p in TRAINING + [MEASURING_V7, MEASURING_V8]
+            + sorted((ROOT / "bench/data/ordinary").glob("*.jsonl")) for r in _rows(p)}
+    assert len(measured) == 240 and not measured & seen
 
 
 def test_the_lexical_training_reads_v1_to_v6_and_no_later_set():

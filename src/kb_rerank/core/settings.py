@@ -206,7 +206,7 @@ class Settings:
         ge=0)
     bm25_b: float = setting(0.75, "BM25 length normalisation", ge=0, le=1)
     lexical_engine: str = setting(
-        "auto",
+        "plain",
         "the lexical search's engine, chosen by `kb-rerank migrate`: `plain` (plain SQL, any PostgreSQL), "
         "`pg_textsearch` (a pg_textsearch BM25 index over the project's analysis, per-tenant partitions; the "
         "extension must be installed and in `shared_preload_libraries`), or `auto` (pg_textsearch where it is, "

@@ -271,8 +271,10 @@ language plpgsql
 stable
 security definer
 set search_path = pg_catalog, kb, pg_temp
--- the index-ordered scan whatever the partition's size: the scores are the scan's own
--- (bm25_get_current_score; scoring each row again re-reads its text, 1-2 ms a row at 100k)
+-- the index-ordered scan whatever the partition's size (a sort over a plain scan would score
+-- every row). The select list scores each row read again, re-reading its text: 1-2 ms a row
+-- at 100k chunks, the engine's cost today (docs/scaling.md); bm25_get_current_score(), the
+-- scan's own score, returned no rows here at 100k and is not used.
 set enable_seqscan = off
 set enable_sort = off
 as $fn$
@@ -325,7 +327,8 @@ begin
     -- index to a partition attached later in an index scan, not in a plain one)
     execute format($q$
       with hits as materialized (
-        select l.chunk_id, l.doc_id, -(%1$I.bm25_get_current_score())::float8 as score
+        select l.chunk_id, l.doc_id,
+               -(l.lexemes operator(%1$I.<@>) %1$I.to_bm25query($2, $6))::float8 as score
         from %2$s l
         where l.tenant_id = $1
         order by l.lexemes operator(%1$I.<@>) %1$I.to_bm25query($2, $6)

@@ -1,0 +1,365 @@
+-- The optional lexical engine: kb.search_lexical_ids served by a pg_textsearch BM25 index
+-- (Timescale's bm25 access method, block-max WAND) instead of the plain-SQL search, when
+-- `kb-rerank migrate` selected it (KB_LEXICAL_ENGINE; kb_rerank.db.database.select_lexical_engine
+-- calls kb.use_lexical_engine). The plain-SQL engine stays the portable default: every function
+-- here is created on any server, and nothing in them names the extension outside dynamic SQL,
+-- so the layer applies where pg_textsearch is absent; the side table, its partitions, index
+-- and triggers exist only while the engine is on (kb.use_lexical_engine creates and drops them).
+--
+-- What the index holds: the project's own analysis, not pg_textsearch's. Each chunk's row in
+-- kb.lexical_bm25 is its tsvector's lexemes (exact and stemmed fields, all languages, as
+-- kb.chunks_derive analysed them) written as text, one token per occurrence, each lexeme as
+-- kb.bm25_token (a hash: any lexeme, '~ connect', ERR_402, a Thai n-gram, is one word to the
+-- `simple` configuration, which then leaves it as it is); a query is kb.search_term_counts'
+-- terms written the same way, each repeated qtf times (pg_textsearch counts a repeated query
+-- word as Lucene does). So both sides analyse as the plain engine does, in every language.
+-- Statistics per tenant: kb.lexical_bm25 is partitioned by tenant (schema kb_bm25, one
+-- partition per tenant, created at its first chunk), and pg_textsearch keeps N, df and the
+-- average length per partition. What differs from the plain engine's scoring: one length per
+-- chunk (both fields' tokens together) instead of the field's own; the tenant's statistics
+-- for every query (not a query language's own, kb.corpus_language_stats); a word analysed in
+-- two languages adds both forms instead of its best; scores are single precision.
+
+-- A lexeme as one `simple` token: 'x' and 16 hex digits of its MD5 (64 bits: two lexemes of
+-- a tenant share a token with probability about n^2 / 2^65, 3e-8 at a million terms).
+create or replace function kb.bm25_token(lexeme text)
+returns text
+language sql
+immutable
+strict
+parallel safe
+security invoker
+set search_path = pg_catalog, pg_temp
+as $$ select 'x' || left(md5(lexeme), 16) $$;
+
+-- A chunk's indexed text: each lexeme of its tsvector once per position (once when stored
+-- without positions), the language marker ('@language xx') left out.
+create or replace function kb.bm25_lexemes(tsv tsvector)
+returns text
+language sql
+immutable
+strict
+parallel safe
+security invoker
+set search_path = pg_catalog, pg_temp
+as $$
+  select coalesce(string_agg(repeat(kb.bm25_token(u.lexeme) || ' ', coalesce(array_length(u.positions, 1), 1)), ''
+                             order by u.lexeme), '')
+  from unnest(tsv) as u
+  where u.lexeme not like '@language %'
+$$;
+
+-- A query's text for the index: kb.search_term_counts' terms, each qtf times. NULL: no term.
+create or replace function kb.bm25_query_text(query text, languages text[])
+returns text
+language sql
+immutable
+parallel safe
+security invoker
+set search_path = pg_catalog, pg_temp
+as $$
+  select string_agg(repeat(kb.bm25_token(s.term) || ' ', s.qtf), '' order by s.term)
+  from kb.search_term_counts(query, languages) as s
+  where s.qtf > 0
+$$;
+
+-- Whether the engine serves a search with these k1 and b: its index exists and was built with
+-- them (a call with other parameters is served by the plain engine, which takes any).
+create or replace function kb.lexical_engine_serves(k1 double precision, b double precision)
+returns boolean
+language sql
+stable
+parallel safe
+security invoker
+set search_path = pg_catalog, pg_temp
+as $$
+  select coalesce((
+    select bool_and(case split_part(o, '=', 1) when 'k1' then split_part(o, '=', 2)::float8 = k1
+                                               when 'b' then split_part(o, '=', 2)::float8 = b
+                                               else true end)
+           and count(*) filter (where o like 'k1=%' or o like 'b=%') = 2
+    from pg_class c cross join lateral unnest(c.reloptions) as o
+    where c.oid = to_regclass('kb.lexical_bm25_idx')), false)
+$$;
+
+-- The engine in use: 'pg_textsearch' while its index exists, else 'plain'.
+create or replace function kb.lexical_engine()
+returns text
+language sql
+stable
+parallel safe
+security invoker
+set search_path = pg_catalog, pg_temp
+as $$ select case when to_regclass('kb.lexical_bm25_idx') is not null then 'pg_textsearch' else 'plain' end $$;
+
+-- A tenant's partition of kb.lexical_bm25, created when missing: a table of its own with its
+-- bm25 index, then attached (ATTACH takes SHARE UPDATE EXCLUSIVE on the parent, which neither
+-- searches nor other tenants' writes wait for; CREATE ... PARTITION OF would take ACCESS
+-- EXCLUSIVE until the writer's transaction ends). SECURITY DEFINER (owner kb_stats, which owns
+-- kb.lexical_bm25 and the schema kb_bm25): called by the maintenance trigger for tenants a
+-- statement RLS has already checked wrote chunks. Named t_<tenant's 32 hex digits>, its index
+-- t_<...>_bm25: the search finds both by the tenant alone.
+create or replace function kb.lexical_bm25_partition(tenant uuid)
+returns void
+language plpgsql
+security definer
+set search_path = pg_catalog, kb, pg_temp
+as $$
+declare
+  v_name text := 't_' || replace(tenant::text, '-', '');
+begin
+  if to_regclass(format('kb_bm25.%I', v_name)) is not null then
+    return;
+  end if;
+  perform pg_advisory_xact_lock(hashtext('kb.lexical_bm25_partition'), hashtext(tenant::text));
+  if to_regclass(format('kb_bm25.%I', v_name)) is not null then
+    return;
+  end if;
+  execute format('create table kb_bm25.%I (like kb.lexical_bm25 including defaults including constraints)', v_name);
+  execute format('alter table kb_bm25.%I add constraint %I check (tenant_id = %L)', v_name, v_name || '_tenant',
+                 tenant);
+  execute format('create index %I on kb_bm25.%I using bm25 (lexemes) with (%s)', v_name || '_bm25', v_name,
+                 (select string_agg(o, ', ') from pg_class c cross join lateral unnest(c.reloptions) as o
+                  where c.oid = 'kb.lexical_bm25_idx'::regclass));
+  execute format('alter table kb.lexical_bm25 attach partition kb_bm25.%I for values in (%L)', v_name, tenant);
+  -- read by name (kb.search_lexical_ids_bm25 scans the partition and names its index); row
+  -- security as on every tenant table
+  execute format('alter table kb_bm25.%I enable row level security', v_name);
+  execute format('alter table kb_bm25.%I force row level security', v_name);
+  execute format('create policy tenant_isolation on kb_bm25.%I using (tenant_id = kb.current_tenant())', v_name);
+  execute format('revoke all on kb_bm25.%I from public', v_name);
+  execute format('grant select on kb_bm25.%I to kb_search', v_name);
+end
+$$;
+alter function kb.lexical_bm25_partition(uuid) owner to kb_stats;
+revoke execute on function kb.lexical_bm25_partition(uuid) from public;
+
+-- Keeps kb.lexical_bm25 in step with kb.chunks (statement triggers with transition tables,
+-- created by kb.use_lexical_engine): a chunk written or re-analysed has its row rewritten, a
+-- chunk deleted loses it. SECURITY DEFINER (owner kb_stats): it writes derived data from the
+-- transition table of a statement RLS has already checked.
+create or replace function kb.chunks_maintain_lexical_bm25()
+returns trigger
+language plpgsql
+security definer
+set search_path = pg_catalog, kb, pg_temp
+as $$
+begin
+  if tg_op = 'DELETE' then
+    delete from kb.lexical_bm25 l using old_rows o where l.tenant_id = o.tenant_id and l.chunk_id = o.chunk_id;
+    return null;
+  end if;
+  if tg_op = 'UPDATE' then
+    delete from kb.lexical_bm25 l
+    using old_rows o join new_rows n on n.tenant_id = o.tenant_id and n.chunk_id = o.chunk_id
+    where l.tenant_id = o.tenant_id and l.chunk_id = o.chunk_id
+      and (n.tsv is distinct from o.tsv or n.doc_id is distinct from o.doc_id);
+    perform kb.lexical_bm25_partition(t.tenant_id) from (select distinct n.tenant_id from new_rows n) as t;
+    insert into kb.lexical_bm25 (tenant_id, chunk_id, doc_id, lexemes)
+    select n.tenant_id, n.chunk_id, n.doc_id, kb.bm25_lexemes(n.tsv)
+    from new_rows n join old_rows o on o.tenant_id = n.tenant_id and o.chunk_id = n.chunk_id
+    where n.tsv is distinct from o.tsv or n.doc_id is distinct from o.doc_id;
+    return null;
+  end if;
+  perform kb.lexical_bm25_partition(t.tenant_id) from (select distinct n.tenant_id from new_rows n) as t;
+  insert into kb.lexical_bm25 (tenant_id, chunk_id, doc_id, lexemes)
+  select n.tenant_id, n.chunk_id, n.doc_id, kb.bm25_lexemes(n.tsv) from new_rows n;
+  return null;
+end
+$$;
+alter function kb.chunks_maintain_lexical_bm25() owner to kb_stats;
+
+-- kb.use_lexical_engine('pg_textsearch' | 'plain'): turn the engine on (the extension
+-- created, the side table built from every tenant's chunks, the triggers added) or off (all of
+-- it dropped). Idempotent. Run by `kb-rerank migrate` as the migration role (SECURITY
+-- INVOKER; EXECUTE revoked from public); on needs pg_textsearch installed and in
+-- shared_preload_libraries. Returns the engine in use afterwards.
+create or replace function kb.use_lexical_engine(engine text)
+returns text
+language plpgsql
+security invoker
+set search_path = pg_catalog, kb, pg_temp
+as $$
+begin
+  if engine not in ('pg_textsearch', 'plain') then
+    raise exception 'lexical engine must be pg_textsearch or plain, not %', engine;
+  end if;
+  if engine = 'plain' then
+    drop trigger if exists chunks_lexical_bm25_insert on kb.chunks;
+    drop trigger if exists chunks_lexical_bm25_update on kb.chunks;
+    drop trigger if exists chunks_lexical_bm25_delete on kb.chunks;
+    drop table if exists kb.lexical_bm25 cascade;
+    drop schema if exists kb_bm25 cascade;
+    return kb.lexical_engine();
+  end if;
+  if not exists (select from pg_available_extensions where name = 'pg_textsearch') then
+    raise exception 'the pg_textsearch extension is not installed on this server';
+  end if;
+  if not ('pg_textsearch' = any (string_to_array(replace(current_setting('shared_preload_libraries'), ' ', ''), ','))) then
+    raise exception 'pg_textsearch is not in shared_preload_libraries (add it and restart the server)';
+  end if;
+  if kb.lexical_engine() = 'pg_textsearch' then
+    return 'pg_textsearch';
+  end if;
+  create extension if not exists pg_textsearch with schema public;
+  create schema if not exists kb_bm25;
+  alter schema kb_bm25 owner to kb_stats;
+  revoke all on schema kb_bm25 from public;
+  grant usage on schema kb_bm25 to kb_search;
+  create table if not exists kb.lexical_bm25 (
+    tenant_id uuid not null,
+    chunk_id uuid not null,
+    doc_id uuid not null,
+    lexemes text not null,
+    primary key (tenant_id, chunk_id)
+  ) partition by list (tenant_id);
+  comment on table kb.lexical_bm25 is
+    'Each chunk''s analysed lexemes as text for the pg_textsearch engine (kb.use_lexical_engine); a partition per tenant in schema kb_bm25';
+  alter table kb.lexical_bm25 owner to kb_stats;
+  alter table kb.lexical_bm25 enable row level security;
+  alter table kb.lexical_bm25 force row level security;
+  drop policy if exists tenant_isolation on kb.lexical_bm25;
+  create policy tenant_isolation on kb.lexical_bm25 using (tenant_id = kb.current_tenant());
+  revoke all on kb.lexical_bm25 from public;
+  grant select on kb.lexical_bm25 to kb_search;
+  -- the parent's index first (on no partition yet): each partition copies its options
+  execute format('create index lexical_bm25_idx on kb.lexical_bm25 using bm25 (lexemes)'
+                 ' with (text_config = ''simple'', k1 = %s, b = %s)', {{default:bm25_k1}}, {{default:bm25_b}});
+  perform kb.lexical_bm25_partition(t.tenant_id) from (select distinct c.tenant_id from kb.chunks c) as t;
+  insert into kb.lexical_bm25 (tenant_id, chunk_id, doc_id, lexemes)
+  select c.tenant_id, c.chunk_id, c.doc_id, kb.bm25_lexemes(c.tsv) from kb.chunks c;
+  create trigger chunks_lexical_bm25_insert after insert on kb.chunks
+    referencing new table as new_rows for each statement execute function kb.chunks_maintain_lexical_bm25();
+  create trigger chunks_lexical_bm25_update after update on kb.chunks
+    referencing old table as old_rows new table as new_rows
+    for each statement execute function kb.chunks_maintain_lexical_bm25();
+  create trigger chunks_lexical_bm25_delete after delete on kb.chunks
+    referencing old table as old_rows for each statement execute function kb.chunks_maintain_lexical_bm25();
+  analyze kb.lexical_bm25;
+  return kb.lexical_engine();
+end
+$$;
+revoke execute on function kb.use_lexical_engine(text) from public;
+
+-- kb.search_lexical_ids_bm25: kb.search_lexical_ids' contract (same parameters and columns:
+-- each document's best chunk, score > 0, higher better, rank from 1; the caller's tenant
+-- only, within a filter's documents) served by the index. kb.search_lexical_ids calls it
+-- while the engine is on and built with the call's k1 and b. SECURITY DEFINER (owned by
+-- kb_search, as the plain search is, for the same reason): every read names
+-- kb.current_tenant(), and with no tenant set it returns no rows. search_path pinned.
+-- The index returns a tenant's chunks best first; the top k documents are in the first n
+-- chunks once n chunks hold k distinct documents (within the filter), so n starts at 4k and
+-- grows fourfold until they do or the tenant's matching chunks run out. A filter whose
+-- documents hold at most 4000 chunks scores those chunks alone (the operator with the index
+-- named scores any row with the partition's statistics), as the plain engine's exhaustive form.
+-- The tenant's partition and its index are read by name (kb.lexical_bm25_partition).
+create or replace function kb.search_lexical_ids_bm25(
+  query text,
+  k integer default {{default:candidates}},
+  k1 double precision default {{default:bm25_k1}},
+  b double precision default {{default:bm25_b}},
+  filter jsonb default null,
+  language text default null
+)
+returns table (
+  chunk_id uuid,
+  doc_id uuid,
+  score double precision,
+  rank integer
+)
+language plpgsql
+stable
+security definer
+set search_path = pg_catalog, kb, pg_temp
+-- the index-ordered scan whatever the partition's size (a sort over a plain scan would score
+-- every row). The select list scores each row read again, re-reading its text: 1-2 ms a row
+-- at 100k chunks, the engine's cost today (docs/scaling.md); bm25_get_current_score(), the
+-- scan's own score, returned no rows here at 100k and is not used.
+set enable_seqscan = off
+set enable_sort = off
+as $fn$
+declare
+  v_tenant uuid := kb.current_tenant();
+  v_k integer := greatest(least(k, 1000), 0);
+  v_docs uuid[];
+  v_q text;
+  v_ext text;
+  v_part text := 'kb_bm25.' || quote_ident('t_' || replace(v_tenant::text, '-', ''));
+  v_n integer;
+  v_hits integer;
+  v_ids uuid[];
+  v_dids uuid[];
+  v_scores float8[];
+begin
+  if v_tenant is null or v_k = 0 then
+    return;
+  end if;
+  v_docs := kb.search_filter_docs(filter);
+  if cardinality(v_docs) = 0 then
+    return;
+  end if;
+  v_q := kb.bm25_query_text(query, kb.query_languages(query, v_tenant, language));
+  select n.nspname into v_ext
+  from pg_extension e join pg_namespace n on n.oid = e.extnamespace where e.extname = 'pg_textsearch';
+  if v_q is null or v_ext is null or to_regclass(v_part) is null then
+    return;  -- (no partition: the tenant has no chunks)
+  end if;
+  if v_docs is not null and (select count(*) from (select 1 from kb.chunks c
+                                                   where c.tenant_id = v_tenant and c.doc_id = any (v_docs)
+                                                   limit 4001) as x) <= 4000 then
+    return query execute format($q$
+      select x.chunk_id, x.doc_id, x.score, (row_number() over (order by x.score desc, x.chunk_id))::integer
+      from (select distinct on (s.doc_id) s.chunk_id, s.doc_id, s.score
+            from (select l.chunk_id, l.doc_id,
+                         -(l.lexemes operator(%1$I.<@>) %1$I.to_bm25query($2, $6))::float8 as score
+                  from %2$s l
+                  where l.tenant_id = $1 and l.doc_id = any ($3)) as s
+            where s.score > 0
+            order by s.doc_id, s.score desc, s.chunk_id) as x
+      order by x.score desc, x.chunk_id
+      limit $4$q$, v_ext, v_part)
+      using v_tenant, v_q, v_docs, v_k, null::integer, v_part || '_bm25';
+    return;
+  end if;
+  v_n := greatest(4 * v_k, 40);
+  loop
+    -- (the tenant's partition by name, its own index named: pg_textsearch resolves a parent
+    -- index to a partition attached later in an index scan, not in a plain one)
+    execute format($q$
+      with hits as materialized (
+        select l.chunk_id, l.doc_id,
+               -(l.lexemes operator(%1$I.<@>) %1$I.to_bm25query($2, $6))::float8 as score
+        from %2$s l
+        where l.tenant_id = $1
+        order by l.lexemes operator(%1$I.<@>) %1$I.to_bm25query($2, $6)
+        limit $5
+      ),
+      best as (
+        select distinct on (h.doc_id) h.chunk_id, h.doc_id, h.score
+        from hits h
+        where h.score > 0 and ($3::uuid[] is null or (h.doc_id in (select unnest($3::uuid[]))) is true)
+        order by h.doc_id, h.score desc, h.chunk_id
+      ),
+      top as (
+        select * from best order by best.score desc, best.chunk_id limit $4
+      )
+      select (select count(*) from hits where hits.score > 0)::integer,
+             array_agg(t.chunk_id order by t.score desc, t.chunk_id),
+             array_agg(t.doc_id order by t.score desc, t.chunk_id),
+             array_agg(t.score order by t.score desc, t.chunk_id)
+      from top t$q$, v_ext, v_part)
+      into v_hits, v_ids, v_dids, v_scores
+      using v_tenant, v_q, v_docs, v_k, v_n, v_part || '_bm25';
+    exit when coalesce(cardinality(v_ids), 0) >= v_k or v_hits < v_n;
+    v_n := v_n * 4;
+  end loop;
+  return query
+    select t.chunk_id, t.doc_id, t.score, t.rank::integer
+    from unnest(v_ids, v_dids, v_scores) with ordinality as t(chunk_id, doc_id, score, rank)
+    order by t.rank;
+end
+$fn$;
+alter function kb.search_lexical_ids_bm25(text, integer, double precision, double precision, jsonb, text)
+  owner to kb_search;
+comment on function kb.search_lexical_ids_bm25(text, integer, double precision, double precision, jsonb, text) is
+  'kb.search_lexical_ids served by the pg_textsearch index (kb.use_lexical_engine): BM25 top-k chunks, best chunk per document, the tenant in auth.tenant_id only';

@@ -64,22 +64,52 @@ as $$
 $$;
 
 -- Whether the engine serves a search with these k1 and b: its index exists and was built with
--- them (a call with other parameters is served by the plain engine, which takes any).
+-- them (a call with other parameters is served by the plain engine, which takes any), and the
+-- caller's tenant's partition is current (kb.lexical_bm25_current).
 create or replace function kb.lexical_engine_serves(k1 double precision, b double precision)
 returns boolean
-language sql
+language plpgsql
 stable
 parallel safe
 security invoker
 set search_path = pg_catalog, pg_temp
 as $$
-  select coalesce((
+begin
+  if to_regclass('kb.lexical_bm25_idx') is null then
+    return false;  -- (the engine is off: the plain engine's only cost, one catalog lookup)
+  end if;
+  return coalesce((
     select bool_and(case split_part(o, '=', 1) when 'k1' then split_part(o, '=', 2)::float8 = k1
                                                when 'b' then split_part(o, '=', 2)::float8 = b
                                                else true end)
            and count(*) filter (where o like 'k1=%' or o like 'b=%') = 2
     from pg_class c cross join lateral unnest(c.reloptions) as o
-    where c.oid = to_regclass('kb.lexical_bm25_idx')), false)
+    where c.oid = 'kb.lexical_bm25_idx'::regclass), false)
+    and kb.lexical_bm25_current(kb.current_tenant());
+end
+$$;
+
+-- Whether a tenant's partition answers with its true statistics: not when the server has
+-- restarted since its index was built and rows were written to it after the build.
+-- pg_textsearch 1.0.0 keeps an index's document count and total length on disk only as its
+-- build left them: rows inserted later are counted in shared memory alone, and a restart
+-- resets the count to the build's (an index built empty, as a tenant's first partition is,
+-- then has N = 0 and answers nothing; one built full has too small an N). Such a partition is
+-- served by the plain engine and left unwritten until `kb-rerank migrate` rebuilds it
+-- (kb.use_lexical_engine). (kb.lexical_bm25_builds: each partition's build time and whether
+-- it was written since; the maintenance trigger sets `written`.)
+create or replace function kb.lexical_bm25_current(tenant uuid)
+returns boolean
+language plpgsql
+stable
+parallel safe
+security invoker
+set search_path = pg_catalog, pg_temp
+as $$
+begin
+  return not exists (select from kb.lexical_bm25_builds x
+                     where x.tenant_id = tenant and x.written and x.built_at < pg_postmaster_start_time());
+end
 $$;
 
 -- The engine in use: 'pg_textsearch' while its index exists, else 'plain'.
@@ -92,18 +122,24 @@ security invoker
 set search_path = pg_catalog, pg_temp
 as $$ select case when to_regclass('kb.lexical_bm25_idx') is not null then 'pg_textsearch' else 'plain' end $$;
 
--- A tenant's partition of kb.lexical_bm25, created when missing: a table of its own with its
--- bm25 index, then attached (ATTACH takes SHARE UPDATE EXCLUSIVE on the parent, which neither
--- searches nor other tenants' writes wait for; CREATE ... PARTITION OF would take ACCESS
--- EXCLUSIVE until the writer's transaction ends). SECURITY DEFINER (owner kb_stats, which owns
--- kb.lexical_bm25 and the schema kb_bm25): called by the maintenance trigger for tenants a
--- statement RLS has already checked wrote chunks. Named t_<tenant's 32 hex digits>, its index
--- t_<...>_bm25: the search finds both by the tenant alone.
-create or replace function kb.lexical_bm25_partition(tenant uuid)
+-- A tenant's partition of kb.lexical_bm25, created when missing: a table of its own, filled
+-- from the tenant's chunks when `fill` (the engine's first build), then its bm25 index, then
+-- attached (ATTACH takes SHARE UPDATE EXCLUSIVE on the parent, which neither searches nor other
+-- tenants' writes wait for; CREATE ... PARTITION OF would take ACCESS EXCLUSIVE until the
+-- writer's transaction ends). The index is built after the rows, serially: pg_textsearch 1.0.0
+-- loses a filled index's statistics at the next server restart when its rows came in one large
+-- insert (the end-of-transaction spill leaves every row on its recovery list: the restart reads
+-- them again and the index then answers nothing), and its parallel build leaves the index's
+-- shared state stale. SECURITY DEFINER (owner kb_stats, which owns kb.lexical_bm25 and the
+-- schema kb_bm25): called by the maintenance trigger for tenants a statement RLS has already
+-- checked wrote chunks, and by kb.use_lexical_engine. Named t_<tenant's 32 hex digits>, its
+-- index t_<...>_bm25: the search finds both by the tenant alone.
+create or replace function kb.lexical_bm25_partition(tenant uuid, fill boolean default false)
 returns void
 language plpgsql
 security definer
 set search_path = pg_catalog, kb, pg_temp
+set max_parallel_maintenance_workers = 0
 as $$
 declare
   v_name text := 't_' || replace(tenant::text, '-', '');
@@ -118,6 +154,11 @@ begin
   execute format('create table kb_bm25.%I (like kb.lexical_bm25 including defaults including constraints)', v_name);
   execute format('alter table kb_bm25.%I add constraint %I check (tenant_id = %L)', v_name, v_name || '_tenant',
                  tenant);
+  if fill then
+    execute format('insert into kb_bm25.%I (tenant_id, chunk_id, doc_id, lexemes)'
+                   ' select c.tenant_id, c.chunk_id, c.doc_id, kb.bm25_lexemes(c.tsv) from kb.chunks c'
+                   ' where c.tenant_id = $1', v_name) using tenant;
+  end if;
   execute format('create index %I on kb_bm25.%I using bm25 (lexemes) with (%s)', v_name || '_bm25', v_name,
                  (select string_agg(o, ', ') from pg_class c cross join lateral unnest(c.reloptions) as o
                   where c.oid = 'kb.lexical_bm25_idx'::regclass));
@@ -129,45 +170,85 @@ begin
   execute format('create policy tenant_isolation on kb_bm25.%I using (tenant_id = kb.current_tenant())', v_name);
   execute format('revoke all on kb_bm25.%I from public', v_name);
   execute format('grant select on kb_bm25.%I to kb_search', v_name);
+  if fill then
+    execute format('analyze kb_bm25.%I', v_name);
+  end if;
+  insert into kb.lexical_bm25_builds (tenant_id, built_at, written) values (tenant, now(), false)
+  on conflict on constraint lexical_bm25_builds_pkey do update set built_at = excluded.built_at, written = false;
 end
 $$;
-alter function kb.lexical_bm25_partition(uuid) owner to kb_stats;
-revoke execute on function kb.lexical_bm25_partition(uuid) from public;
+drop function if exists kb.lexical_bm25_partition(uuid);
+alter function kb.lexical_bm25_partition(uuid, boolean) owner to kb_stats;
+revoke execute on function kb.lexical_bm25_partition(uuid, boolean) from public;
 
 -- Keeps kb.lexical_bm25 in step with kb.chunks (statement triggers with transition tables,
 -- created by kb.use_lexical_engine): a chunk written or re-analysed has its row rewritten, a
--- chunk deleted loses it. SECURITY DEFINER (owner kb_stats): it writes derived data from the
--- transition table of a statement RLS has already checked.
+-- chunk deleted loses it, and its tenant's partition is marked written since its build. A
+-- partition that is not current (kb.lexical_bm25_current) is left alone: the next migrate
+-- rebuilds it from the chunks (writing to it would first make pg_textsearch re-read every row
+-- written since its build). SECURITY DEFINER (owner kb_stats): it writes derived data from
+-- the transition table of a statement RLS has already checked.
 create or replace function kb.chunks_maintain_lexical_bm25()
 returns trigger
 language plpgsql
 security definer
 set search_path = pg_catalog, kb, pg_temp
 as $$
+declare
+  v_stale uuid[] := array(select x.tenant_id from kb.lexical_bm25_builds x
+                          where x.written and x.built_at < pg_postmaster_start_time());
 begin
   if tg_op = 'DELETE' then
-    delete from kb.lexical_bm25 l using old_rows o where l.tenant_id = o.tenant_id and l.chunk_id = o.chunk_id;
+    delete from kb.lexical_bm25 l using old_rows o
+    where l.tenant_id = o.tenant_id and l.chunk_id = o.chunk_id and not (o.tenant_id = any (v_stale));
+    update kb.lexical_bm25_builds x set written = true
+    where not x.written and x.tenant_id in (select o.tenant_id from old_rows o);
     return null;
   end if;
   if tg_op = 'UPDATE' then
     delete from kb.lexical_bm25 l
     using old_rows o join new_rows n on n.tenant_id = o.tenant_id and n.chunk_id = o.chunk_id
-    where l.tenant_id = o.tenant_id and l.chunk_id = o.chunk_id
+    where l.tenant_id = o.tenant_id and l.chunk_id = o.chunk_id and not (o.tenant_id = any (v_stale))
       and (n.tsv is distinct from o.tsv or n.doc_id is distinct from o.doc_id);
     perform kb.lexical_bm25_partition(t.tenant_id) from (select distinct n.tenant_id from new_rows n) as t;
     insert into kb.lexical_bm25 (tenant_id, chunk_id, doc_id, lexemes)
     select n.tenant_id, n.chunk_id, n.doc_id, kb.bm25_lexemes(n.tsv)
     from new_rows n join old_rows o on o.tenant_id = n.tenant_id and o.chunk_id = n.chunk_id
-    where n.tsv is distinct from o.tsv or n.doc_id is distinct from o.doc_id;
+    where (n.tsv is distinct from o.tsv or n.doc_id is distinct from o.doc_id) and not (n.tenant_id = any (v_stale));
+    update kb.lexical_bm25_builds x set written = true
+    where not x.written and x.tenant_id in (
+      select n.tenant_id from new_rows n join old_rows o on o.tenant_id = n.tenant_id and o.chunk_id = n.chunk_id
+      where n.tsv is distinct from o.tsv or n.doc_id is distinct from o.doc_id);
     return null;
   end if;
   perform kb.lexical_bm25_partition(t.tenant_id) from (select distinct n.tenant_id from new_rows n) as t;
   insert into kb.lexical_bm25 (tenant_id, chunk_id, doc_id, lexemes)
-  select n.tenant_id, n.chunk_id, n.doc_id, kb.bm25_lexemes(n.tsv) from new_rows n;
+  select n.tenant_id, n.chunk_id, n.doc_id, kb.bm25_lexemes(n.tsv) from new_rows n
+  where not (n.tenant_id = any (v_stale));
+  update kb.lexical_bm25_builds x set written = true
+  where not x.written and x.tenant_id in (select n.tenant_id from new_rows n);
   return null;
 end
 $$;
 alter function kb.chunks_maintain_lexical_bm25() owner to kb_stats;
+
+-- A tenant's partition built again from its chunks (kb.use_lexical_engine, for a partition
+-- that is not current): dropped, then made as at the engine's first build. SECURITY DEFINER
+-- (owner kb_stats, the partitions' owner); EXECUTE revoked from public.
+create or replace function kb.lexical_bm25_rebuild(tenant uuid)
+returns void
+language plpgsql
+security definer
+set search_path = pg_catalog, kb, pg_temp
+as $$
+begin
+  execute format('drop table if exists kb_bm25.%I', 't_' || replace(tenant::text, '-', ''));
+  delete from kb.lexical_bm25_builds x where x.tenant_id = tenant;
+  perform kb.lexical_bm25_partition(tenant, true);
+end
+$$;
+alter function kb.lexical_bm25_rebuild(uuid) owner to kb_stats;
+revoke execute on function kb.lexical_bm25_rebuild(uuid) from public;
 
 -- kb.use_lexical_engine('pg_textsearch' | 'plain'): turn the engine on (the extension
 -- created, the side table built from every tenant's chunks, the triggers added) or off (all of
@@ -189,6 +270,7 @@ begin
     drop trigger if exists chunks_lexical_bm25_update on kb.chunks;
     drop trigger if exists chunks_lexical_bm25_delete on kb.chunks;
     drop table if exists kb.lexical_bm25 cascade;
+    drop table if exists kb.lexical_bm25_builds;
     drop schema if exists kb_bm25 cascade;
     return kb.lexical_engine();
   end if;
@@ -198,14 +280,31 @@ begin
   if not ('pg_textsearch' = any (string_to_array(replace(current_setting('shared_preload_libraries'), ' ', ''), ','))) then
     raise exception 'pg_textsearch is not in shared_preload_libraries (add it and restart the server)';
   end if;
+  create extension if not exists pg_textsearch with schema public;
   if kb.lexical_engine() = 'pg_textsearch' then
+    -- on already: rebuild the partitions that are not current (kb.lexical_bm25_current)
+    perform kb.lexical_bm25_rebuild(x.tenant_id) from kb.lexical_bm25_builds x
+    where not kb.lexical_bm25_current(x.tenant_id);
     return 'pg_textsearch';
   end if;
-  create extension if not exists pg_textsearch with schema public;
   create schema if not exists kb_bm25;
   alter schema kb_bm25 owner to kb_stats;
   revoke all on schema kb_bm25 from public;
   grant usage on schema kb_bm25 to kb_search;
+  create table if not exists kb.lexical_bm25_builds (
+    tenant_id uuid primary key,
+    built_at timestamptz not null,
+    written boolean not null default false
+  );
+  comment on table kb.lexical_bm25_builds is
+    'When each kb_bm25 partition''s index was built and whether rows were written to it since (kb.lexical_bm25_current)';
+  alter table kb.lexical_bm25_builds owner to kb_stats;
+  alter table kb.lexical_bm25_builds enable row level security;
+  alter table kb.lexical_bm25_builds force row level security;
+  drop policy if exists tenant_isolation on kb.lexical_bm25_builds;
+  create policy tenant_isolation on kb.lexical_bm25_builds using (tenant_id = kb.current_tenant());
+  revoke all on kb.lexical_bm25_builds from public;
+  grant select on kb.lexical_bm25_builds to kb_search;
   create table if not exists kb.lexical_bm25 (
     tenant_id uuid not null,
     chunk_id uuid not null,
@@ -225,9 +324,7 @@ begin
   -- the parent's index first (on no partition yet): each partition copies its options
   execute format('create index lexical_bm25_idx on kb.lexical_bm25 using bm25 (lexemes)'
                  ' with (text_config = ''simple'', k1 = %s, b = %s)', {{default:bm25_k1}}, {{default:bm25_b}});
-  perform kb.lexical_bm25_partition(t.tenant_id) from (select distinct c.tenant_id from kb.chunks c) as t;
-  insert into kb.lexical_bm25 (tenant_id, chunk_id, doc_id, lexemes)
-  select c.tenant_id, c.chunk_id, c.doc_id, kb.bm25_lexemes(c.tsv) from kb.chunks c;
+  perform kb.lexical_bm25_partition(t.tenant_id, true) from (select distinct c.tenant_id from kb.chunks c) as t;
   create trigger chunks_lexical_bm25_insert after insert on kb.chunks
     referencing new table as new_rows for each statement execute function kb.chunks_maintain_lexical_bm25();
   create trigger chunks_lexical_bm25_update after update on kb.chunks
@@ -244,15 +341,17 @@ revoke execute on function kb.use_lexical_engine(text) from public;
 -- kb.search_lexical_ids_bm25: kb.search_lexical_ids' contract (same parameters and columns:
 -- each document's best chunk, score > 0, higher better, rank from 1; the caller's tenant
 -- only, within a filter's documents) served by the index. kb.search_lexical_ids calls it
--- while the engine is on and built with the call's k1 and b. SECURITY DEFINER (owned by
--- kb_search, as the plain search is, for the same reason): every read names
--- kb.current_tenant(), and with no tenant set it returns no rows. search_path pinned.
--- The index returns a tenant's chunks best first; the top k documents are in the first n
--- chunks once n chunks hold k distinct documents (within the filter), so n starts at 4k and
--- grows fourfold until they do or the tenant's matching chunks run out. A filter whose
--- documents hold at most 4000 chunks scores those chunks alone (the operator with the index
--- named scores any row with the partition's statistics), as the plain engine's exhaustive form.
--- The tenant's partition and its index are read by name (kb.lexical_bm25_partition).
+-- while the engine is on and built with the call's k1 and b, except for a filter whose
+-- documents hold at most 4000 chunks (the plain engine scores those alone, exhaustively).
+-- SECURITY DEFINER (owned by kb_search, as the plain search is, for the same reason): every
+-- read names kb.current_tenant(), and with no tenant set it returns no rows. search_path
+-- pinned. The index returns a tenant's chunks best first; the top k documents are in the
+-- first n chunks once n chunks hold k distinct documents (within the filter), so n starts at
+-- 4k and grows fourfold until they do or the tenant's matching chunks run out. The tenant's
+-- partition and its index are read by name (kb.lexical_bm25_partition).
+-- The scores are the scan's own (bm25_get_current_score: the score of the row the index scan
+-- returned last, read as the scan's projection runs); scoring a row again with the operator
+-- would re-read and re-tokenise its text, 1-2 ms a row at 100k chunks.
 create or replace function kb.search_lexical_ids_bm25(
   query text,
   k integer default {{default:candidates}},
@@ -272,9 +371,7 @@ stable
 security definer
 set search_path = pg_catalog, kb, pg_temp
 -- the index-ordered scan whatever the partition's size (a sort over a plain scan would score
--- every row). The select list scores each row read again, re-reading its text: 1-2 ms a row
--- at 100k chunks, the engine's cost today (docs/scaling.md); bm25_get_current_score(), the
--- scan's own score, returned no rows here at 100k and is not used.
+-- every row)
 set enable_seqscan = off
 set enable_sort = off
 as $fn$
@@ -304,31 +401,17 @@ begin
   if v_q is null or v_ext is null or to_regclass(v_part) is null then
     return;  -- (no partition: the tenant has no chunks)
   end if;
-  if v_docs is not null and (select count(*) from (select 1 from kb.chunks c
-                                                   where c.tenant_id = v_tenant and c.doc_id = any (v_docs)
-                                                   limit 4001) as x) <= 4000 then
-    return query execute format($q$
-      select x.chunk_id, x.doc_id, x.score, (row_number() over (order by x.score desc, x.chunk_id))::integer
-      from (select distinct on (s.doc_id) s.chunk_id, s.doc_id, s.score
-            from (select l.chunk_id, l.doc_id,
-                         -(l.lexemes operator(%1$I.<@>) %1$I.to_bm25query($2, $6))::float8 as score
-                  from %2$s l
-                  where l.tenant_id = $1 and l.doc_id = any ($3)) as s
-            where s.score > 0
-            order by s.doc_id, s.score desc, s.chunk_id) as x
-      order by x.score desc, x.chunk_id
-      limit $4$q$, v_ext, v_part)
-      using v_tenant, v_q, v_docs, v_k, null::integer, v_part || '_bm25';
-    return;
-  end if;
+  -- pg_textsearch's planner hook looks bm25_get_current_score up by the search path (it
+  -- puts it in place of the ORDER BY expression): the extension's schema after pg_catalog and
+  -- kb for this call, the function's own setting back at its end; every name below is qualified
+  perform set_config('search_path', format('pg_catalog, kb, %I, pg_temp', v_ext), true);
   v_n := greatest(4 * v_k, 40);
   loop
     -- (the tenant's partition by name, its own index named: pg_textsearch resolves a parent
     -- index to a partition attached later in an index scan, not in a plain one)
     execute format($q$
       with hits as materialized (
-        select l.chunk_id, l.doc_id,
-               -(l.lexemes operator(%1$I.<@>) %1$I.to_bm25query($2, $6))::float8 as score
+        select l.chunk_id, l.doc_id, -(%1$I.bm25_get_current_score())::float8 as score
         from %2$s l
         where l.tenant_id = $1
         order by l.lexemes operator(%1$I.<@>) %1$I.to_bm25query($2, $6)

@@ -113,7 +113,7 @@ declare
   v_idf float8[];
   v_nt integer;
   v_exact boolean := k1 >= 0 and b >= 0 and b <= 1;
-  v_docs uuid[];
+  v_docs uuid[] := kb.search_filter_docs(filter);
   v_few boolean := false;
   -- levels, flattened: term i's level L (0-based) is entry v_off[i] + L + 1 of v_lb (its
   -- bound: w * tail * widening) and of v_ln (its number of chunks, all parts)
@@ -150,13 +150,6 @@ declare
   v_tf real[] := kb.ts_rank_tf();
   v_score text;
 begin
-  -- the optional engine (retrieval/sql/lexical_engine.sql), where `kb-rerank migrate` turned it on
-  -- and its index was built with this k1 and b
-  if kb.lexical_engine_serves(k1, b) then
-    return query select * from kb.search_lexical_ids_bm25(query, k, k1, b, filter, language);
-    return;
-  end if;
-  v_docs := kb.search_filter_docs(filter);
   if v_tenant is null or v_k = 0 or cardinality(v_docs) = 0 then
     return;
   end if;
@@ -165,6 +158,11 @@ begin
                                                    limit 4001) as x) <= 4000 then
     v_few := true;
     v_exact := false;  -- few chunks: no blocks, every term through one exhaustive round
+  elsif kb.lexical_engine_serves(k1, b) then
+    -- the optional engine (retrieval/sql/lexical_engine.sql), where `kb-rerank migrate` turned
+    -- it on and its index was built with this k1 and b; a filter of few chunks stays here
+    return query select * from kb.search_lexical_ids_bm25(query, k, k1, b, filter, language);
+    return;
   end if;
   select cs.n_chunks::float8, cs.total_len::float8 / greatest(cs.n_chunks, 1),
          cs.stem_total_len::float8 / greatest(cs.n_chunks, 1)

@@ -370,6 +370,7 @@ language plpgsql
 stable
 security definer
 set search_path = pg_catalog, kb, pg_temp
+rows 100
 -- the index-ordered scan whatever the partition's size (a sort over a plain scan would score
 -- every row)
 set enable_seqscan = off
@@ -387,6 +388,9 @@ declare
   v_ids uuid[];
   v_dids uuid[];
   v_scores float8[];
+  v_top_ids uuid[];
+  v_top_dids uuid[];
+  v_top_scores float8[];
 begin
   if v_tenant is null or v_k = 0 then
     return;
@@ -407,38 +411,39 @@ begin
   perform set_config('search_path', format('pg_catalog, kb, %I, pg_temp', v_ext), true);
   v_n := greatest(4 * v_k, 40);
   loop
-    -- (the tenant's partition by name, its own index named: pg_textsearch resolves a parent
-    -- index to a partition attached later in an index scan, not in a plain one)
+    -- The first n chunks, best first, read in a statement of their own: pg_textsearch's planner
+    -- hook puts the scan's score in place of the ORDER BY expression only in the statement's
+    -- main plan tree (not in a CTE or subplan, where each row would be scored again). (The
+    -- tenant's partition by name, its own index named: pg_textsearch resolves a parent index to
+    -- a partition attached later in an index scan, not in a plain one.)
     execute format($q$
-      with hits as materialized (
-        select l.chunk_id, l.doc_id, -(%1$I.bm25_get_current_score())::float8 as score
-        from %2$s l
-        where l.tenant_id = $1
-        order by l.lexemes operator(%1$I.<@>) %1$I.to_bm25query($2, $6)
-        limit $5
-      ),
-      best as (
-        select distinct on (h.doc_id) h.chunk_id, h.doc_id, h.score
-        from hits h
-        where h.score > 0 and ($3::uuid[] is null or (h.doc_id in (select unnest($3::uuid[]))) is true)
-        order by h.doc_id, h.score desc, h.chunk_id
-      ),
-      top as (
-        select * from best order by best.score desc, best.chunk_id limit $4
-      )
-      select (select count(*) from hits where hits.score > 0)::integer,
-             array_agg(t.chunk_id order by t.score desc, t.chunk_id),
-             array_agg(t.doc_id order by t.score desc, t.chunk_id),
-             array_agg(t.score order by t.score desc, t.chunk_id)
-      from top t$q$, v_ext, v_part)
-      into v_hits, v_ids, v_dids, v_scores
-      using v_tenant, v_q, v_docs, v_k, v_n, v_part || '_bm25';
-    exit when coalesce(cardinality(v_ids), 0) >= v_k or v_hits < v_n;
+      select array_agg(h.chunk_id), array_agg(h.doc_id), array_agg(h.score)
+      from (select l.chunk_id, l.doc_id, -(%1$I.bm25_get_current_score())::float8 as score
+            from %2$s l
+            where l.tenant_id = $1
+            order by l.lexemes operator(%1$I.<@>) %1$I.to_bm25query($2, $3)
+            limit $4) as h$q$, v_ext, v_part)
+      into v_ids, v_dids, v_scores
+      using v_tenant, v_q, v_part || '_bm25', v_n;
+    -- each document's best chunk within the filter, the top k
+    select count(*) filter (where h.score > 0)::integer into v_hits
+    from unnest(v_scores) as h(score);
+    select array_agg(t.chunk_id order by t.score desc, t.chunk_id),
+           array_agg(t.doc_id order by t.score desc, t.chunk_id),
+           array_agg(t.score order by t.score desc, t.chunk_id)
+      into v_top_ids, v_top_dids, v_top_scores
+    from (select * from (select distinct on (h.doc_id) h.chunk_id, h.doc_id, h.score
+                         from unnest(v_ids, v_dids, v_scores) as h(chunk_id, doc_id, score)
+                         where h.score > 0 and (v_docs is null or h.doc_id = any (v_docs))
+                         order by h.doc_id, h.score desc, h.chunk_id) as best
+          order by best.score desc, best.chunk_id
+          limit v_k) as t;
+    exit when coalesce(cardinality(v_top_ids), 0) >= v_k or v_hits < v_n;
     v_n := v_n * 4;
   end loop;
   return query
     select t.chunk_id, t.doc_id, t.score, t.rank::integer
-    from unnest(v_ids, v_dids, v_scores) with ordinality as t(chunk_id, doc_id, score, rank)
+    from unnest(v_top_ids, v_top_dids, v_top_scores) with ordinality as t(chunk_id, doc_id, score, rank)
     order by t.rank;
 end
 $fn$;

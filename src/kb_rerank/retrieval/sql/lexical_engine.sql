@@ -134,7 +134,7 @@ as $$ select case when to_regclass('kb.lexical_bm25_idx') is not null then 'pg_t
 -- schema kb_bm25): called by the maintenance trigger for tenants a statement RLS has already
 -- checked wrote chunks, and by kb.use_lexical_engine. Named t_<tenant's 32 hex digits>, its
 -- index t_<...>_bm25: the search finds both by the tenant alone.
-create or replace function kb.lexical_bm25_partition(tenant uuid, fill boolean default false)
+create or replace function kb.lexical_bm25_partition(tenant uuid, fill boolean)
 returns void
 language plpgsql
 security definer
@@ -177,7 +177,6 @@ begin
   on conflict on constraint lexical_bm25_builds_pkey do update set built_at = excluded.built_at, written = false;
 end
 $$;
-drop function if exists kb.lexical_bm25_partition(uuid);
 alter function kb.lexical_bm25_partition(uuid, boolean) owner to kb_stats;
 revoke execute on function kb.lexical_bm25_partition(uuid, boolean) from public;
 
@@ -210,7 +209,7 @@ begin
     using old_rows o join new_rows n on n.tenant_id = o.tenant_id and n.chunk_id = o.chunk_id
     where l.tenant_id = o.tenant_id and l.chunk_id = o.chunk_id and not (o.tenant_id = any (v_stale))
       and (n.tsv is distinct from o.tsv or n.doc_id is distinct from o.doc_id);
-    perform kb.lexical_bm25_partition(t.tenant_id) from (select distinct n.tenant_id from new_rows n) as t;
+    perform kb.lexical_bm25_partition(t.tenant_id, false) from (select distinct n.tenant_id from new_rows n) as t;
     insert into kb.lexical_bm25 (tenant_id, chunk_id, doc_id, lexemes)
     select n.tenant_id, n.chunk_id, n.doc_id, kb.bm25_lexemes(n.tsv)
     from new_rows n join old_rows o on o.tenant_id = n.tenant_id and o.chunk_id = n.chunk_id
@@ -221,7 +220,7 @@ begin
       where n.tsv is distinct from o.tsv or n.doc_id is distinct from o.doc_id);
     return null;
   end if;
-  perform kb.lexical_bm25_partition(t.tenant_id) from (select distinct n.tenant_id from new_rows n) as t;
+  perform kb.lexical_bm25_partition(t.tenant_id, false) from (select distinct n.tenant_id from new_rows n) as t;
   insert into kb.lexical_bm25 (tenant_id, chunk_id, doc_id, lexemes)
   select n.tenant_id, n.chunk_id, n.doc_id, kb.bm25_lexemes(n.tsv) from new_rows n
   where not (n.tenant_id = any (v_stale));

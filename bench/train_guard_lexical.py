@@ -47,19 +47,22 @@ from kb_rerank.guard import lexical  # noqa: E402
 from kb_rerank.guard.classifier import spans  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-VERSION = "2026-12-07.2"
+VERSION = "2026-12-07.3"
 FPR_MAX = 0.005
 MIN_GROUP = 50
 ORDINARY_MAX_CHARS = 1200
 THRESHOLDS = tuple(np.round(np.concatenate([np.arange(0.5, 0.95, 0.05), np.arange(0.95, 1.0, 0.005)]), 3))
 WRITTEN = [(f"hostile_written{s}.jsonl", f"benign_written{s}.jsonl", f"written_2026-12-01{c}")
            for s, c in (("", "a"), ("2", "b"), ("3", "c"), ("4", "d"), ("5", "e"), ("6", "f"), ("7", "g"), ("8", "h"))] + [
-    ("hostile_written9.jsonl", "benign_written9.jsonl", "written_2026-12-07i")]
+    ("hostile_written9.jsonl", "benign_written9.jsonl", "written_2026-12-07i"),
+    ("hostile_written10.jsonl", "benign_written10.jsonl", "written_2026-12-07j")]
+# the sets the detector's engineer wrote for training: never among the sources recall is measured on
+ENGINEER = ("written_2026-12-07i", "written_2026-12-07j")
 AFTER_FREEZE = [("after_freeze.jsonl", "after_freeze_v1")] + [(f"after_freeze_v{i}.jsonl", f"after_freeze_v{i}")
                                                                for i in range(2, 7)]
 # the sources the recall and the after-freeze mix are measured on: those written by authors other
-# than the detector's engineer (written_2026-12-07i, written by the engineer for training, trains only)
-LIKE = tuple(g for *_, g in WRITTEN if g != "written_2026-12-07i") + tuple(g for _, g in AFTER_FREEZE)
+# than the detector's engineer (ENGINEER's sets train only)
+LIKE = tuple(g for *_, g in WRITTEN if g not in ENGINEER) + tuple(g for _, g in AFTER_FREEZE)
 
 
 def _jsonl(path: Path) -> list[dict]:
@@ -105,12 +108,12 @@ def load_rows(ordinary: Path, exclude: tuple[str, ...] = ()) -> list[dict]:
     return rows
 
 
-def matrix(texts: list[str]):
+def matrix(texts: list[str], feature_set: str = "base"):
     from scipy.sparse import csr_matrix
 
     indptr, indices, data = [0], [], []
     for t in texts:
-        i, v = lexical.features(t)
+        i, v = lexical.features(t, feature_set == "addressee")
         indices.append(i)
         data.append(v)
         indptr.append(indptr[-1] + len(i))
@@ -165,7 +168,13 @@ def point(pred, langs, kinds, ordn, y, hard, like, groups) -> dict:
             "recall_by_language": {g: round(float(pred[pos & (langs == g)].mean()), 3) for g in sorted(set(langs[pos]))},
             "recall_by_kind": {g: round(float(pred[pos & (kinds == g)].mean()), 3) for g in sorted(set(kinds[pos]))
                                if int((pos & (kinds == g)).sum()) >= 20},
-            "by_language": by_lang, "by_kind": by_kind}
+            "by_language": by_lang, "by_kind": by_kind,
+            # the look-alike benign texts of those sources flagged, by kind (instructions to people among them)
+            "hard_fpr_by_kind": {g: [int(pred[hn & (kinds == g)].sum()), int((hn & (kinds == g)).sum())]
+                                 for g in sorted(set(kinds[hn]))},
+            # the engineer's own sets, out of fold (trains, never chooses): flagged / texts
+            "engineer": {f"{g}:{lab}": [int(pred[(groups == g) & (y == lab)].sum()), int(((groups == g) & (y == lab)).sum())]
+                         for g in ENGINEER for lab in (0, 1)}}
 
 
 def language_thresholds(oof, det, langs, kinds, ordn, y, hard, like, default: float, reserve: dict,
@@ -228,9 +237,17 @@ def main() -> None:
     ap.add_argument("--balance", choices=("classes", "language"), default="language",
                     help="class weights: balanced overall, or within each language (weights())")
     ap.add_argument("--exclude", nargs="*", default=[], help="written sources left out (to measure what one adds)")
-    ap.add_argument("--precision", type=float, default=0.95,
+    ap.add_argument("--precision", type=float, default=0.99,
                     help="the precision at the after-freeze mix a language's own threshold must keep (the other "
                          "votes add their own false positives)")
+    ap.add_argument("--train-without", nargs="*", default=[],
+                    help="sources kept in the folds (the same folds) but left out of every fold's training: "
+                         "what a source adds, measured on identical folds")
+    ap.add_argument("--features", choices=lexical.FEATURE_SETS, default="base",
+                    help="the feature set (kb_rerank.guard.lexical.features)")
+    ap.add_argument("--save-oof", type=Path, default=None,
+                    help="write each C's out-of-fold probabilities and the row labels here (.npz), to study the "
+                         "operating point without refitting")
     ap.add_argument("--out", default="guard-lexical", help="the report's name under bench/results/")
     args = ap.parse_args()
 
@@ -251,7 +268,7 @@ def main() -> None:
     ordn = np.array([r["ordinary"] for r in rows])
     like = np.isin(groups, LIKE)
     t0 = time.time()
-    X = matrix(texts)
+    X = matrix(texts, args.features)
     # spans of every text (scored by the fold model; the text's probability is the highest);
     # the spans of benign texts also train, as short benign examples
     owner, stexts = [], []
@@ -260,7 +277,7 @@ def main() -> None:
             owner.append(i)
             stexts.append(s)
     owner = np.array(owner, dtype=int)
-    S = matrix(stexts)
+    S = matrix(stexts, args.features)
     print(f"{len(rows)} texts ({int(y.sum())} hostile, {int(ordn.sum())} ordinary in {len(set(groups[ordn]))} "
           f"sources), {len(stexts)} spans; features {time.time() - t0:.0f}s", flush=True)
     from scipy.sparse import vstack
@@ -270,11 +287,13 @@ def main() -> None:
     for f, (_, te) in enumerate(GroupKFold(n_splits=args.folds).split(np.zeros(len(rows)), groups=groups)):
         folds[te] = f
     sneg = y[owner] == 0
+    # rows every fold's training leaves out (--train-without); they stay in the folds and are scored
+    keep = ~np.isin(groups, args.train_without)
     from kb_rerank.core.language import detect_language
 
     # the language each text is read as at run time (its offset's key)
     det = np.array([detect_language(t) or "" for t in texts])
-    report = {"version": VERSION, "n": len(rows), "hostile": int(y.sum()), "ordinary": int(ordn.sum()),
+    report = {"version": VERSION, "features": args.features, "train_without": args.train_without, "n": len(rows), "hostile": int(y.sum()), "ordinary": int(ordn.sum()),
               "folds": args.folds, "by_C": {}}
     best = None
     for C in args.C:
@@ -282,13 +301,17 @@ def main() -> None:
         for f in range(args.folds):
             te = folds == f
             ste = folds[owner] == f
-            Xtr = vstack([X[~te], S[~ste & sneg]])
-            ytr = np.concatenate([y[~te], np.zeros(int((~ste & sneg).sum()), dtype=int)])
-            ltr = np.concatenate([langs[~te], langs[owner[~ste & sneg]]])
+            tr, str_ = ~te & keep, ~ste & sneg & keep[owner]
+            Xtr = vstack([X[tr], S[str_]])
+            ytr = np.concatenate([y[tr], np.zeros(int(str_.sum()), dtype=int)])
+            ltr = np.concatenate([langs[tr], langs[owner[str_]]])
             coef, b = fit(Xtr, ytr, C, args.seed, weights(ytr, ltr) if args.balance == "language" else None)
             oof[te] = predict(coef, b, X[te])
             ps = predict(coef, b, S[ste])
             np.maximum.at(oof, owner[ste], ps)
+        if args.save_oof:
+            np.savez_compressed(args.save_oof.with_name(f"{args.save_oof.stem}-C{C:g}.npz"), oof=oof, det=det,
+                                langs=langs, kinds=kinds, ordn=ordn, y=y, hard=hard, like=like, groups=groups)
         # the exact lowest threshold meeting the ordinary bound in every group of >= MIN_GROUP
         exact = 0.0
         for key, name in ((langs, "pick_by_lang"), (kinds, "pick_by_kind")):
@@ -323,12 +346,14 @@ def main() -> None:
     report["languages"] = {"thresholds": per, "offsets": offsets, "precision": args.precision, **cal}
     print(f"per language {per}: recall_like {cal['recall_like']} mixP {cal['mix_precision']} hard {cal['hard_fpr']} "
           f"ordinary {cal['ordinary_flagged']} worst {cal['worst_group']} {cal['worst_fpr']}\n"
-          f"  recall by language {cal['recall_by_language']}\n  recall by kind {cal['recall_by_kind']}", flush=True)
+          f"  recall by language {cal['recall_by_language']}\n  recall by kind {cal['recall_by_kind']}\n"
+          f"  hard negatives flagged by kind {cal['hard_fpr_by_kind']}\n  engineer's sets {cal['engineer']}\n"
+          f"  ordinary by language {cal['by_language']}\n  ordinary by kind {cal['by_kind']}", flush=True)
     report["chosen"] = {"C": C, **{k: v for k, v in pick.items()}}
     res = ROOT / "bench" / "results"
     (res / f"{args.out}.json").write_text(json.dumps(report, indent=1, ensure_ascii=False) + "\n")
     md = [f"# The lexical injection detector ({VERSION}): held-out operating point", "",
-          f"`OPENBLAS_NUM_THREADS=1 python bench/train_guard_lexical.py --ordinary CORPUS --C {' '.join(map(str, args.C))}`"
+          f"`OPENBLAS_NUM_THREADS=1 python bench/train_guard_lexical.py --ordinary CORPUS --C {' '.join(map(str, args.C))} --features {args.features}`"
           f" ({args.folds} folds grouped by source; {len(rows)} texts, {int(y.sum())} hostile, {int(ordn.sum())} "
           f"ordinary passages in {len(set(groups[ordn]))} sources). Chosen: C {C}, threshold {pick['threshold']} "
           "(the lowest whose held-out ordinary false-positive rate, added to the embedding classifier's own held-out "
@@ -362,12 +387,14 @@ def main() -> None:
            f"{c['worst_group']} {100 * c['worst_fpr']:.2f} % |" for c in report["by_C"][str(C)]["curve"]]
     (res / f"{args.out}.md").write_text("\n".join(md) + "\n")
     if args.write:
+        if args.train_without:
+            raise SystemExit("--write fits on every source: leave out --train-without")
         yall = np.concatenate([y, np.zeros(int(sneg.sum()), dtype=int)])
         lall = np.concatenate([langs, langs[owner[sneg]]])
         coef, b = fit(vstack([X, S[sneg]]), yall, C, args.seed,
                       weights(yall, lall) if args.balance == "language" else None)
         out = ROOT / "src" / "kb_rerank" / "guard" / lexical.WEIGHTS_RESOURCE
-        np.savez_compressed(out, **lexical.to_arrays(coef, b, VERSION, pick["threshold"], offsets))
+        np.savez_compressed(out, **lexical.to_arrays(coef, b, VERSION, pick["threshold"], offsets, args.features))
         print(f"wrote {out} ({out.stat().st_size} bytes)")
 
 

@@ -17,7 +17,7 @@ from kb_rerank.core.session import tenant_transaction
 from kb_rerank.core import session
 
 KEY = b"d" * 40
-BEHIND, PENDING = "0026_filter_typed", "0027_language_stats"  # the revision before head, and head
+BEHIND, PENDING = "0027_language_stats", "0028_vector_storage"  # the revision before head, and head
 
 
 def _row(app_conn, tenant):

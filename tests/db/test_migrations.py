@@ -221,6 +221,46 @@ def test_0027_backfills_the_statistics_per_language(server_url):
         assert rows(conn, stored) == want
 
 
+@pytest.mark.parametrize("embedder, covered", [("minilm", True), ("bge-m3", False)])
+def test_0028_puts_the_stored_vectors_beside_the_document_key(server_url, embedder, covered):
+    """Chunks written at 0027: the upgrade builds the covering index from them (every chunk's
+    id and vector readable from it alone) in place of chunks_tenant_idx; at 1024 dimensions,
+    beyond a B-tree entry, it makes no index and keeps chunks_tenant_idx."""
+    url, s = _new_database(server_url)
+    s = s.with_(embedder=embedder)
+    db.migrate(s, revision="0027_language_stats")
+    t = uuid.uuid4()
+    with psycopg.connect(url) as conn:
+        doc = conn.execute("insert into kb.documents (tenant_id, source_uri, title, content_hash)"
+                           " values (%s, 'a', '', repeat('0', 64)) returning doc_id", [t]).fetchone()[0]
+        conn.execute("insert into kb.chunks (tenant_id, doc_id, position, content, content_hash, embedding)"
+                     " select %s, %s, p, repeat('long text ', 300) || p, repeat('0', 64),"
+                     "        array_fill(p::real / 10, array[dim])::vector"
+                     " from kb.embedding_config, generate_series(1, 30) as p", [t, doc])
+        conn.commit()
+    db.migrate(s)
+    with psycopg.connect(url, autocommit=True) as conn:
+        def index(name):
+            return conn.execute("select to_regclass(%s)", [f"kb.{name}"]).fetchone()[0]
+
+        assert (index("chunks_tenant_doc_vectors_idx") is not None) is covered
+        assert (index("chunks_tenant_idx") is None) is covered
+        if covered:
+            conn.execute("vacuum kb.chunks")
+            conn.execute("set enable_seqscan = off")
+            conn.execute("set enable_bitmapscan = off")
+            plan = "\n".join(r[0] for r in conn.execute(
+                "explain select chunk_id, embedding from kb.chunks where tenant_id = %s and doc_id = %s", [t, doc]))
+            assert "Index Only Scan using chunks_tenant_doc_vectors_idx" in plan
+            got = dict(conn.execute("select chunk_id, embedding::text from kb.chunks"
+                                    " where tenant_id = %s and doc_id = %s", [t, doc]).fetchall())
+            conn.execute("set enable_indexonlyscan = off")
+            conn.execute("set enable_indexscan = off")
+            conn.execute("reset enable_seqscan")
+            assert got == dict(conn.execute("select chunk_id, embedding::text from kb.chunks").fetchall())
+            assert len(got) == 30
+
+
 def test_0009_upgrade_installs_the_tf_table_the_search_needs(server_url):
     """0009 changes functions only: upgrading a database at 0008 (which had no
     kb.ts_rank_tf) must apply the SQL layer, so that kb.search_lexical finds it."""

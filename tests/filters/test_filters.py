@@ -21,6 +21,7 @@ from kb_rerank.app import create_app
 from kb_rerank.ingest.loader import ingest_paths
 from kb_rerank.filters import grammar as filters
 from kb_rerank.core.query import normalize_query
+from kb_rerank.core import knn
 from kb_rerank.retrieval import store as search
 from kb_rerank.core.session import run, tenant_transaction
 from kb_rerank.core.settings import default
@@ -330,36 +331,106 @@ def test_cache_key_holds_the_canonical_filter_and_top_n(corpus, server, settings
     assert search_key(settings, "x") != ""  # the helper still builds a key without filter or top_n
 
 
-# ---------------------------------------------------------------------------- the index paths (> 4000 chunks)
+# ---------------------------------------------------------------------------- broad filters (> 4000 chunks)
+
+WORDS = [f"v{i:02d}" for i in range(40)]
 
 
-def test_a_broad_filter_walks_the_indexes_and_stays_within_it(app_url, owner_conn):
-    """More than 4000 chunks in the filter: the semantic list walks the HNSW graph (iterative
-    scan) and the lexical list reads the term blocks. The lexical list is exact (the
-    unfiltered ranking restricted to the filter); the semantic one keeps recall against the
-    exact filtered search (bench/results/filtered-recall.md measures it at scale)."""
+def _broad_tenant(conn, docs: int) -> uuid.UUID:
+    """A tenant of ``docs`` documents of 10 chunks each, 4 in 5 of them tagged "wide"."""
     t = uuid.uuid4()
-    words = [f"v{i:02d}" for i in range(40)]
+    with tenant_transaction(conn, t):
+        conn.execute("select setseed(0.33)")
+        conn.execute("insert into kb.documents (tenant_id, source_uri, title, content_hash, metadata)"
+                     " select kb.current_tenant(), 'd' || i, '', repeat('0', 64),"
+                     "        jsonb_build_object('tags', case when i %% 5 < 4 then '[\"wide\"]'::jsonb else '[]' end)"
+                     " from generate_series(1, %s) as i", [docs])
+        conn.execute("insert into kb.chunks (tenant_id, doc_id, position, content, content_hash, embedding)"
+                     " select kb.current_tenant(), d.doc_id, p,"
+                     "        (select string_agg((%s::text[])[1 + floor(random() * 40)::int], ' ')"
+                     "         from generate_series(1, 6 + p)),"  # correlated on p: drawn per chunk
+                     "        repeat('0', 64),"
+                     # vectors near a curve (a position drawn per chunk, plus noise): neighbours
+                     # exist, as in real embeddings; uniform noise in 384 dimensions has none,
+                     # and a graph index's recall on it swings from build to build
+                     "        (select array_agg(cos(g * x.r) + 0.2 * (random() - 0.5))::real[]"
+                     "         from (select random() * 3 + 0 * p as r) x, generate_series(1, 384) g)::vector"
+                     " from kb.documents d cross join generate_series(0, 9) as p", [WORDS])
+        conn.execute("select kb.refresh_term_blocks(16, 100)")
+    conn.commit()
+    return t
+
+
+def _exact(conn, f, v, k):
+    return [r[0] for r in conn.execute(
+        "select chunk_id from kb.chunks where doc_id = any (kb.search_filter_docs(%s))"
+        " order by (embedding <=> %s) + 0, chunk_id limit %s", [f, v, k])]
+
+
+def test_a_filter_below_the_exact_threshold_gets_the_exact_semantic_list(app_url):
+    """More chunks in the filter than the lexical list's 4000 (it reads the term blocks) and
+    at most SEMANTIC_EXACT_MAX_CHUNKS: the semantic list is the exact filtered top k, in
+    order, where the graph walk would lose some of it. The lexical list is exact too (the
+    unfiltered ranking restricted to the filter)."""
     with psycopg.connect(app_url) as conn:
+        t = _broad_tenant(conn, 520)
+        f = Jsonb({"tags": "wide"})
         with tenant_transaction(conn, t):
-            conn.execute("select setseed(0.33)")
-            conn.execute("insert into kb.documents (tenant_id, source_uri, title, content_hash, metadata)"
-                         " select kb.current_tenant(), 'd' || i, '', repeat('0', 64),"
-                         "        jsonb_build_object('tags', case when i % 5 < 4 then '[\"wide\"]'::jsonb else '[]' end)"
-                         " from generate_series(1, 520) as i")
-            conn.execute("insert into kb.chunks (tenant_id, doc_id, position, content, content_hash, embedding)"
-                         " select kb.current_tenant(), d.doc_id, p,"
-                         "        (select string_agg((%s::text[])[1 + floor(random() * 40)::int], ' ')"
-                         "         from generate_series(1, 6 + p)),"  # correlated on p: drawn per chunk
-                         "        repeat('0', 64),"
-                         # vectors near a curve (a position drawn per chunk, plus noise): neighbours
-                         # exist, as in real embeddings; uniform noise in 384 dimensions has none,
-                         # and a graph index's recall on it swings from build to build
-                         "        (select array_agg(cos(g * x.r) + 0.2 * (random() - 0.5))::real[]"
-                         "         from (select random() * 3 + 0 * p as r) x, generate_series(1, 384) g)::vector"
-                         " from kb.documents d cross join generate_series(0, 9) as p", [words])
-            conn.execute("select kb.refresh_term_blocks(16, 100)")
-        conn.commit()
+            n = conn.execute("select count(*) from kb.chunks where doc_id = any (kb.search_filter_docs(%s))",
+                             [f]).fetchone()[0]
+            assert 4000 < n <= knn.SEMANTIC_EXACT_MAX_CHUNKS
+            assert conn.execute("select count(*) from kb.term_blocks").fetchone()[0] > 0
+            wide = {r[0] for r in conn.execute("select unnest(kb.search_filter_docs(%s))", [f])}
+            for i in range(8):
+                q = " ".join(WORDS[(i * 7 + j) % 40] for j in range(1 + i % 3))
+                got = [r[0] for r in conn.execute("select doc_id from kb.search_lexical_ids(%s, 20, 1.2, 0.75, %s)",
+                                                  [q, f])]
+                deep = [r[0] for r in conn.execute("select doc_id from kb.search_lexical_ids(%s, 1000)", [q])
+                        if r[0] in wide]
+                assert got == deep[:20] and len(got) == 20, q
+                v = conn.execute("select embedding from kb.chunks offset %s limit 1", [i * 97]).fetchone()[0]
+                for k in (10, 120):
+                    sem = [r[0] for r in conn.execute("select chunk_id from kb.search_semantic_ids(%s, %s, %s)",
+                                                      [v, k, f])]
+                    assert sem == _exact(conn, f, v, k) and len(sem) == k
+
+
+def test_the_exact_semantic_list_reads_the_vectors_from_the_covering_index(app_url, owner_url):
+    """The exact search over a filter's chunks reads (chunk_id, embedding) from the covering
+    index chunks_tenant_doc_vectors_idx, an index-only scan with no heap visit or TOAST read a
+    chunk (auto_explain of the definer's nested statement, called as kb_app), and its list is
+    the exact filtered top k."""
+    with psycopg.connect(app_url) as conn:
+        t = _broad_tenant(conn, 520)
+        with tenant_transaction(conn, t):
+            v = conn.execute("select embedding from kb.chunks offset 101 limit 1").fetchone()[0]
+    f = Jsonb({"tags": "wide"})
+    plans: list[str] = []
+    with psycopg.connect(owner_url, autocommit=True) as conn:
+        conn.execute("vacuum analyze kb.chunks")  # the visibility map, as autovacuum keeps it
+        conn.add_notice_handler(lambda d: plans.append(d.message_primary or ""))
+        conn.execute("load 'auto_explain'")
+        for s in ("auto_explain.log_min_duration = 0", "auto_explain.log_nested_statements = on",
+                  "auto_explain.log_level = notice", "client_min_messages = notice"):
+            conn.execute("set " + s)
+        conn.execute("set role kb_app")
+        with conn.transaction():
+            conn.execute("select set_config('auth.tenant_id', %s, true)", [str(t)])
+            sem = [r[0] for r in conn.execute("select chunk_id from kb.search_semantic_ids(%s, 60, %s)", [v, f])]
+            conn.execute("reset client_min_messages")
+            assert sem == _exact(conn, f, v, 60) and len(sem) == 60
+    text = "\n".join(plans)
+    assert "Index Only Scan using chunks_tenant_doc_vectors_idx" in text, text[-3000:]
+
+
+@pytest.mark.slow
+def test_a_broad_filter_walks_the_graph_and_stays_within_it(app_url):
+    """More than SEMANTIC_EXACT_MAX_CHUNKS chunks in the filter: the semantic list walks the
+    HNSW graph (iterative scan), stays within the filter, is k deep and keeps recall against
+    the exact filtered search (bench/results/semantic-exact-threshold.md measures it at scale)."""
+    docs = knn.SEMANTIC_EXACT_MAX_CHUNKS // 8 + 100  # 8 chunks of every 10 are tagged "wide"
+    with psycopg.connect(app_url) as conn:
+        t = _broad_tenant(conn, docs)
         f = Jsonb({"tags": "wide"})
         with tenant_transaction(conn, t):
             # this small tenant among the session's others: the planner may prefer the
@@ -367,28 +438,19 @@ def test_a_broad_filter_walks_the_indexes_and_stays_within_it(app_url, owner_con
             conn.execute("set local enable_sort = off")
             n = conn.execute("select count(*) from kb.chunks where doc_id = any (kb.search_filter_docs(%s))",
                              [f]).fetchone()[0]
-            assert n > 4000  # the index paths, not the exact scan of few chunks
-            assert conn.execute("select count(*) from kb.term_blocks").fetchone()[0] > 0
+            assert n > knn.SEMANTIC_EXACT_MAX_CHUNKS  # the graph, not the exact search
             wide = {r[0] for r in conn.execute("select unnest(kb.search_filter_docs(%s))", [f])}
             recalls = []
             for i in range(8):
-                q = " ".join(words[(i * 7 + j) % 40] for j in range(1 + i % 3))
-                got = [r[0] for r in conn.execute("select doc_id from kb.search_lexical_ids(%s, 20, 1.2, 0.75, %s)",
-                                                  [q, f])]
-                deep = [r[0] for r in conn.execute("select doc_id from kb.search_lexical_ids(%s, 1000)", [q])
-                        if r[0] in wide]
-                assert got == deep[:20] and len(got) == 20, q
-                v = conn.execute("select embedding from kb.chunks offset %s limit 1", [i * 97]).fetchone()[0]
+                v = conn.execute("select embedding from kb.chunks where tenant_id = %s offset %s limit 1",
+                                 [t, i * 97]).fetchone()[0]
                 # 120 deep (the service's semantic list): more than ef_search (100) of the graph
                 # holds within the filter, so the list is full only by the iterative scan
                 sem = [r[0] for r in conn.execute("select chunk_id from kb.search_semantic_ids(%s, 120, %s)", [v, f])]
-                exact = [r[0] for r in conn.execute(
-                    "select chunk_id from kb.chunks where doc_id = any (kb.search_filter_docs(%s))"
-                    " order by (embedding <=> %s) + 0, chunk_id limit 120", [f, v])]
                 assert len(sem) == 120
                 assert {r[0] for r in conn.execute("select doc_id from kb.chunks where chunk_id = any (%s)",
                                                    [sem])} <= wide
-                recalls.append(len(set(sem) & set(exact)) / 120)
+                recalls.append(len(set(sem) & set(_exact(conn, f, v, 120))) / 120)
             assert sum(recalls) / len(recalls) >= 0.9, recalls
 
 

@@ -22,9 +22,9 @@ WRITTEN = [ROOT / "bench/data/guard" / n for n in
             "hostile_written3.jsonl", "benign_written3.jsonl", "hostile_written4.jsonl", "benign_written4.jsonl",
             "hostile_written5.jsonl", "benign_written5.jsonl", "hostile_written6.jsonl", "benign_written6.jsonl",
             "hostile_written7.jsonl", "benign_written7.jsonl", "hostile_written8.jsonl", "benign_written8.jsonl",
-            "hostile_written9.jsonl", "benign_written9.jsonl")]
-# the sets the embedding classifier's weights (bench/train_guard.py) were trained on; the ninth,
-# written for the lexical detector, trains only it (bench/train_guard_lexical.py)
+            "hostile_written9.jsonl", "benign_written9.jsonl", "hostile_written10.jsonl", "benign_written10.jsonl")]
+# the sets the embedding classifier's weights (bench/train_guard.py) were trained on; the ninth and
+# tenth, written for the lexical detector, train only it (bench/train_guard_lexical.py)
 EMBEDDING_WRITTEN = WRITTEN[:16]
 TRAINING = WRITTEN + [
     ROOT / "tests/data/injection" / n for n in ("hostile.jsonl", "benign.jsonl", "after_freeze.jsonl",
@@ -52,6 +52,9 @@ MEASURING_V7 = ROOT / "tests/data/injection/after_freeze_v7.jsonl"
 # the eighth: written after the lexical detector's 2026-12-07.1 freeze by an author who saw nothing of
 # the project (its SOURCE.md: 240 rows, six languages, 20 hostile and 20 benign each), scored once
 MEASURING_V8 = ROOT / "tests/data/injection/after_freeze_v8.jsonl"
+# the ninth: written by another author who saw nothing of the project, after the lexical detector's
+# 2026-12-07.3 weights were frozen; scored once against them and once against the 2026-12-07.2 weights
+MEASURING_V9 = ROOT / "tests/data/injection/after_freeze_v9.jsonl"
 
 
 def _rows(path: Path) -> list[dict]:
@@ -63,7 +66,7 @@ def _norm(text: str) -> str:
 
 
 @pytest.mark.parametrize("path", WRITTEN + [MEASURING, MEASURING_V3, MEASURING_V4, MEASURING_V5, MEASURING_V6,
-                                            MEASURING_V7, MEASURING_V8],
+                                            MEASURING_V7, MEASURING_V8, MEASURING_V9],
                          ids=lambda p: p.name)
 def test_written_sets_are_labelled_balanced_and_multilingual(path):
     rows = _rows(path)
@@ -152,6 +155,13 @@ def test_v8_passages_are_new_to_every_training_source():
     assert len(measured) == 240 and not measured & trained
 
 
+def test_v9_passages_are_new_to_every_training_source_and_earlier_set():
+    measured = {_norm(r["text"]) for r in _rows(MEASURING_V9)}
+    seen = {_norm(r["text"]) for p in TRAINING + [MEASURING_V7, MEASURING_V8]
+            + sorted((ROOT / "bench/data/ordinary").glob("*.jsonl")) for r in _rows(p)}
+    assert len(measured) == 240 and not measured & seen
+
+
 def test_the_lexical_training_reads_v1_to_v6_and_no_later_set():
     import importlib.util
     import sys
@@ -166,8 +176,9 @@ def test_the_lexical_training_reads_v1_to_v6_and_no_later_set():
     assert [name for name, _ in mod.AFTER_FREEZE] == ["after_freeze.jsonl"] + [f"after_freeze_v{i}.jsonl"
                                                                                 for i in range(2, 7)]
     assert {h for h, _, _ in mod.WRITTEN} | {b for _, b, _ in mod.WRITTEN} == {p.name for p in WRITTEN}
-    # the engineer's own set trains and is not among the sources recall is measured on
-    assert "written_2026-12-07i" not in mod.LIKE and "after_freeze_v6" in mod.LIKE
+    # the engineer's own sets train and are not among the sources recall is measured on
+    assert {"written_2026-12-07i", "written_2026-12-07j"} <= set(mod.ENGINEER)
+    assert not set(mod.ENGINEER) & set(mod.LIKE) and "after_freeze_v6" in mod.LIKE
 
 
 def test_training_reads_the_scored_after_freeze_sets_and_no_later_one():

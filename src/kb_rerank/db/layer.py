@@ -17,7 +17,8 @@ Placeholders, filled by :func:`render` in every file: ``{{embedding_dim}}`` (the
 dimension), ``{{app_role}}`` (the service's role, KB_APP_ROLE, as a quoted identifier;
 migrations get both from ``config.attributes``: ``kb_embedding_dim``, ``kb_app_role``) and
 the search filter's limits and patterns (``{{filter_*}}``: the Python grammar's constants,
-:func:`kb_rerank.filters.grammar.sql_constants`), and
+:func:`kb_rerank.filters.grammar.sql_constants`), the semantic list's choice of path
+(``{{semantic_exact_max_chunks}}``: :mod:`kb_rerank.core.knn`), and
 ``{{default:NAME}}`` (the declared default of the setting NAME, as a SQL literal: the search
 functions' parameter defaults, so a SQL caller ranks as the service does with its defaults).
 
@@ -78,6 +79,11 @@ def render(path: Traversable, *, embedding_dim: int, app_role: str = DEFAULT_APP
             .replace("{{app_role}}", role))
     if "{{filter_" in text:
         for name, value in sql_constants().items():
+            text = text.replace(name, value)
+    if "{{semantic_" in text:
+        from kb_rerank.core.knn import sql_constants as knn_constants
+
+        for name, value in knn_constants().items():
             text = text.replace(name, value)
     return _SETTING_DEFAULT.sub(lambda m: sql_literal(settings.default(m.group(1))), text)
 

@@ -14,7 +14,11 @@ Features (:func:`features`, the one definition training and scoring share): the 
 patterns read it (:func:`kb_rerank.guard.detectors.normalised`: hidden characters out, payloads
 decoded, NFKC, case folded, accents stripped, homoglyphs folded), whitespace collapsed;
 character 3-, 4- and 5-grams, word 1- and 2-grams, and character 1- and 2-grams within runs of
-CJK characters (:data:`CJK_N`), each hashed into :data:`BUCKETS` buckets
+CJK characters (:data:`CJK_N`), and, with the ``addressee`` feature set, the word 1- and 2-grams
+and CJK 2-grams of each sentence that names a machine reader (:data:`_ADDRESSEE`: an assistant,
+AI, chatbot, language model, summariser, in the six training languages) read again under their
+own prefix, so that "tell customers that..." and "assistant, tell customers that..." differ
+(a linear model cannot conjoin two n-grams itself); each hashed into :data:`BUCKETS` buckets
 by CRC-32 (zlib's, stable across processes and platforms), counted, weighted
 ``1 + log(count)`` and L2-normalised. Hand-written rather than scikit-learn's
 HashingVectorizer because scikit-learn is not a dependency of the service; the training script
@@ -50,11 +54,22 @@ _CJK = re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-
 MAX_CHARS = 4000  # a chunk is at most ~1,000 characters plus its title; a longer text is read to here
 _SPACE = re.compile(r"\s+")
 _WORD = re.compile(r"\w+")
+# the names of a machine reader, as the normalised text spells them (case folded, accents
+# stripped): en, de, fr, es, vi, zh. A bare "agent" or "model" is left out: both name people and
+# products in ordinary text (support agents, model K-40)
+_ADDRESSEE = re.compile(
+    r"(?<![a-z])(?:ai|a\.i|ki|ia|llms?|gpt|copilot|chat ?bots?|bots?|assistant(?:e|s|es)?|assistent(?:en|in)?"
+    r"|asistentes?|summari[sz]ers?|resumeurs?|resumidor(?:es)?|language models?|sprachmodell(?:e|en)?"
+    r"|modeles? de langage|modelos? de lenguaje|mo hinh(?: ngon ngu)?|tro ly|tac tu)(?![a-z])"
+    r"|助手|语言模型|大模型|模型|机器人|智能体|人工智能")
+_SENTENCE = re.compile(r"[.!?\n。！？]+")
+FEATURE_SETS = ("base", "addressee")
 
 
-def features(text: str) -> tuple[np.ndarray, np.ndarray]:
+def features(text: str, addressee: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """The hashed n-gram features of ``text``: (bucket indices, values), the values
-    ``1 + log(count)`` L2-normalised; empty arrays for a blank text."""
+    ``1 + log(count)`` L2-normalised; empty arrays for a blank text. ``addressee``: the
+    sentences naming a machine reader add their words again under the prefix ``a:``."""
     norm = _SPACE.sub(" ", detectors.normalised(text[:MAX_CHARS])).strip()
     if not norm:
         return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float64)
@@ -75,6 +90,19 @@ def features(text: str) -> tuple[np.ndarray, np.ndarray]:
         for i in range(len(words) - n + 1):
             h = crc(("w:" + " ".join(words[i:i + n])).encode()) % BUCKETS
             counts[h] = counts.get(h, 0) + 1
+    if addressee and _ADDRESSEE.search(norm):
+        for sent in _SENTENCE.split(norm):
+            if not _ADDRESSEE.search(sent):
+                continue
+            sw = _WORD.findall(sent)
+            for n in WORD_N:
+                for i in range(len(sw) - n + 1):
+                    h = crc(("a:" + " ".join(sw[i:i + n])).encode()) % BUCKETS
+                    counts[h] = counts.get(h, 0) + 1
+            for run in _CJK.findall(sent):
+                for i in range(len(run) - 1):
+                    h = crc(("ak:" + run[i:i + 2]).encode()) % BUCKETS
+                    counts[h] = counts.get(h, 0) + 1
     idx = np.fromiter(counts.keys(), dtype=np.int64, count=len(counts))
     val = 1.0 + np.log(np.fromiter(counts.values(), dtype=np.float64, count=len(counts)))
     return idx, val / float(np.linalg.norm(val))
@@ -100,9 +128,11 @@ class LexicalDetector:
     # held-out ordinary text (bench/train_guard_lexical.py): a language whose ordinary text scores
     # low is read with a lower bar; a language without an entry (or none detected) adds nothing
     offsets: dict[str, float] = field(default_factory=dict)
+    # the feature set the weights were trained on (:data:`FEATURE_SETS`; :func:`features`)
+    feature_set: str = "base"
 
     def _logit(self, text: str) -> float:
-        idx, val = features(text)
+        idx, val = features(text, self.feature_set == "addressee")
         return float(self.coef[idx] @ val) + self.intercept
 
     def probability(self, text: str) -> float:
@@ -131,10 +161,12 @@ class LexicalWeightsError(ValueError):
     """The shipped lexical weights are damaged (their checksum does not match)."""
 
 
-def digest(coef: np.ndarray, offsets: dict[str, float] | None = None) -> str:
+def digest(coef: np.ndarray, offsets: dict[str, float] | None = None, feature_set: str = "base") -> str:
     h = hashlib.sha256(np.ascontiguousarray(coef, dtype=np.float16).tobytes())
     for lang, v in sorted((offsets or {}).items()):
         h.update(f"|{lang}={float(v)!r}".encode())
+    if feature_set != "base":
+        h.update(f"|features={feature_set}".encode())
     return h.hexdigest()
 
 
@@ -147,22 +179,26 @@ def from_arrays(data) -> LexicalDetector:
     if "offset_langs" in keys:
         offsets = {str(k): float(v) for k, v in zip(np.asarray(data["offset_langs"]).tolist(),
                                                     np.asarray(data["offset_values"], dtype=np.float64).tolist())}
-    if str(np.asarray(data["sha256"]).item()) != digest(coef, offsets):
+    feature_set = str(np.asarray(data["features"]).item()) if "features" in keys else "base"
+    if feature_set not in FEATURE_SETS:
+        raise LexicalWeightsError(f"lexical weights need the feature set {feature_set!r}, this code has {FEATURE_SETS}")
+    if str(np.asarray(data["sha256"]).item()) != digest(coef, offsets, feature_set):
         raise LexicalWeightsError("lexical weights do not match their checksum")
     return LexicalDetector(coef=coef.astype(np.float64), intercept=float(np.asarray(data["intercept"]).item()),
                            version=str(np.asarray(data["version"]).item()),
-                           threshold=float(np.asarray(data["threshold"]).item()), offsets=offsets)
+                           threshold=float(np.asarray(data["threshold"]).item()), offsets=offsets,
+                           feature_set=feature_set)
 
 
 def to_arrays(coef: np.ndarray, intercept: float, version: str, threshold: float,
-              offsets: dict[str, float] | None = None) -> dict:
+              offsets: dict[str, float] | None = None, feature_set: str = "base") -> dict:
     c = np.asarray(coef, dtype=np.float16).reshape(-1)
     offsets = {k: float(v) for k, v in sorted((offsets or {}).items())}
-    return {"coef": c, "intercept": np.array(float(intercept)), "version": np.array(version),
+    return {"features": np.array(feature_set), "coef": c, "intercept": np.array(float(intercept)), "version": np.array(version),
             "buckets": np.array(BUCKETS), "threshold": np.array(float(threshold)),
             "offset_langs": np.array(list(offsets), dtype=str), "offset_values": np.array(list(offsets.values()),
                                                                                          dtype=np.float64),
-            "sha256": np.array(digest(c, offsets))}
+            "sha256": np.array(digest(c, offsets, feature_set))}
 
 
 @lru_cache(maxsize=1)

@@ -17,9 +17,16 @@
 -- kb.search_filter_docs(filter): on the index scan, `(c.doc_id in (select unnest($3))) is
 -- true`, a hashed subplan built once (one lookup a visited chunk; `c.doc_id = any ($3)` is
 -- not hashed on the index scan and compares each visited chunk with the whole array).
--- When the filter's documents hold at most 4000 chunks, the exact search (every such chunk's
--- distance, through the (tenant_id, doc_id) index) is both cheaper than walking the graph
--- for rare matches and exact: bench/results/filtered-recall.md measured the two.
+-- When the filter's documents hold at most {{semantic_exact_max_chunks}} chunks
+-- (kb_rerank.core.knn.SEMANTIC_EXACT_MAX_CHUNKS), the exact search: every such chunk's
+-- distance. It reads only chunk_id, doc_id and embedding, which the covering index
+-- chunks_tenant_doc_vectors_idx (tenant_id, doc_id) INCLUDE (chunk_id, embedding) holds: an
+-- index-only scan, no heap visit or TOAST lookup a chunk (where the vectors fit a B-tree
+-- entry, db/schema/0028_vector_storage.sql; else the vectors are read from the table). The
+-- graph walk loses the filter's nearest chunks when they are a minority of the graph's
+-- neighbourhoods (recall@60 0.86 at 10 % of a 100k-chunk tenant, whatever ef_search, scan
+-- memory or tuple limit); the exact search keeps all of them
+-- (bench/results/semantic-exact-threshold.md measures the paths).
 -- the signature before the filter (one overload only: positional calls stay unambiguous)
 drop function if exists kb.search_semantic_ids(public.vector, integer);
 create or replace function kb.search_semantic_ids(
@@ -66,7 +73,7 @@ begin
   end if;
   select count(*)::integer into v_n
   from (select 1 from kb.chunks c
-        where c.tenant_id = kb.current_tenant() and c.doc_id = any (v_docs) limit 4001) as x;
+        where c.tenant_id = kb.current_tenant() and c.doc_id = any (v_docs) limit {{semantic_exact_max_chunks}} + 1) as x;
   -- exact: the distance of every chunk of the filter's documents (`+ 0`: not the HNSW order)
   -- approximate: the HNSW index scan, iterative, with the documents as a filter
   return query execute format($q$
@@ -80,8 +87,8 @@ begin
       select nn.chunk_id, nn.doc_id, 1 - nn.distance, (row_number() over (order by nn.distance, nn.chunk_id))::integer
       from nn
       order by nn.distance, nn.chunk_id
-    $q$, case when v_n <= 4000 then 'c.doc_id = any ($3)' else '(c.doc_id in (select unnest($3::uuid[]))) is true' end,
-         case when v_n <= 4000 then '(c.embedding OPERATOR(public.<=>) $1) + 0, c.chunk_id'
+    $q$, case when v_n <= {{semantic_exact_max_chunks}} then 'c.doc_id = any ($3)' else '(c.doc_id in (select unnest($3::uuid[]))) is true' end,
+         case when v_n <= {{semantic_exact_max_chunks}} then '(c.embedding OPERATOR(public.<=>) $1) + 0, c.chunk_id'
               else 'c.embedding OPERATOR(public.<=>) $1' end)
     using query_embedding, v_k, v_docs;
 end

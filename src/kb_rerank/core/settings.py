@@ -205,6 +205,15 @@ class Settings:
         "BM25 term-frequency saturation (lexical search, hybrid search and the term blocks)",
         ge=0)
     bm25_b: float = setting(0.75, "BM25 length normalisation", ge=0, le=1)
+    lexical_engine: str = setting(
+        "plain",
+        "the lexical search's engine, chosen by `kb-rerank migrate`: `plain` (plain SQL, any PostgreSQL), "
+        "`pg_textsearch` (a pg_textsearch BM25 index over the project's analysis, per-tenant partitions; the "
+        "extension must be installed and in `shared_preload_libraries`), or `auto` (pg_textsearch where it is, "
+        "else plain). Same results contract; calls with another k1 or b than the settings', filters of at most 4000 "
+        "chunks, and (pg_textsearch 1.0.0) after a server restart a tenant written since its partition's build "
+        "until the next migrate rebuilds it, are served by plain",
+        choices=("auto", "plain", "pg_textsearch"), see="docs/scaling.md, \"The pg_textsearch engine\"")
     # BM25 term blocks (kb.term_blocks)
     term_list_length: int = setting(
         128,

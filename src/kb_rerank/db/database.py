@@ -297,6 +297,9 @@ def migrate(settings: Settings, url: str | None = None, revision: str = "head") 
         check_server(conn)
         check_migration_role(conn)
     command.upgrade(alembic_config(url, settings), revision)
+    if revision == "head":
+        with psycopg.connect(url, autocommit=True) as conn:
+            select_lexical_engine(conn, settings.lexical_engine)
     if settings.app_password:
         with psycopg.connect(url, autocommit=True) as conn:
             conn.execute(
@@ -305,6 +308,27 @@ def migrate(settings: Settings, url: str | None = None, revision: str = "head") 
                 )
             )
     return url
+
+
+def lexical_engine_available(conn: psycopg.Connection) -> str | None:
+    """None when this server can run the pg_textsearch engine, else why not."""
+    if not conn.execute("select 1 from pg_available_extensions where name = 'pg_textsearch'").fetchone():
+        return "the pg_textsearch extension is not installed on this server"
+    preload = conn.execute("select current_setting('shared_preload_libraries')").fetchone()[0]
+    if "pg_textsearch" not in [x.strip() for x in preload.split(",")]:
+        return "pg_textsearch is not in shared_preload_libraries (add it and restart the server)"
+    return None
+
+
+def select_lexical_engine(conn: psycopg.Connection, engine: str) -> str:
+    """Turn the lexical engine KB_LEXICAL_ENGINE names on (kb.use_lexical_engine, on a migrated
+    database): ``auto`` takes pg_textsearch where :func:`lexical_engine_available`, else plain;
+    ``pg_textsearch`` where it is not raises :class:`DatabaseSetupError`. Returns the engine in use."""
+    why = lexical_engine_available(conn)
+    if engine == "pg_textsearch" and why:
+        raise DatabaseSetupError(f"KB_LEXICAL_ENGINE=pg_textsearch: {why}")
+    want = "plain" if engine == "plain" or why else "pg_textsearch"
+    return conn.execute("select kb.use_lexical_engine(%s)", [want]).fetchone()[0]
 
 
 SQL_RERANK = "kb.rerank_search(text, text, integer, jsonb)"

@@ -31,6 +31,13 @@ grant execute on function kb.current_tenant(), kb.code_tokens(text), kb.to_tsv(t
                           kb.bm25_tf_part(double precision, double precision, double precision, double precision, double precision),
                           kb.ts_rank_tf(), kb.ts_rank_tf_compute()
   to {{app_role}}, kb_search, kb_stats;
+-- the optional lexical engine (retrieval/sql/lexical_engine.sql): the searches (kb_search) check
+-- and query it, the maintenance trigger (kb_stats) writes its rows
+grant execute on function kb.bm25_token(text), kb.bm25_lexemes(tsvector), kb.bm25_query_text(text, text[]),
+                          kb.lexical_engine_serves(double precision, double precision), kb.lexical_engine(),
+                          kb.lexical_bm25_current(uuid)
+  to kb_search, kb_stats;
+grant execute on function kb.lexical_engine() to {{app_role}};
 -- a search row's texts, inlined into the searches (which need EXECUTE for it to be)
 grant execute on function kb.chunk_texts(uuid, uuid) to {{app_role}}, kb_search;
 -- the search filter (kb.search_filter's grammar): the app role checks it through the

@@ -54,6 +54,9 @@ stable
 parallel safe
 security definer
 set search_path = pg_catalog, kb, pg_temp
+-- (the planner's estimate of its rows: k, 60 by default; with the default 1000, kb.search_lexical
+-- could read the texts by hashing every chunk of a large tenant, 0.4 s at 100k chunks)
+rows 100
 as $fn$
 -- Top-k retrieval, exact: a threshold algorithm over the term blocks (block-max
 -- MaxScore). A term with blocks (kb.term_blocks, built with this k1 and b) has its chunks in
@@ -158,6 +161,11 @@ begin
                                                    limit 4001) as x) <= 4000 then
     v_few := true;
     v_exact := false;  -- few chunks: no blocks, every term through one exhaustive round
+  elsif kb.lexical_engine_serves(k1, b) then
+    -- the optional engine (retrieval/sql/lexical_engine.sql), where `kb-rerank migrate` turned
+    -- it on and its index was built with this k1 and b; a filter of few chunks stays here
+    return query select * from kb.search_lexical_ids_bm25(query, k, k1, b, filter, language);
+    return;
   end if;
   select cs.n_chunks::float8, cs.total_len::float8 / greatest(cs.n_chunks, 1),
          cs.stem_total_len::float8 / greatest(cs.n_chunks, 1)

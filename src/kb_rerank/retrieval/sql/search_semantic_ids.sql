@@ -6,7 +6,9 @@
 -- SECURITY DEFINER, owned by kb_search: under RLS the planner would not use the HNSW index;
 -- the tenant filter is applied here, on kb.current_tenant(), so the index is used and no
 -- other tenant's rows are visible; with no tenant set it returns no rows. search_path
--- pinned, pg_temp last.
+-- pinned, pg_temp last. The tenant is read once (v_tenant) and compared as a value:
+-- kb.current_tenant() in a condition is inlined (a CASE on pg_has_role) and evaluated again
+-- for each row the graph walk's filter visits.
 --
 -- The kNN step is a plain `ORDER BY embedding <=> q LIMIT k` (no join or window function
 -- inside it) so the HNSW index serves it. hnsw.iterative_scan (pgvector 0.8, a function-level
@@ -51,6 +53,7 @@ as $fn$
 #variable_conflict use_column
 declare
   v_k integer := greatest(least(k, 1000), 0);
+  v_tenant uuid := kb.current_tenant();
   v_docs uuid[] := kb.search_filter_docs(filter);
   v_n integer;
 begin
@@ -59,7 +62,7 @@ begin
       with nn as materialized (
         select c.chunk_id, c.doc_id, c.embedding OPERATOR(public.<=>) query_embedding as distance
         from kb.chunks c
-        where c.tenant_id = kb.current_tenant()
+        where c.tenant_id = v_tenant
         order by c.embedding OPERATOR(public.<=>) query_embedding
         limit v_k
       )
@@ -73,14 +76,14 @@ begin
   end if;
   select count(*)::integer into v_n
   from (select 1 from kb.chunks c
-        where c.tenant_id = kb.current_tenant() and c.doc_id = any (v_docs) limit {{semantic_exact_max_chunks}} + 1) as x;
+        where c.tenant_id = v_tenant and c.doc_id = any (v_docs) limit {{semantic_exact_max_chunks}} + 1) as x;
   -- exact: the distance of every chunk of the filter's documents (`+ 0`: not the HNSW order)
   -- approximate: the HNSW index scan, iterative, with the documents as a filter
   return query execute format($q$
       with nn as materialized (
         select c.chunk_id, c.doc_id, c.embedding OPERATOR(public.<=>) $1 as distance
         from kb.chunks c
-        where c.tenant_id = kb.current_tenant() and %s
+        where c.tenant_id = $4 and %s
         order by %s
         limit $2
       )
@@ -90,7 +93,7 @@ begin
     $q$, case when v_n <= {{semantic_exact_max_chunks}} then 'c.doc_id = any ($3)' else '(c.doc_id in (select unnest($3::uuid[]))) is true' end,
          case when v_n <= {{semantic_exact_max_chunks}} then '(c.embedding OPERATOR(public.<=>) $1) + 0, c.chunk_id'
               else 'c.embedding OPERATOR(public.<=>) $1' end)
-    using query_embedding, v_k, v_docs;
+    using query_embedding, v_k, v_docs, v_tenant;
 end
 $fn$;
 alter function kb.search_semantic_ids(public.vector, integer, jsonb) owner to kb_search;

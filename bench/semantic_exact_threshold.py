@@ -1,6 +1,6 @@
 """The semantic list's filtered search, by measurement: recall@k against the exact filtered
-top k and latency of kb.search_semantic_ids (the kNN step) joined to each chunk's content and
-document title (the rows kb.search_semantic returns), unfiltered and at 50 / 10 / 1 %
+top k and latency of kb.search_semantic (the kNN step kb.search_semantic_ids, then each chunk's
+content and document title through kb.chunk_texts, as the service reads it), unfiltered and at 50 / 10 / 1 %
 selectivity, these variants interleaved query by query (``--variants``; default
 covering,after):
 
@@ -22,9 +22,9 @@ same chunk ids in the same order, or the differing queries are counted and print
 Corpus: bench/anchors.py's (``kb_bench_<size>_1`` under ``--data-dir``, its tags "p50",
 "p10", "p1" on each document; the anchor server's ``anchors_<size>`` copy with its DiskANN
 index): built by that script, reused here, never rebuilt. Its query vectors too
-(search_bench's clustered vectors, seed 4848). Each variant's function is this checkout's SQL
-rendered with its threshold into a schema of its own (kbx_<variant>), kb.search_filter_docs
-beside it, dropped at the end. The
+(search_bench's clustered vectors, seed 4848). Each variant's functions (kb.search_semantic,
+kb.search_semantic_ids, kb.search_filter_docs: --ref's or this checkout's) are rendered with
+its threshold into a schema of its own (kbx_<variant>), dropped at the end. The
 covering index is made from migration 0028's file when the bench database lacks it, and
 removed again at the end (the database left as it was found).
 
@@ -59,7 +59,7 @@ from kb_rerank.core.settings import Settings  # noqa: E402
 from kb_rerank.db import database as db  # noqa: E402
 from kb_rerank.db import layer  # noqa: E402
 
-FILES = ("filters/sql/search_filter_docs.sql", "retrieval/sql/search_semantic_ids.sql")
+FILES = ("filters/sql/search_filter_docs.sql", "retrieval/sql/search_semantic_ids.sql", "retrieval/sql/search_semantic.sql")
 COVERING = "0028_vector_storage.sql"
 # variant -> (SQL source: "ref" or "tree", exact-search threshold, index-only scans allowed)
 VARIANTS = {"before": ("ref", 4000, False), "toast": ("ref", knn.SEMANTIC_EXACT_MAX_CHUNKS, False),
@@ -156,8 +156,7 @@ def run(args, size: int, anchor, out: list, src: dict) -> None:
                             if not ios:
                                 conn.execute("set local enable_indexonlyscan = off")
                             return [r[0] for r in conn.execute(
-                                f"select s.chunk_id, c.content, d.title from {schemas[name]}.search_semantic_ids(%s::vector, %s, %s) s"
-                                " join kb.chunks c on c.chunk_id = s.chunk_id join kb.documents d on d.doc_id = s.doc_id"
+                                f"select s.chunk_id, s.content, s.doc_title from {schemas[name]}.search_semantic(%s::vector, %s, %s) s"
                                 " order by s.rank", [vtext[i], k, None if tag is None else Jsonb({"tags": tag})])]
                         return anchors.timed_rows(conn, tenant, q)
 
@@ -206,8 +205,8 @@ def markdown(rows, machine) -> str:
            " the bench server of bench/anchors.py (shared_buffers 1GB, parallel query and JIT off), its corpora"
            " (one tenant, clustered 384-d vectors, tags drawn from the document id's hash) and its query vectors;"
            " DiskANN on its anchor server (pgvectorscale 0.9.0, its defaults, query_rescore max(50, k))."
-           " recall@k: against the exact filtered top k. Latency: client round trip of kb.search_semantic_ids joined"
-           " to the texts in a tenant transaction (DiskANN: its query returning the texts), the variants interleaved"
+           " recall@k: against the exact filtered top k. Latency: client round trip of kb.search_semantic (ids and"
+           " texts) in a tenant transaction (DiskANN: its query returning the texts), the variants interleaved"
            f" query by query. Variants: before = {machine['ref']}'s SQL, exact search up to 4000 chunks, vectors from"
            f" the table; toast = {machine['ref']}'s SQL, exact up to {knn.SEMANTIC_EXACT_MAX_CHUNKS}, vectors from the"
            f" table; covering = {machine['ref']}'s SQL, exact up to {knn.SEMANTIC_EXACT_MAX_CHUNKS}, vectors from the"

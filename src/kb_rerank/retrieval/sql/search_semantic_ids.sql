@@ -56,6 +56,8 @@ declare
   v_tenant uuid := kb.current_tenant();
   v_docs uuid[] := kb.search_filter_docs(filter);
   v_n integer;
+  v_rows bigint;
+  v_per_doc float8;
 begin
   if v_docs is null then
     return query
@@ -73,6 +75,37 @@ begin
   end if;
   if cardinality(v_docs) = 0 or v_k = 0 then
     return;
+  end if;
+  -- Where the filter's documents likely hold at most the threshold's chunks (the database's
+  -- chunks per document, from the planner's statistics: a guess, used only to order the
+  -- work), the exact search runs first and counts its own candidates (LIMIT threshold + 1):
+  -- no rows back means none or more than the threshold, and the count below decides as
+  -- before. The path taken is the count's in every case; a good guess saves the separate
+  -- count (~0.4 us a chunk), a wrong one costs one exact search before the graph walk.
+  select c.reltuples / nullif(d.reltuples, 0) into v_per_doc
+  from pg_catalog.pg_class c, pg_catalog.pg_class d
+  where c.oid = 'kb.chunks'::regclass and d.oid = 'kb.documents'::regclass;
+  if v_per_doc > 0 and cardinality(v_docs) * v_per_doc <= {{semantic_exact_max_chunks}} then
+    return query
+      with cand as materialized (
+        select c.chunk_id, c.doc_id, c.embedding OPERATOR(public.<=>) query_embedding as distance
+        from kb.chunks c
+        where c.tenant_id = v_tenant and c.doc_id = any (v_docs)
+        limit {{semantic_exact_max_chunks}} + 1
+      ), nn as materialized (
+        select cand.chunk_id, cand.doc_id, cand.distance
+        from cand
+        where (select count(*) from cand) <= {{semantic_exact_max_chunks}}
+        order by cand.distance, cand.chunk_id
+        limit v_k
+      )
+      select nn.chunk_id, nn.doc_id, 1 - nn.distance, (row_number() over (order by nn.distance, nn.chunk_id))::integer
+      from nn
+      order by nn.distance, nn.chunk_id;
+    get diagnostics v_rows = row_count;
+    if v_rows > 0 then
+      return;
+    end if;
   end if;
   select count(*)::integer into v_n
   from (select 1 from kb.chunks c

@@ -29,6 +29,9 @@
 -- neighbourhoods (recall@60 0.86 at 10 % of a 100k-chunk tenant, whatever ef_search, scan
 -- memory or tuple limit); the exact search keeps all of them
 -- (bench/results/semantic-exact-threshold.md measures the paths).
+-- ROWS: at most k rows, the candidate list's default by default; the planner's default guess
+-- for a set-returning function (1000) made callers join its rows to the texts by merging with
+-- every document of the tenant instead of looking up each row's.
 -- the signature before the filter (one overload only: positional calls stay unambiguous)
 drop function if exists kb.search_semantic_ids(public.vector, integer);
 create or replace function kb.search_semantic_ids(
@@ -45,6 +48,7 @@ returns table (
 language plpgsql
 stable
 parallel safe
+rows {{default:candidates}}
 security definer
 set search_path = pg_catalog, kb, pg_temp
 set hnsw.iterative_scan = relaxed_order

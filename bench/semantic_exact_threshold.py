@@ -1,26 +1,34 @@
 """The semantic list's filtered search, by measurement: recall@k against the exact filtered
-top k and latency of kb.search_semantic_ids (the kNN step) joined to each chunk's content and
-document title (the rows kb.search_semantic returns), unfiltered and at 50 / 10 / 1 %
-selectivity, these variants interleaved query by query:
+top k and latency of kb.search_semantic (the kNN step kb.search_semantic_ids, then each chunk's
+content and document title through kb.chunk_texts, as the service reads it), unfiltered and at 50 / 10 / 1 %
+selectivity, these variants interleaved query by query (``--variants``; default
+covering,after):
 
-  before     exact search up to 4000 chunks in the filter, the vectors read from the table
-             (heap and TOAST: index-only scans off, as without the covering index)
-  toast      exact search up to SEMANTIC_EXACT_MAX_CHUNKS, the vectors read from the table
-  after      exact search up to SEMANTIC_EXACT_MAX_CHUNKS, the vectors read from the covering
-             index of migration 0028 (chunks_tenant_doc_vectors_idx: an index-only scan)
+  before     --ref's SQL, exact search up to 4000 chunks in the filter, the vectors read from
+             the table (heap and TOAST: index-only scans off, as without the covering index)
+  toast      --ref's SQL, exact search up to SEMANTIC_EXACT_MAX_CHUNKS, vectors from the table
+  covering   --ref's SQL, exact search up to SEMANTIC_EXACT_MAX_CHUNKS, the vectors read from
+             the covering index of migration 0028 (chunks_tenant_doc_vectors_idx: an
+             index-only scan)
+  after      this checkout's SQL, as covering
   diskann    pgvectorscale's DiskANN on bench/anchors.py's anchor server, as anchors.py runs
              it (its defaults, diskann.query_rescore = max(50, k)); left out with
              ``--no-diskann`` or when the anchors cannot be obtained (said so)
 
+--ref (a git revision, default main) is the baseline: its kb.search_semantic_ids and
+kb.search_filter_docs. Every variant of ours is checked against "after" query by query: the
+same chunk ids in the same order, or the differing queries are counted and printed.
+
 Corpus: bench/anchors.py's (``kb_bench_<size>_1`` under ``--data-dir``, its tags "p50",
 "p10", "p1" on each document; the anchor server's ``anchors_<size>`` copy with its DiskANN
 index): built by that script, reused here, never rebuilt. Its query vectors too
-(search_bench's clustered vectors, seed 4848). Each variant's function is this checkout's SQL
-rendered with its threshold into a schema of its own (kbx_<n>), dropped at the end. The
+(search_bench's clustered vectors, seed 4848). Each variant's functions (kb.search_semantic,
+kb.search_semantic_ids, kb.search_filter_docs: --ref's or this checkout's) are rendered with
+its threshold into a schema of its own (kbx_<variant>), dropped at the end. The
 covering index is made from migration 0028's file when the bench database lacks it, and
 removed again at the end (the database left as it was found).
 
-    python bench/semantic_exact_threshold.py --out bench/results/semantic-exact-threshold
+    python bench/semantic_exact_threshold.py --out bench/results/semantic-filter-speed
 """
 
 from __future__ import annotations
@@ -29,7 +37,9 @@ import argparse
 import json
 import os
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -49,28 +59,40 @@ from kb_rerank.core.settings import Settings  # noqa: E402
 from kb_rerank.db import database as db  # noqa: E402
 from kb_rerank.db import layer  # noqa: E402
 
-FILES = ("retrieval/sql/search_semantic_ids.sql",)
+FILES = ("filters/sql/search_filter_docs.sql", "retrieval/sql/search_semantic_ids.sql", "retrieval/sql/search_semantic.sql")
 COVERING = "0028_vector_storage.sql"
-# variant -> (exact-search threshold, index-only scans allowed)
-VARIANTS = {"before": (4000, False), "toast": (knn.SEMANTIC_EXACT_MAX_CHUNKS, False),
-            "after": (knn.SEMANTIC_EXACT_MAX_CHUNKS, True)}
+# variant -> (SQL source: "ref" or "tree", exact-search threshold, index-only scans allowed)
+VARIANTS = {"before": ("ref", 4000, False), "toast": ("ref", knn.SEMANTIC_EXACT_MAX_CHUNKS, False),
+            "covering": ("ref", knn.SEMANTIC_EXACT_MAX_CHUNKS, True),
+            "after": ("tree", knn.SEMANTIC_EXACT_MAX_CHUNKS, True)}
 
 
-def install(owner: str, n: int) -> str:
-    schema = f"kbx_{n}"
+def sources(ref: str, into: Path) -> dict[str, Path]:
+    """The variants' SQL directories: this checkout's package and --ref's files under ``into``."""
+    for rel in FILES:
+        text = subprocess.run(["git", "-C", str(ROOT), "show", f"{ref}:src/kb_rerank/{rel}"],
+                              check=True, capture_output=True, text=True).stdout
+        (into / rel).parent.mkdir(parents=True, exist_ok=True)
+        (into / rel).write_text(text, encoding="utf-8")
+    return {"ref": into, "tree": Path(str(layer.package_dir()))}
+
+
+def install(owner: str, name: str, base: Path) -> str:
+    schema = f"kbx_{name}"
     saved = knn.SEMANTIC_EXACT_MAX_CHUNKS
-    knn.SEMANTIC_EXACT_MAX_CHUNKS = n
+    knn.SEMANTIC_EXACT_MAX_CHUNKS = VARIANTS[name][1]
     try:
-        sql = [layer.render(layer.package_dir().joinpath(*rel.split("/")), embedding_dim=384) for rel in FILES]
+        sql = [layer.render(base / rel, embedding_dim=384) for rel in FILES]
     finally:
         knn.SEMANTIC_EXACT_MAX_CHUNKS = saved
     with psycopg.connect(owner, autocommit=True) as conn:
         conn.execute(f"drop schema if exists {schema} cascade")
         conn.execute(f"create schema {schema}")
         for text in sql:
-            conn.execute(text.replace("kb.search_semantic", f"{schema}.search_semantic"))
+            conn.execute(text.replace("kb.search_semantic", f"{schema}.search_semantic")
+                         .replace("kb.search_filter_docs", f"{schema}.search_filter_docs"))
         conn.execute(f"grant usage on schema {schema} to kb_app, kb_search")
-        conn.execute(f"grant execute on all functions in schema {schema} to kb_app")
+        conn.execute(f"grant execute on all functions in schema {schema} to kb_app, kb_search")
     return schema
 
 
@@ -91,12 +113,13 @@ def remove_covering(owner: str) -> None:
         conn.execute("create index if not exists chunks_tenant_idx on kb.chunks (tenant_id, doc_id)")
 
 
-def run(args, size: int, anchor, out: list) -> None:
+def run(args, size: int, anchor, out: list, src: dict) -> None:
     settings = Settings(data_dir=Path(args.data_dir), database_name=f"kb_bench_{size}_1")
     owner, app = db.owner_url(settings), db.app_url(settings)
     tenant = uuid.UUID(int=(1 << 64) + 1)
     made = ensure_covering(owner)
-    schemas = {n: install(owner, n) for n in {v[0] for v in VARIANTS.values()}}
+    names = args.variants
+    schemas = {name: install(owner, name, src[VARIANTS[name][0]]) for name in names}
     vecs = sb.clustered(np.random.default_rng(4848), sb.make_centres(), args.warmup + args.queries)
     vtext = ["[" + ",".join(f"{x:.7g}" for x in v) + "]" for v in vecs]
     anc = None
@@ -127,18 +150,17 @@ def run(args, size: int, anchor, out: list) -> None:
                         anc.commit()
 
                     def ours(i, name, k=k, tag=tag):
-                        n, ios = VARIANTS[name]
+                        ios = VARIANTS[name][2]
 
                         def q():
                             if not ios:
                                 conn.execute("set local enable_indexonlyscan = off")
                             return [r[0] for r in conn.execute(
-                                f"select s.chunk_id, c.content, d.title from {schemas[n]}.search_semantic_ids(%s::vector, %s, %s) s"
-                                " join kb.chunks c on c.chunk_id = s.chunk_id join kb.documents d on d.doc_id = s.doc_id"
+                                f"select s.chunk_id, s.content, s.doc_title from {schemas[name]}.search_semantic(%s::vector, %s, %s) s"
                                 " order by s.rank", [vtext[i], k, None if tag is None else Jsonb({"tags": tag})])]
                         return anchors.timed_rows(conn, tenant, q)
 
-                    fns = {name: (lambda i, name=name: ours(i, name)) for name in VARIANTS}
+                    fns = {name: (lambda i, name=name: ours(i, name)) for name in names}
                     if anc is not None:
                         fns["diskann"] = lambda i, k=k, awhere=awhere: anchors.timed_rows(anc, None, lambda: [
                             r[0] for r in anc.execute(anchors.SEM_ANCHOR.format(where=awhere),
@@ -146,21 +168,26 @@ def run(args, size: int, anchor, out: list) -> None:
                     res = anchors.interleave(range(len(vtext)), fns, args.warmup)
                     ex = exact[args.warmup:]
                     for name, (times, got) in res.items():
-                        n = VARIANTS.get(name, (None,))[0]
+                        n = VARIANTS.get(name, (None, None))[1]
                         path = "DiskANN" if n is None else (
-                            "HNSW" if tag is None or n_chunks > n else "exact" + (" (index)" if VARIANTS[name][1] else " (table)"))
+                            "HNSW" if tag is None or n_chunks > n else "exact" + (" (index)" if VARIANTS[name][2] else " (table)"))
+                        same = None
+                        if n is not None and "after" in res:
+                            same = sum(g == a for g, a in zip(got, res["after"][1]))
                         row = {"size": size, "filter": sel, "chunks_in_filter": n_chunks, "k": k, "variant": name,
-                               "threshold": n, "path": path,
+                               "threshold": n, "path": path, "same_rows_as_after": same,
                                "recall": statistics.mean(len(set(g) & set(e)) / max(1, len(e)) for g, e in zip(got, ex)),
                                "p50": anchors.pct(times, 50), "p95": anchors.pct(times, 95), "queries": len(times)}
                         out.append(row)
                         print(f"{size} chunks, filter {sel} ({n_chunks} chunks), k {k}, {name} ({path}):"
-                              f" recall {row['recall']:.3f}, p50 {row['p50']:.2f} ms, p95 {row['p95']:.2f} ms", flush=True)
-                    if "diskann" in res:
-                        a = next(r for r in out[::-1] if r["variant"] == "diskann")
-                        b = next(r for r in out[::-1] if r["variant"] == "after")
-                        print(f"{size} chunks, filter {sel}, k {k}: after / DiskANN p50 ratio {b['p50'] / a['p50']:.2f}x,"
-                              f" p95 ratio {b['p95'] / a['p95']:.2f}x", flush=True)
+                              f" recall {row['recall']:.3f}, p50 {row['p50']:.2f} ms, p95 {row['p95']:.2f} ms"
+                              + ("" if same is None else f", same rows as after {same}/{len(got)}"), flush=True)
+                    for base in ("diskann", "covering"):
+                        if base in res and "after" in res:
+                            a = next(r for r in out[::-1] if r["variant"] == base)
+                            b = next(r for r in out[::-1] if r["variant"] == "after")
+                            print(f"{size} chunks, filter {sel}, k {k}: after / {base} p50 ratio {b['p50'] / a['p50']:.2f}x,"
+                                  f" p95 ratio {b['p95'] / a['p95']:.2f}x", flush=True)
     finally:
         if anc is not None:
             anc.close()
@@ -172,22 +199,25 @@ def run(args, size: int, anchor, out: list) -> None:
 
 
 def markdown(rows, machine) -> str:
-    out = [f"# The semantic list's filtered search: exact-search threshold and where the vectors are read ({machine['date']})", "",
+    out = [f"# The semantic list's filtered search: paths, SQL versions and DiskANN ({machine['date']})", "",
            f"Command: `{machine['command']}`", "",
            f"Machine: {os.cpu_count()} CPUs (shared with other work), load average {machine['load']} at the start;"
            " the bench server of bench/anchors.py (shared_buffers 1GB, parallel query and JIT off), its corpora"
            " (one tenant, clustered 384-d vectors, tags drawn from the document id's hash) and its query vectors;"
            " DiskANN on its anchor server (pgvectorscale 0.9.0, its defaults, query_rescore max(50, k))."
-           " recall@k: against the exact filtered top k. Latency: client round trip of kb.search_semantic_ids joined"
-           " to the texts in a tenant transaction (DiskANN: its query returning the texts), the variants interleaved"
-           " query by query. Variants: before = exact search up to 4000 chunks, vectors from the table; toast ="
-           f" exact up to {knn.SEMANTIC_EXACT_MAX_CHUNKS}, vectors from the table; after = exact up to"
-           f" {knn.SEMANTIC_EXACT_MAX_CHUNKS}, vectors from the covering index (index-only scan).", "",
-           "| chunks | filter | chunks in filter | k | variant | path | recall@k | p50 ms | p95 ms |",
-           "|---:|---|---:|---:|---|---|---:|---:|---:|"]
+           " recall@k: against the exact filtered top k. Latency: client round trip of kb.search_semantic (ids and"
+           " texts) in a tenant transaction (DiskANN: its query returning the texts), the variants interleaved"
+           f" query by query. Variants: before = {machine['ref']}'s SQL, exact search up to 4000 chunks, vectors from"
+           f" the table; toast = {machine['ref']}'s SQL, exact up to {knn.SEMANTIC_EXACT_MAX_CHUNKS}, vectors from the"
+           f" table; covering = {machine['ref']}'s SQL, exact up to {knn.SEMANTIC_EXACT_MAX_CHUNKS}, vectors from the"
+           " covering index (index-only scan); after = this checkout's SQL, as covering. same rows: queries whose"
+           " chunk ids and order equal after's.", "",
+           "| chunks | filter | chunks in filter | k | variant | path | recall@k | p50 ms | p95 ms | same rows |",
+           "|---:|---|---:|---:|---|---|---:|---:|---:|---:|"]
     for r in rows:
+        same = "" if r.get("same_rows_as_after") is None else f"{r['same_rows_as_after']}/{r['queries']}"
         out.append(f"| {r['size']} | {r['filter']} | {r['chunks_in_filter']} | {r['k']} | {r['variant']} | {r['path']}"
-                   f" | {r['recall']:.3f} | {r['p50']:.2f} | {r['p95']:.2f} |")
+                   f" | {r['recall']:.3f} | {r['p50']:.2f} | {r['p95']:.2f} | {same} |")
     return "\n".join(out) + "\n"
 
 
@@ -204,11 +234,19 @@ def main(argv=None) -> int:
     ap.add_argument("--k", type=int, nargs="+", default=[60])
     ap.add_argument("--queries", type=int, default=100)
     ap.add_argument("--warmup", type=int, default=10)
+    ap.add_argument("--ref", default="main", help="git revision of the baseline SQL (before, toast, covering)")
+    ap.add_argument("--variants", default="covering,after",
+                    help="comma-separated, of: " + ", ".join(VARIANTS) + " (diskann runs unless --no-diskann)")
     ap.add_argument("--out", default="")
     args = ap.parse_args(argv)
+    args.variants = [v for v in args.variants.split(",") if v]
+    unknown = [v for v in args.variants if v not in VARIANTS]
+    if unknown:
+        ap.error(f"--variants: unknown {', '.join(unknown)}; known: {', '.join(VARIANTS)}")
     machine = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
                "load": " ".join(f"{x:.1f}" for x in os.getloadavg()),
                "command": "python bench/semantic_exact_threshold.py " + " ".join(argv or sys.argv[1:])}
+    machine["ref"] = args.ref + " (" + subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", args.ref], capture_output=True, text=True).stdout.strip() + ")"
     anchor = None
     if not args.no_diskann:
         try:
@@ -221,10 +259,13 @@ def main(argv=None) -> int:
     base = Settings(data_dir=Path(args.data_dir), database_name="postgres")
     db.start_embedded(base)
     rows: list = []
+    tmp = tempfile.TemporaryDirectory()
     try:
+        src = sources(args.ref, Path(tmp.name))
         for size in [int(x) for x in args.sizes.split(",") if x]:
-            run(args, size, anchor, rows)
+            run(args, size, anchor, rows, src)
     finally:
+        tmp.cleanup()
         db.stop_embedded(base)
         if anchor is not None:
             anchor.stop()

@@ -395,6 +395,27 @@ def test_a_filter_below_the_exact_threshold_gets_the_exact_semantic_list(app_url
                     assert sem == _exact(conn, f, v, k) and len(sem) == k
 
 
+def _explained(owner_url, t, v, f, k, *, sort=True):
+    """kb.search_semantic_ids(v, k, f) called as kb_app in tenant t, with auto_explain of its
+    nested statements: (chunk ids, the plans' text, the exact filtered top k)."""
+    plans: list[str] = []
+    with psycopg.connect(owner_url, autocommit=True) as conn:
+        conn.add_notice_handler(lambda d: plans.append(d.message_primary or ""))
+        conn.execute("load 'auto_explain'")
+        for s in ("auto_explain.log_min_duration = 0", "auto_explain.log_nested_statements = on",
+                  "auto_explain.log_level = notice", "client_min_messages = notice"):
+            conn.execute("set " + s)
+        conn.execute("set role kb_app")
+        with conn.transaction():
+            conn.execute("select set_config('auth.tenant_id', %s, true)", [str(t)])
+            if not sort:
+                conn.execute("set local enable_sort = off")
+            sem = [r[0] for r in conn.execute("select chunk_id from kb.search_semantic_ids(%s, %s, %s)", [v, k, f])]
+            conn.execute("reset client_min_messages")
+            exact = _exact(conn, f, v, k)
+    return sem, "\n".join(plans), exact
+
+
 def test_the_exact_semantic_list_reads_the_vectors_from_the_covering_index(app_url, owner_url):
     """The exact search over a filter's chunks reads (chunk_id, embedding) from the covering
     index chunks_tenant_doc_vectors_idx, an index-only scan with no heap visit or TOAST read a
@@ -404,27 +425,43 @@ def test_the_exact_semantic_list_reads_the_vectors_from_the_covering_index(app_u
         t = _broad_tenant(conn, 520)
         with tenant_transaction(conn, t):
             v = conn.execute("select embedding from kb.chunks offset 101 limit 1").fetchone()[0]
-    f = Jsonb({"tags": "wide"})
-    plans: list[str] = []
     with psycopg.connect(owner_url, autocommit=True) as conn:
         conn.execute("vacuum analyze kb.chunks")  # the visibility map, as autovacuum keeps it
-        conn.add_notice_handler(lambda d: plans.append(d.message_primary or ""))
-        conn.execute("load 'auto_explain'")
-        for s in ("auto_explain.log_min_duration = 0", "auto_explain.log_nested_statements = on",
-                  "auto_explain.log_level = notice", "client_min_messages = notice"):
-            conn.execute("set " + s)
-        conn.execute("set role kb_app")
-        with conn.transaction():
-            conn.execute("select set_config('auth.tenant_id', %s, true)", [str(t)])
-            sem = [r[0] for r in conn.execute("select chunk_id from kb.search_semantic_ids(%s, 60, %s)", [v, f])]
-            conn.execute("reset client_min_messages")
-            assert sem == _exact(conn, f, v, 60) and len(sem) == 60
-    text = "\n".join(plans)
+    sem, text, exact = _explained(owner_url, t, v, Jsonb({"tags": "wide"}), 60)
+    assert sem == exact and len(sem) == 60
     assert "Index Only Scan using chunks_tenant_doc_vectors_idx" in text, text[-3000:]
 
 
+def test_the_exact_search_counts_its_own_candidates_where_the_statistics_expect_few(app_url, owner_url):
+    """Where the planner's statistics put the filter's chunks (documents x chunks per
+    document) under SEMANTIC_EXACT_MAX_CHUNKS, the exact search runs first and counts its own
+    candidates: no separate count statement, and the list is the exact filtered top k, the
+    same as where the statistics are missing and the count runs first."""
+    with psycopg.connect(app_url) as conn:
+        t = _broad_tenant(conn, 60)
+        with tenant_transaction(conn, t):
+            v = conn.execute("select embedding from kb.chunks offset 33 limit 1").fetchone()[0]
+    f = Jsonb({"tags": "wide"})
+    with psycopg.connect(owner_url, autocommit=True) as conn:
+        conn.execute("vacuum analyze kb.chunks, kb.documents")
+    for k in (10, 60):
+        sem, text, exact = _explained(owner_url, t, v, f, k)
+        assert sem == exact and len(sem) == k
+        assert "CTE cand" in text and "select 1 from kb.chunks" not in text, text[-3000:]
+    # no statistics: the count first, then the exact search; the same list
+    with psycopg.connect(owner_url, autocommit=True) as conn:
+        conn.execute("update pg_class set reltuples = -1 where oid = 'kb.documents'::regclass")
+    try:
+        sem, text, exact = _explained(owner_url, t, v, f, 60)
+    finally:
+        with psycopg.connect(owner_url, autocommit=True) as conn:
+            conn.execute("analyze kb.documents")
+    assert "CTE cand" not in text and "select 1 from kb.chunks" in text, text[-3000:]
+    assert sem == exact and len(sem) == 60
+
+
 @pytest.mark.slow
-def test_a_broad_filter_walks_the_graph_and_stays_within_it(app_url):
+def test_a_broad_filter_walks_the_graph_and_stays_within_it(app_url, owner_url):
     """More than SEMANTIC_EXACT_MAX_CHUNKS chunks in the filter: the semantic list walks the
     HNSW graph (iterative scan), stays within the filter, is k deep and keeps recall against
     the exact filtered search (bench/results/semantic-exact-threshold.md measures it at scale)."""
@@ -432,6 +469,21 @@ def test_a_broad_filter_walks_the_graph_and_stays_within_it(app_url):
     with psycopg.connect(app_url) as conn:
         t = _broad_tenant(conn, docs)
         f = Jsonb({"tags": "wide"})
+        # the exact search tried first and given up: statistics that put too few chunks in the
+        # filter (documents with no chunks, in a tenant of their own), then the graph walk
+        empty = uuid.uuid4()
+        with tenant_transaction(conn, empty):
+            conn.execute("insert into kb.documents (tenant_id, source_uri, title, content_hash)"
+                         " select kb.current_tenant(), 'e' || i, '', repeat('0', 64) from generate_series(1, %s) i",
+                         [docs * 20])
+        conn.commit()
+        with psycopg.connect(owner_url, autocommit=True) as own:
+            own.execute("vacuum analyze kb.chunks, kb.documents")
+        with tenant_transaction(conn, t):
+            v = conn.execute("select embedding from kb.chunks where tenant_id = %s offset 5 limit 1", [t]).fetchone()[0]
+        sem, text, exact = _explained(owner_url, t, v, f, 120, sort=False)
+        assert "CTE cand" in text and "Index Scan using chunks_embedding_hnsw_idx" in text, text[-3000:]
+        assert len(sem) == 120 and len(set(sem) & set(exact)) / 120 >= 0.8
         with tenant_transaction(conn, t):
             # this small tenant among the session's others: the planner may prefer the
             # (tenant_id, doc_id) index and a sort (exact); without a sort it walks the graph

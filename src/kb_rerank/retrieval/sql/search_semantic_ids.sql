@@ -6,7 +6,9 @@
 -- SECURITY DEFINER, owned by kb_search: under RLS the planner would not use the HNSW index;
 -- the tenant filter is applied here, on kb.current_tenant(), so the index is used and no
 -- other tenant's rows are visible; with no tenant set it returns no rows. search_path
--- pinned, pg_temp last.
+-- pinned, pg_temp last. The tenant is read once (v_tenant) and compared as a value:
+-- kb.current_tenant() in a condition is inlined (a CASE on pg_has_role) and evaluated again
+-- for each row the graph walk's filter visits.
 --
 -- The kNN step is a plain `ORDER BY embedding <=> q LIMIT k` (no join or window function
 -- inside it) so the HNSW index serves it. hnsw.iterative_scan (pgvector 0.8, a function-level
@@ -27,6 +29,9 @@
 -- neighbourhoods (recall@60 0.86 at 10 % of a 100k-chunk tenant, whatever ef_search, scan
 -- memory or tuple limit); the exact search keeps all of them
 -- (bench/results/semantic-exact-threshold.md measures the paths).
+-- ROWS: at most k rows, the candidate list's default by default; the planner's default guess
+-- for a set-returning function (1000) made callers join its rows to the texts by merging with
+-- every document of the tenant instead of looking up each row's.
 -- the signature before the filter (one overload only: positional calls stay unambiguous)
 drop function if exists kb.search_semantic_ids(public.vector, integer);
 create or replace function kb.search_semantic_ids(
@@ -43,6 +48,7 @@ returns table (
 language plpgsql
 stable
 parallel safe
+rows {{default:candidates}}
 security definer
 set search_path = pg_catalog, kb, pg_temp
 set hnsw.iterative_scan = relaxed_order
@@ -51,15 +57,18 @@ as $fn$
 #variable_conflict use_column
 declare
   v_k integer := greatest(least(k, 1000), 0);
+  v_tenant uuid := kb.current_tenant();
   v_docs uuid[] := kb.search_filter_docs(filter);
   v_n integer;
+  v_rows bigint;
+  v_per_doc float8;
 begin
   if v_docs is null then
     return query
       with nn as materialized (
         select c.chunk_id, c.doc_id, c.embedding OPERATOR(public.<=>) query_embedding as distance
         from kb.chunks c
-        where c.tenant_id = kb.current_tenant()
+        where c.tenant_id = v_tenant
         order by c.embedding OPERATOR(public.<=>) query_embedding
         limit v_k
       )
@@ -71,16 +80,47 @@ begin
   if cardinality(v_docs) = 0 or v_k = 0 then
     return;
   end if;
+  -- Where the filter's documents likely hold at most the threshold's chunks (the database's
+  -- chunks per document, from the planner's statistics: a guess, used only to order the
+  -- work), the exact search runs first and counts its own candidates (LIMIT threshold + 1):
+  -- no rows back means none or more than the threshold, and the count below decides as
+  -- before. The path taken is the count's in every case; a good guess saves the separate
+  -- count (~0.4 us a chunk), a wrong one costs one exact search before the graph walk.
+  select c.reltuples / nullif(d.reltuples, 0) into v_per_doc
+  from pg_catalog.pg_class c, pg_catalog.pg_class d
+  where c.oid = 'kb.chunks'::regclass and d.oid = 'kb.documents'::regclass;
+  if v_per_doc > 0 and cardinality(v_docs) * v_per_doc <= {{semantic_exact_max_chunks}} then
+    return query
+      with cand as materialized (
+        select c.chunk_id, c.doc_id, c.embedding OPERATOR(public.<=>) query_embedding as distance
+        from kb.chunks c
+        where c.tenant_id = v_tenant and c.doc_id = any (v_docs)
+        limit {{semantic_exact_max_chunks}} + 1
+      ), nn as materialized (
+        select cand.chunk_id, cand.doc_id, cand.distance
+        from cand
+        where (select count(*) from cand) <= {{semantic_exact_max_chunks}}
+        order by cand.distance, cand.chunk_id
+        limit v_k
+      )
+      select nn.chunk_id, nn.doc_id, 1 - nn.distance, (row_number() over (order by nn.distance, nn.chunk_id))::integer
+      from nn
+      order by nn.distance, nn.chunk_id;
+    get diagnostics v_rows = row_count;
+    if v_rows > 0 then
+      return;
+    end if;
+  end if;
   select count(*)::integer into v_n
   from (select 1 from kb.chunks c
-        where c.tenant_id = kb.current_tenant() and c.doc_id = any (v_docs) limit {{semantic_exact_max_chunks}} + 1) as x;
+        where c.tenant_id = v_tenant and c.doc_id = any (v_docs) limit {{semantic_exact_max_chunks}} + 1) as x;
   -- exact: the distance of every chunk of the filter's documents (`+ 0`: not the HNSW order)
   -- approximate: the HNSW index scan, iterative, with the documents as a filter
   return query execute format($q$
       with nn as materialized (
         select c.chunk_id, c.doc_id, c.embedding OPERATOR(public.<=>) $1 as distance
         from kb.chunks c
-        where c.tenant_id = kb.current_tenant() and %s
+        where c.tenant_id = $4 and %s
         order by %s
         limit $2
       )
@@ -90,7 +130,7 @@ begin
     $q$, case when v_n <= {{semantic_exact_max_chunks}} then 'c.doc_id = any ($3)' else '(c.doc_id in (select unnest($3::uuid[]))) is true' end,
          case when v_n <= {{semantic_exact_max_chunks}} then '(c.embedding OPERATOR(public.<=>) $1) + 0, c.chunk_id'
               else 'c.embedding OPERATOR(public.<=>) $1' end)
-    using query_embedding, v_k, v_docs;
+    using query_embedding, v_k, v_docs, v_tenant;
 end
 $fn$;
 alter function kb.search_semantic_ids(public.vector, integer, jsonb) owner to kb_search;

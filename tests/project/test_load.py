@@ -71,13 +71,16 @@ def load_tenants(settings, app_url, embedder, tmp_path_factory):
 
 def _scan_database_for(owner_conn, needles: list[str]) -> list[str]:
     """Every text/json/char/array/tsvector column of every table (all schemas but the
-    system ones) searched for every needle; returns 'schema.table.column: needle' hits."""
+    system ones) searched for every needle; returns 'schema.table.column: needle' hits.
+    pgvector's types are left out: their text is numbers only, and every needle has letters
+    (the embeddings of the session's chunks were most of the text scanned)."""
     cols = owner_conn.execute(
         "select c.table_schema, c.table_name, c.column_name from information_schema.columns c"
         " join information_schema.tables t using (table_schema, table_name)"
         " where t.table_type = 'BASE TABLE' and c.table_schema not in ('pg_catalog', 'information_schema')"
         " and (c.data_type in ('text', 'character', 'character varying', 'json', 'jsonb', 'tsvector', 'ARRAY',"
         " 'USER-DEFINED', 'name', 'bytea'))"
+        " and c.udt_name not in ('vector', 'halfvec', 'sparsevec', '_vector', '_halfvec', '_sparsevec')"
     ).fetchall()
     assert ("kb", "kb_rerank_cache", "results_jsonb") in cols and ("kb", "kb_rerank_audit", "detail") in cols
     hits = []

@@ -234,3 +234,34 @@ def test_mix_precision_is_the_precision_of_a_set_of_the_after_freeze_composition
     assert tg.prf(*big)["precision"] == pytest.approx(16 / 24, abs=1e-3)  # the pool's own mix understates it
     assert tg.mix_precision(*big) == tg.prf(*measured)["precision"] == pytest.approx(16 / 18, abs=1e-3)
     assert tg.prf(*big)["mix_precision"] == tg.mix_precision(*big)
+
+
+def test_a_language_gets_its_own_lexical_threshold_only_with_enough_ordinary_text_to_show_the_bound():
+    import importlib.util
+    import sys
+
+    import numpy as np
+
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        spec = importlib.util.spec_from_file_location("kb_bench_train_lexical", ROOT / "bench" / "train_guard_lexical.py")
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+    finally:
+        sys.path.remove(str(ROOT / "bench"))
+
+    def own(n_ordinary: int) -> dict:
+        # one language: n ordinary passages scoring low, 40 hostile texts of the after-freeze-like
+        # sources scoring 0.9 and 40 hard negatives scoring low; the one threshold is 0.99
+        n = n_ordinary + 80
+        oof = np.concatenate([np.full(n_ordinary, 0.1), np.full(40, 0.9), np.full(40, 0.1)])
+        y = np.concatenate([np.zeros(n_ordinary, int), np.ones(40, int), np.zeros(40, int)])
+        ordn = np.arange(n) < n_ordinary
+        hard = np.arange(n) >= n_ordinary + 40
+        like = ~ordn
+        langs = det = np.array(["fr"] * n)
+        kinds = np.array(["manual"] * n)
+        return mod.language_thresholds(oof, det, langs, kinds, ordn, y, hard, like, 0.99, {}, 0.99)
+
+    assert own(mod.MIN_OWN - 1) == {}
+    assert own(mod.MIN_OWN) == {"fr": 0.3}  # the lowest on the grid: nothing benign reaches it

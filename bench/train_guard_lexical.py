@@ -3,8 +3,8 @@ on ordinary text first, by cross-validation grouped by source.
 
 Data (all in the repository, plus the ordinary corpus built by bench/ordinary_corpus.py): the
 project's fixtures (tests/data/injection/hostile.jsonl, benign.jsonl), the written sets
-(bench/data/guard/), the after-freeze sets v1-v6 (training data since the weights they
-measured; v7 and later are measurement only and never read here), the demo knowledge base's
+(bench/data/guard/), the after-freeze sets v1-v6 and v9 (training data since the weights they
+measured; v7, v8 and later sets are measurement only and never read here), the demo knowledge base's
 chunks, and every passage of the ordinary corpus (benign). Each source is one group:
 ``--folds`` folds (sklearn GroupKFold), out-of-fold probabilities for every text, read as the
 detector reads a chunk (the highest of the whole text and its spans).
@@ -47,19 +47,26 @@ from kb_rerank.guard import lexical  # noqa: E402
 from kb_rerank.guard.classifier import spans  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-VERSION = "2026-12-07.3"
+VERSION = "2026-12-07.4"
 FPR_MAX = 0.005
 MIN_GROUP = 50
+# a language gets a threshold of its own (below the one threshold) only where its held-out ordinary
+# text could show the bound: at least 1 / FPR_MAX passages (none flagged among 90 is consistent
+# with a rate of several percent)
+MIN_OWN = int(round(1 / FPR_MAX))
 ORDINARY_MAX_CHARS = 1200
 THRESHOLDS = tuple(np.round(np.concatenate([np.arange(0.5, 0.95, 0.05), np.arange(0.95, 1.0, 0.005)]), 3))
 WRITTEN = [(f"hostile_written{s}.jsonl", f"benign_written{s}.jsonl", f"written_2026-12-01{c}")
            for s, c in (("", "a"), ("2", "b"), ("3", "c"), ("4", "d"), ("5", "e"), ("6", "f"), ("7", "g"), ("8", "h"))] + [
     ("hostile_written9.jsonl", "benign_written9.jsonl", "written_2026-12-07i"),
-    ("hostile_written10.jsonl", "benign_written10.jsonl", "written_2026-12-07j")]
+    ("hostile_written10.jsonl", "benign_written10.jsonl", "written_2026-12-07j"),
+    ("hostile_written11.jsonl", "benign_written11.jsonl", "written_2026-12-07k")]
 # the sets the detector's engineer wrote for training: never among the sources recall is measured on
-ENGINEER = ("written_2026-12-07i", "written_2026-12-07j")
+ENGINEER = ("written_2026-12-07i", "written_2026-12-07j", "written_2026-12-07k")
+# v9 measured the 2026-12-07.2 and .3 weights and is training data from 2026-12-07.4 on; v7 and v8
+# (and any later set) measure and are never read here
 AFTER_FREEZE = [("after_freeze.jsonl", "after_freeze_v1")] + [(f"after_freeze_v{i}.jsonl", f"after_freeze_v{i}")
-                                                               for i in range(2, 7)]
+                                                               for i in (2, 3, 4, 5, 6, 9)]
 # the sources the recall and the after-freeze mix are measured on: those written by authors other
 # than the detector's engineer (ENGINEER's sets train only)
 LIKE = tuple(g for *_, g in WRITTEN if g not in ENGINEER) + tuple(g for _, g in AFTER_FREEZE)
@@ -147,6 +154,17 @@ def fit(X, y, C: float, seed: int, w: np.ndarray | None = None):
     return m.coef_.reshape(-1).astype(np.float16).astype(np.float64), float(m.intercept_[0])
 
 
+def train(X, S, y, langs, owner, rows, span_rows, C: float, args):
+    """Fit on the texts ``rows`` and, as benign examples, the spans (``span_rows``) of the benign
+    ones (the cross-validation's folds and the shipped fit alike)."""
+    from scipy.sparse import vstack
+
+    neg = span_rows & (y[owner] == 0)
+    yy = np.concatenate([y[rows], np.zeros(int(neg.sum()), dtype=int)])
+    ll = np.concatenate([langs[rows], langs[owner[neg]]])
+    return fit(vstack([X[rows], S[neg]]), yy, C, args.seed, weights(yy, ll) if args.balance == "language" else None)
+
+
 def predict(coef, b, X) -> np.ndarray:
     return 1.0 / (1.0 + np.exp(-(X @ coef + b)))
 
@@ -182,7 +200,7 @@ def language_thresholds(oof, det, langs, kinds, ordn, y, hard, like, default: fl
     """Each detected language's own threshold, below ``default`` only: the lowest on the grid whose
     held-out ordinary rate in that detected language, with the embedding classifier's reserve, is
     <= FPR_MAX and whose precision at the after-freeze mix in that language is >= ``precision``
-    (languages with at least 20 hostile texts of the after-freeze-like sources and MIN_GROUP
+    (languages with at least 20 hostile texts of the after-freeze-like sources and MIN_OWN
     ordinary passages); then raised, step by step, until every labelled language and kind of
     >= MIN_GROUP ordinary passages keeps its bound with these thresholds applied."""
     grid = sorted(t for t in set(THRESHOLDS) | set(np.round(np.arange(0.3, 0.5, 0.05), 3)) if t < default)
@@ -190,7 +208,7 @@ def language_thresholds(oof, det, langs, kinds, ordn, y, hard, like, default: fl
     for g in sorted(set(det[ordn].tolist()) - {""}):
         mo = ordn & (det == g)
         pos, hn, on = like & (y == 1) & (det == g), like & (y == 0) & hard & (det == g), like & (y == 0) & ~hard & (det == g)
-        if mo.sum() < MIN_GROUP or pos.sum() < 20 or hn.sum() == 0:
+        if mo.sum() < MIN_OWN or pos.sum() < 20 or hn.sum() == 0:
             continue
         allowed = (FPR_MAX - reserve.get("pick_by_lang", {}).get(g, 0.0)) * mo.sum() + 1e-9
         for t in grid:
@@ -286,7 +304,6 @@ def main() -> None:
     folds = np.zeros(len(rows), dtype=int)
     for f, (_, te) in enumerate(GroupKFold(n_splits=args.folds).split(np.zeros(len(rows)), groups=groups)):
         folds[te] = f
-    sneg = y[owner] == 0
     # rows every fold's training leaves out (--train-without); they stay in the folds and are scored
     keep = ~np.isin(groups, args.train_without)
     from kb_rerank.core.language import detect_language
@@ -301,11 +318,7 @@ def main() -> None:
         for f in range(args.folds):
             te = folds == f
             ste = folds[owner] == f
-            tr, str_ = ~te & keep, ~ste & sneg & keep[owner]
-            Xtr = vstack([X[tr], S[str_]])
-            ytr = np.concatenate([y[tr], np.zeros(int(str_.sum()), dtype=int)])
-            ltr = np.concatenate([langs[tr], langs[owner[str_]]])
-            coef, b = fit(Xtr, ytr, C, args.seed, weights(ytr, ltr) if args.balance == "language" else None)
+            coef, b = train(X, S, y, langs, owner, ~te & keep, ~ste & keep[owner], C, args)
             oof[te] = predict(coef, b, X[te])
             ps = predict(coef, b, S[ste])
             np.maximum.at(oof, owner[ste], ps)
@@ -389,10 +402,7 @@ def main() -> None:
     if args.write:
         if args.train_without:
             raise SystemExit("--write fits on every source: leave out --train-without")
-        yall = np.concatenate([y, np.zeros(int(sneg.sum()), dtype=int)])
-        lall = np.concatenate([langs, langs[owner[sneg]]])
-        coef, b = fit(vstack([X, S[sneg]]), yall, C, args.seed,
-                      weights(yall, lall) if args.balance == "language" else None)
+        coef, b = train(X, S, y, langs, owner, np.ones(len(y), dtype=bool), np.ones(len(owner), dtype=bool), C, args)
         out = ROOT / "src" / "kb_rerank" / "guard" / lexical.WEIGHTS_RESOURCE
         np.savez_compressed(out, **lexical.to_arrays(coef, b, VERSION, pick["threshold"], offsets, args.features))
         print(f"wrote {out} ({out.stat().st_size} bytes)")

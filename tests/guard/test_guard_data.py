@@ -175,9 +175,9 @@ def test_v10_passages_are_new_to_every_training_source_and_earlier_set():
     assert len(measured) == 240 and not measured & seen
 
 
-def test_the_lexical_training_reads_v1_to_v6_and_v9_never_v7_v8_or_a_later_set():
+def _lexical_training_script():
+    """bench/train_guard_lexical.py, loaded as a module (it imports its neighbours in bench/)."""
     import importlib.util
-    import re
     import sys
 
     sys.path.insert(0, str(ROOT / "bench"))
@@ -187,6 +187,13 @@ def test_the_lexical_training_reads_v1_to_v6_and_v9_never_v7_v8_or_a_later_set()
         spec.loader.exec_module(mod)
     finally:
         sys.path.remove(str(ROOT / "bench"))
+    return mod
+
+
+def test_the_lexical_training_reads_v1_to_v6_and_v9_never_v7_v8_or_a_later_set():
+    import re
+
+    mod = _lexical_training_script()
     # v9 was measured twice (2026-12-07.2 and .3) and trains from 2026-12-07.4 on; v7 and v8 measure
     assert [name for name, _ in mod.AFTER_FREEZE] == ["after_freeze.jsonl"] + [f"after_freeze_v{i}.jsonl"
                                                                                 for i in (2, 3, 4, 5, 6, 9)]
@@ -248,18 +255,9 @@ def test_mix_precision_is_the_precision_of_a_set_of_the_after_freeze_composition
 
 
 def test_a_language_gets_its_own_lexical_threshold_only_with_enough_ordinary_text_to_show_the_bound():
-    import importlib.util
-    import sys
-
     import numpy as np
 
-    sys.path.insert(0, str(ROOT / "bench"))
-    try:
-        spec = importlib.util.spec_from_file_location("kb_bench_train_lexical", ROOT / "bench" / "train_guard_lexical.py")
-        mod = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(mod)
-    finally:
-        sys.path.remove(str(ROOT / "bench"))
+    mod = _lexical_training_script()
 
     def own(n_ordinary: int) -> dict:
         # one language: n ordinary passages scoring low, 40 hostile texts of the after-freeze-like

@@ -17,16 +17,33 @@ the top-k overlap of the engine with plain. ``--judged`` (a BEIR folder, e.g. ca
 collection ingested into a tenant of both databases and the raw index; nDCG@10 of the three.
 
     python bench/lexical_engine.py --source-db kb_bench_100000_1 --queries 100 --judged /work/shared/datasets/cacm
+
+At 1M chunks two copies of the corpus do not fit this machine's disk: ``--plain-on-source``
+queries the plain engine in the source database itself on the bench server (the same machine,
+the same shared_buffers), restores only the pg_textsearch engine's database (without the plain
+engine's term blocks and GIN index, its fallback), optionally with kb.chunks in a tmpfs
+tablespace (``--chunks-tablespace``: the chunks' tsvectors and the engine's side table do not
+fit the disk at once), and stops its restore and build when free disk falls below
+``--min-free-gb``. ``--anchors-server`` runs on bench/anchors.py's anchor server, whose
+``anchors_1000000`` database is the raw index (``--raw-db``). Percentiles p50 / p95 / p99;
+``--json`` writes them, the build time, sizes and the servers' memory.
+
+    python bench/lexical_engine.py --source-db kb_bench_1000000_1 --anchor-dir /tmp/kb-anchors --anchors-server \
+        --port 55441 --pts-db kb_engine_pts_1m --raw-db anchors_1000000 --plain-on-source \
+        --chunks-tablespace /dev/shm/kb-engine1m --queries 100 --json bench/results/lexical-engine-1m.json
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import random
 import re
+import shutil
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -91,14 +108,127 @@ ANCHOR_LEX = ("select chunk_id, doc_id, content, content <@> to_bm25query(%(q)s,
               " order by content <@> to_bm25query(%(q)s, %(idx)s) limit %(k)s").format(table="chunks")
 
 
-def raw_database(server: AnchorServer, args) -> str:
-    """kb_engine_raw: the chunks' text (titles first) under pg_textsearch's own index."""
+# The plain engine's own structures, left out of --plain-on-source's copy (its fallback only:
+# the engine serves every unfiltered query of a current partition).
+LEAN_DATA = ("kb.term_blocks",)
+LEAN_INDEX = re.compile(r"INDEX kb chunks_tenant_tsv_idx ")
+
+
+def restore_lean(args, server: AnchorServer, src: str) -> dict:
+    """--plain-on-source: the pts database alone on the loaded server, restored from the source
+    database without the plain engine's term blocks' rows and GIN index (the plain engine's
+    fallback; two full copies of 1M chunks do not fit this disk): the
+    schema from a small archive, the rows streamed (no dump file), then the post-data items but
+    that index; then the engine built by `migrate`, timed as restore() times it.
+    ``--chunks-tablespace``: kb.chunks in a tablespace there (a tmpfs folder), for a disk that
+    cannot hold the chunks' tsvectors and the engine's side table at once."""
+    times = {}
+    pts = url(server, args.pts_db)
     with psycopg.connect(server.url(), autocommit=True) as c:
-        have = c.execute("select 1 from pg_database where datname = 'kb_engine_raw'").fetchone()
+        have = {r[0] for r in c.execute("select datname from pg_database")}
+    kept = Path(args.anchor_dir) / f"{args.pts_db}.times.json"  # the build's times, for a rerun on the database
+    if args.pts_db in have:
+        db.migrate(Settings(database_url=pts, lexical_engine="pg_textsearch"))
+        return json.loads(kept.read_text()) if kept.exists() else times
+    bindir = server.install / "bin"
+    schema = Path(args.anchor_dir) / f"{args.source_db}.schema.dump"
+    t0 = time.perf_counter()
+    subprocess.run([str(bindir / "pg_dump"), "-Fc", "--schema-only", "-f", str(schema), "-d", src], check=True)
+    if "kb_roles" not in have:
+        with psycopg.connect(server.url(), autocommit=True) as c:
+            c.execute("create database kb_roles")  # the roles (cluster-wide) before the restore
+        db.migrate(Settings(database_url=url(server, "kb_roles"), lexical_engine="plain"))
+    with psycopg.connect(server.url(), autocommit=True) as c:
+        c.execute(f'create database "{args.pts_db}"')
+    try:
+        subprocess.run([str(bindir / "pg_restore"), "--section=pre-data", "-d", pts, str(schema)], check=False)
+        with psycopg.connect(pts, autocommit=True) as c:
+            if args.chunks_tablespace:
+                ts = Path(args.chunks_tablespace)
+                server._own(ts)
+                c.execute(f"create tablespace kb_engine_chunks location '{ts}'")
+                c.execute("alter table kb.chunks set tablespace kb_engine_chunks")
+            cols = [r[0] for r in c.execute("select attname from pg_attribute where attrelid = 'kb.chunks'::regclass"
+                                            " and attnum > 0 and not attisdropped order by attnum")]
+        dump = subprocess.Popen([str(bindir / "pg_dump"), "-Fc", "-Z0", "--data-only", "--exclude-table-data=kb.chunks",
+                                 *[f"--exclude-table-data={t}" for t in LEAN_DATA], "-d", src], stdout=subprocess.PIPE)
+        subprocess.run([str(bindir / "pg_restore"), "--disable-triggers", "-d", pts], stdin=dump.stdout, check=False)
+        dump.stdout.close()
+        if dump.wait():
+            raise RuntimeError("pg_dump of the source database failed")
+        select = ", ".join(f'"{n}"' for n in cols)
+        with psycopg.connect(src, autocommit=True) as a, psycopg.connect(pts, autocommit=True) as b:
+            b.execute("set session_replication_role = replica")  # as pg_restore --disable-triggers
+            with a.cursor().copy(f"copy (select {select} from kb.chunks) to stdout") as out, \
+                    b.cursor().copy("copy kb.chunks ({}) from stdin".format(", ".join(f'"{n}"' for n in cols))) as inp:
+                for block in out:
+                    inp.write(block)
+        times["restore data s"] = time.perf_counter() - t0
+        print(f"restore data s: {times['restore data s']:.1f}", flush=True)
+        toc = subprocess.run([str(bindir / "pg_restore"), "-l", str(schema)], capture_output=True, text=True,
+                             check=True).stdout
+        listing = Path(args.anchor_dir) / f"{args.source_db}.post.list"
+        listing.write_text("".join(line + "\n" for line in toc.splitlines() if not LEAN_INDEX.search(line)))
+        subprocess.run([str(bindir / "pg_restore"), "--section=post-data", "-L", str(listing), "-d", pts,
+                        str(schema)], check=False)
+        listing.unlink()
+        with psycopg.connect(pts, autocommit=True) as c:
+            c.execute("vacuum (analyze) kb.chunks")
+            c.execute("analyze")
+        db.migrate(Settings(database_url=pts, lexical_engine="plain"))
+        times["restore s"] = time.perf_counter() - t0
+        print(f"restore s: {times['restore s']:.1f}", flush=True)
+        t0 = time.perf_counter()
+        db.migrate(Settings(database_url=pts, lexical_engine="pg_textsearch"))
+        times["pg_textsearch engine build s (migrate)"] = time.perf_counter() - t0
+        kept.write_text(json.dumps(times))
+    except BaseException:
+        drop_lean(args, server)
+        raise
+    finally:
+        schema.unlink(missing_ok=True)
+    return times
+
+
+def drop_lean(args, server: AnchorServer) -> None:
+    """The pts database (and its chunks' tablespace) gone."""
+    with psycopg.connect(server.url(), autocommit=True) as c:
+        c.execute(f'drop database if exists "{args.pts_db}" with (force)')
+        if c.execute("select 1 from pg_tablespace where spcname = 'kb_engine_chunks'").fetchone():
+            c.execute("drop tablespace kb_engine_chunks")
+    print(f"dropped {args.pts_db}", flush=True)
+
+
+def disk_watch(args, server: AnchorServer, stop: threading.Event) -> None:
+    """Cancel the pts database's work (its restore or build fails, and the database is dropped)
+    when the disk's free space falls below --min-free-gb."""
+    while not stop.wait(5):
+        free = shutil.disk_usage(args.anchor_dir).free / 2**30
+        if free < args.min_free_gb:
+            print(f"disk: {free:.1f} GB free, under {args.min_free_gb}: cancelling the build", flush=True)
+            with psycopg.connect(server.url(), autocommit=True) as c:
+                c.execute("select pg_cancel_backend(pid) from pg_stat_activity where datname = %s"
+                          " and pid <> pg_backend_pid()", [args.pts_db])
+            for p in psutil_children():
+                p.terminate()
+
+
+def psutil_children():
+    """This process's pg_dump / pg_restore children."""
+    import psutil
+
+    return [p for p in psutil.Process().children() if p.name() in ("pg_dump", "pg_restore")]
+
+
+def raw_database(server: AnchorServer, args, plain_url: str) -> str:
+    """--raw-db: the chunks' text (titles first) under pg_textsearch's own index (bench/anchors.py's
+    anchors_<size> database holds the same: reused where it is there)."""
+    with psycopg.connect(server.url(), autocommit=True) as c:
+        have = c.execute("select 1 from pg_database where datname = %s", [args.raw_db]).fetchone()
     if not have:
         with psycopg.connect(server.url(), autocommit=True) as c:
-            c.execute("create database kb_engine_raw")
-    raw = url(server, "kb_engine_raw")
+            c.execute(f'create database "{args.raw_db}"')
+    raw = url(server, args.raw_db)
     s = Settings()
     with psycopg.connect(raw, autocommit=True) as dst:
         dst.execute("create extension if not exists pg_textsearch")
@@ -106,7 +236,7 @@ def raw_database(server: AnchorServer, args) -> str:
             dst.execute("create table chunks (chunk_id uuid primary key, doc_id uuid not null, tenant_id uuid not null,"
                         " content text not null)")
         if not dst.execute("select to_regclass('chunks_bm25')").fetchone()[0]:
-            copy_chunks(url(server, "kb_engine_plain"), dst, None)
+            copy_chunks(plain_url, dst, None)
             t0 = time.perf_counter()
             dst.execute(f"create index chunks_bm25 on chunks using bm25 (content)"
                         f" with (text_config = 'english', k1 = {s.bm25_k1}, b = {s.bm25_b})")
@@ -191,9 +321,28 @@ def judged(args, server, conns, raw, path: Path) -> None:
         nd["pg_textsearch"].append(ndcg_at_k(ours("pg_textsearch", q), coll.qrels[qid], 10))
         got = [r[1] for r in raw.execute(sql, {"q": q, "idx": f"{table}_bm25", "k": 40}).fetchall()]
         nd["raw"].append(ndcg_at_k(top10(got), coll.qrels[qid], 10))
+    out = {"collection": path.name, "queries": len(qids), **{n: round(sum(v) / len(qids), 4) for n, v in nd.items()}}
     print(f"judged {path.name} ({len(qids)} queries): nDCG@10 plain {sum(nd['plain']) / len(qids):.4f},"
           f" pg_textsearch engine {sum(nd['pg_textsearch']) / len(qids):.4f},"
           f" raw pg_textsearch (english) {sum(nd['raw']) / len(qids):.4f}", flush=True)
+    return out
+
+
+def server_memory(pid_file: Path) -> dict:
+    """A server's processes: proportional set size summed (the buffer pool counted once) and the
+    largest process's resident set, MB (bench/anchors.py's reading)."""
+    try:
+        root = int(pid_file.read_text().split()[0])
+        pids = [root] + [int(x) for x in subprocess.run(["pgrep", "-P", str(root)], capture_output=True,
+                                                        text=True).stdout.split()]
+        pss, rss = 0, []
+        for pid in pids:
+            fields = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines()[1:])
+            pss += int(fields["Pss"].split()[0])
+            rss.append(int(fields["Rss"].split()[0]))
+        return {"processes": len(pids), "PSS MB": round(pss / 1024), "largest RSS MB": round(max(rss) / 1024)}
+    except (OSError, ValueError, KeyError) as e:
+        return {"not read": str(e)}
 
 
 def main(argv=None) -> int:
@@ -201,36 +350,77 @@ def main(argv=None) -> int:
     ap.add_argument("--data-dir", default="/tmp/kb-anchors-bench")
     ap.add_argument("--source-db", default="kb_bench_100000_1")
     ap.add_argument("--anchor-dir", default="/tmp/kb-lexical-engine")
+    ap.add_argument("--anchors-server", action="store_true",
+                    help="--anchor-dir is bench/anchors.py's anchor server (its installation copy and data at the"
+                         " top, port 55441 there), e.g. for its anchors_1000000 as --raw-db")
     ap.add_argument("--port", type=int, default=55461)
+    ap.add_argument("--pts-db", default="kb_engine_pts")
+    ap.add_argument("--raw-db", default="kb_engine_raw")
+    ap.add_argument("--plain-on-source", action="store_true",
+                    help="the plain engine served by --source-db itself on the bench server (same machine), and"
+                         " --pts-db restored without the plain engine's term blocks' rows and GIN index: for 1M"
+                         " chunks, where two copies do not fit the disk")
+    ap.add_argument("--chunks-tablespace", default=None,
+                    help="with --plain-on-source: a folder (tmpfs) holding the pts database's kb.chunks")
+    ap.add_argument("--min-free-gb", type=float, default=10.0,
+                    help="with --plain-on-source: the restore and build are cancelled (the database dropped) when"
+                         " the disk's free space falls below this")
+    ap.add_argument("--drop-after", action="store_true", help="with --plain-on-source: drop the pts database at the end")
     ap.add_argument("--queries", type=int, default=100)
     ap.add_argument("--warmup", type=int, default=10)
     ap.add_argument("--k", type=lambda v: [int(x) for x in v.split(",")], default=[10, 60])
     ap.add_argument("--judged", default=None, help="a BEIR folder: nDCG@10 of the three on its judged queries")
+    ap.add_argument("--json", default=None, help="write the figures to this file")
     args = ap.parse_args(argv)
     root = Path(args.anchor_dir)
     root.mkdir(parents=True, exist_ok=True)
     os.chmod(root, 0o755)
-    server = AnchorServer(obtain_install(root / "install"), root / "server", args.port, "1GB")
+    if args.anchors_server:
+        server = AnchorServer(obtain_install(root), root, args.port, "1GB")
+    else:
+        server = AnchorServer(obtain_install(root / "install"), root / "server", args.port, "1GB")
     server.start()
+    result: dict = {"command": "python bench/lexical_engine.py " + " ".join(sys.argv[1:] if argv is None else argv),
+                    "started": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "classes": []}
+    src_settings = Settings(data_dir=Path(args.data_dir), database_name=args.source_db)
     try:
-        times = restore(args, server)
+        if args.plain_on_source:
+            src = db.start_embedded(src_settings)
+            # the plain engine at this package's layer, as restore() leaves kb_engine_plain
+            db.migrate(Settings(data_dir=Path(args.data_dir), database_name=args.source_db, lexical_engine="plain"))
+            plain_url = db.app_url(src_settings)
+            stop = threading.Event()
+            threading.Thread(target=disk_watch, args=(args, server, stop), daemon=True).start()
+            try:
+                times = restore_lean(args, server, src)
+            finally:
+                stop.set()
+        else:
+            times = restore(args, server)
+            plain_url = db.app_url(Settings(database_url=url(server, "kb_engine_plain")))
+        result["times"] = times
         for k, v in times.items():
             print(f"{k}: {v:.1f}")
-        with psycopg.connect(url(server, "kb_engine_pts"), autocommit=True) as c:
-            sizes = c.execute("select pg_size_pretty(sum(pg_relation_size(i.indexrelid))) from pg_index i"
+        with psycopg.connect(url(server, args.pts_db), autocommit=True) as c:
+            sizes = c.execute("select sum(pg_relation_size(i.indexrelid)) from pg_index i"
                               " join pg_class r on r.oid = i.indrelid join pg_namespace n on n.oid = r.relnamespace"
                               " where n.nspname = 'kb_bm25' and i.indexrelid::regclass::text like '%_bm25'").fetchone()[0]
-            side = c.execute("select pg_size_pretty(sum(pg_total_relation_size(c.oid))) from pg_class c"
+            side = c.execute("select sum(pg_total_relation_size(c.oid)) from pg_class c"
                              " join pg_namespace n on n.oid = c.relnamespace where n.nspname = 'kb_bm25'"
                              " and c.relkind = 'r'").fetchone()[0]
+            pts_size = c.execute("select pg_database_size(current_database())").fetchone()[0]
             tenant, = c.execute("select tenant_id from kb.chunks group by tenant_id order by count(*) desc limit 1"
                                 ).fetchone()
             n = c.execute("select count(*) from kb.chunks where tenant_id = %s", [tenant]).fetchone()[0]
             texts = [r[0] for r in c.execute("select content from kb.chunks where tenant_id = %s"
                                              " order by md5(chunk_id::text) limit 400", [tenant])]
-        print(f"corpus: {args.source_db}, tenant of {n} chunks; pg_textsearch partitions with indexes {side},"
-              f" bm25 indexes {sizes}")
-        raw_url = raw_database(server, args)
+        result["disk MB"] = {"engine partitions with indexes": round(side / 2**20),
+                             "engine bm25 indexes": round(sizes / 2**20), "pts database": round(pts_size / 2**20)}
+        result["chunks"] = n
+        print(f"corpus: {args.source_db}, tenant of {n} chunks; pg_textsearch partitions with indexes"
+              f" {side / 2**20:.0f} MB, bm25 indexes {sizes / 2**20:.0f} MB; {args.pts_db} {pts_size / 2**20:.0f} MB",
+              flush=True)
+        raw_url = raw_database(server, args, src if args.plain_on_source else url(server, "kb_engine_plain"))
         rng = random.Random(48)
         words = [w for t in texts for w in re.findall(r"\w{3,}", t)]
         codes = sorted({m for t in texts for m in re.findall(r"ERR_4\d\d", t)}) or ["ERR_402"]
@@ -238,15 +428,18 @@ def main(argv=None) -> int:
                    "3 words": lambda: " ".join(rng.choice(words) for _ in range(3)),
                    "8 words": lambda: " ".join(rng.choice(words) for _ in range(8)),
                    "error code": lambda: rng.choice(codes)}
-        conns = {}
-        for name, dbname in (("plain", "kb_engine_plain"), ("pg_textsearch", "kb_engine_pts")):
-            conns[name] = psycopg.connect(db.app_url(Settings(database_url=url(server, dbname))))
-            session.configure_connection(conns[name])
+        conns = {"plain": psycopg.connect(plain_url),
+                 "pg_textsearch": psycopg.connect(db.app_url(Settings(database_url=url(server, args.pts_db))))}
+        for c in conns.values():
+            session.configure_connection(c)
         raw = psycopg.connect(raw_url, autocommit=True)
         with conns["pg_textsearch"].transaction():
             conns["pg_textsearch"].execute("select set_config('auth.tenant_id', %s, true)", [str(tenant)])
             served = conns["pg_textsearch"].execute("select kb.lexical_engine()").fetchone()[0]
-        print(f"engine in kb_engine_pts: {served}", flush=True)
+        with conns["plain"].transaction():
+            conns["plain"].execute("select set_config('auth.tenant_id', %s, true)", [str(tenant)])
+            plain_served = conns["plain"].execute("select kb.lexical_engine()").fetchone()[0]
+        print(f"engine in {args.pts_db}: {served}; in the plain database: {plain_served}", flush=True)
 
         def ours(name, q, k):
             with session.tenant_transaction(conns[name], tenant):
@@ -273,18 +466,33 @@ def main(argv=None) -> int:
                     if i >= args.warmup and got["plain"]:
                         overlap.append(len(set(got["plain"]) & set(got["pg_textsearch"])) / len(got["plain"]))
                 p, t, r = times["plain"], times["pg_textsearch"], times["raw"]
-                print(f"{cls}, top {k}, {len(p)} queries: p50 / p95 plain {pct(p, 50):.2f} / {pct(p, 95):.2f} ms,"
-                      f" pg_textsearch engine {pct(t, 50):.2f} / {pct(t, 95):.2f} ms, raw pg_textsearch"
-                      f" {pct(r, 50):.2f} / {pct(r, 95):.2f} ms: ratio plain / engine {pct(p, 50) / pct(t, 50):.1f}x /"
-                      f" {pct(p, 95) / pct(t, 95):.1f}x; top-{k} overlap {sum(overlap) / max(len(overlap), 1):.3f}",
-                      flush=True)
-        if args.judged:
-            judged(args, server, conns, raw, Path(args.judged))
+                row = {"class": cls, "k": k, "queries": len(p), "overlap": round(sum(overlap) / max(len(overlap), 1), 3)}
+                for name, xs in (("plain", p), ("engine", t), ("raw", r)):
+                    row[name] = {f"p{q}": round(pct(xs, q), 2) for q in (50, 95, 99)}
+                result["classes"].append(row)
+                print(f"{cls}, top {k}, {len(p)} queries: p50 / p95 / p99 plain {pct(p, 50):.2f} / {pct(p, 95):.2f} /"
+                      f" {pct(p, 99):.2f} ms, pg_textsearch engine {pct(t, 50):.2f} / {pct(t, 95):.2f} /"
+                      f" {pct(t, 99):.2f} ms, raw pg_textsearch {pct(r, 50):.2f} / {pct(r, 95):.2f} /"
+                      f" {pct(r, 99):.2f} ms: ratio plain / engine {pct(p, 50) / pct(t, 50):.1f}x /"
+                      f" {pct(p, 95) / pct(t, 95):.1f}x; top-{k} overlap {row['overlap']:.3f}", flush=True)
+        result["memory"] = {"loaded server (engine + raw)": server_memory(server.data / "postmaster.pid")}
+        if args.plain_on_source:
+            result["memory"]["bench server (plain)"] = server_memory(Path(args.data_dir) / "pg" / "postmaster.pid")
+        print(f"server memory: {result['memory']}", flush=True)
+        if args.judged and args.plain_on_source:
+            print("--judged is not run with --plain-on-source (it would ingest into the source database)")
+        elif args.judged:
+            result["judged"] = judged(args, server, conns, raw, Path(args.judged))
         for c in [*conns.values(), raw]:
             c.close()
     finally:
+        if args.plain_on_source and args.drop_after:
+            drop_lean(args, server)
         server.stop()
-        db.stop_embedded(Settings(data_dir=Path(args.data_dir), database_name="postgres"))
+        if not args.plain_on_source:  # the shared bench server is left as it was found
+            db.stop_embedded(Settings(data_dir=Path(args.data_dir), database_name="postgres"))
+        if args.json:
+            Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
     return 0
 
 

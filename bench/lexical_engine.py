@@ -295,6 +295,7 @@ def judged(args, server, conns, raw, path: Path) -> None:
     coll = load_beir(path)
     tenant = uuid.uuid5(uuid.NAMESPACE_URL, f"kb-lexical-engine-judged:{path.name}")
     docs = source_docs(coll)
+    table = "j_" + re.sub(r"\W", "_", path.name)
     for name, dbname in (("plain", "kb_engine_plain"), ("pg_textsearch", "kb_engine_pts")):
         conn = conns[name]
         with session.tenant_transaction(conn, tenant):
@@ -304,7 +305,8 @@ def judged(args, server, conns, raw, path: Path) -> None:
             ingest_documents(conn, tenant, docs, RandomEmbedder(), Settings(database_url=url(server, dbname)))
             print(f"ingested {path.name} into {dbname}: {len(docs)} documents in {time.perf_counter() - t0:.0f} s",
                   flush=True)
-    table = "j_" + re.sub(r"\W", "_", path.name)
+            if name == "plain":  # new chunk ids: the raw index's copy of an earlier ingest is stale
+                raw.execute(f"drop table if exists {table}")
     if not raw.execute("select to_regclass(%s)", [table]).fetchone()[0]:
         raw.execute(f"create table {table} (chunk_id uuid primary key, doc_id uuid not null, tenant_id uuid not null,"
                     " content text not null)")

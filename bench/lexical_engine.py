@@ -18,6 +18,14 @@ collection ingested into a tenant of both databases and the raw index; nDCG@10 o
 
     python bench/lexical_engine.py --source-db kb_bench_100000_1 --queries 100 --judged /work/shared/datasets/cacm
 
+``--base-db`` (made from ``--base-src``, an older revision's src folder, where missing): the engine
+as that revision's SQL serves it, a fourth variant in the same rotation, with the number of
+queries whose rows differ from this revision's (a change of the engine's SQL measured against
+the SQL it replaces, on the same server and index):
+
+    python bench/lexical_engine.py --source-db kb_bench_100000_1 --queries 100 --base-db kb_main_pts \
+        --base-src /path/to/main/src
+
 At 1M chunks two copies of the corpus do not fit this machine's disk: ``--plain-on-source``
 queries the plain engine in the source database itself on the bench server (the same machine,
 the same shared_buffers), restores only the pg_textsearch engine's database (without the plain
@@ -82,9 +90,10 @@ def restore(args, server: AnchorServer) -> dict:
         bindir = server.install / "bin"
         t0 = time.perf_counter()
         subprocess.run([str(bindir / "pg_dump"), "-Fc", "-Z0", "-f", str(dump), "-d", src], check=True)
-        with psycopg.connect(server.url(), autocommit=True) as c:
-            c.execute("create database kb_roles")  # the roles (cluster-wide) before the restore
-        db.migrate(Settings(database_url=url(server, "kb_roles"), lexical_engine="plain"))
+        if "kb_roles" not in have:
+            with psycopg.connect(server.url(), autocommit=True) as c:
+                c.execute("create database kb_roles")  # the roles (cluster-wide) before the restore
+            db.migrate(Settings(database_url=url(server, "kb_roles"), lexical_engine="plain"))
         with psycopg.connect(server.url(), autocommit=True) as c:
             c.execute("create database kb_engine_plain")
         subprocess.run([str(bindir / "pg_restore"), "--disable-triggers", "-j", "2", "-d",
@@ -112,6 +121,21 @@ ANCHOR_LEX = ("select chunk_id, doc_id, content, content <@> to_bm25query(%(q)s,
 # the engine serves every unfiltered query of a current partition).
 LEAN_DATA = ("kb.term_blocks",)
 LEAN_INDEX = re.compile(r"INDEX kb chunks_tenant_tsv_idx ")
+
+
+def base_database(args, server: AnchorServer) -> None:
+    """--base-db made where missing: a copy of --pts-db (its engine built, nothing rebuilt) migrated
+    by --base-src's package, in a process of its own, so that it holds that revision's SQL."""
+    with psycopg.connect(server.url(), autocommit=True) as c:
+        if c.execute("select 1 from pg_database where datname = %s", [args.base_db]).fetchone():
+            return
+        if not args.base_src:
+            raise SystemExit(f"--base-db {args.base_db} is missing: give --base-src to make it")
+        c.execute(f'create database "{args.base_db}" template "{args.pts_db}" strategy file_copy')
+    code = ("import sys; from kb_rerank.core.settings import Settings; from kb_rerank.db import database as db;"
+            " db.migrate(Settings(database_url=sys.argv[1], lexical_engine='pg_textsearch'))")
+    subprocess.run([sys.executable, "-c", code, url(server, args.base_db)], check=True,
+                   env={**os.environ, "PYTHONPATH": str(Path(args.base_src).resolve())})
 
 
 def restore_lean(args, server: AnchorServer, src: str) -> dict:
@@ -271,6 +295,7 @@ def judged(args, server, conns, raw, path: Path) -> None:
     coll = load_beir(path)
     tenant = uuid.uuid5(uuid.NAMESPACE_URL, f"kb-lexical-engine-judged:{path.name}")
     docs = source_docs(coll)
+    table = "j_" + re.sub(r"\W", "_", path.name)
     for name, dbname in (("plain", "kb_engine_plain"), ("pg_textsearch", "kb_engine_pts")):
         conn = conns[name]
         with session.tenant_transaction(conn, tenant):
@@ -280,7 +305,8 @@ def judged(args, server, conns, raw, path: Path) -> None:
             ingest_documents(conn, tenant, docs, RandomEmbedder(), Settings(database_url=url(server, dbname)))
             print(f"ingested {path.name} into {dbname}: {len(docs)} documents in {time.perf_counter() - t0:.0f} s",
                   flush=True)
-    table = "j_" + re.sub(r"\W", "_", path.name)
+            if name == "plain":  # new chunk ids: the raw index's copy of an earlier ingest is stale
+                raw.execute(f"drop table if exists {table}")
     if not raw.execute("select to_regclass(%s)", [table]).fetchone()[0]:
         raw.execute(f"create table {table} (chunk_id uuid primary key, doc_id uuid not null, tenant_id uuid not null,"
                     " content text not null)")
@@ -371,6 +397,12 @@ def main(argv=None) -> int:
     ap.add_argument("--k", type=lambda v: [int(x) for x in v.split(",")], default=[10, 60])
     ap.add_argument("--judged", default=None, help="a BEIR folder: nDCG@10 of the three on its judged queries")
     ap.add_argument("--json", default=None, help="write the figures to this file")
+    ap.add_argument("--base-db", default=None,
+                    help="a copy of --pts-db on the loaded server migrated by an older revision (its engine SQL):"
+                         " queried as a fourth, interleaved, with the queries whose rows differ from --pts-db's")
+    ap.add_argument("--base-src", default=None,
+                    help="with --base-db: the older revision's src folder (e.g. a worktree of main), which makes"
+                         " --base-db where it is missing (a copy of --pts-db, then `migrate` by that revision)")
     args = ap.parse_args(argv)
     root = Path(args.anchor_dir)
     root.mkdir(parents=True, exist_ok=True)
@@ -399,6 +431,8 @@ def main(argv=None) -> int:
             times = restore(args, server)
             plain_url = db.app_url(Settings(database_url=url(server, "kb_engine_plain")))
         result["times"] = times
+        if args.base_db:
+            base_database(args, server)
         for k, v in times.items():
             print(f"{k}: {v:.1f}")
         with psycopg.connect(url(server, args.pts_db), autocommit=True) as c:
@@ -430,6 +464,8 @@ def main(argv=None) -> int:
                    "error code": lambda: rng.choice(codes)}
         conns = {"plain": psycopg.connect(plain_url),
                  "pg_textsearch": psycopg.connect(db.app_url(Settings(database_url=url(server, args.pts_db))))}
+        if args.base_db:
+            conns["base"] = psycopg.connect(db.app_url(Settings(database_url=url(server, args.base_db))))
         for c in conns.values():
             session.configure_connection(c)
         raw = psycopg.connect(raw_url, autocommit=True)
@@ -450,13 +486,16 @@ def main(argv=None) -> int:
 
         fns = {"plain": lambda q, k: ours("plain", q, k), "pg_textsearch": lambda q, k: ours("pg_textsearch", q, k),
                "raw": anchor}
+        if args.base_db:
+            fns["base"] = lambda q, k: ours("base", q, k)
         for k in args.k:
             for cls, make in classes.items():
                 qs = [make() for _ in range(args.queries + args.warmup)]
                 times = {n: [] for n in fns}
                 overlap = []
+                differ = 0
                 for i, q in enumerate(qs):
-                    order = list(fns)[i % 3:] + list(fns)[:i % 3]
+                    order = list(fns)[i % len(fns):] + list(fns)[:i % len(fns)]
                     got = {}
                     for n in order:
                         t0 = time.perf_counter()
@@ -465,16 +504,25 @@ def main(argv=None) -> int:
                             times[n].append((time.perf_counter() - t0) * 1000)
                     if i >= args.warmup and got["plain"]:
                         overlap.append(len(set(got["plain"]) & set(got["pg_textsearch"])) / len(got["plain"]))
+                    if i >= args.warmup and args.base_db and got["base"] != got["pg_textsearch"]:
+                        differ += 1
                 p, t, r = times["plain"], times["pg_textsearch"], times["raw"]
                 row = {"class": cls, "k": k, "queries": len(p), "overlap": round(sum(overlap) / max(len(overlap), 1), 3)}
                 for name, xs in (("plain", p), ("engine", t), ("raw", r)):
                     row[name] = {f"p{q}": round(pct(xs, q), 2) for q in (50, 95, 99)}
+                base = ""
+                if args.base_db:
+                    e = times["base"]
+                    row["engine base"] = {f"p{q}": round(pct(e, q), 2) for q in (50, 95, 99)}
+                    row["rows differ from base"] = differ
+                    base = (f"; engine base {pct(e, 50):.2f} / {pct(e, 95):.2f} / {pct(e, 99):.2f} ms, p95 engine / base"
+                            f" {pct(t, 95) / pct(e, 95):.2f}, queries whose rows differ from base {differ}")
                 result["classes"].append(row)
                 print(f"{cls}, top {k}, {len(p)} queries: p50 / p95 / p99 plain {pct(p, 50):.2f} / {pct(p, 95):.2f} /"
                       f" {pct(p, 99):.2f} ms, pg_textsearch engine {pct(t, 50):.2f} / {pct(t, 95):.2f} /"
                       f" {pct(t, 99):.2f} ms, raw pg_textsearch {pct(r, 50):.2f} / {pct(r, 95):.2f} /"
                       f" {pct(r, 99):.2f} ms: ratio plain / engine {pct(p, 50) / pct(t, 50):.1f}x /"
-                      f" {pct(p, 95) / pct(t, 95):.1f}x; top-{k} overlap {row['overlap']:.3f}", flush=True)
+                      f" {pct(p, 95) / pct(t, 95):.1f}x; top-{k} overlap {row['overlap']:.3f}{base}", flush=True)
         result["memory"] = {"loaded server (engine + raw)": server_memory(server.data / "postmaster.pid")}
         if args.plain_on_source:
             result["memory"]["bench server (plain)"] = server_memory(Path(args.data_dir) / "pg" / "postmaster.pid")

@@ -394,15 +394,22 @@ begin
   if v_tenant is null or v_k = 0 then
     return;
   end if;
-  v_docs := kb.search_filter_docs(filter);
-  if cardinality(v_docs) = 0 then
-    return;
+  if filter is not null then  -- (no filter: every document, kb.search_filter_docs' NULL)
+    v_docs := kb.search_filter_docs(filter);
+    if cardinality(v_docs) = 0 then
+      return;
+    end if;
   end if;
   v_q := kb.bm25_query_text(query, kb.query_languages(query, v_tenant, language));
+  if v_q is null then
+    return;
+  end if;
+  -- the extension's schema, and the partition (none: the tenant has no chunks), in one read
   select n.nspname into v_ext
-  from pg_extension e join pg_namespace n on n.oid = e.extnamespace where e.extname = 'pg_textsearch';
-  if v_q is null or v_ext is null or to_regclass(v_part) is null then
-    return;  -- (no partition: the tenant has no chunks)
+  from pg_extension e join pg_namespace n on n.oid = e.extnamespace
+  where e.extname = 'pg_textsearch' and to_regclass(v_part) is not null;
+  if v_ext is null then
+    return;
   end if;
   -- pg_textsearch's planner hook looks bm25_get_current_score up by the search path (it
   -- puts it in place of the ORDER BY expression): the extension's schema after pg_catalog and
@@ -416,17 +423,16 @@ begin
     -- tenant's partition by name, its own index named: pg_textsearch resolves a parent index to
     -- a partition attached later in an index scan, not in a plain one.)
     execute format($q$
-      select array_agg(h.chunk_id), array_agg(h.doc_id), array_agg(h.score)
+      select array_agg(h.chunk_id), array_agg(h.doc_id), array_agg(h.score),
+             (count(*) filter (where h.score > 0))::integer
       from (select l.chunk_id, l.doc_id, -(%1$I.bm25_get_current_score())::float8 as score
             from %2$s l
             where l.tenant_id = $1
             order by l.lexemes operator(%1$I.<@>) %1$I.to_bm25query($2, $3)
             limit $4) as h$q$, v_ext, v_part)
-      into v_ids, v_dids, v_scores
+      into v_ids, v_dids, v_scores, v_hits
       using v_tenant, v_q, v_part || '_bm25', v_n;
     -- each document's best chunk within the filter, the top k
-    select count(*) filter (where h.score > 0)::integer into v_hits
-    from unnest(v_scores) as h(score);
     select array_agg(t.chunk_id order by t.score desc, t.chunk_id),
            array_agg(t.doc_id order by t.score desc, t.chunk_id),
            array_agg(t.score order by t.score desc, t.chunk_id)

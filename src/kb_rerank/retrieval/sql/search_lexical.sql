@@ -116,7 +116,7 @@ declare
   v_idf float8[];
   v_nt integer;
   v_exact boolean := k1 >= 0 and b >= 0 and b <= 1;
-  v_docs uuid[] := kb.search_filter_docs(filter);
+  v_docs uuid[] := case when filter is not null then kb.search_filter_docs(filter) end;  -- (NULL: no filter)
   v_few boolean := false;
   -- levels, flattened: term i's level L (0-based) is entry v_off[i] + L + 1 of v_lb (its
   -- bound: w * tail * widening) and of v_ln (its number of chunks, all parts)

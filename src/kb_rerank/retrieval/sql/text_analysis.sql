@@ -421,6 +421,8 @@ parallel safe
 security invoker
 set search_path = pg_catalog, pg_temp
 as $$
+  -- (no language named: that choice alone, without reading the tenant's languages again)
+  select case when language is null then kb.query_languages(query, tenant) else (
   with given as (
     select l.lang, kb.language_script(l.lang) as script
     from (select case kb.language_subtag(language) when 'nb' then 'no' when 'nn' then 'no'
@@ -439,7 +441,7 @@ as $$
                                select f.lang from given g cross join unnest(p.langs) as f(lang)
                                where kb.language_script(f.lang) <> g.script) as x
                          order by x.lang) end
-  from prior p
+  from prior p) end
 $$;
 
 -- kb.search_term_groups(query, languages): the terms kb.search_lexical scores a query with,

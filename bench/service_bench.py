@@ -86,10 +86,20 @@ class Timed:
 
 
 class TimedReranker(Timed):
+    """Both ways the service calls the model: ``ascore`` and, within the rerank budget
+    (KB_RERANK_BUDGET_MS), ``ascore_until``."""
+
     async def ascore(self, query, passages, **kw):
         t = time.perf_counter()
         try:
             return await self.inner.ascore(query, passages, **kw)
+        finally:
+            self.seconds += time.perf_counter() - t
+
+    async def ascore_until(self, query, passages, deadline, **kw):
+        t = time.perf_counter()
+        try:
+            return await self.inner.ascore_until(query, passages, deadline, **kw)
         finally:
             self.seconds += time.perf_counter() - t
 
@@ -394,7 +404,7 @@ def rows_identical(base_owner: str, new_owner: str, tenant: uuid.UUID, words: li
                     bc.execute(SET_TENANT, [str(tenant)])
                     base_rows = bc.execute(search.HYBRID_TOP_SQL, [
                         q, search._vec(v), spec.depth, f["rrf_k"], f["fusion"], f["lexical_weight"],
-                        f["semantic_weight"], f["k1"], f["b"], spec.limit]).fetchall()
+                        f["semantic_weight"], f["k1"], f["b"], None, None, spec.limit]).fetchall()
                 with nc.transaction():
                     nc.execute(SET_TENANT, [str(tenant)])
                     cands = run_awaited(spec.fetch(AwaitedConnection(nc), q, v, pairs=("m", "0" * 64)))
@@ -511,7 +521,7 @@ def probe(owner: str, tenant: uuid.UUID, words: list[str], n: int) -> dict:
                     t1 = time.perf_counter()
                     f = s.fusion
                     c.execute(search.HYBRID_SQL, [q, v.astype(np.float32), s.fusion_depth, f["rrf_k"], f["fusion"],
-                                                  f["lexical_weight"], f["semantic_weight"], f["k1"], f["b"]],
+                                                  f["lexical_weight"], f["semantic_weight"], f["k1"], f["b"], None, None],
                               prepare=prep).fetchall()
                     t2 = time.perf_counter()
                 out["lookup_" + tag].append((t1 - t) * 1000)

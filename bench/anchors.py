@@ -1164,6 +1164,24 @@ def save(args, result: dict) -> None:
     log(f"wrote {out / stem}.md and .json")
 
 
+def server_memory(pid_file: Path) -> dict:
+    """A server's processes (the postmaster named in ``pid_file`` and its children): their
+    proportional set sizes summed (shared pages divided among the processes that map them, so
+    the buffer pool counts once) and the largest one's resident set, MB; or why not read."""
+    try:
+        root = int(pid_file.read_text().split()[0])
+        pids = [root] + [int(x) for x in subprocess.run(["pgrep", "-P", str(root)], capture_output=True,
+                                                        text=True).stdout.split()]
+        pss, rss = 0, []
+        for pid in pids:
+            fields = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines()[1:])
+            pss += int(fields["Pss"].split()[0])
+            rss.append(int(fields["Rss"].split()[0]))
+        return {"processes": len(pids), "PSS MB": pss / 1024, "largest RSS MB": max(rss) / 1024}
+    except (OSError, ValueError, KeyError) as e:
+        return {"not read": str(e)}
+
+
 def memory(args, ctx: dict) -> dict:
     """The project's bench server after the size's run: shared_buffers, its processes' memory
     (proportional set size, shared pages divided among the processes that map them, so the
@@ -1174,18 +1192,12 @@ def memory(args, ctx: dict) -> dict:
     with psycopg.connect(db.owner_url(settings), autocommit=True) as conn:
         out["shared_buffers"] = conn.execute("select current_setting('shared_buffers')").fetchone()[0]
         out["database MB"] = conn.execute("select pg_database_size(current_database())").fetchone()[0] / 2**20
-    try:
-        root = int(pid_file.read_text().split()[0])
-        pids = [root] + [int(x) for x in subprocess.run(["pgrep", "-P", str(root)], capture_output=True,
-                                                        text=True).stdout.split()]
-        pss, rss = 0, []
-        for pid in pids:
-            fields = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines()[1:])
-            pss += int(fields["Pss"].split()[0])
-            rss.append(int(fields["Rss"].split()[0]))
-        out.update({"server processes": len(pids), "server PSS MB": pss / 1024, "largest process RSS MB": max(rss) / 1024})
-    except (OSError, ValueError, KeyError) as e:
-        out["server memory"] = f"not read: {e}"
+    m = server_memory(pid_file)
+    if "not read" in m:
+        out["server memory"] = f"not read: {m['not read']}"
+    else:
+        out.update({"server processes": m["processes"], "server PSS MB": m["PSS MB"],
+                    "largest process RSS MB": m["largest RSS MB"]})
     say(f"memory {ctx['size']} chunks: " + ", ".join(f"{k} {v:.0f}" if isinstance(v, float) else f"{k} {v}"
                                                     for k, v in out.items()))
     return out

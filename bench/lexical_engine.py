@@ -62,7 +62,9 @@ import psycopg  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
+sys.path.insert(0, str(ROOT / "bench"))
 
+import anchors  # noqa: E402
 from kb_rerank.core import session  # noqa: E402
 from kb_rerank.core.settings import Settings  # noqa: E402
 from kb_rerank.db import database as db  # noqa: E402
@@ -79,6 +81,15 @@ def url(server: AnchorServer, name: str) -> str:
     return f"postgresql://postgres@/{name}?host={server.sock}&port={server.port}"
 
 
+def roles_first(server, have: set[str]) -> None:
+    """The project's roles (cluster-wide) on the loaded server before a restore: a database
+    kb_roles migrated once, unless the server has it already."""
+    if "kb_roles" not in have:
+        with psycopg.connect(server.url(), autocommit=True) as c:
+            c.execute("create database kb_roles")
+        db.migrate(Settings(database_url=url(server, "kb_roles"), lexical_engine="plain"))
+
+
 def restore(args, server: AnchorServer) -> dict:
     """kb_engine_plain and kb_engine_pts on the loaded server (made once); build times."""
     times = {}
@@ -90,10 +101,7 @@ def restore(args, server: AnchorServer) -> dict:
         bindir = server.install / "bin"
         t0 = time.perf_counter()
         subprocess.run([str(bindir / "pg_dump"), "-Fc", "-Z0", "-f", str(dump), "-d", src], check=True)
-        if "kb_roles" not in have:
-            with psycopg.connect(server.url(), autocommit=True) as c:
-                c.execute("create database kb_roles")  # the roles (cluster-wide) before the restore
-            db.migrate(Settings(database_url=url(server, "kb_roles"), lexical_engine="plain"))
+        roles_first(server, have)
         with psycopg.connect(server.url(), autocommit=True) as c:
             c.execute("create database kb_engine_plain")
         subprocess.run([str(bindir / "pg_restore"), "--disable-triggers", "-j", "2", "-d",
@@ -158,10 +166,7 @@ def restore_lean(args, server: AnchorServer, src: str) -> dict:
     schema = Path(args.anchor_dir) / f"{args.source_db}.schema.dump"
     t0 = time.perf_counter()
     subprocess.run([str(bindir / "pg_dump"), "-Fc", "--schema-only", "-f", str(schema), "-d", src], check=True)
-    if "kb_roles" not in have:
-        with psycopg.connect(server.url(), autocommit=True) as c:
-            c.execute("create database kb_roles")  # the roles (cluster-wide) before the restore
-        db.migrate(Settings(database_url=url(server, "kb_roles"), lexical_engine="plain"))
+    roles_first(server, have)
     with psycopg.connect(server.url(), autocommit=True) as c:
         c.execute(f'create database "{args.pts_db}"')
     try:
@@ -355,20 +360,8 @@ def judged(args, server, conns, raw, path: Path) -> None:
 
 
 def server_memory(pid_file: Path) -> dict:
-    """A server's processes: proportional set size summed (the buffer pool counted once) and the
-    largest process's resident set, MB (bench/anchors.py's reading)."""
-    try:
-        root = int(pid_file.read_text().split()[0])
-        pids = [root] + [int(x) for x in subprocess.run(["pgrep", "-P", str(root)], capture_output=True,
-                                                        text=True).stdout.split()]
-        pss, rss = 0, []
-        for pid in pids:
-            fields = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines()[1:])
-            pss += int(fields["Pss"].split()[0])
-            rss.append(int(fields["Rss"].split()[0]))
-        return {"processes": len(pids), "PSS MB": round(pss / 1024), "largest RSS MB": round(max(rss) / 1024)}
-    except (OSError, ValueError, KeyError) as e:
-        return {"not read": str(e)}
+    """A server's processes' memory, MB, rounded (bench/anchors.py's reading)."""
+    return {k: round(v) if isinstance(v, float) else v for k, v in anchors.server_memory(pid_file).items()}
 
 
 def main(argv=None) -> int:

@@ -79,3 +79,6 @@ revoke execute on function kb.apply_tenant_policies(regclass, text, text[], text
 comment on function kb.apply_tenant_policies(regclass, text, text[], text[], jsonb, text) is
   'Row-level security forced on a tenant table, one policy per command on tenant_id = kb.current_tenant(), '
   'and the app role''s privileges on it; idempotent (the layer applies it on every upgrade)';
+-- kb_stats applies it to the pg_textsearch engine's per-tenant partitions, which it creates and
+-- owns (kb.lexical_bm25_partition, retrieval/sql/lexical_engine.sql)
+grant execute on function kb.apply_tenant_policies(regclass, text, text[], text[], jsonb, text) to kb_stats;

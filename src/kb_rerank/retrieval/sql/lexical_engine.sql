@@ -164,11 +164,9 @@ begin
                   where c.oid = 'kb.lexical_bm25_idx'::regclass));
   execute format('alter table kb.lexical_bm25 attach partition kb_bm25.%I for values in (%L)', v_name, tenant);
   -- read by name (kb.search_lexical_ids_bm25 scans the partition and names its index); row
-  -- security as on every tenant table
-  execute format('alter table kb_bm25.%I enable row level security', v_name);
-  execute format('alter table kb_bm25.%I force row level security', v_name);
-  execute format('create policy tenant_isolation on kb_bm25.%I using (tenant_id = kb.current_tenant())', v_name);
-  execute format('revoke all on kb_bm25.%I from public', v_name);
+  -- security by the rule of every tenant table
+  perform kb.apply_tenant_policies(format('kb_bm25.%I', v_name)::regclass, null, '{}', '{}',
+                                   one_policy => 'tenant_isolation');
   execute format('grant select on kb_bm25.%I to kb_search', v_name);
   if fill then
     execute format('analyze kb_bm25.%I', v_name);
@@ -298,11 +296,8 @@ begin
   comment on table kb.lexical_bm25_builds is
     'When each kb_bm25 partition''s index was built and whether rows were written to it since (kb.lexical_bm25_current)';
   alter table kb.lexical_bm25_builds owner to kb_stats;
-  alter table kb.lexical_bm25_builds enable row level security;
-  alter table kb.lexical_bm25_builds force row level security;
-  drop policy if exists tenant_isolation on kb.lexical_bm25_builds;
-  create policy tenant_isolation on kb.lexical_bm25_builds using (tenant_id = kb.current_tenant());
-  revoke all on kb.lexical_bm25_builds from public;
+  -- the rule of every tenant table (db/sql/tenant_policies.sql); the app role gets nothing
+  perform kb.apply_tenant_policies('kb.lexical_bm25_builds', null, '{}', '{}', one_policy => 'tenant_isolation');
   grant select on kb.lexical_bm25_builds to kb_search;
   create table if not exists kb.lexical_bm25 (
     tenant_id uuid not null,
@@ -314,11 +309,7 @@ begin
   comment on table kb.lexical_bm25 is
     'Each chunk''s analysed lexemes as text for the pg_textsearch engine (kb.use_lexical_engine); a partition per tenant in schema kb_bm25';
   alter table kb.lexical_bm25 owner to kb_stats;
-  alter table kb.lexical_bm25 enable row level security;
-  alter table kb.lexical_bm25 force row level security;
-  drop policy if exists tenant_isolation on kb.lexical_bm25;
-  create policy tenant_isolation on kb.lexical_bm25 using (tenant_id = kb.current_tenant());
-  revoke all on kb.lexical_bm25 from public;
+  perform kb.apply_tenant_policies('kb.lexical_bm25', null, '{}', '{}', one_policy => 'tenant_isolation');
   grant select on kb.lexical_bm25 to kb_search;
   -- the parent's index first (on no partition yet): each partition copies its options
   execute format('create index lexical_bm25_idx on kb.lexical_bm25 using bm25 (lexemes)'

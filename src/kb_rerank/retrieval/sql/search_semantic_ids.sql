@@ -14,8 +14,14 @@
 -- inside it) so the HNSW index serves it. hnsw.iterative_scan (pgvector 0.8, a function-level
 -- SET: it holds for this call only) lets the index scan go on until k rows pass the tenant
 -- and filter conditions, so a small tenant among many, or a filter, still gets its full
--- top k (up to hnsw.max_scan_tuples visited, pgvector's default 20000); ef_search 100 keeps
--- recall high. With a filter, a chunk qualifies when its document is in
+-- top k (up to hnsw.max_scan_tuples visited, pgvector's default 20000). ef_search 200: the
+-- walk's candidate list is longer than the service's list (120 chunks: twice the fusion depth),
+-- so an unfiltered walk of a tenant alone fills it in one pass; with 100 the first pass ends at
+-- 100 and the iterative scan starts a second. Measured at 120 (bench/results/semantic-ef-search.md):
+-- as many of the exact top 120 as 100 and its second pass found, more of the exact top 60, in
+-- less time; a 60-chunk list (the semantic search alone) costs more than at 100 and finds
+-- more. (A function-level SET, not set_config by k: set_config is refused in a parallel
+-- query, and this function is parallel safe.) With a filter, a chunk qualifies when its document is in
 -- kb.search_filter_docs(filter): on the index scan, `(c.doc_id in (select unnest($3))) is
 -- true`, a hashed subplan built once (one lookup a visited chunk; `c.doc_id = any ($3)` is
 -- not hashed on the index scan and compares each visited chunk with the whole array).
@@ -52,7 +58,7 @@ rows {{default:candidates}}
 security definer
 set search_path = pg_catalog, kb, pg_temp
 set hnsw.iterative_scan = relaxed_order
-set hnsw.ef_search = 100
+set hnsw.ef_search = 200
 as $fn$
 #variable_conflict use_column
 declare

@@ -13,8 +13,10 @@ top 10 and top 60, each run through the three, the order rotating query by query
 warm-up: the two engines as the app role in the tenant's transaction
 (kb_rerank.retrieval.store.alexical, the service's call), the raw index as bench/anchors.py
 queries it. Prints one line per class with p50 / p95 of each, the ratios plain / engine, and
-the top-k overlap of the engine with plain. ``--judged`` (a BEIR folder, e.g. cacm): the
-collection ingested into a tenant of both databases and the raw index; nDCG@10 of the three.
+the top-k overlap of the engine with plain. ``--judged`` (a BEIR folder, e.g. cacm; repeat it
+for several, ``--judged-only`` to skip the latency classes): the collection ingested into a
+tenant of both databases and into raw pg_textsearch indexes (text_config english, and the
+configuration of the collection's language where PostgreSQL has one); nDCG@10 of each.
 
     python bench/lexical_engine.py --source-db kb_bench_100000_1 --queries 100 --judged /work/shared/datasets/cacm
 
@@ -310,22 +312,40 @@ def judged(args, server, conns, raw, path: Path) -> None:
             ingest_documents(conn, tenant, docs, RandomEmbedder(), Settings(database_url=url(server, dbname)))
             print(f"ingested {path.name} into {dbname}: {len(docs)} documents in {time.perf_counter() - t0:.0f} s",
                   flush=True)
-            if name == "plain":  # new chunk ids: the raw index's copy of an earlier ingest is stale
-                raw.execute(f"drop table if exists {table}")
-    if not raw.execute("select to_regclass(%s)", [table]).fetchone()[0]:
-        raw.execute(f"create table {table} (chunk_id uuid primary key, doc_id uuid not null, tenant_id uuid not null,"
-                    " content text not null)")
-        with psycopg.connect(url(server, "kb_engine_plain"), autocommit=True) as src, \
-                src.cursor().copy("copy (select c.chunk_id, c.doc_id, c.tenant_id, case when coalesce(btrim(d.title),"
-                                  " '') = '' then c.content else d.title || E'\\n' || c.content end from kb.chunks c"
-                                  " join kb.documents d on d.tenant_id = c.tenant_id and d.doc_id = c.doc_id"
-                                  " where c.tenant_id = %s) to stdout", [str(tenant)]) as out, \
-                raw.cursor().copy(f"copy {table} from stdin") as inp:
-            for block in out:
-                inp.write(block)
-        s = Settings()
-        raw.execute(f"create index {table}_bm25 on {table} using bm25 (content)"
-                    f" with (text_config = 'english', k1 = {s.bm25_k1}, b = {s.bm25_b})")
+            if name == "plain":  # new chunk ids: the raw indexes' copies of an earlier ingest are stale
+                for (t,) in raw.execute("select tablename from pg_tables where tablename = %s or tablename like %s",
+                                        [table, table + r"\_%"]).fetchall():
+                    raw.execute(f"drop table {t}")
+    # pg_textsearch analyses with one text search configuration: english, as bench/anchors.py's
+    # anchor, and the configuration of the collection's language where PostgreSQL has one (the
+    # language most of its documents were detected in; simple where none), as a user of that
+    # language would set it
+    with session.tenant_transaction(conns["plain"], tenant):
+        lang = conns["plain"].execute("select language from kb.documents group by 1 order by count(*) desc limit 1"
+                                      ).fetchone()[0]
+    with session.tenant_transaction(conns["plain"], tenant):
+        stem = conns["plain"].execute("select kb.stem_config(%s)::text", [lang]).fetchone()[0]
+    # (kb.stem_config falls back to english for a language without a Snowball stemmer: simple there)
+    cfg = "simple" if stem == "english_stem" and not lang.startswith("en") else stem.removesuffix("_stem")
+    if not raw.execute("select 1 from pg_ts_config where cfgname = %s", [cfg]).fetchone():
+        cfg = "simple"
+    configs = list(dict.fromkeys(["english", cfg]))
+    for c in configs:
+        t = table if c == "english" else f"{table}_{c}"
+        if not raw.execute("select to_regclass(%s)", [t]).fetchone()[0]:
+            raw.execute(f"create table {t} (chunk_id uuid primary key, doc_id uuid not null, tenant_id uuid not null,"
+                        " content text not null)")
+            with psycopg.connect(url(server, "kb_engine_plain"), autocommit=True) as src, \
+                    src.cursor().copy("copy (select c.chunk_id, c.doc_id, c.tenant_id, case when coalesce(btrim(d.title),"
+                                      " '') = '' then c.content else d.title || E'\\n' || c.content end from kb.chunks c"
+                                      " join kb.documents d on d.tenant_id = c.tenant_id and d.doc_id = c.doc_id"
+                                      " where c.tenant_id = %s) to stdout", [str(tenant)]) as out, \
+                    raw.cursor().copy(f"copy {t} from stdin") as inp:
+                for block in out:
+                    inp.write(block)
+            s = Settings()
+            raw.execute(f"create index {t}_bm25 on {t} using bm25 (content)"
+                        f" with (text_config = '{c}', k1 = {s.bm25_k1}, b = {s.bm25_b})")
     with session.tenant_transaction(conns["plain"], tenant):
         docmap = {d: u[len("beir:"):] for d, u in conns["plain"].execute("select doc_id, source_uri from kb.documents")}
     with session.tenant_transaction(conns["pg_textsearch"], tenant):
@@ -344,18 +364,31 @@ def judged(args, server, conns, raw, path: Path) -> None:
         with session.tenant_transaction(conns[name], tenant):
             return top10([c.doc_id for c in session.run(conns[name], search.alexical, q, 10, language=dql(q))])
 
-    sql = ANCHOR_LEX.replace("from chunks", f"from {table}")
-    nd = {"plain": [], "pg_textsearch": [], "raw": []}
+    nd = {"plain": [], "pg_textsearch": [], **{f"raw {c}": [] for c in configs}}
     for qid in qids:
         q = coll.queries[qid]
         nd["plain"].append(ndcg_at_k(ours("plain", q), coll.qrels[qid], 10))
         nd["pg_textsearch"].append(ndcg_at_k(ours("pg_textsearch", q), coll.qrels[qid], 10))
-        got = [r[1] for r in raw.execute(sql, {"q": q, "idx": f"{table}_bm25", "k": 40}).fetchall()]
-        nd["raw"].append(ndcg_at_k(top10(got), coll.qrels[qid], 10))
-    out = {"collection": path.name, "queries": len(qids), **{n: round(sum(v) / len(qids), 4) for n, v in nd.items()}}
-    print(f"judged {path.name} ({len(qids)} queries): nDCG@10 plain {sum(nd['plain']) / len(qids):.4f},"
-          f" pg_textsearch engine {sum(nd['pg_textsearch']) / len(qids):.4f},"
-          f" raw pg_textsearch (english) {sum(nd['raw']) / len(qids):.4f}", flush=True)
+        for c in configs:
+            t = table if c == "english" else f"{table}_{c}"
+            got = [r[1] for r in raw.execute(ANCHOR_LEX.replace("from chunks", f"from {t}"),
+                                             {"q": q, "idx": f"{t}_bm25", "k": 40}).fetchall()]
+            nd[f"raw {c}"].append(ndcg_at_k(top10(got), coll.qrels[qid], 10))
+    out = {"collection": path.name, "language": lang, "queries": len(qids),
+           **{n: round(sum(v) / len(qids), 4) for n, v in nd.items()}}
+    # the engine's difference from each raw configuration, query by query: a 95 % interval of
+    # its mean by the paired bootstrap (2000 resamples of the queries)
+    import numpy as np
+    boot = np.random.default_rng(48).integers(0, len(qids), size=(2000, len(qids)))
+    for c in configs:
+        d = np.array(nd["pg_textsearch"]) - np.array(nd[f"raw {c}"])
+        lo, hi = np.percentile(d[boot].mean(axis=1), [2.5, 97.5])
+        out[f"engine - raw {c}, 95% interval"] = [round(float(lo), 4), round(float(hi), 4)]
+    print(f"judged {path.name} ({len(qids)} queries, documents mostly {lang}): nDCG@10 plain"
+          f" {sum(nd['plain']) / len(qids):.4f}, pg_textsearch engine {sum(nd['pg_textsearch']) / len(qids):.4f}, "
+          + ", ".join(f"raw pg_textsearch ({c}) {sum(nd[f'raw {c}']) / len(qids):.4f}" for c in configs)
+          + "; engine - raw, 95 % interval: "
+          + ", ".join(f"{c} {out[f'engine - raw {c}, 95% interval']}" for c in configs), flush=True)
     return out
 
 
@@ -388,7 +421,10 @@ def main(argv=None) -> int:
     ap.add_argument("--queries", type=int, default=100)
     ap.add_argument("--warmup", type=int, default=10)
     ap.add_argument("--k", type=lambda v: [int(x) for x in v.split(",")], default=[10, 60])
-    ap.add_argument("--judged", default=None, help="a BEIR folder: nDCG@10 of the three on its judged queries")
+    ap.add_argument("--judged", action="append", default=[],
+                    help="a BEIR folder: nDCG@10 of the three on its judged queries (repeat it for several)")
+    ap.add_argument("--judged-only", action="store_true",
+                    help="with --judged: the judged collections only, no latency classes")
     ap.add_argument("--json", default=None, help="write the figures to this file")
     ap.add_argument("--base-db", default=None,
                     help="a copy of --pts-db on the loaded server migrated by an older revision (its engine SQL):"
@@ -481,7 +517,7 @@ def main(argv=None) -> int:
                "raw": anchor}
         if args.base_db:
             fns["base"] = lambda q, k: ours("base", q, k)
-        for k in args.k:
+        for k in ([] if args.judged_only else args.k):
             for cls, make in classes.items():
                 qs = [make() for _ in range(args.queries + args.warmup)]
                 times = {n: [] for n in fns}
@@ -523,7 +559,7 @@ def main(argv=None) -> int:
         if args.judged and args.plain_on_source:
             print("--judged is not run with --plain-on-source (it would ingest into the source database)")
         elif args.judged:
-            result["judged"] = judged(args, server, conns, raw, Path(args.judged))
+            result["judged"] = [judged(args, server, conns, raw, Path(p)) for p in args.judged]
         for c in [*conns.values(), raw]:
             c.close()
     finally:

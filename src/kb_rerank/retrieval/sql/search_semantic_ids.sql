@@ -64,12 +64,20 @@ as $fn$
 declare
   v_k integer := greatest(least(k, 1000), 0);
   v_tenant uuid := kb.current_tenant();
-  v_docs uuid[] := kb.search_filter_docs(filter);
+  v_f jsonb := kb.search_filter(filter);
+  v_docs uuid[];
   v_n integer;
   v_rows bigint;
   v_per_doc float8;
+  v_a record;
+  v_tenant_chunks bigint;
+  v_sampled integer;
+  v_hits integer;
+  v_ids uuid[];
+  v_doc_ids uuid[];
+  v_dists float8[];
 begin
-  if v_docs is null then
+  if v_f is null then
     return query
       with nn as materialized (
         select c.chunk_id, c.doc_id, c.embedding OPERATOR(public.<=>) query_embedding as distance
@@ -83,7 +91,69 @@ begin
       order by nn.distance, nn.chunk_id;
     return;
   end if;
-  if cardinality(v_docs) = 0 or v_k = 0 then
+  if v_k = 0 then
+    return;
+  end if;
+  -- A clearly broad filter: no listing of its documents; the graph walk checks each chunk it
+  -- visits against its document (kb.search_filter_docs_where on that row, one primary-key
+  -- lookup), the walk and so the recall of the listed documents' walk below. "Clearly":
+  -- of {{semantic_walk_sample}} of the tenant's chunks (chunk ids are random: from the point
+  -- the query's md5 names on, by the (tenant_id, chunk_id) key), a share of at least
+  -- {{semantic_walk_min_share}} passes and that share of the tenant's chunks (kb.corpus_stats)
+  -- is at least {{semantic_walk_min_chunks}}, twice the exact search's threshold: the margin
+  -- (kb_rerank.core.knn) puts a filter within the threshold 6 or more standard deviations
+  -- from this path. Should the walk still come back short of k (a filter narrower than its
+  -- sample: hnsw.max_scan_tuples reached), the listing below answers instead.
+  select cs.n_chunks into v_tenant_chunks from kb.corpus_stats cs where cs.tenant_id = v_tenant;
+  if v_tenant_chunks >= {{semantic_walk_min_chunks}} then
+    select * into v_a from kb.search_filter_docs_args(v_f);
+    execute format($q$
+        select count(*)::integer,
+               (count(*) filter (where (select %s from kb.documents d
+                                        where d.tenant_id = $16 and d.doc_id = s.doc_id) is true))::integer
+        from (select c.doc_id from kb.chunks c
+              where c.tenant_id = $16 and c.chunk_id >= $18
+              order by c.chunk_id
+              limit {{semantic_walk_sample}}) as s
+      $q$, kb.search_filter_docs_where())
+      into v_sampled, v_hits
+      using v_a.jp, null::uuid[], v_a.source_uri, v_a.language, v_a.title,
+            v_a.updated_in, v_a.updated_gte, v_a.updated_gt, v_a.updated_lte, v_a.updated_lt,
+            v_a.ingested_in, v_a.ingested_gte, v_a.ingested_gt, v_a.ingested_lte, v_a.ingested_lt,
+            v_tenant, v_a.ranges, md5(query_embedding::text)::uuid;
+    if v_sampled = {{semantic_walk_sample}}
+       and v_hits >= {{semantic_walk_min_share}} * v_sampled
+       and v_hits::float8 / v_sampled * v_tenant_chunks >= {{semantic_walk_min_chunks}} then
+      execute format($q$
+          with nn as materialized (
+            select c.chunk_id, c.doc_id, c.embedding OPERATOR(public.<=>) $18 as distance
+            from kb.chunks c
+            where c.tenant_id = $16
+              and (select %s from kb.documents d where d.tenant_id = $16 and d.doc_id = c.doc_id) is true
+            order by c.embedding OPERATOR(public.<=>) $18
+            limit $19
+          )
+          select array_agg(nn.chunk_id order by nn.distance, nn.chunk_id),
+                 array_agg(nn.doc_id order by nn.distance, nn.chunk_id),
+                 array_agg(nn.distance order by nn.distance, nn.chunk_id)
+          from nn
+        $q$, kb.search_filter_docs_where())
+        into v_ids, v_doc_ids, v_dists
+        using v_a.jp, null::uuid[], v_a.source_uri, v_a.language, v_a.title,
+              v_a.updated_in, v_a.updated_gte, v_a.updated_gt, v_a.updated_lte, v_a.updated_lt,
+              v_a.ingested_in, v_a.ingested_gte, v_a.ingested_gt, v_a.ingested_lte, v_a.ingested_lt,
+              v_tenant, v_a.ranges, query_embedding, v_k;
+      if cardinality(v_ids) = v_k then
+        return query
+          select u.chunk_id, u.doc_id, 1 - u.distance, u.rank::integer
+          from unnest(v_ids, v_doc_ids, v_dists) with ordinality as u (chunk_id, doc_id, distance, rank)
+          order by u.rank;
+        return;
+      end if;
+    end if;
+  end if;
+  v_docs := kb.search_filter_docs(filter);
+  if cardinality(v_docs) = 0 then
     return;
   end if;
   -- Where the filter's documents likely hold at most the threshold's chunks (the database's

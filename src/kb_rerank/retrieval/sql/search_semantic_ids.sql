@@ -98,7 +98,8 @@ begin
   -- visits against its document (kb.search_filter_docs_where on that row, one primary-key
   -- lookup), the walk and so the recall of the listed documents' walk below. "Clearly":
   -- of {{semantic_walk_sample}} of the tenant's chunks (chunk ids are random: from the point
-  -- the query's md5 names on, by the (tenant_id, chunk_id) key), a share of at least
+  -- the query's md5 names on, by the (tenant_id, chunk_id) key,
+  -- from the first id on where the last is reached), a share of at least
   -- {{semantic_walk_min_share}} passes and that share of the tenant's chunks (kb.corpus_stats)
   -- is at least {{semantic_walk_min_chunks}}, twice the exact search's threshold: the margin
   -- (kb_rerank.core.knn) puts a filter within the threshold 6 or more standard deviations
@@ -111,9 +112,13 @@ begin
         select count(*)::integer,
                (count(*) filter (where (select %s from kb.documents d
                                         where d.tenant_id = $16 and d.doc_id = s.doc_id) is true))::integer
-        from (select c.doc_id from kb.chunks c
-              where c.tenant_id = $16 and c.chunk_id >= $18
-              order by c.chunk_id
+        from ((select c.doc_id from kb.chunks c
+               where c.tenant_id = $16 and c.chunk_id >= $18
+               order by c.chunk_id limit {{semantic_walk_sample}})
+              union all
+              (select c.doc_id from kb.chunks c
+               where c.tenant_id = $16 and c.chunk_id < $18
+               order by c.chunk_id limit {{semantic_walk_sample}})
               limit {{semantic_walk_sample}}) as s
       $q$, kb.search_filter_docs_where())
       into v_sampled, v_hits

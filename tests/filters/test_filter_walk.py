@@ -88,7 +88,7 @@ def test_a_narrow_filter_on_a_large_tenant_is_listed(app_url, owner_url, broad):
 
 
 def test_a_filter_narrower_than_its_sample_is_answered_by_the_listing(app_url, owner_url):
-    """The sample names the query's point in the chunk ids (md5 of the vector): chunks made to
+    """The sample names the query's point in the chunk ids (md5 of the vector's bytes): chunks made to
     sit there, all of the filter's, make a narrow filter look broad. The walk finds fewer
     than k of them (there are fewer than k), and the listing answers: the exact list."""
     t = uuid.uuid4()
@@ -96,7 +96,7 @@ def test_a_filter_narrower_than_its_sample_is_answered_by_the_listing(app_url, o
         with tenant_transaction(conn, t):
             v = conn.execute("select (select array_agg(cos(g * 1.3))::real[] from generate_series(1, 384) g)::vector"
                              ).fetchone()[0]
-            start = uuid.UUID(conn.execute("select md5(%s::vector::text)", [v]).fetchone()[0])
+            start = uuid.UUID(conn.execute("select md5(vector_send(%s::vector))", [v]).fetchone()[0])
             conn.execute("insert into kb.documents (tenant_id, source_uri, title, content_hash, metadata)"
                          " select kb.current_tenant(), 'n' || i, '', repeat('0', 64),"
                          "        jsonb_build_object('tags', case when i <= 10 then 'rare' else 'common' end)"

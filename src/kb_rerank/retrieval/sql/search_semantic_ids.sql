@@ -73,6 +73,7 @@ declare
   v_tenant_chunks bigint;
   v_sampled integer;
   v_hits integer;
+  v_size integer;
   v_ids uuid[];
   v_doc_ids uuid[];
   v_dists float8[];
@@ -98,8 +99,8 @@ begin
   -- visits against its document (kb.search_filter_docs_where on that row, one primary-key
   -- lookup), the walk and so the recall of the listed documents' walk below. "Clearly":
   -- of {{semantic_walk_sample}} of the tenant's chunks (chunk ids are random: from the point
-  -- the query's md5 names on, by the (tenant_id, chunk_id) key,
-  -- from the first id on where the last is reached), a share of at least
+  -- the md5 of the query vector's bytes names on, by the (tenant_id, chunk_id) key, from the
+  -- first id on where the last is reached), a share of at least
   -- {{semantic_walk_min_share}} passes and that share of the tenant's chunks (kb.corpus_stats)
   -- is at least {{semantic_walk_min_chunks}}, twice the exact search's threshold: the margin
   -- (kb_rerank.core.knn) puts a filter within the threshold 6 or more standard deviations
@@ -108,24 +109,28 @@ begin
   select cs.n_chunks into v_tenant_chunks from kb.corpus_stats cs where cs.tenant_id = v_tenant;
   if v_tenant_chunks >= {{semantic_walk_min_chunks}} then
     select * into v_a from kb.search_filter_docs_args(v_f);
-    execute format($q$
-        select count(*)::integer,
-               (count(*) filter (where (select %s from kb.documents d
-                                        where d.tenant_id = $16 and d.doc_id = s.doc_id) is true))::integer
-        from ((select c.doc_id from kb.chunks c
-               where c.tenant_id = $16 and c.chunk_id >= $18
-               order by c.chunk_id limit {{semantic_walk_sample}})
-              union all
-              (select c.doc_id from kb.chunks c
-               where c.tenant_id = $16 and c.chunk_id < $18
-               order by c.chunk_id limit {{semantic_walk_sample}})
-              limit {{semantic_walk_sample}}) as s
-      $q$, kb.search_filter_docs_where())
-      into v_sampled, v_hits
-      using v_a.jp, null::uuid[], v_a.source_uri, v_a.language, v_a.title,
-            v_a.updated_in, v_a.updated_gte, v_a.updated_gt, v_a.updated_lte, v_a.updated_lt,
-            v_a.ingested_in, v_a.ingested_gte, v_a.ingested_gt, v_a.ingested_lte, v_a.ingested_lt,
-            v_tenant, v_a.ranges, md5(query_embedding::text)::uuid;
+    -- a quarter of the sample first: a filter that fails it (most narrow ones) costs that only
+    foreach v_size in array array[{{semantic_walk_sample}} / 4, {{semantic_walk_sample}}] loop
+      execute format($q$
+          select count(*)::integer,
+                 (count(*) filter (where (select %s from kb.documents d
+                                          where d.tenant_id = $16 and d.doc_id = s.doc_id) is true))::integer
+          from ((select c.doc_id from kb.chunks c
+                 where c.tenant_id = $16 and c.chunk_id >= $18
+                 order by c.chunk_id limit $19)
+                union all
+                (select c.doc_id from kb.chunks c
+                 where c.tenant_id = $16 and c.chunk_id < $18
+                 order by c.chunk_id limit $19)
+                limit $19) as s
+        $q$, kb.search_filter_docs_where())
+        into v_sampled, v_hits
+        using v_a.jp, null::uuid[], v_a.source_uri, v_a.language, v_a.title,
+              v_a.updated_in, v_a.updated_gte, v_a.updated_gt, v_a.updated_lte, v_a.updated_lt,
+              v_a.ingested_in, v_a.ingested_gte, v_a.ingested_gt, v_a.ingested_lte, v_a.ingested_lt,
+              v_tenant, v_a.ranges, md5(public.vector_send(query_embedding))::uuid, v_size;
+      exit when v_sampled < v_size or v_hits < {{semantic_walk_min_share}} * v_sampled;
+    end loop;
     if v_sampled = {{semantic_walk_sample}}
        and v_hits >= {{semantic_walk_min_share}} * v_sampled
        and v_hits::float8 / v_sampled * v_tenant_chunks >= {{semantic_walk_min_chunks}} then

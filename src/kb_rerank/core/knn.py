@@ -9,7 +9,8 @@ filter of 10 % of a 100k-chunk tenant and 0.93 for 50 % of a 10k-chunk one, and 
 wider candidate list (ef_search 200-1000: 0.86-0.91), more scan memory
 (hnsw.scan_mem_multiplier 2-16) nor more tuples (hnsw.max_scan_tuples) lifted it to 0.95;
 from 50k chunks in the filter on it kept 0.99. bench/results/semantic-exact-threshold.md
-measures both paths at 0 / 50 / 10 / 1 % of 10k and 100k chunks.
+measures both paths at 0 / 50 / 10 / 1 % of 10k and 100k chunks. A clearly broad filter
+(the SEMANTIC_WALK_* constants below) walks the graph without listing its documents first.
 """
 
 from __future__ import annotations

@@ -25,6 +25,8 @@
 -- kb.search_filter_docs(filter): on the index scan, `(c.doc_id in (select unnest($3))) is
 -- true`, a hashed subplan built once (one lookup a visited chunk; `c.doc_id = any ($3)` is
 -- not hashed on the index scan and compares each visited chunk with the whole array).
+-- A clearly broad filter on a large tenant is not listed at all: the walk checks each visited
+-- chunk's document (below, where the sample decides).
 -- When the filter's documents hold at most {{semantic_exact_max_chunks}} chunks
 -- (kb_rerank.core.knn.SEMANTIC_EXACT_MAX_CHUNKS), the exact search: every such chunk's
 -- distance. It reads only chunk_id, doc_id and embedding, which the covering index

@@ -108,7 +108,7 @@ FUNCTIONS = {
     "search_filter_docs_args": "rewrites its argument: reads no table",
     "search_filter_docs_where": "pure: returns a constant text",
     "search_filter_docs_is_number": "pure: reads its argument", "search_filter_docs_num_in": "pure: compares its arguments",
-    "search_filter_docs_ts_in": "pure: compares its arguments",
+    "search_filter_docs_ts_in": "compares its arguments: reads no table",
     "search_filter_docs": "filters kb.current_tenant() (and RLS for the app role); a filter naming A reads nothing",
     "audit_append": "writes the current tenant's chain only", "audit_verify": "not executable by the app",
     "audit_add_month": "not executable by the app",

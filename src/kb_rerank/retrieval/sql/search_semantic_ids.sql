@@ -98,8 +98,8 @@ begin
     return;
   end if;
   -- A clearly broad filter: no listing of its documents; the graph walk checks each chunk it
-  -- visits against its document (kb.search_filter_docs_where on that row, one primary-key
-  -- lookup), the walk and so the recall of the listed documents' walk below. "Clearly":
+  -- visits against its document (kb.search_filter_docs_where on that row, found by its
+  -- primary key): the same walk as the listed documents' below, so the same recall. "Clearly":
   -- of {{semantic_walk_sample}} of the tenant's chunks (chunk ids are random: from the point
   -- the md5 of the query vector's bytes names on, by the (tenant_id, chunk_id) key, from the
   -- first id on where the last is reached), a share of at least

@@ -66,7 +66,7 @@ as $fn$
 declare
   v_k integer := greatest(least(k, 1000), 0);
   v_tenant uuid := kb.current_tenant();
-  v_f jsonb := kb.search_filter(filter);
+  v_f jsonb;
   v_docs uuid[];
   v_n integer;
   v_rows bigint;
@@ -80,23 +80,6 @@ declare
   v_doc_ids uuid[];
   v_dists float8[];
 begin
-  if v_f is null then
-    return query
-      with nn as materialized (
-        select c.chunk_id, c.doc_id, c.embedding OPERATOR(public.<=>) query_embedding as distance
-        from kb.chunks c
-        where c.tenant_id = v_tenant
-        order by c.embedding OPERATOR(public.<=>) query_embedding
-        limit v_k
-      )
-      select nn.chunk_id, nn.doc_id, 1 - nn.distance, (row_number() over (order by nn.distance, nn.chunk_id))::integer
-      from nn
-      order by nn.distance, nn.chunk_id;
-    return;
-  end if;
-  if v_k = 0 then
-    return;
-  end if;
   -- A clearly broad filter: no listing of its documents; the graph walk checks each chunk it
   -- visits against its document (kb.search_filter_docs_where on that row, found by its
   -- primary key): the same walk as the listed documents' below, so the same recall. "Clearly":
@@ -109,7 +92,10 @@ begin
   -- from this path. Should the walk still come back short of k (a filter narrower than its
   -- sample: hnsw.max_scan_tuples reached), the listing below answers instead.
   select cs.n_chunks into v_tenant_chunks from kb.corpus_stats cs where cs.tenant_id = v_tenant;
-  if v_tenant_chunks >= {{semantic_walk_min_chunks}} then
+  if v_tenant_chunks >= {{semantic_walk_min_chunks}} and v_k > 0 then
+    v_f := kb.search_filter(filter);
+  end if;
+  if v_f is not null then
     select * into v_a from kb.search_filter_docs_args(v_f);
     -- a quarter of the sample first: a filter that fails it (most narrow ones) costs that only
     foreach v_size in array array[{{semantic_walk_sample}} / 4, {{semantic_walk_sample}}] loop
@@ -165,7 +151,21 @@ begin
     end if;
   end if;
   v_docs := kb.search_filter_docs(filter);
-  if cardinality(v_docs) = 0 then
+  if v_docs is null then
+    return query
+      with nn as materialized (
+        select c.chunk_id, c.doc_id, c.embedding OPERATOR(public.<=>) query_embedding as distance
+        from kb.chunks c
+        where c.tenant_id = v_tenant
+        order by c.embedding OPERATOR(public.<=>) query_embedding
+        limit v_k
+      )
+      select nn.chunk_id, nn.doc_id, 1 - nn.distance, (row_number() over (order by nn.distance, nn.chunk_id))::integer
+      from nn
+      order by nn.distance, nn.chunk_id;
+    return;
+  end if;
+  if cardinality(v_docs) = 0 or v_k = 0 then
     return;
   end if;
   -- Where the filter's documents likely hold at most the threshold's chunks (the database's

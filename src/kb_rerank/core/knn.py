@@ -23,11 +23,14 @@ SEMANTIC_EXACT_MAX_CHUNKS = 20000
 # the share that passes the filter at least SEMANTIC_WALK_MIN_SHARE and that share of the
 # tenant's chunks at least SEMANTIC_WALK_MIN_CHUNKS. The margin: a filter at the exact
 # threshold (true share p = SEMANTIC_EXACT_MAX_CHUNKS / tenant chunks) is taken for broad only
-# when its sample shows at least twice its share and at least a quarter; for a binomial of 256
+# when its sample shows at least twice its share and at least a quarter: for a binomial of 256
 # draws that is 6 or more standard deviations off at every tenant size (p = 1/8: 64 hits
-# where 32 +- 5.3 are expected; p = 1/4: 128 where 64 +- 6.9; p = 1/2: all 256), so a narrow
-# filter taken for broad by chance is negligible; and the walk keeps recall@60 0.99 from
-# 50k chunks in the filter on (bench/results/semantic-filter-speed-walk.md).
+# where 32 +- 5.3 are expected; p = 1/4: 128 where 64 +- 6.9; p = 1/2: all 256), at most
+# 4e-8 by the exact binomial tail (its worst case: a 160k-chunk tenant). A quarter of the
+# sample is read first and a filter failing it stops there (cheaper for narrow filters; it
+# never makes the broad path likelier). A filter taken for broad walks the graph as any filter
+# above the threshold does (recall@60 0.996 at 50 % of 100k chunks:
+# bench/results/semantic-filter-speed-walk.md).
 SEMANTIC_WALK_MIN_CHUNKS = 2 * SEMANTIC_EXACT_MAX_CHUNKS
 SEMANTIC_WALK_MIN_SHARE = 0.25
 SEMANTIC_WALK_SAMPLE = 256

@@ -162,6 +162,13 @@ CALLS = {
     "kb.search_filter_time(text,text)": "select kb.search_filter_time('2024-05-01', 'filter.x')",
     "kb.search_filter_number(jsonb,text)": "select kb.search_filter_number('2', 'filter.x')",
     "kb.search_filter_language(text,text)": "select kb.search_filter_language('JA', 'filter.x')",
+    # the filter's predicate on a document, its parameters and range checks (no table read)
+    "kb.search_filter_docs_args(jsonb)": """select * from kb.search_filter_docs_args('{"title": {"$in": ["t"]}, "n": {"$gte": 1}}')""",
+    "kb.search_filter_docs_where()": "select kb.search_filter_docs_where()",
+    "kb.search_filter_docs_is_number(jsonb)": """select kb.search_filter_docs_is_number('{"$gte": 1}')""",
+    "kb.search_filter_docs_num_in(double precision,jsonb)": """select kb.search_filter_docs_num_in(2, '{"$gte": 1}')""",
+    "kb.search_filter_docs_ts_in(timestamp with time zone,jsonb)":
+        """select kb.search_filter_docs_ts_in('2024-05-01', '{"$gte": "2024-01-01T00:00:00.000000+00:00"}')""",
     "kb.guard_flagged_share_rows()": "select * from kb.guard_flagged_share_rows()",
     # the texts the searches read, asked for A's chunk by its ids (B's reader gets no row)
     "kb.chunk_texts(uuid,uuid)": "select * from kb.chunk_texts(%(chunk)s, %(doc)s)",

@@ -43,7 +43,10 @@ grant execute on function kb.chunk_texts(uuid, uuid) to {{app_role}}, kb_search;
 -- the search filter (kb.search_filter's grammar): the app role checks it through the
 -- invoker hybrid searches, kb_search reads its documents inside the definer list searches
 grant execute on function kb.search_filter(jsonb), kb.search_filter_time(text, text), kb.search_filter_docs(jsonb),
-                          kb.search_filter_number(jsonb, text), kb.search_filter_language(text, text)
+                          kb.search_filter_number(jsonb, text), kb.search_filter_language(text, text),
+                          kb.search_filter_docs_args(jsonb), kb.search_filter_docs_where(),
+                          kb.search_filter_docs_is_number(jsonb), kb.search_filter_docs_num_in(double precision, jsonb),
+                          kb.search_filter_docs_ts_in(timestamptz, jsonb)
   to {{app_role}}, kb_search;
 -- the typed values of a document's metadata, written by the trigger on kb.documents as the writer
 grant execute on function kb.metadata_values(jsonb) to {{app_role}};

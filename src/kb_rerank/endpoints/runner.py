@@ -53,7 +53,7 @@ from kb_rerank.core.flights import Claim, Flights
 from kb_rerank.core.limits import UNLIMITED, Limits
 from kb_rerank.core.metrics import PipelineMetrics
 from kb_rerank.core.query import query_hash, query_hash_key
-from kb_rerank.retrieval.spec import RetrievalSpec, pair_keys, read as read_spec
+from kb_rerank.retrieval.spec import HYBRID, LexicalList, RetrievalSpec, pair_keys, read as read_spec, read_lexical
 from kb_rerank.core.settings import Settings
 from kb_rerank.audit import store as audit, record
 from kb_rerank.endpoints.documents import store as documents
@@ -203,6 +203,38 @@ class StoredResponse:
         return len(body.results)
 
 
+class FilterCharge:
+    """A request's search filter charge (:meth:`Bill.filter`: its terms over the tenant's
+    documents; 429 when short), paid once, before the request's first retrieval statement:
+    before a connection is taken when the tenant's document count at the request's
+    generation is known (:meth:`before`), else in the first retrieval transaction
+    (:meth:`within`)."""
+
+    def __init__(self, pipeline: "Pipeline", look: Lookup, spec: RetrievalSpec, bill: Bill | None) -> None:
+        self.pipeline, self.look = pipeline, look
+        self.terms = filters.terms(spec.filter)
+        self.bill = bill if self.terms and bill is not None else None  # None: nothing (left) to pay
+
+    def before(self) -> None:
+        known = self.pipeline._documents.get(self.look.tenant)
+        if self.bill is not None and known is not None and self.look.generation is not None \
+                and known[0] == self.look.generation:
+            self._pay(known[1])  # refused before any statement
+
+    async def within(self, conn) -> None:
+        if self.bill is None:
+            return
+        n = await documents.count(conn)
+        if self.look.generation is not None:
+            self.pipeline.note_documents(self.look.tenant, self.look.generation, n)
+        self._pay(n)
+
+    def _pay(self, n: int) -> None:
+        bill, self.bill = self.bill, None  # paid once, even when refused
+        assert bill is not None
+        bill.filter(self.terms, n)
+
+
 class Pipeline:
     """One per app: the pool, the models, the keys, the limits, the metrics and the flights;
     :meth:`run` serves a flow."""
@@ -348,10 +380,12 @@ class Pipeline:
         if spec is None:
             cands = flow.candidates()
         else:
-            embedding = None
+            embedding, lexical = None, None
+            charge = FilterCharge(self, look, spec, bill)
             if spec.needs_embedding:
-                embedding = (await self._embed(bill, [flow.normalized], query=True))[0]
-            cands, cached = await self.retrieve(look, spec, flow.normalized, embedding, bill)
+                embedding, lexical = await self._embed_query(flow, bill, look, spec, charge)
+            cands, cached = await self.retrieve(look, spec, flow.normalized, embedding, bill,
+                                                lexical=lexical, charge=charge)
         await flow.inspect(GuardTools(self.embedder, lambda texts: self._embed(bill, texts)), cands)
         sel = flow.select(cands, look.policy)
         scored = await self.score(flow, bill, look, sel.chosen, cached)
@@ -363,6 +397,28 @@ class Pipeline:
             # starts where this one stopped and ranks more of the candidates
             out.cacheable = False
         return out
+
+    async def _embed_query(self, flow: Flow, bill: Bill, look: Lookup, spec: RetrievalSpec,
+                           charge: "FilterCharge") -> tuple[Any, tuple[LexicalList, Any] | None]:
+        """The query's embedding and, for a hybrid read, its lexical list read meanwhile
+        (:meth:`retrieve_lexical`, a task): the list needs no embedding, so the embedding's
+        time hides the list's. The request still holds one connection at most: the embedding
+        holds none (it runs in a worker thread), and the list's connection goes back to the
+        pool when its task ends, before the read takes one. If the embedding fails or the
+        request is cancelled, the task is cancelled and waited for (its connection released);
+        if the task fails, its error is the miss's, as the same statement's in the read."""
+        task = (asyncio.get_running_loop().create_task(self.retrieve_lexical(look, spec, flow.normalized, charge))
+                if spec.source == HYBRID else None)
+        try:
+            embedding = (await self._embed(bill, [flow.normalized], query=True))[0]
+            return embedding, (await task if task is not None else None)
+        finally:
+            if task is not None:
+                if not task.done():
+                    task.cancel()
+                    await asyncio.wait([task])
+                if not task.cancelled():
+                    task.exception()  # retrieved: raised above, or superseded by the embedding's error
 
     def _within_budget(self, work: Work) -> Work:
         """A miss's most work: no more pairs than the budget lets the model score."""
@@ -380,54 +436,74 @@ class Pipeline:
                 return await self.embedding.embed_passages(bill.tenant, texts, dropped=bill.unrun)
 
     async def retrieve(self, look: Lookup, spec: RetrievalSpec, query: str,
-                       embedding: Any, bill: Bill | None = None) -> tuple[list[Candidate], dict | None]:
+                       embedding: Any, bill: Bill | None = None, *,
+                       lexical: tuple[LexicalList, Any] | None = None,
+                       charge: "FilterCharge | None" = None) -> tuple[list[Candidate], dict | None]:
         """The candidates and, read on the primary, their live pair scores: on a healthy
         standby when read replicas are set (the primary when none is, it is behind the
         request's generation, or it fails), within the tenant's share of either pool and one
         of its retrieval slots (:meth:`Limits.retrieval_slot`). A search filter is paid for
-        first (:meth:`Bill.filter`: its terms over the tenant's documents; 429 when short):
-        before a connection is taken when the tenant's document count at this generation is
-        known, else in the retrieval's transaction."""
+        first (:class:`FilterCharge`). ``lexical``: the hybrid read's lexical list and where
+        it was read (:meth:`retrieve_lexical`); the read fuses it when it runs there too (the
+        same standby, or the primary), else reads the list again."""
         tenant = look.tenant
-        terms = filters.terms(spec.filter)
-        unpaid = [bill] if terms and bill is not None else []
+        charge = charge if charge is not None else FilterCharge(self, look, spec, bill)
+        given, given_at = lexical if lexical is not None else (None, None)
 
-        async def read(conn, **kw):
-            if unpaid:
-                n = await documents.count(conn)
-                if look.generation is not None:
-                    self._documents.pop(tenant, None)
-                    self._documents[tenant] = (look.generation, n)
-                    while len(self._documents) > 10_000:
-                        self._documents.popitem(last=False)
-                unpaid.pop().filter(terms, n)
-            return await read_spec(conn, spec, query, embedding, **kw)
+        async def read(conn, standby, **kw):
+            await charge.within(conn)
+            return await read_spec(conn, spec, query, embedding, on_primary=standby is None,
+                                   lexical=given if standby is given_at else None, **kw)
 
         query_key = self.hash_query(query)  # the query alone: its curated list and its pair scores
         pairs = (self.model_name, query_key) if self.settings.pair_cache else None
         args = dict(generation=look.generation, query_hash=query_key, pairs=pairs)
         with timing.stage("retrieve"):
             async with self.limits.retrieval_slot(tenant):
-                known = self._documents.get(tenant)
-                if unpaid and known is not None and look.generation is not None and known[0] == look.generation:
-                    unpaid.pop().filter(terms, known[1])  # refused before any statement
-                return await self._read_where(read, tenant, args)
+                charge.before()
+                return await self._read_where(read, tenant, args, prefer=given_at)
 
-    async def _read_where(self, read, tenant, args):
-        """``read`` on a healthy standby, else on the primary."""
-        standby = self.replicas.pick() if self.replicas is not None else None
+    async def retrieve_lexical(self, look: Lookup, spec: RetrievalSpec, query: str,
+                               charge: "FilterCharge") -> tuple[LexicalList, Any]:
+        """A hybrid read's lexical list (:func:`kb_rerank.retrieval.spec.read_lexical`) and
+        where it was read (the standby, or None: the primary), under the same rules as
+        :meth:`retrieve`: the filter paid first, one of the tenant's retrieval slots, its
+        share of the pool, a healthy standby that has replayed the request's generation
+        when read replicas are set."""
+        async def read(conn, standby, generation):
+            await charge.within(conn)
+            return await read_lexical(conn, spec, query, generation=generation, on_primary=standby is None), standby
+
+        with timing.stage("retrieve"):
+            async with self.limits.retrieval_slot(look.tenant):
+                charge.before()
+                return await self._read_where(read, look.tenant, {"generation": look.generation})
+
+    async def _read_where(self, read, tenant, args, prefer=None):
+        """``read(conn, standby, **args)`` on a healthy standby (``prefer`` when it still is),
+        else on the primary (``standby`` None)."""
+        standby = None
+        if self.replicas is not None:
+            standby = prefer if prefer is not None and prefer.healthy else self.replicas.pick()
         if standby is not None:
             try:
                 async with self.limits.connection(standby.pool, tenant) as conn:
                     async with atenant_transaction(conn, tenant):
-                        return await read(conn, on_primary=False, **args)
+                        return await read(conn, standby, **args)
             except replica_reads.StandbyBehind:
                 log.debug("standby %s behind the request's generation: read on the primary", standby.name)
             except replica_reads.RETRY_ON_PRIMARY as exc:
                 self.replicas.failed(standby, exc)
         async with self.connection(tenant) as conn:
             async with atenant_transaction(conn, tenant):
-                return await read(conn, on_primary=True, **args)
+                return await read(conn, None, **args)
+
+    def note_documents(self, tenant: uuid.UUID, generation: int, n: int) -> None:
+        """The tenant's document count at ``generation`` (bounded: the busy tenants)."""
+        self._documents.pop(tenant, None)
+        self._documents[tenant] = (generation, n)
+        while len(self._documents) > 10_000:
+            self._documents.popitem(last=False)
 
     async def score(self, flow: Flow, bill: Bill, look: Lookup, chosen: list[Candidate],
                     cached: dict | None) -> scoring.Scored:

@@ -81,23 +81,37 @@ class RetrievalSpec:
             return guess and guess.language
         return await search.aweak_guess(conn, query, guess.language)
 
+    async def lexical_list(self, conn, query: str) -> "LexicalList":
+        """A hybrid read's lexical list alone, in ``conn``'s tenant transaction, with the
+        language decision it was read under (:meth:`query_language`): what :meth:`fetch`
+        takes as ``lexical`` to fuse instead of reading it (the same rows)."""
+        assert self.source == HYBRID
+        language = await self.query_language(conn, query)
+        ids = await search.alexical_list(conn, query, self.depth, k1=self.bm25_k1, b=self.bm25_b,
+                                         filter=self.filter, language=language)
+        return LexicalList(language, ids)
+
     @property
     def needs_embedding(self) -> bool:
         return self.source in (HYBRID, SEMANTIC)
 
     async def fetch(self, conn, query: str, embedding: Any, *, query_hash: str | None = None,
-                    pairs: tuple[str, str] | None = None, generation: int = 0) -> "Fetched":
+                    pairs: tuple[str, str] | None = None, generation: int = 0,
+                    lexical: "LexicalList | None" = None) -> "Fetched":
         """The candidates, in ``conn``'s tenant transaction (``query_hash``: the curated list's
         key); with ``pairs`` (the model and the query's pair hash), also their live pair scores
         under ``generation`` (``.pair_scores``; None without ``pairs`` or without candidates).
         Hybrid: one statement for both (kb.retrieve_hybrid, the same rows as kb.search_hybrid's
-        first ``limit``); the other sources read the pair scores with a second statement."""
+        first ``limit``); the other sources read the pair scores with a second statement.
+        ``lexical`` (hybrid): the lexical list :meth:`lexical_list` read for this query, fused
+        instead of read again."""
         cached = None
         if self.source == HYBRID:
+            language = lexical.language if lexical is not None else await self.query_language(conn, query)
             rows, cached = await search.aretrieve_hybrid(conn, query, embedding, self.depth, **self.fusion,
                                                          limit=self.limit, pairs=pairs, generation=generation,
-                                                         filter=self.filter,
-                                                         language=await self.query_language(conn, query))
+                                                         filter=self.filter, language=language,
+                                                         lexical=lexical.ids if lexical is not None else None)
         elif self.source == LEXICAL:
             rows = await search.alexical(conn, query, self.limit, k1=self.bm25_k1, b=self.bm25_b, filter=self.filter,
                                          language=await self.query_language(conn, query))
@@ -115,6 +129,15 @@ class RetrievalSpec:
         return unique
 
 
+@dataclass(frozen=True)
+class LexicalList:
+    """:meth:`RetrievalSpec.lexical_list`: the language decision and the list (chunk ids,
+    document ids, scores, in rank order)."""
+
+    language: str | None
+    ids: tuple[list, list, list]
+
+
 class Fetched(list):
     """:meth:`RetrievalSpec.fetch`'s candidates (a list, in order) and ``pair_scores``: their
     live pair scores as :func:`kb_rerank.rerank.pair_cache.get_live` returns them, or None when
@@ -129,14 +152,26 @@ def pair_keys(cands: list[Candidate]) -> list[pair_cache.PairKey]:
 
 
 async def read(conn, spec: RetrievalSpec, query: str, embedding: Any, *, generation: int, on_primary: bool,
-               query_hash: str, pairs: tuple[str, str] | None) -> tuple[list[Candidate], dict | None]:
+               query_hash: str, pairs: tuple[str, str] | None,
+               lexical: LexicalList | None = None) -> tuple[list[Candidate], dict | None]:
     """One read-only tenant transaction (already open on ``conn``): on a standby, first that it
     has replayed ``generation`` (the answer is cached under it); the candidates; on the
     primary, their live pair scores in the same transaction (``pairs``: the model and the
-    query's pair hash; None: not read), for hybrid retrieval in the same statement."""
+    query's pair hash; None: not read), for hybrid retrieval in the same statement.
+    ``lexical``: the hybrid read's lexical list, already read (:meth:`RetrievalSpec.fetch`)."""
     if not on_primary:
         if await replicas.replayed_generation(conn) < generation:
             raise replicas.StandbyBehind
     cands = await spec.fetch(conn, query, embedding, query_hash=query_hash,
-                             pairs=pairs if on_primary else None, generation=generation)
+                             pairs=pairs if on_primary else None, generation=generation, lexical=lexical)
     return cands, cands.pair_scores
+
+
+async def read_lexical(conn, spec: RetrievalSpec, query: str, *, generation: int, on_primary: bool) -> LexicalList:
+    """The hybrid read's lexical list in a read-only tenant transaction of its own (already
+    open on ``conn``), checked on a standby as :func:`read` checks it: the runner reads it while
+    the query is being embedded and gives it to :func:`read`."""
+    if not on_primary:
+        if await replicas.replayed_generation(conn) < generation:
+            raise replicas.StandbyBehind
+    return await spec.lexical_list(conn, query)

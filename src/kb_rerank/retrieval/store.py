@@ -54,7 +54,16 @@ WEAK_GUESS_SQL = (
 RETRIEVE_HYBRID_SQL = (
     "select chunk_id, doc_id, doc_title, snippet, content, lexical_rank, semantic_rank,"
     " lexical_score, semantic_score, score, pair_score"
-    " from kb.retrieve_hybrid(%s, %s::vector, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
+    " from kb.retrieve_hybrid(%s, %s::vector, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s,"
+    " %s::uuid[], %s::uuid[], %s::float8[])"
+)
+# The hybrid read's lexical list alone (kb.search_lexical_ids), as three arrays in its rank
+# order (its rank is the position): what kb.retrieve_hybrid takes instead of reading it
+# (:func:`alexical_list`). Never NULL: no rows is three empty arrays.
+LEXICAL_LIST_SQL = (
+    "select coalesce(array_agg(chunk_id order by rank), '{}'), coalesce(array_agg(doc_id order by rank), '{}'),"
+    " coalesce(array_agg(score order by rank), '{}')"
+    " from kb.search_lexical_ids(%s, %s, %s, %s, %s, %s)"
 )
 
 
@@ -83,6 +92,16 @@ async def alexical(conn, query: str, k: int = K, *, k1: float = K1, b: float = B
                    filter: Mapping[str, Any] | None = None, language: str | None = None) -> list[Candidate]:
     cur = await conn.execute(LEXICAL_SQL, [query, k, k1, b, _filter(filter), language])
     return _lexical_rows(await cur.fetchall())
+
+
+async def alexical_list(conn, query: str, k: int, *, k1: float, b: float,
+                        filter: Mapping[str, Any] | None = None,
+                        language: str | None = None) -> tuple[list, list, list]:
+    """kb.search_lexical_ids' rows as (chunk ids, document ids, scores), in rank order: the
+    lexical list :func:`aretrieve_hybrid` takes as ``lexical`` (LEXICAL_LIST_SQL)."""
+    cur = await conn.execute(LEXICAL_LIST_SQL, [query, k, k1, b, _filter(filter), language])
+    chunks, docs, scores = await cur.fetchone()
+    return list(chunks), list(docs), list(scores)
 
 
 async def aweak_guess(conn, query: str, guess: str) -> str | None:
@@ -116,16 +135,20 @@ async def aretrieve_hybrid(conn, query: str, embedding, k: int, *, rrf_k: int, f
                            lexical_weight: float, semantic_weight: float, k1: float, b: float, limit: int,
                            pairs: tuple[str, str] | None = None, generation: int | None = None,
                            filter: Mapping[str, Any] | None = None,
-                           language: str | None = None) -> tuple[list[Candidate], dict | None]:
+                           language: str | None = None,
+                           lexical: tuple[list, list, list] | None = None) -> tuple[list[Candidate], dict | None]:
     """The first ``limit`` rows of kb.search_hybrid (the rows of :func:`ahybrid` with
     ``limit``) and, when ``pairs`` (the model and the query's pair hash) is given, their live
     pair scores under ``generation`` as :func:`kb_rerank.rerank.pair_cache.get_live` returns
-    them (``{(chunk_id, content_hash): score}``); None when ``pairs`` is None. One statement."""
+    them (``{(chunk_id, content_hash): score}``); None when ``pairs`` is None. One statement.
+    ``lexical``: the lexical list already read (:func:`alexical_list` with the same query, k,
+    k1, b, filter and language): the statement fuses it instead of reading it, the same rows."""
     model, pair_hash = pairs if pairs is not None else (None, None)
+    chunks, docs, scores = lexical if lexical is not None else (None, None, None)
     cur = await conn.execute(RETRIEVE_HYBRID_SQL, [
         query, _vec(embedding), k, rrf_k, fusion, lexical_weight, semantic_weight, k1, b, int(limit),
         model, pair_hash, None if pairs is None else int(generation),  # type: ignore[arg-type]
-        _filter(filter), language])
+        _filter(filter), language, chunks, docs, scores])
     rows = await cur.fetchall()
     cands = _hybrid_rows(rows)
     if pairs is None:

@@ -59,9 +59,11 @@ grant execute on function kb.search_lexical(text, integer, double precision, dou
                           kb.search_lexical_ids(text, integer, double precision, double precision, jsonb, text),
                           kb.search_semantic_ids(public.vector, integer, jsonb),
                           kb.hybrid_fusion(text, public.vector, integer, integer, text, double precision, double precision,
-                                           double precision, double precision, jsonb, text),
+                                           double precision, double precision, jsonb, text, uuid[], uuid[],
+                                           double precision[]),
                           kb.retrieve_hybrid(text, public.vector, integer, integer, text, double precision, double precision,
-                                             double precision, double precision, integer, text, text, bigint, jsonb, text)
+                                             double precision, double precision, integer, text, text, bigint, jsonb, text,
+                                             uuid[], uuid[], double precision[])
   to {{app_role}};
 -- /readyz compares the applied migration with the code's head revision.
 do $$

@@ -34,7 +34,8 @@ grant execute on function kb.current_tenant(), kb.sql_access_tenant(),
                                            double precision, double precision, jsonb, text),
                           -- the fusion kb.search_hybrid ranks with, and the id lists it fuses
                           kb.hybrid_fusion(text, public.vector, integer, integer, text, double precision, double precision,
-                                           double precision, double precision, jsonb, text),
+                                           double precision, double precision, jsonb, text, uuid[], uuid[],
+                                           double precision[]),
                           kb.search_lexical_ids(text, integer, double precision, double precision, jsonb, text),
                           kb.search_semantic_ids(public.vector, integer, jsonb),
                           kb.search_filter(jsonb), kb.search_filter_time(text, text), kb.search_filter_docs(jsonb),
@@ -45,7 +46,8 @@ grant execute on function kb.current_tenant(), kb.sql_access_tenant(),
                           kb.guard_flagged_share_rows(),
                           -- the service's read, which kb.rerank_search runs as its caller
                           kb.retrieve_hybrid(text, public.vector, integer, integer, text, double precision, double precision,
-                                             double precision, double precision, integer, text, text, bigint, jsonb, text)
+                                             double precision, double precision, integer, text, text, bigint, jsonb, text,
+                                             uuid[], uuid[], double precision[])
   to kb_sql_reader;
 -- the SQL rerank, where the server has PL/Python (endpoints/search/sql/rerank_search.sql): it
 -- writes nothing for a reader

@@ -1,5 +1,5 @@
 -- kb.hybrid_fusion(query, query_embedding, k, rrf_k, fusion, lexical_weight, semantic_weight, k1, b, filter,
---                  language)
+--                  language, lexical_chunks, lexical_docs, lexical_scores)
 --
 -- The one home of the hybrid fusion: kb.search_hybrid (with the texts, for SQL callers) and
 -- kb.retrieve_hybrid (the service's read, with the pair scores) both rank with it. Ids, ranks
@@ -33,6 +33,14 @@
 -- filter's documents) before the fusion; NULL or {}: none.
 -- language: the query's language, for the lexical list (kb.search_lexical); NULL: the
 -- tenant's languages decide (kb.query_languages).
+-- lexical_chunks, lexical_docs, lexical_scores: the lexical list itself, already read (the
+-- service reads it while the query is being embedded, in a transaction of its own): the
+-- columns chunk_id, doc_id and score of kb.search_lexical_ids(query, k, k1, b, filter,
+-- language)'s rows in its order (its rank is the position), at most k of them; then that
+-- search is not run and language is not used. NULL (the default): the search is run here.
+-- The ids are the caller's word: they are fused as given, and every text or score a caller
+-- reads with them is read under its own tenant (kb.chunk_texts, RLS), so a forged list shows
+-- nothing of another tenant.
 -- Returns up to 2k rows (documents) ordered by score desc, chunk_id (the order callers keep).
 --
 -- SECURITY INVOKER: it sees exactly what the two list functions (definers that filter on
@@ -41,6 +49,10 @@
 -- Its parameters and returned columns are written out again in kb.search_hybrid and
 -- kb.retrieve_hybrid: a signature is its callers' contract (named and positional calls, \df),
 -- and SQL has no shared one.
+-- The signature before the lexical list argument (one overload only: positional calls stay
+-- unambiguous).
+drop function if exists kb.hybrid_fusion(text, public.vector, integer, integer, text, double precision,
+                                         double precision, double precision, double precision, jsonb, text);
 create or replace function kb.hybrid_fusion(
   query text,
   query_embedding public.vector,
@@ -52,7 +64,10 @@ create or replace function kb.hybrid_fusion(
   k1 double precision,
   b double precision,
   filter jsonb,
-  language text
+  language text,
+  lexical_chunks uuid[] default null,
+  lexical_docs uuid[] default null,
+  lexical_scores double precision[] default null
 )
 returns table (
   chunk_id uuid,
@@ -90,6 +105,13 @@ begin
     raise exception 'convex fusion needs weights >= 0 with a positive sum, got % and %',
       lexical_weight, semantic_weight using errcode = '22023';
   end if;
+  if lexical_chunks is not null and (lexical_docs is null or lexical_scores is null
+                                     or cardinality(lexical_docs) <> cardinality(lexical_chunks)
+                                     or cardinality(lexical_scores) <> cardinality(lexical_chunks)
+                                     or cardinality(lexical_chunks) > k) then
+    raise exception 'a given lexical list needs lexical_chunks, lexical_docs and lexical_scores of one length, at most k (%)',
+      k using errcode = '22023';
+  end if;
 
   -- semantic documents: best chunk per document in chunk-rank order, read deep enough for
   -- k documents (one kNN call in the usual case: 2k chunks rarely hold fewer than k documents)
@@ -108,8 +130,14 @@ begin
 
   return query
   with lex as (
+    -- one of the two branches runs (the other's condition is false once, before any row)
     select l.chunk_id, l.doc_id, l.score, l.rank
     from kb.search_lexical_ids(query, k, k1, b, filter, language) l
+    where lexical_chunks is null
+    union all
+    select g.chunk_id, g.doc_id, g.score, g.rank::integer
+    from unnest(lexical_chunks, lexical_docs, lexical_scores) with ordinality as g(chunk_id, doc_id, score, rank)
+    where lexical_chunks is not null
   ),
   sem as (
     select u.doc_id, u.chunk_id, u.score, u.rank::integer as rank
@@ -162,6 +190,7 @@ begin
 end
 $$;
 comment on function kb.hybrid_fusion(text, public.vector, integer, integer, text, double precision, double precision,
-                                     double precision, double precision, jsonb, text) is
+                                     double precision, double precision, jsonb, text, uuid[], uuid[],
+                                     double precision[]) is
   'The hybrid fusion per document (ids, ranks, scores) that kb.search_hybrid and kb.retrieve_hybrid rank with: '
   'convex combination of min-max normalised scores, RRF or round-robin interleave of the lexical and semantic top-k';

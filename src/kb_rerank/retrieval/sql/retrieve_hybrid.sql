@@ -1,6 +1,6 @@
 -- kb.retrieve_hybrid(query, query_embedding, k, rrf_k, fusion, lexical_weight, semantic_weight,
 --                    k1, b, lim, pair_model, pair_query_hash, pair_generation, filter,
---                    language)
+--                    language, lexical_chunks, lexical_docs, lexical_scores)
 --
 -- The service's hybrid read in ONE statement: kb.search_hybrid's best `lim` rows, in its order
 -- (score desc, chunk_id), each with its live pair score (kb.kb_rerank_pair_scores) when one is
@@ -25,14 +25,20 @@
 -- kb.current_tenant()). Stable: it writes nothing. search_path pinned, pg_temp last.
 -- filter: kb.search_hybrid's, inside both lists before the fusion (NULL: none).
 -- language: kb.search_hybrid's, the query's language for the lexical list (NULL: none given).
--- The signatures before the filter and before the language (one overload only: positional
--- calls stay unambiguous).
+-- lexical_chunks, lexical_docs, lexical_scores: the lexical list already read, passed to
+-- kb.hybrid_fusion (its comment); NULL: read here. The same rows either way
+-- (tests/retrieval/test_retrieval_speed_equivalence.py).
+-- The signatures before the filter, before the language and before the lexical list (one
+-- overload only: positional calls stay unambiguous).
 drop function if exists kb.retrieve_hybrid(text, public.vector, integer, integer, text, double precision,
                                            double precision, double precision, double precision, integer, text,
                                            text, bigint);
 drop function if exists kb.retrieve_hybrid(text, public.vector, integer, integer, text, double precision,
                                            double precision, double precision, double precision, integer, text,
                                            text, bigint, jsonb);
+drop function if exists kb.retrieve_hybrid(text, public.vector, integer, integer, text, double precision,
+                                           double precision, double precision, double precision, integer, text,
+                                           text, bigint, jsonb, text);
 -- Its parameters and returned columns are written out again in kb.hybrid_fusion and
 -- kb.search_hybrid: a signature is its callers' contract (named and positional calls, \df), and
 -- SQL has no shared one.
@@ -51,7 +57,10 @@ create or replace function kb.retrieve_hybrid(
   pair_query_hash text,
   pair_generation bigint,
   filter jsonb default null,
-  language text default null
+  language text default null,
+  lexical_chunks uuid[] default null,
+  lexical_docs uuid[] default null,
+  lexical_scores double precision[] default null
 )
 returns table (
   chunk_id uuid,
@@ -83,7 +92,7 @@ begin
     -- the fusion's score and order, cut to lim rows before any text is read
     select f.chunk_id, f.doc_id, f.lexical_rank, f.semantic_rank, f.lexical_score, f.semantic_score, f.score
     from kb.hybrid_fusion(query, query_embedding, k, rrf_k, fusion, lexical_weight, semantic_weight, k1, b,
-                          filter, language) f
+                          filter, language, lexical_chunks, lexical_docs, lexical_scores) f
     order by f.score desc, f.chunk_id
     limit lim
   )
@@ -102,5 +111,5 @@ end
 $$;
 comment on function kb.retrieve_hybrid(text, public.vector, integer, integer, text, double precision,
                                        double precision, double precision, double precision, integer, text,
-                                       text, bigint, jsonb, text) is
+                                       text, bigint, jsonb, text, uuid[], uuid[], double precision[]) is
   'kb.search_hybrid''s best lim rows in its order, each with its live pair score under the given key (NULL: none); one statement';

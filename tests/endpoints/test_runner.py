@@ -6,8 +6,10 @@ test database, a real connection pool of the app role, the search flow on the le
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
 
+import psycopg
 import pytest
 from psycopg_pool import AsyncConnectionPool
 
@@ -170,3 +172,137 @@ def test_the_record_step_writes_one_audit_row_with_the_cache_row(settings, app_u
         cached = app_conn.execute("select query_hash from kb.kb_rerank_cache where tenant_id = %s",
                                   [kb_tenant]).fetchall()
     assert trace == "trace-record" and cached == [(query_hash,)]  # the audit row names the cached key
+
+
+# --------------------------------------------------------------------------- a hybrid miss's lexical list,
+# read while the query is being embedded (Pipeline._embed_query)
+
+class QueryEmbedder:
+    """A query embedder double: ``delay_s`` in its worker thread, then basis(0), or raises."""
+
+    name, dim = "runner-test-embedder", 384
+
+    def __init__(self, *, delay_s: float = 0.0, fail: bool = False) -> None:
+        self.delay_s, self.fail, self.done_at = delay_s, fail, None
+
+    def embed_query(self, text):
+        time.sleep(self.delay_s)
+        self.done_at = time.perf_counter()
+        if self.fail:
+            raise RuntimeError("embedder failed")
+        return basis(0)
+
+
+def run_hybrid(settings, app_url, embedder, scenario, *, lexical_sleep_s: float = 0.0, lexical_fails: bool = False):
+    """``scenario(pipe, seen)`` with a Pipeline whose embedder is ``embedder``; ``seen`` holds
+    the lexical task (its asyncio task, when it ended, what it returned) and what the read got;
+    the lexical read can be held in the database (``lexical_sleep_s``) or fail. Returns the
+    scenario's result and the pool's connections in use once it ended."""
+    from kb_rerank.endpoints import runner
+    from kb_rerank.core.embedding import EmbedPool
+
+    async def main():
+        async def configure(conn):
+            await aconfigure_connection(conn, settings)
+
+        pool = AsyncConnectionPool(app_url, min_size=1, max_size=4, open=False, configure=configure,
+                                   kwargs={"autocommit": True})
+        await pool.open()
+        embed = EmbedPool([embedder])
+        orig_lexical, orig_read = runner.read_lexical, runner.read_spec
+        seen: dict = {}
+
+        async def read_lexical(conn, *a, **kw):
+            seen["task"] = asyncio.current_task()
+            if lexical_sleep_s:
+                await conn.execute("select pg_sleep(%s)", [lexical_sleep_s])
+            if lexical_fails:
+                raise psycopg.errors.QueryCanceled("canceling statement due to statement timeout")
+            out = await orig_lexical(conn, *a, **kw)
+            seen["lexical_at"], seen["lexical"] = time.perf_counter(), out
+            return out
+
+        async def read_spec(conn, *a, **kw):
+            seen["read_given"] = kw.get("lexical")
+            return await orig_read(conn, *a, **kw)
+
+        runner.read_lexical, runner.read_spec = read_lexical, read_spec
+        try:
+            pipe = Pipeline(settings, pool, embedder=embed, reranker=CountingModel())
+            try:
+                out = await scenario(pipe, seen)
+            finally:
+                embed.close()
+            # a connection given back after a cancelled statement is reset by the pool's
+            # workers first: wait (bounded) for them
+            for _ in range(50):
+                if in_use(pool.get_stats()) == 0:
+                    break
+                await asyncio.sleep(0.1)
+            return out, seen, pool.get_stats()
+        finally:
+            runner.read_lexical, runner.read_spec = orig_lexical, orig_read
+            await pool.close()
+
+    return asyncio.run(main())
+
+
+def hybrid(pipe, query="refund invoice"):
+    return pipe.flow(SearchFlow, RerankRequest(query=query, source="hybrid_lexical_semantic"))
+
+
+def in_use(stats) -> int:
+    return stats.get("pool_size", 0) - stats.get("pool_available", 0)
+
+
+def test_a_hybrid_miss_reads_its_lexical_list_while_the_query_is_embedded(settings, app_url, kb_tenant):
+    embedder = QueryEmbedder(delay_s=0.5)
+
+    async def scenario(pipe, seen):
+        return await pipe.run(hybrid(pipe), kb_tenant, "trace-overlap")
+
+    served, seen, stats = run_hybrid(settings, app_url, embedder, scenario)
+    assert served.from_cache is False and {"Refunds", "Invoices"} <= {r.doc_title for r in served.body.results}
+    assert seen["lexical_at"] < embedder.done_at  # read during the embedding
+    assert seen["read_given"] is seen["lexical"] and seen["lexical"].ids[0]  # the read fused it
+    assert in_use(stats) == 0
+
+
+def test_lexical_only_and_semantic_only_read_no_list_beforehand(settings, app_url, kb_tenant):
+    async def scenario(pipe, seen):
+        for source in ("lexical_only", "semantic_only"):
+            await pipe.run(pipe.flow(SearchFlow, RerankRequest(query="refund", source=source)), kb_tenant, "t")
+
+    _, seen, _ = run_hybrid(settings, app_url, QueryEmbedder(), scenario)
+    assert "task" not in seen and seen["read_given"] is None
+
+
+@pytest.mark.parametrize("how", ["embedder fails", "request cancelled", "lexical list fails"])
+def test_the_lexical_task_ends_with_the_miss_and_leaves_no_connection(settings, app_url, app_conn, kb_tenant, how):
+    """The embedding fails or the request is cancelled while the lexical list is being read:
+    its task is cancelled and its connection back in the pool; the list's read fails: the
+    miss fails with its error, as the read would. Nothing cached in any case."""
+    embedder = QueryEmbedder(delay_s=0.3, fail=how == "embedder fails")
+
+    async def scenario(pipe, seen):
+        task = asyncio.get_running_loop().create_task(pipe.run(hybrid(pipe), kb_tenant, "trace-fail"))
+        if how == "request cancelled":
+            await asyncio.sleep(0.15)
+            task.cancel()
+        try:
+            await task
+        except BaseException as exc:  # noqa: BLE001 - what the miss ended with
+            return exc
+        return None
+
+    exc, seen, stats = run_hybrid(settings, app_url, embedder, scenario,
+                                  lexical_sleep_s=0.0 if how == "lexical list fails" else 5.0,
+                                  lexical_fails=how == "lexical list fails")
+    expected = {"embedder fails": RuntimeError, "request cancelled": asyncio.CancelledError,
+                "lexical list fails": psycopg.errors.QueryCanceled}[how]
+    assert isinstance(exc, expected), exc
+    assert seen["task"].done() and "lexical" not in seen and "read_given" not in seen
+    if how != "lexical list fails":
+        assert seen["task"].cancelled()
+    assert in_use(stats) == 0
+    assert cache_rows(app_conn, kb_tenant) == 0

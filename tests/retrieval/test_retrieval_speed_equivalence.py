@@ -327,7 +327,7 @@ GIVEN_LIST_CASES = [
     for language in (None, "en", "de")
 ]
 # guessed languages: English and German words, sure and weak guesses, and none at all
-GUESSED = ["the river and the otter", "der Fluss und die Otter im Schilf", "walrus", "heron badger lynx marten",
+GUESSED = ["the river and the otter", "river delta marsh", "der Fluss und die Otter im Schilf", "walrus", "heron badger lynx marten",
            "la rivière et la loutre", "zyxwv nothing matches", ""]
 
 

